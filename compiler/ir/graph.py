@@ -1,0 +1,356 @@
+"""The compiler's intermediate representation: Graph, Node and Value with use-def links.
+
+Every value has a static shape and a numpy dtype once the frontend is done. Constants are
+values with ``const`` set (a numpy array) and no producer. Passes change a graph only through
+the methods here (``add_node``, ``remove_node``, ``replace_all_uses``, ``set_input``), which keep
+``Value.producer`` and ``Value.uses`` right; ``Graph.verify`` checks the invariants.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import ModelError
+
+__all__ = ["Value", "Node", "Graph", "Use", "ONNX_DOMAIN", "AOT_DOMAIN"]
+
+ONNX_DOMAIN = ""
+AOT_DOMAIN = "onnx_aot"  # the domain of our own fused / internal ops
+
+
+class Value:
+    """One tensor in the graph: a graph input, a constant, or a node output."""
+
+    __slots__ = ("name", "dtype", "shape", "const", "producer", "uses", "origin")
+
+    def __init__(
+        self,
+        name: str,
+        dtype: np.dtype | None = None,
+        shape: tuple[int, ...] | None = None,
+        const: np.ndarray | None = None,
+    ) -> None:
+        self.name = name
+        if const is not None:
+            const = np.asarray(const)
+            dtype = const.dtype
+            shape = tuple(int(d) for d in const.shape)
+        self.dtype: np.dtype | None = np.dtype(dtype) if dtype is not None else None
+        self.shape: tuple[int, ...] | None = tuple(shape) if shape is not None else None
+        self.const: np.ndarray | None = const
+        self.producer: Node | None = None
+        self.uses: list[Use] = []
+        self.origin: str | None = None  # ONNX name this value came from, when renamed
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+    @property
+    def nbytes(self) -> int:
+        assert self.shape is not None and self.dtype is not None, self.name
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def size(self) -> int:
+        assert self.shape is not None, self.name
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def consumers(self) -> list[Node]:
+        """Distinct consuming nodes, in use order."""
+        seen: dict[int, Node] = {}
+        for use in self.uses:
+            seen.setdefault(id(use.node), use.node)
+        return list(seen.values())
+
+    def __repr__(self) -> str:
+        kind = "const" if self.is_const else "value"
+        return f"<{kind} {self.name!r} {self.dtype} {self.shape}>"
+
+
+class Use:
+    """``node.inputs[index] is value``."""
+
+    __slots__ = ("node", "index")
+
+    def __init__(self, node: Node, index: int) -> None:
+        self.node = node
+        self.index = index
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Use) and other.node is self.node and other.index == self.index
+
+    def __hash__(self) -> int:
+        return hash((id(self.node), self.index))
+
+
+class Node:
+    """One operation. ``inputs`` may hold ``None`` for an omitted optional input.
+
+    ``origin`` lists the ONNX node names this node stands for: one for an ordinary node, several
+    after fusion. ``attrs`` hold plain Python values (int, float, str, lists, numpy arrays).
+    """
+
+    __slots__ = ("name", "op_type", "domain", "attrs", "_inputs", "outputs", "origin", "graph")
+
+    def __init__(
+        self,
+        op_type: str,
+        inputs: Iterable[Value | None],
+        outputs: Iterable[Value],
+        attrs: dict[str, Any] | None = None,
+        *,
+        name: str = "",
+        domain: str = ONNX_DOMAIN,
+        origin: Iterable[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.op_type = op_type
+        self.domain = domain
+        self.attrs: dict[str, Any] = dict(attrs or {})
+        self._inputs: list[Value | None] = list(inputs)
+        self.outputs: list[Value] = list(outputs)
+        self.origin: list[str] = list(origin) if origin is not None else ([name] if name else [])
+        self.graph: Graph | None = None
+
+    @property
+    def inputs(self) -> tuple[Value | None, ...]:
+        return tuple(self._inputs)
+
+    @property
+    def kind(self) -> str:
+        """``op_type`` qualified by domain when it is not the ONNX default domain."""
+        return self.op_type if self.domain in ("", "ai.onnx") else f"{self.domain}.{self.op_type}"
+
+    def input(self, i: int) -> Value | None:
+        return self._inputs[i] if i < len(self._inputs) else None
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs[key] if key in self.attrs else default
+
+    def describe(self) -> str:
+        return f"node {self.name!r} ({self.op_type})"
+
+    def __repr__(self) -> str:
+        ins = ", ".join(v.name if v is not None else "-" for v in self._inputs)
+        outs = ", ".join(v.name for v in self.outputs)
+        return f"<Node {self.name!r} {self.kind}({ins}) -> {outs}>"
+
+
+class Graph:
+    """A topologically ordered list of nodes plus the graph's inputs, outputs and constants."""
+
+    def __init__(self, name: str = "graph", opset: int = 0) -> None:
+        self.name = name
+        self.opset = opset
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.constants: dict[str, Value] = {}
+        self._nodes: list[Node] = []
+        self._names: set[str] = set()
+        self._counter = itertools.count()
+        # original ONNX node name -> what happened to it, for plan.json (e.g. "folded")
+        self.eliminated: dict[str, str] = {}
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return tuple(self._nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(tuple(self._nodes))
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def values(self) -> list[Value]:
+        """Every value: inputs, constants, then node outputs in order."""
+        out: list[Value] = list(self.inputs) + list(self.constants.values())
+        for node in self._nodes:
+            out.extend(node.outputs)
+        return out
+
+    def is_graph_output(self, value: Value) -> bool:
+        return any(v is value for v in self.outputs)
+
+    def is_graph_input(self, value: Value) -> bool:
+        return any(v is value for v in self.inputs)
+
+    # -- naming -----------------------------------------------------------------------------
+    def unique_name(self, base: str) -> str:
+        """A value/node name not used yet in this graph (deterministic)."""
+        name = base
+        while name in self._names:
+            name = f"{base}__{next(self._counter)}"
+        self._names.add(name)
+        return name
+
+    def reserve_name(self, name: str) -> None:
+        self._names.add(name)
+
+    # -- building ----------------------------------------------------------------------------
+    def add_input(self, value: Value) -> Value:
+        self.reserve_name(value.name)
+        self.inputs.append(value)
+        return value
+
+    def add_constant(self, name: str, array: np.ndarray) -> Value:
+        value = Value(self.unique_name(name), const=np.ascontiguousarray(array))
+        self.constants[value.name] = value
+        return value
+
+    def make_value(self, base: str, dtype: np.dtype | None, shape: tuple[int, ...] | None) -> Value:
+        return Value(self.unique_name(base), dtype, shape)
+
+    def add_node(self, node: Node, *, before: Node | None = None, after: Node | None = None) -> Node:
+        """Insert ``node`` (at the end, or before/after another node) and link its values."""
+        if not node.name:
+            node.name = self.unique_name(f"{node.op_type}_{len(self._nodes)}")
+        else:
+            self.reserve_name(node.name)
+        node.graph = self
+        for i, value in enumerate(node._inputs):
+            if value is not None:
+                value.uses.append(Use(node, i))
+        for value in node.outputs:
+            if value.producer is not None and value.producer is not node:
+                raise ModelError(f"value {value.name!r} already has producer {value.producer.name!r}")
+            value.producer = node
+            self.reserve_name(value.name)
+        if before is not None:
+            self._nodes.insert(self._index(before), node)
+        elif after is not None:
+            self._nodes.insert(self._index(after) + 1, node)
+        else:
+            self._nodes.append(node)
+        return node
+
+    def _index(self, node: Node) -> int:
+        for i, n in enumerate(self._nodes):
+            if n is node:
+                return i
+        raise ValueError(f"{node!r} is not in the graph")
+
+    def remove_node(self, node: Node) -> None:
+        """Unlink and drop ``node``. Its outputs must be unused (or re-pointed first)."""
+        for value in node.outputs:
+            if value.uses:
+                users = ", ".join(sorted({u.node.name for u in value.uses}))
+                raise ValueError(f"cannot remove {node.name!r}: output {value.name!r} used by {users}")
+            if self.is_graph_output(value):
+                raise ValueError(f"cannot remove {node.name!r}: {value.name!r} is a graph output")
+        for i, value in enumerate(node._inputs):
+            if value is not None:
+                value.uses.remove(Use(node, i))
+        for value in node.outputs:
+            value.producer = None
+        del self._nodes[self._index(node)]
+        node.graph = None
+
+    def set_input(self, node: Node, index: int, value: Value | None) -> None:
+        old = node._inputs[index]
+        if old is not None:
+            old.uses.remove(Use(node, index))
+        node._inputs[index] = value
+        if value is not None:
+            value.uses.append(Use(node, index))
+
+    def set_inputs(self, node: Node, values: list[Value | None]) -> None:
+        for i, value in enumerate(node._inputs):
+            if value is not None:
+                value.uses.remove(Use(node, i))
+        node._inputs = list(values)
+        for i, value in enumerate(node._inputs):
+            if value is not None:
+                value.uses.append(Use(node, i))
+
+    def replace_all_uses(self, old: Value, new: Value) -> None:
+        """Point every use of ``old`` (and graph outputs that are ``old``) at ``new``."""
+        for use in list(old.uses):
+            self.set_input(use.node, use.index, new)
+        for i, value in enumerate(self.outputs):
+            if value is old:
+                self.outputs[i] = new
+
+    def prune_constants(self) -> None:
+        """Drop constants nothing uses."""
+        for name in [n for n, v in self.constants.items() if not v.uses and not self.is_graph_output(v)]:
+            del self.constants[name]
+
+    def sort(self) -> None:
+        """Re-establish topological order, keeping the current order wherever it is valid."""
+        ready: set[int] = {id(v) for v in self.inputs} | {id(v) for v in self.constants.values()}
+        pending = list(self._nodes)
+        ordered: list[Node] = []
+        while pending:
+            progress = False
+            rest: list[Node] = []
+            for node in pending:
+                if all(v is None or id(v) in ready for v in node._inputs):
+                    ordered.append(node)
+                    ready.update(id(v) for v in node.outputs)
+                    progress = True
+                else:
+                    rest.append(node)
+            if not progress:
+                names = ", ".join(n.name for n in rest[:5])
+                raise ModelError(f"graph has a cycle or a dangling input among nodes: {names}")
+            pending = rest
+        self._nodes = ordered
+
+    # -- checking --------------------------------------------------------------------------
+    def verify(self) -> None:
+        """Check topological order, single producers, unique names, links, shapes and dtypes."""
+        problems: list[str] = []
+        defined: dict[int, Value] = {}
+        names: set[str] = set()
+
+        def define(value: Value, where: str) -> None:
+            if id(value) in defined:
+                problems.append(f"value {value.name!r} defined twice ({where})")
+            if value.name in names:
+                problems.append(f"duplicate value name {value.name!r} ({where})")
+            names.add(value.name)
+            defined[id(value)] = value
+            if value.shape is None or value.dtype is None:
+                problems.append(f"value {value.name!r} has no static shape/dtype ({where})")
+
+        for value in self.inputs:
+            define(value, "graph input")
+            if value.producer is not None:
+                problems.append(f"graph input {value.name!r} has a producer")
+        for name, value in self.constants.items():
+            define(value, "constant")
+            if name != value.name or value.const is None:
+                problems.append(f"constant {name!r} is malformed")
+        node_names: set[str] = set()
+        for node in self._nodes:
+            if node.name in node_names:
+                problems.append(f"duplicate node name {node.name!r}")
+            node_names.add(node.name)
+            if node.graph is not self:
+                problems.append(f"{node.describe()} is not owned by this graph")
+            for i, value in enumerate(node._inputs):
+                if value is None:
+                    continue
+                if id(value) not in defined:
+                    problems.append(f"{node.describe()} input {i} ({value.name!r}) used before definition")
+                elif Use(node, i) not in value.uses:
+                    problems.append(f"{node.describe()} input {i} ({value.name!r}) missing from uses")
+            for value in node.outputs:
+                define(value, node.describe())
+                if value.producer is not node:
+                    problems.append(f"output {value.name!r} of {node.describe()} has a wrong producer")
+        for value in defined.values():
+            for use in value.uses:
+                if use.node.graph is not self or use.node.input(use.index) is not value:
+                    problems.append(f"stale use of {value.name!r} by {use.node.name!r}")
+        for value in self.outputs:
+            if id(value) not in defined:
+                problems.append(f"graph output {value.name!r} is not defined")
+        if problems:
+            raise ModelError("IR verification failed:\n  " + "\n  ".join(problems[:20]))

@@ -1,0 +1,55 @@
+"""The project's exception types.
+
+Every failure a user can cause -- a bad model, an unsupported op, a damaged artifact, a bad
+feed -- ends in one of these. The compiler's errors derive from the same base so a caller can
+catch :class:`OnnxAotError` around either half.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "OnnxAotError",
+    "ArtifactError",
+    "InputError",
+    "RuntimeKernelError",
+    "ModelError",
+    "UnsupportedOpError",
+    "CompileError",
+    "ShapeError",
+]
+
+
+class OnnxAotError(Exception):
+    """Base class of every error onnx-aot raises on purpose."""
+
+
+class ArtifactError(OnnxAotError):
+    """An artifact folder is missing, damaged, tampered with or of an unknown format."""
+
+
+class InputError(OnnxAotError):
+    """A feed does not match the plan's inputs (name, dtype or shape)."""
+
+
+class RuntimeKernelError(OnnxAotError):
+    """A kernel reported a failure while running."""
+
+
+class ModelError(OnnxAotError):
+    """The ONNX model cannot be read, is invalid, or cannot be given static shapes."""
+
+
+class ShapeError(ModelError):
+    """A shape is unknown, symbolic without a binding, or inconsistent."""
+
+
+class UnsupportedOpError(ModelError):
+    """One or more nodes use an op (or attribute) that no provider supports."""
+
+    def __init__(self, message: str, nodes: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.nodes = list(nodes or [])
+
+
+class CompileError(OnnxAotError):
+    """Code generation or the native toolchain failed."""
