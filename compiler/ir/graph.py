@@ -149,6 +149,7 @@ class Graph:
         self.opset = opset
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
+        self.output_names: list[str] = []  # the public (ONNX) names of the outputs, by position
         self.constants: dict[str, Value] = {}
         self._nodes: list[Node] = []
         self._names: set[str] = set()

@@ -1,0 +1,37 @@
+"""Graph optimization passes, the PassManager and the optimization levels.
+
+Level 0 runs nothing; level 1 the basic passes (identity elimination, constant folding, common
+subexpression elimination, dead code elimination); level 2 adds the fusions (Conv+BatchNorm,
+MatMul+Add -> Gemm, Conv/Gemm + residual + activation, elementwise chains); level 3 is level 2
+until the layout pass lands. Every pass changes the graph only through the IR's methods.
+"""
+
+from __future__ import annotations
+
+from compiler.passes.base import Pass, PassResult
+from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
+from compiler.passes.eliminate_dead_code import EliminateDeadCode
+from compiler.passes.eliminate_identity import EliminateIdentity
+from compiler.passes.fold_constants import FoldConstants
+from compiler.passes.fuse_conv_activation import FuseConvActivation
+from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
+from compiler.passes.fuse_elementwise import FuseElementwise
+from compiler.passes.fuse_matmul_add import FuseMatMulAdd
+from compiler.passes.manager import MAX_LEVEL, PassManager, optimize, passes_for_level
+
+__all__ = [
+    "MAX_LEVEL",
+    "EliminateCommonSubexpressions",
+    "EliminateDeadCode",
+    "EliminateIdentity",
+    "FoldConstants",
+    "FuseConvActivation",
+    "FuseConvBatchNorm",
+    "FuseElementwise",
+    "FuseMatMulAdd",
+    "Pass",
+    "PassManager",
+    "PassResult",
+    "optimize",
+    "passes_for_level",
+]

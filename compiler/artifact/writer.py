@@ -1,0 +1,127 @@
+"""Write an artifact folder atomically: weights, kernels, plan, report, and the manifest last.
+
+Everything goes into a temporary sibling folder first; only a complete folder is renamed into
+place. Nothing written depends on time, temp paths or dict-iteration accidents, so two compiles
+of the same model with the same options are byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from compiler.artifact.report import render_memory_html
+from compiler.plan import CompiledPlan
+from compiler.providers.base import BuildOptions, Provider
+from compiler.version import __version__
+from runtime.artifact import FORMAT_VERSION, MANIFEST, PLAN, WEIGHTS, sha256_file
+from runtime.errors import CompileError, OnnxAotError
+
+__all__ = ["write_artifact", "dump_json"]
+
+KERNEL_DIRS = {"host": "kernels/cpu", "cuda": "kernels/cuda"}
+
+
+def dump_json(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def write_artifact(
+    out: Path,
+    compiled: CompiledPlan,
+    providers: list[Provider],
+    build: BuildOptions,
+    source_name: str,
+    source_sha256: str,
+    options: dict[str, Any],
+    say: Callable[[str], None],
+) -> Path:
+    out = out.absolute()
+    if out.exists() and not out.is_dir():
+        raise CompileError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise CompileError(f"{out}: folder exists, is not empty and holds no artifact; not overwriting it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_into(tmp, compiled, providers, build, source_name, source_sha256, options, say)
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], build: BuildOptions,
+                source_name: str, source_sha256: str, options: dict[str, Any],
+                say: Callable[[str], None]) -> None:
+    (tmp / WEIGHTS).write_bytes(compiled.weights)
+    plan = compiled.plan
+    provider_facts: dict[str, Any] = {}
+    for provider in providers:
+        parts = [p for p in compiled.partitions if p.provider == provider.name]
+        if not parts:
+            continue
+        rel_dir = KERNEL_DIRS.get(provider.memory_space, f"kernels/{provider.memory_space}")
+        kernels_dir = tmp / rel_dir
+        kernels_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            facts = dict(provider.generate(parts, kernels_dir, build))
+        except OnnxAotError:
+            raise
+        except Exception as exc:  # a provider bug must still surface as our error type
+            raise CompileError(f"provider {provider.name!r} failed to generate code: {exc}") from exc
+        if not any(kernels_dir.iterdir()):
+            kernels_dir.rmdir()
+            if not any(kernels_dir.parent.iterdir()):
+                kernels_dir.parent.rmdir()
+        if facts:
+            provider_facts[provider.name] = facts
+        library = facts.get("library")
+        for record in plan["partitions"]:
+            if record["provider"] == provider.name and library:
+                record["library"] = f"{rel_dir}/{library}"
+        if library:
+            say(f"built {rel_dir}/{library}")
+    (tmp / PLAN).write_bytes(dump_json(plan))
+    report_dir = tmp / "report"
+    report_dir.mkdir()
+    (report_dir / "memory.json").write_bytes(dump_json(compiled.memory_report))
+    (report_dir / "memory.html").write_text(render_memory_html(plan, compiled.memory_report),
+                                            encoding="utf-8")
+    files = {}
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        rel = path.relative_to(tmp).as_posix()
+        files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "compiler": {"name": "onnx-aot", "version": __version__},
+        "source": {"file": source_name, "sha256": source_sha256},
+        "options": options,
+        "target": {"machine": platform.machine(), "providers": provider_facts},
+        "files": files,
+    }
+    (tmp / MANIFEST).write_bytes(dump_json(manifest))
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing artifact there is replaced, never half-deleted."""
+    os.chmod(tmp, 0o755)
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old.rmdir()
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,221 @@
+"""The ``onnx-aot`` command line: compile | run | bench | inspect.
+
+``python -m compiler`` is the same program. Errors of the project's own types print one clear
+line (exit 1); usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from compiler.version import __version__
+from runtime.errors import InputError, OnnxAotError
+
+__all__ = ["main", "parse_shape"]
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=1x3x224x224`` -> ("NAME", (1, 3, 224, 224)); the name may contain '='-free text."""
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=D0xD1x..., got {text!r}")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad dimensions in {text!r} (use e.g. 1x3x224x224)") from None
+    if any(d < 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"negative dimension in {text!r}")
+    return name, shape
+
+
+def _parse_input(text: str) -> tuple[str, str]:
+    name, sep, path = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=file.npy, got {text!r}")
+    return name, path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onnx-aot",
+        description="Ahead-of-time compiler for ONNX models: compile a model into an artifact "
+                    "folder, then run it with the small runtime.",
+    )
+    parser.add_argument("--version", action="version", version=f"onnx-aot {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="compile MODEL.onnx into an artifact folder")
+    p.add_argument("model", help="path to the .onnx file")
+    p.add_argument("-o", "--output", required=True, help="artifact folder to write")
+    p.add_argument("-O", dest="opt_level", type=int, choices=[0, 1, 2, 3], default=2,
+                   help="optimization level (default 2)")
+    p.add_argument("--target", default="cpu", choices=["cpu"], help="target (default cpu)")
+    p.add_argument("--shape", action="append", type=parse_shape, default=[], metavar="NAME=DIMS",
+                   help="bind an input's shape, e.g. --shape input=1x3x224x224 (repeatable)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+    p = sub.add_parser("run", help="run an artifact once and print its outputs")
+    p.add_argument("artifact")
+    p.add_argument("--input", action="append", type=_parse_input, default=[], metavar="NAME=FILE.npy",
+                   help="feed an input from a .npy file (random data for inputs not given)")
+    p.add_argument("--output-dir", help="save each output as NAME.npy in this folder")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+
+    p = sub.add_parser("bench", help="median latency of an artifact")
+    p.add_argument("artifact")
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+
+    p = sub.add_parser("inspect", help="summary of steps, partitions, providers and arenas")
+    p.add_argument("artifact")
+    p.add_argument("--top", type=int, default=10, help="how many of the largest buffers to list")
+    p.add_argument("--json", action="store_true", help="print the memory report as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "compile":
+            return _compile(args)
+        if args.command == "run":
+            return _run(args)
+        if args.command == "bench":
+            return _bench(args)
+        return _inspect(args)
+    except OnnxAotError as exc:
+        print(f"onnx-aot: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("onnx-aot: interrupted", file=sys.stderr)
+        return 130
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from compiler.driver import compile_model, stderr_progress
+
+    shapes = dict(args.shape)
+    start = time.perf_counter()
+    out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
+                        shapes=shapes, progress=None if args.quiet else stderr_progress)
+    if not args.quiet:
+        print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
+    return 0
+
+
+def random_feeds(session, seed: int = 0) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in session.inputs:
+        if spec.dtype.kind == "f":
+            feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+        elif spec.dtype.kind == "b":
+            feeds[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
+        else:
+            feeds[spec.name] = rng.integers(0, 10, spec.shape).astype(spec.dtype)
+    return feeds
+
+
+def _run(args: argparse.Namespace) -> int:
+    from runtime import Session
+
+    session = Session(args.artifact, threads=args.threads)
+    feeds = random_feeds(session, args.seed)
+    names = {s.name for s in session.inputs}
+    for name, path in args.input:
+        if name not in names:
+            raise InputError(f"--input names {name!r}, which is not an input ({', '.join(sorted(names))})")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--input {name}: cannot read {path}: {exc}") from None
+    start = time.perf_counter()
+    outputs = session.run(None, feeds)
+    elapsed = time.perf_counter() - start
+    for spec, array in zip(session.outputs, outputs, strict=True):
+        flat = array.reshape(-1)
+        head = np.array2string(flat[:5], precision=5, separator=", ")
+        print(f"{spec.name}: {array.dtype} {list(array.shape)} first values {head}")
+    print(f"ran in {elapsed * 1000:.2f} ms")
+    if args.output_dir:
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for spec, array in zip(session.outputs, outputs, strict=True):
+            safe = spec.name.replace("/", "_").replace("\\", "_")
+            np.save(out / f"{safe}.npy", array)
+        print(f"saved {len(outputs)} output(s) to {out}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from runtime import Session
+
+    start = time.perf_counter()
+    session = Session(args.artifact, threads=args.threads)
+    load_s = time.perf_counter() - start
+    feeds = random_feeds(session)
+    for _ in range(max(args.warmup, 0)):
+        session.run(None, feeds)
+    times = []
+    for _ in range(max(args.runs, 1)):
+        t0 = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    print(f"{args.artifact}: threads {session.threads}, load {load_s * 1000:.2f} ms, "
+          f"median {statistics.median(times) * 1000:.3f} ms over {len(times)} runs "
+          f"(min {min(times) * 1000:.3f}, max {max(times) * 1000:.3f})")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from runtime.artifact import load_artifact
+
+    art = load_artifact(args.artifact)
+    report = json.loads((art.path / "report" / "memory.json").read_text(encoding="utf-8"))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    plan = art.plan
+    print(f"artifact {art.path}  (compiled by onnx-aot {art.manifest['compiler']['version']} "
+          f"from {art.manifest['source']['file']})")
+    for s in plan["inputs"]:
+        print(f"  input  {s['name']}: {s['dtype']} {s['shape']}")
+    for s in plan["outputs"]:
+        print(f"  output {s['name']}: {s['dtype']} {s['shape']}")
+    print(f"weights: {plan['weights_nbytes']} bytes in {len(plan['constants'])} constants")
+    counts: dict[str, int] = {}
+    for step in plan["steps"]:
+        counts[step["provider"]] = counts.get(step["provider"], 0) + 1
+    print(f"steps: {len(plan['steps'])} (" + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ")")
+    for part in plan["partitions"]:
+        print(f"  partition {part['index']}: {part['provider']}, steps {part['first_step']}-"
+              f"{part['last_step']}, entry {part['entry']}")
+    for space, arena in report["arenas"].items():
+        lb = arena["lower_bound_nbytes"]
+        ratio = arena["arena_nbytes"] / lb if lb else 1.0
+        print(f"arena {space}: {arena['arena_nbytes']} bytes, lower bound {lb} ({ratio:.3f}x), "
+              f"naive {arena['naive_nbytes']}, peak at step {arena['peak_step']}")
+        largest = sorted(arena["buffers"], key=lambda b: (-b["nbytes"], b["id"]))[:args.top]
+        for b in largest:
+            print(f"    {b['nbytes']:>12} B  @{b['offset']:<12} steps {b['first_step']}-{b['last_step']}"
+                  f"  {b['tensor']}")
+    ops: dict[str, int] = {}
+    for step in plan["steps"]:
+        ops[step["op_type"]] = ops.get(step["op_type"], 0) + 1
+    print("ops: " + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

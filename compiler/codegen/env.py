@@ -1,0 +1,61 @@
+"""The one Jinja environment every code generator renders its templates with.
+
+Kernel source text lives only in the repository's top-level ``templates/`` folder (``c/*.c.j2``,
+``cuda/*.cu.j2``). ``templates_dir`` finds it both in a source checkout (``<repo>/templates`` next
+to ``compiler/``) and in an installed wheel (``templates/`` shipped as package data next to the
+``compiler`` package in site-packages). The environment is built once, with ``StrictUndefined``
+so a misspelled context field fails the render instead of emitting an empty string, and each
+render takes one frozen dataclass context (bound to the name ``ctx`` in the template).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from runtime.errors import CompileError
+
+__all__ = ["templates_dir", "environment", "render"]
+
+
+def templates_dir() -> Path:
+    """The folder holding ``c/`` and ``cuda/`` templates.
+
+    ``compiler/`` and ``templates/`` are siblings both in the repository and in site-packages,
+    so one lookup covers the editable and the installed layout.
+    """
+    package_root = Path(__file__).resolve().parent.parent  # .../compiler
+    candidate = package_root.parent / "templates"
+    if (candidate / "c").is_dir():
+        return candidate
+    raise CompileError(f"kernel templates not found: expected a folder {candidate} with c/ inside")
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """The cached environment: strict undefineds, no autoescape, stable whitespace handling."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def render(template: str, ctx: Any) -> str:
+    """Render ``template`` (a path relative to ``templates/``) with one frozen dataclass context."""
+    if not dataclasses.is_dataclass(ctx) or isinstance(ctx, type):
+        raise TypeError(f"render({template!r}) takes a dataclass instance, got {type(ctx).__name__}")
+    params = getattr(type(ctx), "__dataclass_params__", None)
+    if params is None or not params.frozen:
+        raise TypeError(f"render({template!r}) takes a frozen dataclass, got {type(ctx).__name__}")
+    try:
+        return environment().get_template(template).render(ctx=ctx)
+    except jinja2.TemplateError as exc:
+        raise CompileError(f"rendering template {template!r} failed: {exc}") from exc

@@ -1,0 +1,189 @@
+"""The C toolchain: compile one generated source into a shared library, with a build cache.
+
+``build_shared`` runs ``cc`` on the source written under a fixed name (``model.c``) in a fresh
+temporary folder, so neither the folder's path nor a timestamp can reach the binary: two builds
+of one source are byte-identical (the GNU build-id is a hash of the content). Built libraries are
+cached by sha256(source, flags, compiler identity, resolved ``-march``) in ``$ONNX_AOT_CACHE_DIR``
+(default ``~/.cache/onnx-aot/cc``), so an identical kernel is never compiled twice; cache entries are
+written atomically (temporary file + rename). ``target_info`` tells code generators what the
+chosen ``-march`` provides (vector width, register count) so they can size register tiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from compiler.providers.base import BuildOptions
+from runtime.errors import CompileError
+
+__all__ = ["TargetInfo", "build_shared", "cache_dir", "compile_flags", "compiler_version", "target_info"]
+
+SOURCE_NAME = "model.c"
+LIBRARY_NAME = "model.so"
+_STDERR_LIMIT = 4000  # characters of compiler output kept in a CompileError
+
+# Not -ffast-math: kernels must keep NaN/Inf semantics. -ffp-contract=fast lets gcc form FMAs
+# (ISO C mode turns it off); -fno-math-errno lets sqrtf and friends inline; hidden visibility
+# keeps the step functions out of the dynamic symbol table (entries are exported explicitly).
+_BASE_FLAGS = (
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+    "-Wall",
+    "-Werror",
+    "-Wno-psabi",
+    "-ffp-contract=fast",
+    "-fno-math-errno",
+    "-fvisibility=hidden",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetInfo:
+    """What the target ISA offers a kernel generator."""
+
+    march: str  # the resolved -march value ("native" expanded where the compiler says)
+    vector_bytes: int  # widest float vector register: 64 (AVX-512), 32 (AVX), 16 otherwise
+    vector_registers: int  # architectural vector registers: 32 with AVX-512, else 16
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise CompileError(f"cannot run C compiler {argv[0]!r}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(cc: str) -> str:
+    """The first line of ``cc --version`` (names vendor and version)."""
+    proc = _run([cc, "--version"])
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise CompileError(f"C compiler {cc!r} does not answer --version: {proc.stderr.strip()[:500]}")
+    return proc.stdout.strip().splitlines()[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved_march(cc: str, isa: str) -> str:
+    """``-march=native`` as the compiler expands it (the cache key must differ between machines)."""
+    if isa != "native":
+        return isa
+    proc = _run([cc, "-march=native", "-###", "-x", "c", "-c", os.devnull, "-o", os.devnull])
+    found = re.findall(r"-march=([\w.+-]+)", proc.stderr)
+    resolved = [m for m in found if m != "native"]
+    if not resolved:
+        return "native"
+    # The expanded command line lists every -m feature flag too; hash them so "native" on two
+    # machines with the same -march name but different features never share a cache entry.
+    features = sorted(set(re.findall(r"(-m[\w.=+-]+|[\w-]+-size=\d+)", proc.stderr)))
+    digest = hashlib.sha256("\n".join(features).encode()).hexdigest()[:12]
+    return f"{resolved[-1]}+{digest}"
+
+
+@functools.lru_cache(maxsize=None)
+def _target_macros(cc: str, isa: str) -> frozenset[str]:
+    proc = _run([cc, f"-march={isa}", "-dM", "-E", "-x", "c", os.devnull])
+    if proc.returncode != 0:
+        raise CompileError(f"{cc} rejects -march={isa}: {proc.stderr.strip()[:_STDERR_LIMIT]}")
+    return frozenset(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define "))
+
+
+def target_info(options: BuildOptions) -> TargetInfo:
+    """Vector width and register count of ``options.isa`` as the compiler sees it."""
+    macros = _target_macros(options.cc, options.isa)
+    if "__AVX512F__" in macros:
+        vector_bytes, registers = 64, 32
+    elif "__AVX__" in macros:
+        vector_bytes, registers = 32, 16
+    else:
+        vector_bytes, registers = 16, 16 if "__x86_64__" in macros else 32
+    return TargetInfo(_resolved_march(options.cc, options.isa), vector_bytes, registers)
+
+
+def compile_flags(options: BuildOptions) -> list[str]:
+    """The full, ordered flag list (recorded in the manifest and part of the cache key)."""
+    flags = [*options.opt_flags, f"-march={options.isa}", *_BASE_FLAGS]
+    if "cflags" in options.extra:
+        flags.extend(shlex.split(options.extra["cflags"]))
+    return flags
+
+
+def cache_dir() -> Path:
+    """``$ONNX_AOT_CACHE_DIR`` when set, else ``~/.cache/onnx-aot/cc``."""
+    env = os.environ.get("ONNX_AOT_CACHE_DIR", "")
+    return Path(env) if env else Path.home() / ".cache" / "onnx-aot" / "cc"
+
+
+def _cache_key(source_text: str, flags: list[str], cc_version: str, march: str) -> str:
+    blob = json.dumps({"source": source_text, "flags": flags, "cc": cc_version, "march": march}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _trim(text: str) -> str:
+    text = text.strip()
+    if len(text) <= _STDERR_LIMIT:
+        return text
+    return text[:_STDERR_LIMIT] + f"\n... ({len(text) - _STDERR_LIMIT} more characters)"
+
+
+def build_shared(source_text: str, out_path: Path, options: BuildOptions) -> dict[str, object]:
+    """Compile ``source_text`` into the shared library ``out_path`` (through the build cache).
+
+    Returns the manifest facts (``cc``, ``cc_version``, ``flags``, ``isa``) plus ``cached``, whether
+    the library came from the cache. On failure raises ``CompileError`` with the compiler's
+    trimmed stderr, naming the source file (kept next to ``out_path``).
+    """
+    out_path = Path(out_path)
+    flags = compile_flags(options)
+    version = compiler_version(options.cc)
+    march = _resolved_march(options.cc, options.isa)
+    key = _cache_key(source_text, flags, version, march)
+    facts: dict[str, object] = {"cc": options.cc, "cc_version": version, "flags": flags, "isa": march}
+    cached = cache_dir() / f"{key}.so"
+    if cached.is_file():
+        _copy_atomic(cached, out_path)
+        return {**facts, "cached": True}
+    with tempfile.TemporaryDirectory(prefix="onnx-aot-cc-") as tmp:
+        work = Path(tmp)
+        (work / SOURCE_NAME).write_text(source_text)
+        argv = [options.cc, *flags, SOURCE_NAME, "-o", LIBRARY_NAME, "-lm"]
+        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            kept = out_path.with_suffix(".c")
+            if not kept.is_file() or kept.read_text() != source_text:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                kept.write_text(source_text)
+            raise CompileError(
+                f"C compilation of {kept} failed ({shlex.join(argv)}):\n{_trim(proc.stderr or proc.stdout)}"
+            )
+        built = work / LIBRARY_NAME
+        try:
+            _copy_atomic(built, cached)
+        except OSError:
+            pass  # an unwritable cache only costs a rebuild next time
+        _copy_atomic(built, out_path)
+    return {**facts, "cached": False}

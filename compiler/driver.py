@@ -1,0 +1,141 @@
+"""``compile_model``: ONNX model in, artifact folder out.
+
+frontend -> passes -> partition + schedule -> memory plan -> codegen -> artifact, as in
+ARCHITECTURE.md. The artifact is written into a temporary sibling folder and renamed into place,
+so a failed or interrupted compile never leaves a half-written folder where one is expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+
+from compiler.artifact.writer import write_artifact
+from compiler.frontend.importer import import_model
+from compiler.ir.graph import AOT_DOMAIN, Graph, Node
+from compiler.memory import plan_offsets, verify_plan
+from compiler.memory.lifetimes import assign_storage
+from compiler.partition.partitioner import partition_graph
+from compiler.passes import optimize
+from compiler.plan import build_plan
+from compiler.providers.base import BuildOptions, Provider
+from compiler.providers.reference import ReferenceProvider
+from runtime.errors import CompileError
+
+__all__ = ["compile_model", "TARGETS", "default_providers"]
+
+TARGETS = ("cpu",)
+
+Progress = Callable[[str], None]
+
+
+def default_providers(target: str) -> list[Provider]:
+    if target == "cpu":
+        from compiler.providers.c import CProvider
+
+        return [CProvider(), ReferenceProvider()]
+    raise CompileError(f"unknown target {target!r} (supported: {', '.join(TARGETS)})")
+
+
+def compile_model(
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    out_dir: str | os.PathLike[str],
+    *,
+    opt_level: int = 2,
+    target: str = "cpu",
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    providers: list[Provider] | None = None,
+    build: BuildOptions | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Compile ``model`` into the artifact folder ``out_dir`` and return its path."""
+    say = progress or (lambda _msg: None)
+    if opt_level not in (0, 1, 2, 3):
+        raise CompileError(f"optimization level must be 0-3, got {opt_level}")
+    providers = providers if providers is not None else default_providers(target)
+    build = build or BuildOptions()
+    out = Path(out_dir)
+
+    say("loading model")
+    source_name, source_sha = _source_identity(model)
+    graph = import_model(model, shapes)
+    n_onnx = len(graph) + len(graph.eliminated)
+    say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes")
+    graph = optimize(graph, opt_level)
+    materialize_outputs(graph)
+    graph.verify()
+
+    say(f"partitioning {len(graph)} nodes over {', '.join(p.name for p in providers)}")
+    schedule = partition_graph(graph, providers)
+    provider_by_name = {p.name: p for p in providers}
+    step_space = [provider_by_name[name].memory_space for name in schedule.provider_of_step]
+    scratch = [provider_by_name[name].scratch_nbytes(node)
+               for name, node in zip(schedule.provider_of_step, schedule.steps, strict=True)]
+
+    say("planning memory")
+    storage = assign_storage(graph, schedule.steps, step_space, scratch)
+    alignment = {}
+    for p in providers:
+        alignment[p.memory_space] = max(alignment.get(p.memory_space, 1), p.alignment)
+    mem_plans = {}
+    for space in sorted(set(step_space)):
+        buffers = storage.buffers.get(space, [])
+        mem_plans[space] = plan_offsets(buffers, alignment[space])
+        verify_plan(buffers, mem_plans[space], alignment[space])
+
+    plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name)
+    options = {
+        "opt_level": opt_level,
+        "target": target,
+        "shapes": {k: list(v) for k, v in sorted((shapes or {}).items())},
+    }
+    say(f"generating kernels for {len(plan.partitions)} partition(s)")
+    final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say)
+    say(f"wrote {final}")
+    return final
+
+
+def materialize_outputs(graph: Graph) -> None:
+    """Give every graph output its own producing step.
+
+    An output that is a constant, a graph input, or the same value as an earlier output gets an
+    onnx_aot.Copy step, so each output has exactly one writer into the caller's array.
+    """
+    seen: set[int] = set()
+    for k, value in enumerate(list(graph.outputs)):
+        needs_copy = (
+            value.const is not None
+            or value.producer is None
+            or graph.is_graph_input(value)
+            or id(value) in seen
+        )
+        seen.add(id(value))
+        if not needs_copy:
+            continue
+        public = graph.output_names[k] if k < len(graph.output_names) else value.name
+        out = graph.make_value(public + "/copy", value.dtype, value.shape)
+        graph.add_node(Node("Copy", [value], [out], {}, domain=AOT_DOMAIN,
+                            name=graph.unique_name(f"copy_output_{k}"), origin=[]))
+        graph.outputs[k] = out
+    graph.sort()
+
+
+def _source_identity(model: str | os.PathLike[str] | onnx.ModelProto) -> tuple[str, str]:
+    if isinstance(model, onnx.ModelProto):
+        data = model.SerializeToString(deterministic=True)
+        return (model.graph.name or "model", hashlib.sha256(data).hexdigest())
+    path = Path(model)
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        digest = ""
+    return (path.name, digest)
+
+
+def stderr_progress(message: str) -> None:
+    print(f"onnx-aot: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,273 @@
+"""ONNX ModelProto -> IR Graph with static shapes and canonical op forms.
+
+Initializers (including those older models also list as graph inputs) become constants. Small
+integer shape computations whose inputs are all known (``Shape`` of a static tensor, Gather /
+Concat / Unsqueeze on constants) are evaluated right here, because canonical forms need their
+values (e.g. a Reshape's target shape) at compile time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from compiler.frontend.canonical import CanonContext, canonicalize, np_dtype_of, onnx_attrs
+from compiler.frontend.loader import bind_input_shapes, infer_shapes, load_model, opset_of
+from compiler.ir.graph import Graph, Node, Value
+from runtime.errors import ModelError, OnnxAotError, ShapeError
+
+__all__ = ["import_model", "graph_from_proto"]
+
+# Ops evaluated at import time when every input is a constant and every output is an integer
+# tensor of at most FOLD_LIMIT elements: the shape arithmetic of exported models.
+SHAPE_OPS = frozenset(
+    "Shape Gather Concat Unsqueeze Squeeze Reshape Flatten Cast Slice Add Sub Mul Div Equal "
+    "Where Identity ConstantOfShape Range Expand Tile Size Neg Abs Max Min ReduceProd "
+    "ReduceSum Less Greater Not And Or".split()
+)
+FOLD_LIMIT = 4096
+
+
+def import_model(
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+) -> Graph:
+    """Load, check, bind shapes and convert ``model`` into a verified IR graph."""
+    proto = load_model(model)
+    proto = bind_input_shapes(proto, shapes)
+    return graph_from_proto(proto)
+
+
+def graph_from_proto(proto: onnx.ModelProto) -> Graph:
+    opset = opset_of(proto)
+    inferred = infer_shapes(proto)
+    g_proto = inferred.graph
+    types = _type_table(g_proto)
+    graph = Graph(g_proto.name or "model", opset)
+    env: dict[str, Value] = {}
+
+    initializers = {t.name: t for t in g_proto.initializer}
+    for name, tensor in initializers.items():
+        try:
+            array = numpy_helper.to_array(tensor)
+        except Exception as exc:
+            raise ModelError(f"initializer {name!r} cannot be read: {exc}") from None
+        np_dtype_of(tensor.data_type, f"initializer {name!r}")
+        value = Value(name, const=np.ascontiguousarray(array))
+        graph.constants[name] = value
+        graph.reserve_name(name)
+        env[name] = value
+    for inp in g_proto.input:
+        if inp.name in initializers:
+            continue  # older models list initializers as inputs too: they are constants
+        dtype, shape = _static_type(types, inp.name, f"graph input {inp.name!r}")
+        env[inp.name] = graph.add_input(Value(inp.name, dtype, shape))
+
+    used = frozenset({n for node in g_proto.node for n in node.input if n}
+                     | {o.name for o in g_proto.output})
+    for k, node_proto in enumerate(_ordered(g_proto, env)):
+        _import_node(graph, node_proto, k, env, types, opset, used)
+
+    for out in g_proto.output:
+        if out.name not in env:
+            raise ModelError(f"graph output {out.name!r} is produced by no node")
+        value = env[out.name]
+        if value.shape is None:
+            raise ShapeError(f"graph output {out.name!r} has no static shape")
+        graph.outputs.append(value)
+        graph.output_names.append(out.name)
+    graph.prune_constants()
+    graph.verify()
+    return graph
+
+
+def _type_table(g_proto: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    table: dict[str, onnx.TypeProto] = {}
+    for info in list(g_proto.input) + list(g_proto.value_info) + list(g_proto.output):
+        table[info.name] = info.type
+    return table
+
+
+def _static_type(types: dict[str, onnx.TypeProto], name: str,
+                 what: str) -> tuple[np.dtype, tuple[int, ...]]:
+    ttype = types.get(name)
+    if ttype is None or not ttype.HasField("tensor_type"):
+        raise ShapeError(f"{what} has no known tensor type")
+    tt = ttype.tensor_type
+    dtype = np_dtype_of(tt.elem_type, what)
+    if not tt.HasField("shape"):
+        raise ShapeError(f"{what} has no known shape")
+    dims = []
+    for k, dim in enumerate(tt.shape.dim):
+        if not dim.HasField("dim_value") or dim.dim_value < 0:
+            raise ShapeError(f"{what} has a non-static dim {k} ({dim.dim_param or '?'})")
+        dims.append(int(dim.dim_value))
+    return dtype, tuple(dims)
+
+
+def _ordered(g_proto: onnx.GraphProto, env: dict[str, Value]) -> list[onnx.NodeProto]:
+    """The nodes in a topological order (ONNX requires one; repair mild violations)."""
+    nodes = list(g_proto.node)
+    ready = set(env) | {""}
+    out: list[onnx.NodeProto] = []
+    pending = nodes
+    while pending:
+        rest = []
+        for node in pending:
+            if all(name in ready for name in node.input):
+                out.append(node)
+                ready.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            node = rest[0]
+            missing = [n for n in node.input if n not in ready]
+            producers = {o for n in rest for o in n.output}
+            if any(m in producers for m in missing):
+                raise ModelError(f"graph has a cycle through node {node.name!r} ({node.op_type})")
+            raise ModelError(
+                f"node {node.name!r} ({node.op_type}) reads {missing[0]!r}, which nothing produces"
+            )
+        pending = rest
+    return out
+
+
+def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str, Value],
+                 types: dict[str, onnx.TypeProto], opset: int, used: frozenset[str]) -> None:
+    name = graph.unique_name(proto.name or f"{proto.op_type}_{index}")
+    where = f"node {name!r} ({proto.op_type})"
+    inputs: list[Value | None] = [env[n] if n else None for n in proto.input]
+    if proto.op_type == "Constant" and proto.domain in ("", "ai.onnx"):
+        env[proto.output[0]] = _constant(graph, proto, where)
+        graph.eliminated[name] = "constant"
+        return
+    outputs = _output_values(proto, inputs, types, where)
+    ctx = CanonContext(proto, name, onnx_attrs(proto), inputs, outputs, opset, graph, used)
+    nodes = canonicalize(ctx)
+    if _foldable(proto, inputs, outputs):
+        folded = _evaluate(nodes, where)
+        if folded is not None:
+            for value, array in zip(outputs, folded, strict=True):
+                const = Value(value.name, const=array)
+                graph.constants[value.name] = const
+                graph.reserve_name(value.name)
+                env[value.name] = const
+            graph.eliminated[name] = "shape computation"
+            return
+    for node in nodes:
+        graph.add_node(node)
+    for value in outputs:
+        env[value.name] = value
+
+
+def _constant(graph: Graph, proto: onnx.NodeProto, where: str) -> Value:
+    attrs = onnx_attrs(proto)
+    if "value" in attrs:
+        array = np.asarray(attrs["value"])
+    elif "value_float" in attrs:
+        array = np.array(attrs["value_float"], np.float32)
+    elif "value_floats" in attrs:
+        array = np.array(attrs["value_floats"], np.float32)
+    elif "value_int" in attrs:
+        array = np.array(attrs["value_int"], np.int64)
+    elif "value_ints" in attrs:
+        array = np.array(attrs["value_ints"], np.int64)
+    else:
+        raise ModelError(f"{where}: only tensor, float(s) and int(s) constants are supported")
+    value = Value(proto.output[0], const=np.ascontiguousarray(array))
+    graph.constants[value.name] = value
+    graph.reserve_name(value.name)
+    return value
+
+
+def _output_values(proto: onnx.NodeProto, inputs: list[Value | None],
+                   types: dict[str, onnx.TypeProto], where: str) -> list[Value]:
+    outputs: list[Value] = []
+    fallback: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
+    for name in proto.output:
+        if not name:
+            outputs.append(Value(f"{proto.name}/unused_{len(outputs)}", np.float32, ()))
+            continue
+        try:
+            dtype, shape = _static_type(types, name, f"output {name!r} of {where}")
+        except ShapeError:
+            if fallback is None:
+                fallback = _infer_single(proto, inputs)
+            if name not in fallback:
+                raise ShapeError(f"{where}: cannot infer a static shape for output {name!r}") from None
+            dtype, shape = fallback[name]
+        outputs.append(Value(name, dtype, shape))
+    return outputs
+
+
+def _infer_single(proto: onnx.NodeProto,
+                  inputs: list[Value | None]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Shape-infer one node alone, with its constant inputs given as initializers."""
+    value_infos, inits = [], []
+    for value in inputs:
+        if value is None:
+            continue
+        if value.const is not None:
+            inits.append(numpy_helper.from_array(value.const, value.name))
+        assert value.dtype is not None
+        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+        value_infos.append(helper.make_tensor_value_info(value.name, elem, value.shape))
+    outs = [helper.make_empty_tensor_value_info(n) for n in proto.output if n]
+    graph = helper.make_graph([proto], "single", value_infos, outs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:
+        return {}
+    result: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    types = _type_table(inferred.graph)
+    for name in proto.output:
+        try:
+            result[name] = _static_type(types, name, name)
+        except (ShapeError, ModelError):
+            pass
+    return result
+
+
+def _foldable(proto: onnx.NodeProto, inputs: list[Value | None], outputs: list[Value]) -> bool:
+    if proto.domain not in ("", "ai.onnx") or proto.op_type not in SHAPE_OPS:
+        return False
+    if proto.op_type == "Shape":
+        pass  # static shapes: Shape folds whatever its input is
+    elif not all(v is None or v.const is not None for v in inputs):
+        return False
+    return all(v.dtype is not None and v.dtype.kind in "iub" and v.size <= FOLD_LIMIT for v in outputs)
+
+
+def _evaluate(nodes: list[Node], where: str) -> list[np.ndarray] | None:
+    from runtime.kernels import get_kernel
+
+    results: dict[int, np.ndarray] = {}
+    for node in nodes:
+        args: list[Any] = []
+        for value in node.inputs:
+            if value is None:
+                args.append(None)
+            elif id(value) in results:
+                args.append(results[id(value)])
+            elif value.const is not None:
+                args.append(value.const)
+            elif node.op_type == "Shape":
+                args.append(np.empty(value.shape or (), value.dtype))
+            else:
+                return None
+        try:
+            kernel = get_kernel(node.kind)
+            outs = kernel(np, args, node.attrs, [(v.shape, v.dtype) for v in node.outputs])
+        except OnnxAotError:
+            return None
+        except Exception as exc:
+            raise ModelError(f"{where}: evaluating it at compile time failed: {exc}") from None
+        for value, array in zip(node.outputs, outs, strict=True):
+            results[id(value)] = np.ascontiguousarray(np.asarray(array, dtype=value.dtype)
+                                                      .reshape(value.shape))
+    return [results[id(v)] for v in nodes[-1].outputs]

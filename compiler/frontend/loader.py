@@ -1,0 +1,139 @@
+"""Read an ONNX model, check it, bring it into our opset range and bind its symbolic dimensions.
+
+Everything here turns the failures of onnx's own loaders (protobuf decode errors, checker
+failures, missing external data) into :class:`ModelError` messages naming the file, input or dim.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import onnx.checker
+import onnx.shape_inference
+import onnx.version_converter
+
+from runtime.errors import ModelError, ShapeError
+
+__all__ = ["MIN_OPSET", "MAX_OPSET", "load_model", "bind_input_shapes", "infer_shapes", "opset_of"]
+
+MIN_OPSET = 7
+MAX_OPSET = onnx.defs.onnx_opset_version()
+
+
+def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
+    """Load (with external data), check and version-convert ``model``."""
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+        where = f"model {proto.graph.name or '<unnamed>'}"
+    else:
+        path = Path(model)
+        where = str(path)
+        if not path.is_file():
+            raise ModelError(f"{path}: no such model file")
+        try:
+            proto = onnx.load(str(path), load_external_data=True)
+        except FileNotFoundError as exc:
+            raise ModelError(f"{path}: external data file missing: {exc.filename or exc}") from None
+        except Exception as exc:  # protobuf DecodeError and friends
+            raise ModelError(f"{path}: not a valid ONNX model ({type(exc).__name__}: {exc})") from None
+        if not proto.graph.node and not proto.graph.output:
+            raise ModelError(f"{path}: not a valid ONNX model (no graph)")
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as exc:
+        raise ModelError(f"{where}: the ONNX checker rejected it: {_first_line(exc)}") from None
+    opset = opset_of(proto)
+    if opset < MIN_OPSET:
+        try:
+            proto = onnx.version_converter.convert_version(proto, MIN_OPSET)
+        except Exception as exc:
+            raise ModelError(
+                f"{where}: opset {opset} is older than the supported {MIN_OPSET} and could not be "
+                f"converted ({_first_line(exc)})"
+            ) from None
+    elif opset > MAX_OPSET:
+        raise ModelError(f"{where}: opset {opset} is newer than the newest supported ({MAX_OPSET})")
+    return proto
+
+
+def opset_of(proto: onnx.ModelProto) -> int:
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    raise ModelError("model imports no version of the default ONNX domain")
+
+
+def bind_input_shapes(
+    proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None
+) -> onnx.ModelProto:
+    """Return a copy of ``proto`` whose real graph inputs all have static shapes.
+
+    ``shapes`` binds inputs by name; every symbolic or unknown dimension left unbound is an error
+    naming the input and the dimension.
+    """
+    shapes = dict(shapes or {})
+    proto = _copy(proto)
+    initializers = {t.name for t in proto.graph.initializer}
+    real_inputs = [i for i in proto.graph.input if i.name not in initializers]
+    known = {i.name for i in real_inputs}
+    unknown = sorted(set(shapes) - known)
+    if unknown:
+        raise ShapeError(
+            f"--shape names no graph input: {', '.join(unknown)} (inputs: {', '.join(sorted(known))})"
+        )
+    for inp in real_inputs:
+        if not inp.type.HasField("tensor_type"):
+            raise ModelError(f"input {inp.name!r} is not a tensor (only tensor inputs are supported)")
+        ttype = inp.type.tensor_type
+        dims = ttype.shape.dim
+        if inp.name in shapes:
+            want = tuple(int(d) for d in shapes[inp.name])
+            if ttype.HasField("shape") and len(dims) != len(want):
+                raise ShapeError(
+                    f"input {inp.name!r} has rank {len(dims)} but --shape gives {len(want)} dims"
+                )
+            for k, (dim, size) in enumerate(zip(dims, want, strict=False)):
+                if dim.HasField("dim_value") and dim.dim_value != size:
+                    raise ShapeError(
+                        f"input {inp.name!r} dim {k} is fixed at {dim.dim_value}, --shape gives {size}"
+                    )
+            if any(s < 0 for s in want):
+                raise ShapeError(f"--shape for {inp.name!r} has a negative dimension: {want}")
+            ttype.shape.ClearField("dim")
+            for size in want:
+                ttype.shape.dim.add().dim_value = size
+            continue
+        if not ttype.HasField("shape"):
+            raise ShapeError(
+                f"input {inp.name!r} has no shape; bind it with --shape {inp.name}=D0xD1x..."
+            )
+        for k, dim in enumerate(dims):
+            if not dim.HasField("dim_value") or dim.dim_value < 0:
+                label = f" ({dim.dim_param!r})" if dim.dim_param else ""
+                raise ShapeError(
+                    f"input {inp.name!r} dim {k}{label} is symbolic; bind it with "
+                    f"--shape {inp.name}=" + "x".join("N" if not d.HasField("dim_value") else
+                                                        str(d.dim_value) for d in dims)
+                )
+    return proto
+
+
+def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise ShapeError(f"shape inference failed: {_first_line(exc)}") from None
+
+
+def _copy(proto: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[0][:500] if lines else text[:500]

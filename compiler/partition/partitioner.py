@@ -1,0 +1,106 @@
+"""Assign nodes to execution providers and order them into steps grouped in partitions.
+
+Providers claim nodes in priority order; the last (reference) provider takes the rest, so every
+model whose ops the reference kernels know runs. Claimed nodes are grouped with networkx into
+connected, cycle-free partitions by layering: a node's depth is the number of provider changes on
+the longest path reaching it, and a partition is a connected component of same-provider,
+same-depth nodes. Depth never decreases along an edge and grows when the provider changes, so no
+path can leave a partition and come back: the partition graph is acyclic by construction (and
+checked). The schedule is a deterministic topological order in which each partition's steps are
+consecutive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from compiler.ir.graph import Graph, Node
+from compiler.providers.base import Provider
+from runtime.errors import CompileError, UnsupportedOpError
+
+__all__ = ["Partition", "Schedule", "partition_graph"]
+
+
+@dataclass
+class Partition:
+    index: int
+    provider: Provider
+    steps: list[int]  # global step indices, consecutive
+
+
+@dataclass
+class Schedule:
+    steps: list[Node]
+    partitions: list[Partition]
+    provider_of_step: list[str]
+    partition_of_step: list[int]
+
+    def step_index(self) -> dict[int, int]:
+        return {id(node): t for t, node in enumerate(self.steps)}
+
+
+def partition_graph(graph: Graph, providers: list[Provider]) -> Schedule:
+    nodes = list(graph.nodes)
+    order = {id(n): k for k, n in enumerate(nodes)}
+    owner: dict[int, int] = {}
+    for p_index, provider in enumerate(providers):
+        claimed = provider.claims(graph)
+        for node in nodes:
+            if id(node) not in owner and node in claimed:
+                owner[id(node)] = p_index
+    missing = [n for n in nodes if id(n) not in owner]
+    if missing:
+        listed = "\n  ".join(f"{n.name} ({n.kind})" for n in missing)
+        raise UnsupportedOpError(
+            f"{len(missing)} node(s) use ops no provider supports:\n  {listed}",
+            [(n.name, n.kind) for n in missing],
+        )
+
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(nodes)))
+    for k, node in enumerate(nodes):
+        for value in node.inputs:
+            if value is not None and value.producer is not None:
+                dag.add_edge(order[id(value.producer)], k)
+
+    depth = [0] * len(nodes)
+    for k in range(len(nodes)):  # graph order is topological
+        for pred in dag.predecessors(k):
+            step = 0 if owner[id(nodes[pred])] == owner[id(nodes[k])] else 1
+            depth[k] = max(depth[k], depth[pred] + step)
+
+    same = nx.Graph()
+    same.add_nodes_from(range(len(nodes)))
+    for u, v in dag.edges:
+        if owner[id(nodes[u])] == owner[id(nodes[v])] and depth[u] == depth[v]:
+            same.add_edge(u, v)
+    groups = sorted((sorted(c) for c in nx.connected_components(same)), key=lambda c: c[0])
+    group_of = {k: g for g, members in enumerate(groups) for k in members}
+
+    quotient = nx.DiGraph()
+    quotient.add_nodes_from(range(len(groups)))
+    for u, v in dag.edges:
+        if group_of[u] != group_of[v]:
+            quotient.add_edge(group_of[u], group_of[v])
+    if not nx.is_directed_acyclic_graph(quotient):  # pragma: no cover - guaranteed by layering
+        raise CompileError("internal error: partition graph has a cycle")
+    group_order = list(nx.lexicographical_topological_sort(quotient, key=lambda g: groups[g][0]))
+
+    steps: list[Node] = []
+    partitions: list[Partition] = []
+    provider_of_step: list[str] = []
+    partition_of_step: list[int] = []
+    for g in group_order:
+        p_index = owner[id(nodes[groups[g][0]])]
+        provider = providers[p_index]
+        if not partitions or partitions[-1].provider is not provider:
+            partitions.append(Partition(len(partitions), provider, []))
+        part = partitions[-1]
+        for k in groups[g]:
+            part.steps.append(len(steps))
+            partition_of_step.append(part.index)
+            provider_of_step.append(provider.name)
+            steps.append(nodes[k])
+    return Schedule(steps, partitions, provider_of_step, partition_of_step)

@@ -1,0 +1,56 @@
+"""Remove Identity nodes (Dropout arrives as Identity from the frontend).
+
+Uses of the Identity's output are pointed at its input. When the output is a graph output its
+Value (its name) must survive: if the input is an intermediate produced by a single-output node,
+that producer is rebuilt to write the graph output directly; if the input is a graph input, a
+constant or another graph output, the Identity stays (it is then a copy the graph needs).
+"""
+
+from __future__ import annotations
+
+from compiler.ir.graph import Graph, Node, Value
+from compiler.passes.base import Pass, PassResult, note_eliminated, replace_nodes
+
+__all__ = ["EliminateIdentity"]
+
+
+class EliminateIdentity(Pass):
+    name = "eliminate_identity"
+
+    def run(self, graph: Graph) -> PassResult:
+        removed: list[Node] = []
+        for node in graph:
+            if node.kind != "Identity" or len(node.outputs) != 1:
+                continue
+            src, out = node.input(0), node.outputs[0]
+            if src is None:
+                continue
+            if not graph.is_graph_output(out):
+                graph.replace_all_uses(out, src)
+                graph.remove_node(node)
+                removed.append(node)
+            elif self._hand_output_to_producer(graph, node, src, out):
+                removed.append(node)
+        note_eliminated(graph, removed, self.name)
+        return PassResult(graph, bool(removed))
+
+    @staticmethod
+    def _hand_output_to_producer(graph: Graph, identity: Node, src: Value, out: Value) -> bool:
+        """Make ``src``'s producer write the graph output ``out`` itself; False when it cannot."""
+        producer = src.producer
+        if producer is None or len(producer.outputs) != 1 or graph.is_graph_output(src):
+            return False
+        # Everything that read src (the Identity included) now reads out; the rebuilt producer
+        # takes src's place in the order, before all of those readers.
+        graph.replace_all_uses(src, out)
+        rebuilt = Node(
+            producer.op_type,
+            producer.inputs,
+            [out],
+            producer.attrs,
+            name=producer.name,
+            domain=producer.domain,
+            origin=producer.origin,
+        )
+        replace_nodes(graph, [producer, identity], rebuilt, at=producer)
+        return True

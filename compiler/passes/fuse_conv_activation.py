@@ -1,0 +1,111 @@
+"""Fuse a residual Add and an activation into the epilogue of a Conv or Gemm.
+
+Conv (or a FusedConv still without activation) whose output has one use:
+- by an Add (or a 2-input Sum) with another tensor of the output's shape -> FusedConv with that
+  tensor as its residual input Z (only when the conv has no Z yet);
+- by Relu / Clip / LeakyRelu -> FusedConv with that activation.
+Gemm works the same way (activation only) -> FusedGemm. Repeated on the result, so
+Conv -> Add -> Relu becomes one FusedConv. Attributes follow docs/ops.md: the conv's (or
+gemm's) attributes plus ``activation``, ``act_min``, ``act_max`` and ``act_alpha``, always all.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
+from compiler.passes.base import NO_ACTIVATION, Pass, PassResult, merged_origin, replace_nodes, sole_consumer
+
+__all__ = ["FuseConvActivation", "activation_attrs"]
+
+# node kind -> the fused op it becomes
+_FUSED = {
+    "Conv": "FusedConv",
+    "onnx_aot.FusedConv": "FusedConv",
+    "Gemm": "FusedGemm",
+    "onnx_aot.FusedGemm": "FusedGemm",
+}
+
+
+def activation_attrs(node: Node) -> dict[str, Any] | None:
+    """The epilogue attributes equivalent to activation ``node``, or None if it is not one."""
+    if node.kind == "Relu":
+        return {
+            "activation": "Relu",
+            "act_min": 0.0,
+            "act_max": math.inf,
+            "act_alpha": 0.0,
+        }
+    if node.kind == "Clip":
+        lo, hi = float(node.attrs["min"]), float(node.attrs["max"])
+        return {"activation": "Clip", "act_min": lo, "act_max": hi, "act_alpha": 0.0}
+    if node.kind == "LeakyRelu":
+        alpha = float(node.attrs["alpha"])
+        return {
+            "activation": "LeakyRelu",
+            "act_min": -math.inf,
+            "act_max": math.inf,
+            "act_alpha": alpha,
+        }
+    return None
+
+
+class FuseConvActivation(Pass):
+    name = "fuse_conv_activation"
+
+    def run(self, graph: Graph) -> PassResult:
+        modified = False
+        for node in graph:
+            current: Node | None = node
+            while current is not None and current.graph is graph:
+                current = self._fuse_next(graph, current)
+                modified = modified or current is not None
+        return PassResult(graph, modified)
+
+    def _fuse_next(self, graph: Graph, node: Node) -> Node | None:
+        fused_op = _FUSED.get(node.kind)
+        if fused_op is None or len(node.outputs) != 1:
+            return None
+        if node.domain == AOT_DOMAIN and node.attrs["activation"] != "":
+            return None  # nothing can follow an activation inside the epilogue
+        y = node.outputs[0]
+        user = sole_consumer(graph, y)
+        if user is None or len(user.outputs) != 1:
+            return None
+        base = dict(node.attrs) if node.domain == AOT_DOMAIN else {**node.attrs, **NO_ACTIVATION}
+        inputs: list[Value | None] = list(node.inputs)
+        act = activation_attrs(user) if user.input(0) is y else None
+        residual = _residual(user, y) if fused_op == "FusedConv" and node.input(3) is None else None
+        if act is not None:
+            attrs = {**base, **act}
+        elif residual is not None:
+            attrs = base
+            inputs = (inputs + [None, None, None])[:3] + [residual]  # X, W, B (maybe None), Z
+        else:
+            return None
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        fused = Node(
+            fused_op,
+            inputs,
+            list(user.outputs),
+            attrs,
+            name=node.name,
+            domain=AOT_DOMAIN,
+            origin=merged_origin([node, user]),
+        )
+        return replace_nodes(graph, [node, user], fused)
+
+
+def _residual(add: Node, y: Value) -> Value | None:
+    """The other operand of ``y + other`` when it has y's shape and dtype (so nothing broadcasts)."""
+    if add.kind not in ("Add", "Sum") or len(add.inputs) != 2:
+        return None
+    a, b = add.inputs
+    other = b if a is y else a
+    if other is None or other is y or (a is not y and b is not y):
+        return None
+    if other.shape != y.shape or other.dtype != y.dtype or add.outputs[0].shape != y.shape:
+        return None
+    return other

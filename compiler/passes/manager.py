@@ -1,0 +1,99 @@
+"""The PassManager and the optimization levels.
+
+``PassManager`` runs a list of passes over and over until none of them changes the graph (at
+most ``max_iterations`` rounds), verifying the graph after every pass so that a pass that breaks
+the IR is named in a :class:`~runtime.errors.CompileError`. ``passes_for_level`` maps the
+``--opt-level`` option to the pass list: 0 none, 1 basic, 2 basic + fusions, 3 as 2 for now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from compiler.ir.graph import Graph
+from compiler.passes.base import Pass, PassResult
+from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
+from compiler.passes.eliminate_dead_code import EliminateDeadCode
+from compiler.passes.eliminate_identity import EliminateIdentity
+from compiler.passes.fold_constants import FoldConstants
+from compiler.passes.fuse_conv_activation import FuseConvActivation
+from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
+from compiler.passes.fuse_elementwise import FuseElementwise
+from compiler.passes.fuse_matmul_add import FuseMatMulAdd
+from runtime.errors import CompileError, ModelError
+
+__all__ = ["MAX_LEVEL", "PassManager", "optimize", "passes_for_level"]
+
+MAX_LEVEL = 3
+
+
+class PassManager:
+    """Run ``passes`` in order, repeatedly, until a whole round changes nothing."""
+
+    def __init__(self, passes: Sequence[Pass], verify: bool = True, max_iterations: int = 10) -> None:
+        self.passes = list(passes)
+        self.verify = verify
+        self.max_iterations = max_iterations
+
+    def run(self, graph: Graph) -> PassResult:
+        """Optimize ``graph``; stops quietly after ``max_iterations`` rounds."""
+        if self.verify and self.passes:
+            self._check(graph, "the input graph (before any pass)")
+        modified = False
+        for _ in range(self.max_iterations):
+            changed = False
+            for p in self.passes:
+                try:
+                    result = p.run(graph)
+                except CompileError:
+                    raise
+                except Exception as exc:
+                    raise CompileError(
+                        f"pass {p.name!r} failed on graph {graph.name!r}: {type(exc).__name__}: {exc}"
+                    ) from exc
+                graph = result.graph
+                if self.verify:
+                    self._check(graph, f"pass {p.name!r}")
+                changed = changed or result.modified
+            modified = modified or changed
+            if not changed:
+                break
+        return PassResult(graph, modified)
+
+    @staticmethod
+    def _check(graph: Graph, culprit: str) -> None:
+        try:
+            graph.verify()
+        except ModelError as exc:
+            raise CompileError(f"{culprit} left graph {graph.name!r} invalid: {exc}") from exc
+
+
+def passes_for_level(level: int) -> list[Pass]:
+    """Fresh pass instances for optimization level 0-3, in the order they run."""
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= MAX_LEVEL:
+        raise CompileError(f"unknown optimization level {level!r}; expected 0 to {MAX_LEVEL}")
+    if level == 0:
+        return []
+    basic: list[Pass] = [
+        EliminateIdentity(),
+        FoldConstants(),
+        EliminateCommonSubexpressions(),
+        EliminateDeadCode(),
+    ]
+    if level == 1:
+        return basic
+    # Order matters within a round: BatchNorm folds into a plain Conv before the Conv becomes a
+    # FusedConv, MatMul+Add becomes Gemm before Gemm+activation, and elementwise fusion runs
+    # last so that activations go into conv/gemm epilogues first. Level 3 adds layout later.
+    extended: list[Pass] = [
+        FuseConvBatchNorm(),
+        FuseMatMulAdd(),
+        FuseConvActivation(),
+        FuseElementwise(),
+    ]
+    return basic + extended
+
+
+def optimize(graph: Graph, level: int, verify: bool = True) -> Graph:
+    """Run the passes of ``level`` over ``graph`` (changed in place) and return it."""
+    return PassManager(passes_for_level(level), verify=verify).run(graph).graph

@@ -1,0 +1,164 @@
+"""Shared records of the C provider: kernel registry, step code, function parameters.
+
+Each op kind the C provider runs is registered here by a ``CKernel`` (in ``c_gemm``,
+``c_simple`` and ``c_eltwise``): ``supports`` decides the claim from the node's attributes, dtypes
+and shapes; ``scratch_nbytes`` sizes the step's arena scratch; ``build`` turns a scheduled step
+into ``StepCode`` -- a template, its frozen context and the pointer arguments the partition entry
+passes, in the order of the step function's parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node, Value
+from compiler.providers.base import Location, StepPlan
+from runtime.errors import CompileError
+
+__all__ = [
+    "Param",
+    "Arg",
+    "StepCode",
+    "CKernel",
+    "REGISTRY",
+    "register",
+    "shape_of",
+    "all_float32",
+    "same_dtype_movable",
+    "fn_name",
+    "PARALLEL_MIN_WORK",
+]
+
+# Below this many scalar operations a kernel runs on the calling thread (an OpenMP fork/join
+# costs a few microseconds).
+PARALLEL_MIN_WORK = 1 << 15
+
+
+@dataclass(frozen=True)
+class Param:
+    """One pointer parameter of a step function (``restrict`` only where nothing may alias)."""
+
+    name: str
+    ctype: str
+    const: bool
+    restrict: bool
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A pointer the entry passes: a Location cast to the parameter's type."""
+
+    space: str  # "arena" | "weights" | "ext"
+    offset: int
+    ctype: str
+    const: bool
+
+
+@dataclass(frozen=True)
+class StepCode:
+    """What one step contributes: a rendered function (or none) and its call."""
+
+    template: str | None  # None: the step needs no code (a view onto the same address)
+    ctx: Any  # the frozen context rendered with ``template``
+    fn: str
+    args: tuple[Arg, ...]
+
+
+class CKernel(Protocol):
+    kinds: tuple[str, ...]
+
+    def supports(self, node: Node) -> bool: ...
+
+    def scratch_nbytes(self, node: Node) -> int: ...
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode: ...
+
+
+REGISTRY: dict[str, CKernel] = {}
+
+
+def register(kernel: CKernel) -> CKernel:
+    """Register ``kernel`` for each of its kinds (one kernel per kind)."""
+    for kind in kernel.kinds:
+        if kind in REGISTRY:
+            raise ValueError(f"C kernel for {kind} registered twice")
+        REGISTRY[kind] = kernel
+    return kernel
+
+
+def shape_of(value: Value | None) -> tuple[int, ...]:
+    if value is None or value.shape is None:
+        raise CompileError(f"value {getattr(value, 'name', None)!r} has no static shape")
+    return tuple(int(d) for d in value.shape)
+
+
+def _values(node: Node) -> list[Value]:
+    return [v for v in node.inputs if v is not None] + list(node.outputs)
+
+
+def all_float32(node: Node) -> bool:
+    """Every input and output of ``node`` is a float32 tensor with a static shape."""
+    return all(v.dtype == np.float32 and v.shape is not None for v in _values(node))
+
+
+def same_dtype_movable(node: Node) -> bool:
+    """Inputs and outputs share one fixed-size numeric dtype (kernels that only move bytes)."""
+    values = _values(node)
+    if not values or any(v.dtype is None or v.shape is None for v in values):
+        return False
+    dtype = values[0].dtype
+    assert dtype is not None
+    return dtype.kind in "biufc" and dtype.itemsize in (1, 2, 4, 8) and all(v.dtype == dtype for v in values)
+
+
+def fn_name(step: StepPlan) -> str:
+    """The step function's C name: stable, legal and unique (global step indices are)."""
+    return f"step_{step.index}"
+
+
+def arg(loc: Location | None, ctype: str, const: bool, step: StepPlan, what: str) -> Arg:
+    """The entry argument for ``loc``; a missing or bad location names the node."""
+    if loc is None:
+        raise CompileError(f"{step.node.describe()}: no location for {what}")
+    if loc.space not in ("arena", "weights", "ext") or loc.offset < 0:
+        raise CompileError(f"{step.node.describe()}: bad location {loc} for {what}")
+    if loc.space == "weights" and not const:
+        raise CompileError(f"{step.node.describe()}: {what} is written but lives in weights")
+    return Arg(loc.space, int(loc.offset), ctype, const)
+
+
+def input_args(step: StepPlan, ctype: str = "float") -> list[Arg]:
+    """Args for the step's present inputs, in input order."""
+    out: list[Arg] = []
+    for i, value in enumerate(step.node.inputs):
+        if value is None:
+            continue
+        loc = step.inputs[i] if i < len(step.inputs) else None
+        out.append(arg(loc, ctype, True, step, f"input {i} ({value.name})"))
+    return out
+
+
+def output_args(step: StepPlan, ctype: str = "float") -> list[Arg]:
+    return [
+        arg(loc, ctype, False, step, f"output {i} ({step.node.outputs[i].name})") for i, loc in enumerate(step.outputs)
+    ]
+
+
+def scratch_arg(step: StepPlan, needed: int) -> list[Arg]:
+    """The scratch pointer (checked to be big enough), or nothing when ``needed`` is 0."""
+    if needed == 0:
+        return []
+    if step.scratch is None or step.scratch_nbytes < needed:
+        raise CompileError(
+            f"{step.node.describe()}: needs {needed} bytes of scratch, plan gives {step.scratch_nbytes}"
+        )
+    return [arg(step.scratch, "float", False, step, "scratch")]
+
+
+def params(names: Sequence[str], args: Sequence[Arg], restrict: Sequence[bool]) -> tuple[Param, ...]:
+    return tuple(Param(n, a.ctype, a.const, r) for n, a, r in zip(names, args, restrict, strict=True))

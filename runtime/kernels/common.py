@@ -1,0 +1,106 @@
+"""Helpers shared by the reference kernels: result conformance and sliding-window geometry.
+
+Conv and the pools share the window arithmetic here (output sizes, padding, the strided slice a
+kernel offset reads), so each computes it the same way. Everything takes the array module ``xp``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import RuntimeKernelError
+from runtime.kernels.registry import OutputSpec
+
+__all__ = ["conv_out_size", "end_padding", "finish", "pad_spatial", "pool_out_size", "prod", "window_slices"]
+
+
+def finish(
+    xp: Any, kind: str, results: Sequence[Any], outputs: list[OutputSpec], *, broadcast: bool = False
+) -> list[Any]:
+    """Cast each result to its expected dtype and check its shape; results come back C-contiguous.
+
+    With ``broadcast`` (elementwise-style ops) a result is first broadcast to its output shape,
+    which covers e.g. a variadic op given one small input.
+
+    A result may still be an input itself (Identity, Reshape of a contiguous input): callers that
+    reuse input memory copy results out first (see docs/ops.md, "Views and in-place").
+    """
+    if len(results) != len(outputs):
+        raise RuntimeKernelError(f"{kind}: produced {len(results)} results, expected {len(outputs)}")
+    done = []
+    for i, (result, (shape, dtype)) in enumerate(zip(results, outputs, strict=True)):
+        arr = xp.asarray(result)
+        want = np.dtype(dtype)
+        if arr.dtype != want:
+            arr = arr.astype(want)
+        shape = tuple(int(d) for d in shape)
+        if broadcast and tuple(arr.shape) != shape:
+            try:
+                arr = xp.broadcast_to(arr, shape)
+            except ValueError:
+                pass  # reported below
+        if tuple(arr.shape) != shape:
+            raise RuntimeKernelError(f"{kind}: result {i} has shape {tuple(arr.shape)}, expected {shape}")
+        if not arr.flags.c_contiguous:  # (ascontiguousarray would turn 0-d into 1-d)
+            arr = xp.ascontiguousarray(arr)
+        done.append(arr)
+    return done
+
+
+def conv_out_size(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int) -> int:
+    """Output length of a convolution (floor mode) along one spatial axis."""
+    return (size + begin + end - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def pool_out_size(
+    size: int, kernel: int, stride: int, dilation: int, begin: int, end: int, ceil_mode: int
+) -> int:
+    """Output length of a pool along one axis, as ONNX defines it.
+
+    In ceil mode a last window that would start in the end padding is dropped (ONNX's shape
+    inference and onnxruntime agree on this).
+    """
+    span = size + begin + end - dilation * (kernel - 1) - 1
+    if not ceil_mode:
+        return span // stride + 1
+    out = -(-span // stride) + 1
+    if (out - 1) * stride >= size + begin:
+        out -= 1
+    return out
+
+
+def pad_spatial(xp: Any, x: Any, begins: Sequence[int], ends: Sequence[int], value: float) -> Any:
+    """``x`` (N, C, *spatial) padded with ``value`` by ``begins``/``ends`` along the spatial axes."""
+    if not any(begins) and not any(ends):
+        return x
+    widths = [(0, 0), (0, 0)] + [(int(b), int(e)) for b, e in zip(begins, ends, strict=True)]
+    return xp.pad(x, widths, mode="constant", constant_values=value)
+
+
+def end_padding(size: int, kernel: int, stride: int, dilation: int, begin: int, out: int) -> int:
+    """End padding that makes every one of ``out`` windows fit inside the padded axis."""
+    return max(0, (out - 1) * stride + dilation * (kernel - 1) + 1 - size - begin)
+
+
+def window_slices(
+    kernel_shape: Sequence[int], strides: Sequence[int], dilations: Sequence[int], out_shape: Sequence[int]
+) -> Iterator[tuple[slice, ...]]:
+    """For each kernel offset (row-major), the index reading that offset from every window.
+
+    Applied to a padded (N, C, *spatial) array it yields an (N, C, *out_shape) strided view.
+    """
+    for offsets in itertools.product(*(range(k) for k in kernel_shape)):
+        yield (slice(None), slice(None)) + tuple(
+            slice(o * d, o * d + s * (n - 1) + 1, s)
+            for o, d, s, n in zip(offsets, dilations, strides, out_shape, strict=True)
+        )
+
+
+def prod(values: Sequence[int]) -> int:
+    """Product of a sequence of ints (1 when empty)."""
+    return math.prod(int(v) for v in values)

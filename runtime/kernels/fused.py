@@ -1,0 +1,91 @@
+"""Reference kernels for onnx-aot's own fused ops: FusedConv, FusedGemm, FusedElementwise.
+
+Each is the composition of the plain kernels' functions it replaces, so the reference provider
+checks a fusion pass by running the same numbers both ways. The activation epilogue (""/Relu/
+Clip/LeakyRelu with act_min / act_max / act_alpha) maps onto the elementwise table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.errors import RuntimeKernelError, UnsupportedOpError
+from runtime.kernels.common import finish
+from runtime.kernels.conv import conv
+from runtime.kernels.elementwise import apply_elementwise
+from runtime.kernels.linalg import gemm
+from runtime.kernels.registry import OutputSpec, register
+
+__all__ = ["apply_activation", "run_program"]
+
+
+def apply_activation(xp: Any, y: Any, attrs: dict[str, Any]) -> Any:
+    """The fused epilogue named by ``attrs["activation"]`` applied to ``y``."""
+    activation = attrs["activation"]
+    if activation == "":
+        return y
+    if activation == "Relu":
+        return apply_elementwise(xp, "Relu", [y], {})
+    if activation == "Clip":
+        return apply_elementwise(xp, "Clip", [y], {"min": attrs["act_min"], "max": attrs["act_max"]})
+    if activation == "LeakyRelu":
+        return apply_elementwise(xp, "LeakyRelu", [y], {"alpha": attrs["act_alpha"]})
+    raise UnsupportedOpError(f"fused activation {activation!r} is not supported")
+
+
+@register("onnx_aot.FusedConv")
+def fused_conv_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """act(conv(X, W) + B + Z): Z, when present, is a residual with the output's shape."""
+    x, w, *rest = inputs
+    b = rest[0] if len(rest) > 0 else None
+    z = rest[1] if len(rest) > 1 else None
+    y = conv(xp, x, w, b, attrs)
+    if z is not None:
+        y = y + z
+    return finish(xp, "onnx_aot.FusedConv", [apply_activation(xp, y, attrs)], outputs)
+
+
+@register("onnx_aot.FusedGemm")
+def fused_gemm_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """act(alpha * op(A) @ op(B) + beta * C)."""
+    a, b, *rest = inputs
+    c = rest[0] if rest else None
+    y = apply_activation(xp, gemm(xp, a, b, c, attrs), attrs)
+    return finish(xp, "onnx_aot.FusedGemm", [y], outputs)
+
+
+def _resolve(ref: Any, inputs: list[Any], results: list[Any]) -> Any:
+    """The array a program reference ``"i<k>"`` (input k) or ``"t<k>"`` (instruction k) names."""
+    if isinstance(ref, str) and len(ref) > 1 and ref[0] in "it" and ref[1:].isdigit():
+        k = int(ref[1:])
+        pool = inputs if ref[0] == "i" else results
+        if k < len(pool):
+            return pool[k]
+    raise RuntimeKernelError(
+        f"onnx_aot.FusedElementwise: bad reference {ref!r} ({len(inputs)} inputs,"
+        f" {len(results)} earlier instructions)"
+    )
+
+
+def run_program(xp: Any, program: list[dict[str, Any]], inputs: list[Any]) -> Any:
+    """Evaluate a FusedElementwise ``program``; the last instruction's result is returned."""
+    if not program:
+        raise RuntimeKernelError("onnx_aot.FusedElementwise: empty program")
+    results: list[Any] = []
+    for instruction in program:
+        args = [_resolve(ref, inputs, results) for ref in instruction["args"]]
+        results.append(apply_elementwise(xp, instruction["op"], args, instruction["attrs"]))
+    return results[-1]
+
+
+@register("onnx_aot.FusedElementwise")
+def fused_elementwise_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """Run ``program`` over X0..Xn-1, broadcasting to the output shape."""
+    y = run_program(xp, attrs["program"], inputs)
+    return finish(xp, "onnx_aot.FusedElementwise", [y], outputs, broadcast=True)
