@@ -396,6 +396,8 @@ def tensor_cases() -> list[Any]:
         inputs = [rand(rng, *shape), Const(pads), Const(1.5, np.float32)]
         attrs = {"pads": pads, "mode": mode, "value": 1.5 if mode == "constant" else 0.0}
         add(f"Pad-{mode}-{pads}", Case("Pad", inputs, attrs, {"mode": mode}, opset=13))
+    wrap = {"pads": [1, 2, 0, 2], "mode": "wrap", "value": 0.0}
+    add("Pad-wrap", Case("Pad", [rand(rng, 3, 4), Const(wrap["pads"])], wrap, {"mode": "wrap"}, opset=19))
     xf = (rand(rng, 3, 7) * 5).astype(np.float32)
     for to, onnx_to in [("int32", 6), ("bool", 9), ("float64", 11)]:
         add(f"Cast-{to}", Case("Cast", [xf], {"to": to}, {"to": onnx_to}))

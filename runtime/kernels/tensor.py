@@ -106,7 +106,7 @@ def split_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: lis
     return finish(xp, "Split", pieces, outputs)
 
 
-_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+_PAD_MODES = frozenset({"constant", "reflect", "edge", "wrap"})  # same names in numpy / cupy pad
 
 
 @register("Pad")
@@ -129,7 +129,7 @@ def pad_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[
             x, widths, mode="constant", constant_values=np.array(attrs["value"]).astype(x.dtype).item()
         )
     else:
-        y = xp.pad(x, widths, mode=_PAD_MODES[mode])
+        y = xp.pad(x, widths, mode=mode)
     return finish(xp, "Pad", [y], outputs)
 
 

@@ -1,0 +1,456 @@
+"""C kernels built on the register-blocked GEMM tile: Conv / FusedConv, Gemm / FusedGemm, MatMul.
+
+The tile (``templates/c/gemm_tile.c.j2``) keeps ``mr`` rows x ``nv`` vectors of accumulators in
+registers, broadcasting A (the weights for a conv) and loading B along the output columns
+(pixels for a conv); its sizes come from the target's vector width and register count, its loop
+bounds are compile-time constants. Conv packs B by im2col into panels in scratch (1x1, stride-1,
+unpadded convs read X in place); Gemm packs B^T when ``transB`` and takes a dot-product path
+when few rows remain; bias, residual and activation are applied in the tile's epilogue.
+
+Scratch sizes must not depend on the target (``scratch_nbytes`` sees only the node), so they
+are bounded for any panel width up to ``MAX_PANEL`` floats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.codegen.elementwise import ACTIVATIONS, activation_expr, broadcast_strides, literal
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import (
+    PARALLEL_MIN_WORK,
+    Param,
+    StepCode,
+    all_float32,
+    fn_name,
+    input_args,
+    output_args,
+    params,
+    register,
+    scratch_arg,
+    shape_of,
+)
+
+__all__ = ["Tiling", "Epilogue", "ConvContext", "GemmContext", "choose_tiling"]
+
+MAX_PANEL = 64  # widest panel (floats) any target's tiling uses
+DOT_MAX_ROWS = 8  # Gemm with at most this many rows (and k-contiguous operands) uses dot products
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Register tile and loop bounds for an M x N x K product."""
+
+    vw: int  # floats per vector
+    nv: int  # vectors per tile row
+    mr: int  # rows per tile
+    nr: int  # columns per panel (nv * vw)
+    m: int
+    n: int
+    k: int
+    nmb: int  # row blocks
+    mfull: int  # full row blocks
+    mrt: int  # rows in the tail block (0: none)
+    np: int  # panels
+    nfull: int  # full panels
+    nt: int  # columns in the tail panel (0: none)
+    nvt: int  # vectors in the tail panel
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What the tile applies to each accumulator ``v`` before storing it."""
+
+    alpha: str  # "" or " * <literal>"
+    bias: bool
+    beta: str  # "" or "<literal> * "
+    bias_sm: int  # bias element of (m, n) is bias[m * bias_sm + n * bias_sn]
+    bias_sn: int
+    residual: bool
+    act: str  # C expression over v
+
+
+@dataclass(frozen=True)
+class ConvContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    t: Tiling
+    e: Epilogue
+    batch: int
+    c: int
+    h: int
+    w: int
+    m: int
+    oh: int
+    ow: int
+    groups: int
+    cg: int
+    mg: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    packed: bool
+    parallel: bool
+    invalid: int  # an output row index whose input rows are out of bounds for every kh
+
+
+@dataclass(frozen=True)
+class GemmContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    t: Tiling
+    e: Epilogue
+    path: str  # "dot" | "direct" | "packed"
+    sam: int  # A(m, k) = a[m * sam + k * sak]
+    sak: int
+    sbk: int  # B(k, n) = b[k * sbk + n * sbn]
+    sbn: int
+    nb: int  # batches (MatMul)
+    a_off: tuple[int, ...]  # per-batch element offsets into A and B
+    b_off: tuple[int, ...]
+    parallel: bool
+
+
+def choose_tiling(m: int, n: int, k: int, target: TargetInfo) -> Tiling:
+    """Tile sizes: as many accumulators as registers allow, panel no wider than N needs."""
+    vw = target.vector_bytes // 4
+    wide = target.vector_registers >= 32
+    nv = max(1, min(4 if wide else 2, math.ceil(n / vw)))
+    mr = max(1, min((24 if wide else 12) // nv, 12, m))
+    nr = nv * vw
+    nfull, nt = divmod(n, nr)
+    mfull, mrt = divmod(m, mr)
+    return Tiling(
+        vw=vw,
+        nv=nv,
+        mr=mr,
+        nr=nr,
+        m=m,
+        n=n,
+        k=k,
+        nmb=mfull + (1 if mrt else 0),
+        mfull=mfull,
+        mrt=mrt,
+        np=nfull + (1 if nt else 0),
+        nfull=nfull,
+        nt=nt,
+        nvt=math.ceil(nt / vw),
+    )
+
+
+def _packed_nbytes(k: int, n: int) -> int:
+    return 4 * k * (n + MAX_PANEL)
+
+
+def _comment(node: Node) -> str:
+    text = f"{node.kind} {node.name}"
+    return "".join(ch if ch.isalnum() or ch in " ._:/-" else "_" for ch in text)
+
+
+def _activation(node: Node) -> str:
+    if node.domain != "onnx_aot":
+        return "v"
+    return activation_expr(
+        str(node.attrs["activation"]),
+        float(node.attrs["act_min"]),
+        float(node.attrs["act_max"]),
+        float(node.attrs["act_alpha"]),
+        "v",
+    )
+
+
+def _fused_ok(node: Node) -> bool:
+    if node.domain != "onnx_aot":
+        return True
+    keys = ("activation", "act_min", "act_max", "act_alpha")
+    return all(k in node.attrs for k in keys) and node.attrs["activation"] in ACTIVATIONS
+
+
+# -- Conv ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ConvGeometry:
+    batch: int
+    c: int
+    h: int
+    w: int
+    m: int
+    oh: int
+    ow: int
+    groups: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+
+    @property
+    def k(self) -> int:
+        return (self.c // self.groups) * self.kh * self.kw
+
+    @property
+    def direct(self) -> bool:
+        """1x1, stride 1, no padding: X is already B; in place unless a one-panel tail dominates."""
+        one = self.kh == self.kw == 1 and self.sh == self.sw == 1 and self.pt == self.pl == 0
+        p = self.oh * self.ow
+        return one and (p % 16 == 0 or p >= 256)
+
+
+def _conv_geometry(node: Node) -> _ConvGeometry | None:
+    """The conv as 2-D NCHW (1-D as H = 1), or None when it is not one the kernel handles."""
+    x, wv = node.input(0), node.input(1)
+    if x is None or wv is None or len(node.outputs) != 1:
+        return None
+    xs, ws, ys = shape_of(x), shape_of(wv), shape_of(node.outputs[0])
+    a = node.attrs
+    try:
+        ks, strides, pads, dil, group = list(a["kernel_shape"]), list(a["strides"]), list(a["pads"]), list(
+            a["dilations"]
+        ), int(a["group"])
+    except (KeyError, TypeError):
+        return None
+    rank = len(xs) - 2
+    if rank not in (1, 2) or len(ws) != rank + 2 or len(ys) != rank + 2:
+        return None
+    if len(ks) != rank or len(strides) != rank or len(dil) != rank or len(pads) != 2 * rank:
+        return None
+    if tuple(ws[2:]) != tuple(ks) or group < 1 or xs[1] % group or ws[0] % group or ws[1] * group != xs[1]:
+        return None
+    if min(strides) < 1 or min(dil) < 1 or min(pads) < 0:
+        return None
+    for d in range(rank):
+        span = (ks[d] - 1) * dil[d] + 1
+        if ys[2 + d] != (xs[2 + d] + pads[d] + pads[rank + d] - span) // strides[d] + 1 or ys[2 + d] < 1:
+            return None
+    if ys[0] != xs[0] or ys[1] != ws[0]:
+        return None
+    if rank == 1:  # as 2-D with H = 1
+        return _ConvGeometry(xs[0], xs[1], 1, xs[2], ws[0], 1, ys[2], group, 1, ks[0], 1, strides[0], 0, pads[0], 1, dil[0])
+    return _ConvGeometry(
+        xs[0], xs[1], xs[2], xs[3], ws[0], ys[2], ys[3], group, ks[0], ks[1],
+        strides[0], strides[1], pads[0], pads[1], dil[0], dil[1],
+    )  # fmt: skip
+
+
+class ConvKernel:
+    kinds = ("Conv", "onnx_aot.FusedConv")
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or not _fused_ok(node) or _conv_geometry(node) is None:
+            return False
+        b, z = node.input(2), node.input(3)
+        if b is not None and shape_of(b) != (shape_of(node.input(1))[0],):
+            return False
+        if z is not None and (node.domain != "onnx_aot" or shape_of(z) != shape_of(node.outputs[0])):
+            return False
+        return len(node.inputs) <= (4 if node.domain == "onnx_aot" else 3)
+
+    def scratch_nbytes(self, node: Node) -> int:
+        g = _conv_geometry(node)
+        assert g is not None, node.describe()
+        return 0 if g.direct else _packed_nbytes(g.k, g.oh * g.ow)
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        g = _conv_geometry(node)
+        assert g is not None, node.describe()
+        has_bias, has_res = node.input(2) is not None, node.input(3) is not None
+        mg = g.m // g.groups
+        t = choose_tiling(mg, g.oh * g.ow, g.k, target)
+        e = Epilogue("", has_bias, "", 1, 0, has_res, _activation(node))
+        ins = input_args(step)
+        names = ["x", "w"] + (["bias"] if has_bias else []) + (["z"] if has_res else [])
+        restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else [])
+        scratch = scratch_arg(step, self.scratch_nbytes(node))
+        args = [*ins, *output_args(step), *scratch]
+        names += ["y"] + (["scratch"] if scratch else [])
+        restrict += [False] + ([True] if scratch else [])
+        ctx = ConvContext(
+            fn=fn_name(step),
+            comment=_comment(node),
+            params=params(names, args, restrict),
+            t=t,
+            e=e,
+            batch=g.batch,
+            c=g.c,
+            h=g.h,
+            w=g.w,
+            m=g.m,
+            oh=g.oh,
+            ow=g.ow,
+            groups=g.groups,
+            cg=g.c // g.groups,
+            mg=mg,
+            kh=g.kh,
+            kw=g.kw,
+            sh=g.sh,
+            sw=g.sw,
+            pt=g.pt,
+            pl=g.pl,
+            dh=g.dh,
+            dw=g.dw,
+            packed=not g.direct,
+            parallel=2 * g.batch * g.m * t.n * t.k >= PARALLEL_MIN_WORK,
+            invalid=-(g.kh * g.dh + 1),
+        )
+        return StepCode("c/conv.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- Gemm / MatMul ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Product:
+    """One (batched) matrix product as strides and sizes."""
+
+    m: int
+    n: int
+    k: int
+    sam: int
+    sak: int
+    sbk: int
+    sbn: int
+    a_off: tuple[int, ...]
+    b_off: tuple[int, ...]
+    path: str
+
+
+def _gemm_product(node: Node) -> _Product | None:
+    a_shape, b_shape = shape_of(node.input(0)), shape_of(node.input(1))
+    if len(a_shape) != 2 or len(b_shape) != 2:
+        return None
+    try:
+        ta, tb = int(node.attrs["transA"]), int(node.attrs["transB"])
+        float(node.attrs["alpha"]), float(node.attrs["beta"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    m, k = (a_shape[1], a_shape[0]) if ta else a_shape
+    kb, n = (b_shape[1], b_shape[0]) if tb else b_shape
+    if k != kb or shape_of(node.outputs[0]) != (m, n):
+        return None
+    sam, sak = (1, m) if ta else (k, 1)
+    sbk, sbn = (1, k) if tb else (n, 1)
+    if (sak == 1 or m == 1) and (sbk == 1 or n == 1) and (m <= DOT_MAX_ROWS or n <= 2):
+        path = "dot"
+        sak, sbk = 1, 1  # with one row (column) the other stride is immaterial
+    else:
+        path = "packed" if tb and n > 1 else "direct"
+    return _Product(m, n, k, sam, sak, sbk, sbn, (0,), (0,), path)
+
+
+def _matmul_product(node: Node) -> _Product | None:
+    a_shape, b_shape, y_shape = shape_of(node.input(0)), shape_of(node.input(1)), shape_of(node.outputs[0])
+    if not a_shape or not b_shape:
+        return None
+    a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
+    b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
+    m, k = a2[-2:]
+    kb, n = b2[-2:]
+    if k != kb:
+        return None
+    try:
+        batch = tuple(int(d) for d in np.broadcast_shapes(a2[:-2], b2[:-2]))
+    except ValueError:
+        return None
+    expect = batch + ((m,) if len(a_shape) > 1 else ()) + ((n,) if len(b_shape) > 1 else ())
+    if tuple(y_shape) != expect:
+        return None
+    sa = broadcast_strides(a2[:-2], batch)
+    sb = broadcast_strides(b2[:-2], batch)
+    a_off, b_off = [], []
+    for idx in np.ndindex(*batch):
+        a_off.append(sum(i * s for i, s in zip(idx, sa)) * m * k)
+        b_off.append(sum(i * s for i, s in zip(idx, sb)) * k * n)
+    path = "dot" if n == 1 else "direct"
+    return _Product(m, n, k, k, 1, 1 if n == 1 else n, 1, tuple(a_off), tuple(b_off), path)
+
+
+class GemmKernel:
+    kinds = ("Gemm", "onnx_aot.FusedGemm", "MatMul")
+
+    def _product(self, node: Node) -> _Product | None:
+        return _matmul_product(node) if node.op_type == "MatMul" else _gemm_product(node)
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or not _fused_ok(node) or len(node.outputs) != 1:
+            return False
+        n_in = 2 if node.op_type == "MatMul" else 3
+        if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in:
+            return False
+        prod = self._product(node)
+        if prod is None or min(prod.m, prod.n, prod.k) < 1:
+            return False
+        c = node.input(2)
+        if c is not None:
+            try:
+                broadcast_strides(shape_of(c), (prod.m, prod.n))
+            except ValueError:
+                return False
+        return True
+
+    def scratch_nbytes(self, node: Node) -> int:
+        prod = self._product(node)
+        assert prod is not None, node.describe()
+        return _packed_nbytes(prod.k, prod.n) if prod.path == "packed" else 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        prod = self._product(node)
+        assert prod is not None, node.describe()
+        t = choose_tiling(prod.m, prod.n, prod.k, target)
+        c = node.input(2)
+        alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
+        beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
+        sm, sn = broadcast_strides(shape_of(c), (prod.m, prod.n)) if c is not None else (0, 0)
+        e = Epilogue(
+            alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
+            bias=c is not None,
+            beta="" if beta == 1.0 else f"{literal(beta)} * ",
+            bias_sm=sm,
+            bias_sn=sn,
+            residual=False,
+            act=_activation(node),
+        )
+        ins = input_args(step)
+        scratch = scratch_arg(step, self.scratch_nbytes(node))
+        args = [*ins, *output_args(step), *scratch]
+        names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"] + (["scratch"] if scratch else [])
+        restrict = [True] * len(ins) + [False] + ([True] if scratch else [])
+        nb = len(prod.a_off)
+        ctx = GemmContext(
+            fn=fn_name(step),
+            comment=_comment(node),
+            params=params(names, args, restrict),
+            t=t,
+            e=e,
+            path=prod.path,
+            sam=prod.sam,
+            sak=prod.sak,
+            sbk=prod.sbk,
+            sbn=prod.sbn,
+            nb=nb,
+            a_off=prod.a_off,
+            b_off=prod.b_off,
+            parallel=2 * nb * prod.m * prod.n * prod.k >= PARALLEL_MIN_WORK,
+        )
+        return StepCode("c/gemm.c.j2", ctx, ctx.fn, tuple(args))
+
+
+register(ConvKernel())
+register(GemmKernel())
