@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 from compiler.frontend.canonical import CanonContext, canonicalize, np_dtype_of, onnx_attrs
 from compiler.frontend.loader import bind_input_shapes, infer_shapes, load_model, opset_of
 from compiler.ir.graph import Graph, Node, Value
-from runtime.errors import ModelError, OnnxAotError, ShapeError
+from runtime.errors import ModelError, OnnxAotError, ShapeError, UnsupportedOpError
 
 __all__ = ["import_model", "graph_from_proto"]
 
@@ -44,6 +44,7 @@ def import_model(
 
 def graph_from_proto(proto: onnx.ModelProto) -> Graph:
     opset = opset_of(proto)
+    reject_unknown_ops(proto)
     inferred = infer_shapes(proto)
     g_proto = inferred.graph
     types = _type_table(g_proto)
@@ -83,6 +84,31 @@ def graph_from_proto(proto: onnx.ModelProto) -> Graph:
     graph.prune_constants()
     graph.verify()
     return graph
+
+
+# ONNX ops the frontend rewrites into another canonical kind (see docs/ops.md)
+CANONICAL_KIND = {"Flatten": "Reshape", "Squeeze": "Reshape", "Unsqueeze": "Reshape",
+                  "Dropout": "Identity", "Constant": "Constant"}
+
+
+def reject_unknown_ops(proto: onnx.ModelProto) -> None:
+    """Fail early, listing every node whose op no provider can run at all.
+
+    The reference provider implements every op onnx-aot accepts, so its registry is the
+    complete list. This runs before shape inference, which cannot see through unknown ops.
+    """
+    from runtime.kernels import supported_kinds
+
+    kinds = supported_kinds() | {"Constant"}
+    bad = []
+    for k, node in enumerate(proto.graph.node):
+        domain = node.domain if node.domain not in ("", "ai.onnx") else ""
+        kind = CANONICAL_KIND.get(node.op_type, node.op_type) if not domain else f"{domain}.{node.op_type}"
+        if kind not in kinds:
+            bad.append((node.name or f"{node.op_type}_{k}", node.op_type if not domain else kind))
+    if bad:
+        listed = "\n  ".join(f"{name} ({op})" for name, op in bad)
+        raise UnsupportedOpError(f"{len(bad)} node(s) use ops onnx-aot does not support:\n  {listed}", bad)
 
 
 def _type_table(g_proto: onnx.GraphProto) -> dict[str, onnx.TypeProto]:

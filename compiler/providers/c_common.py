@@ -31,6 +31,7 @@ __all__ = [
     "all_float32",
     "same_dtype_movable",
     "fn_name",
+    "comment",
     "PARALLEL_MIN_WORK",
 ]
 
@@ -114,6 +115,12 @@ def same_dtype_movable(node: Node) -> bool:
     dtype = values[0].dtype
     assert dtype is not None
     return dtype.kind in "biufc" and dtype.itemsize in (1, 2, 4, 8) and all(v.dtype == dtype for v in values)
+
+
+def comment(node: Node) -> str:
+    """The node's kind and name, safe inside a C comment."""
+    text = f"{node.kind} {node.name}"
+    return "".join(ch if ch.isalnum() or ch in " ._:/-" else "_" for ch in text)
 
 
 def fn_name(step: StepPlan) -> str:

@@ -27,6 +27,7 @@ from compiler.providers.c_common import (
     Param,
     StepCode,
     all_float32,
+    comment,
     fn_name,
     input_args,
     output_args,
@@ -154,11 +155,6 @@ def _packed_nbytes(k: int, n: int) -> int:
     return 4 * k * (n + MAX_PANEL)
 
 
-def _comment(node: Node) -> str:
-    text = f"{node.kind} {node.name}"
-    return "".join(ch if ch.isalnum() or ch in " ._:/-" else "_" for ch in text)
-
-
 def _activation(node: Node) -> str:
     if node.domain != "onnx_aot":
         return "v"
@@ -283,7 +279,7 @@ class ConvKernel:
         restrict += [False] + ([True] if scratch else [])
         ctx = ConvContext(
             fn=fn_name(step),
-            comment=_comment(node),
+            comment=comment(node),
             params=params(names, args, restrict),
             t=t,
             e=e,
@@ -435,7 +431,7 @@ class GemmKernel:
         nb = len(prod.a_off)
         ctx = GemmContext(
             fn=fn_name(step),
-            comment=_comment(node),
+            comment=comment(node),
             params=params(names, args, restrict),
             t=t,
             e=e,

@@ -1,0 +1,400 @@
+"""C kernels without a GEMM core: pooling, normalization, softmax, and data movement.
+
+MaxPool / AveragePool (1-D and 2-D), GlobalAveragePool / GlobalMaxPool, BatchNormalization
+(inference), LRN, Softmax / LogSoftmax (any axis), Concat, Transpose, and the copies: Reshape and
+Identity (views: no code when input and output have the same location, a checked memcpy
+otherwise) and onnx_aot.Copy. Data movement kernels take any fixed-size dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.codegen.elementwise import LoopNest, contiguous_strides, literal, loop_nest, storage_ctype
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import (
+    PARALLEL_MIN_WORK,
+    Param,
+    StepCode,
+    all_float32,
+    comment,
+    fn_name,
+    input_args,
+    output_args,
+    params,
+    register,
+    same_dtype_movable,
+    shape_of,
+)
+
+__all__ = ["PoolContext", "ChannelContext", "SoftmaxContext", "ConcatContext", "TransposeContext", "CopyContext"]
+
+
+def _prod(dims: tuple[int, ...] | list[int]) -> int:
+    return int(np.prod(dims, dtype=np.int64))
+
+
+# -- pooling ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    op: str  # "max" | "avg"
+    nc: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    pb: int
+    pr: int
+    dh: int
+    dw: int
+    count_include_pad: bool
+    parallel: bool
+
+
+def _pool_geometry(node: Node) -> dict[str, int] | None:
+    xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
+    a = node.attrs
+    try:
+        ks, st, pads = list(a["kernel_shape"]), list(a["strides"]), list(a["pads"])
+        dil = list(a["dilations"]) if "dilations" in a else [1] * len(ks)
+        ceil = int(a["ceil_mode"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    rank = len(xs) - 2
+    if rank not in (1, 2) or len(ys) != len(xs) or ys[:2] != xs[:2]:
+        return None
+    if len(ks) != rank or len(st) != rank or len(dil) != rank or len(pads) != 2 * rank:
+        return None
+    if min(ks) < 1 or min(st) < 1 or min(dil) < 1 or min(pads) < 0:
+        return None
+    for d in range(rank):
+        span = (ks[d] - 1) * dil[d] + 1
+        num = xs[2 + d] + pads[d] + pads[rank + d] - span
+        allowed = {num // st[d] + 1} | ({-(-num // st[d]) + 1, -(-num // st[d])} if ceil else set())
+        if ys[2 + d] not in allowed or ys[2 + d] < 1:
+            return None
+    if rank == 1:
+        return dict(h=1, w=xs[2], oh=1, ow=ys[2], kh=1, kw=ks[0], sh=1, sw=st[0], pt=0, pl=pads[0], pb=0,
+                    pr=pads[1], dh=1, dw=dil[0])  # fmt: skip
+    return dict(h=xs[2], w=xs[3], oh=ys[2], ow=ys[3], kh=ks[0], kw=ks[1], sh=st[0], sw=st[1], pt=pads[0],
+                pl=pads[1], pb=pads[2], pr=pads[3], dh=dil[0], dw=dil[1])  # fmt: skip
+
+
+class PoolKernel:
+    kinds = ("MaxPool", "AveragePool")
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+            return False
+        if node.op_type == "AveragePool" and "count_include_pad" not in node.attrs:
+            return False
+        g = _pool_geometry(node)
+        return g is not None and (node.op_type == "MaxPool" or (g["dh"] == 1 and g["dw"] == 1))
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        g = _pool_geometry(node)
+        assert g is not None, node.describe()
+        xs = shape_of(node.input(0))
+        args = [*input_args(step), *output_args(step)]
+        ctx = PoolContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [True, True]),
+            op="max" if node.op_type == "MaxPool" else "avg",
+            nc=xs[0] * xs[1],
+            count_include_pad=node.op_type == "AveragePool" and bool(int(node.attrs["count_include_pad"])),
+            parallel=xs[0] * xs[1] * g["oh"] * g["ow"] * g["kh"] * g["kw"] >= PARALLEL_MIN_WORK,
+            **g,
+        )
+        return StepCode("c/pool.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- per-channel kernels: GlobalAveragePool, GlobalMaxPool, BatchNormalization, LRN ------------
+
+
+@dataclass(frozen=True)
+class ChannelContext:
+    """A kernel over (N, C, spatial...) planes of ``s`` elements."""
+
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    op: str  # "global_avg" | "global_max" | "batchnorm" | "lrn"
+    n: int
+    c: int
+    s: int
+    eps: str  # batchnorm
+    lrn_lo: int  # lrn: channels below / above c in the window
+    lrn_hi: int
+    lrn_alpha: str  # alpha / size
+    lrn_beta: str
+    lrn_bias: str
+    parallel: bool
+
+
+class ChannelKernel:
+    kinds = ("GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "LRN")
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or len(node.outputs) != 1 or node.input(0) is None:
+            return False
+        xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
+        if len(xs) < 3 and node.op_type != "BatchNormalization" or len(xs) < 2:
+            return False
+        if node.op_type.startswith("Global"):
+            return len(node.inputs) == 1 and ys == xs[:2] + (1,) * (len(xs) - 2)
+        if ys != xs:
+            return False
+        if node.op_type == "LRN":
+            return len(node.inputs) == 1 and all(k in node.attrs for k in ("alpha", "beta", "bias", "size"))
+        ins = node.inputs
+        return (
+            len(ins) == 5
+            and all(v is not None and shape_of(v) == (xs[1],) for v in ins[1:])
+            and "epsilon" in node.attrs
+        )
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        xs = shape_of(node.input(0))
+        a = node.attrs
+        op = {
+            "GlobalAveragePool": "global_avg",
+            "GlobalMaxPool": "global_max",
+            "BatchNormalization": "batchnorm",
+            "LRN": "lrn",
+        }[node.op_type]
+        args = [*input_args(step), *output_args(step)]
+        if op == "batchnorm":
+            names, restrict = ["x", "scale", "bias", "mean", "var", "y"], [False, True, True, True, True, False]
+        else:
+            names, restrict = ["x", "y"], [True, True]
+        size = int(a["size"]) if op == "lrn" else 1
+        s = _prod(xs[2:])
+        ctx = ChannelContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(names, args, restrict),
+            op=op,
+            n=xs[0],
+            c=xs[1],
+            s=s,
+            eps=literal(float(a["epsilon"])) if op == "batchnorm" else "0.0f",
+            lrn_lo=(size - 1) // 2,
+            lrn_hi=size - 1 - (size - 1) // 2,
+            lrn_alpha=literal(float(a["alpha"]) / size) if op == "lrn" else "0.0f",
+            lrn_beta=literal(float(a["beta"])) if op == "lrn" else "0.0f",
+            lrn_bias=literal(float(a["bias"])) if op == "lrn" else "0.0f",
+            parallel=_prod(xs) * size >= PARALLEL_MIN_WORK,
+        )
+        return StepCode("c/channel.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- softmax --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SoftmaxContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    log: bool
+    outer: int
+    length: int
+    inner: int
+    parallel: bool
+
+
+class SoftmaxKernel:
+    kinds = ("Softmax", "LogSoftmax")
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+            return False
+        xs = shape_of(node.input(0))
+        axis = node.attrs.get("axis")
+        return isinstance(axis, int) and 0 <= axis < max(len(xs), 1) and shape_of(node.outputs[0]) == xs
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        xs = shape_of(node.input(0))
+        axis = int(node.attrs["axis"])
+        args = [*input_args(step), *output_args(step)]
+        ctx = SoftmaxContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [False, False]),
+            log=node.op_type == "LogSoftmax",
+            outer=_prod(xs[:axis]),
+            length=xs[axis] if xs else 1,
+            inner=_prod(xs[axis + 1 :]),
+            parallel=_prod(xs) * 8 >= PARALLEL_MIN_WORK,
+        )
+        return StepCode("c/softmax.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- data movement ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConcatContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    outer: int
+    row_bytes: int  # bytes of one output row (everything from the axis on)
+    chunks: tuple[tuple[str, int, int], ...]  # (input param, bytes per row, byte offset in the row)
+
+
+@dataclass(frozen=True)
+class TransposeContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    nest: LoopNest
+    parallel: bool
+
+
+@dataclass(frozen=True)
+class CopyContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    nbytes: int
+
+
+class ConcatKernel:
+    kinds = ("Concat",)
+
+    def supports(self, node: Node) -> bool:
+        if not same_dtype_movable(node) or len(node.outputs) != 1 or not node.inputs:
+            return False
+        if any(v is None for v in node.inputs):
+            return False
+        ys = shape_of(node.outputs[0])
+        axis = node.attrs.get("axis")
+        if not isinstance(axis, int) or not 0 <= axis < len(ys):
+            return False
+        shapes = [shape_of(v) for v in node.inputs]
+        same = all(len(s) == len(ys) and s[:axis] == ys[:axis] and s[axis + 1 :] == ys[axis + 1 :] for s in shapes)
+        return same and sum(s[axis] for s in shapes) == ys[axis]
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        out = node.outputs[0]
+        ys, axis = shape_of(out), int(node.attrs["axis"])
+        assert out.dtype is not None
+        item, ctype = out.dtype.itemsize, storage_ctype(out.dtype)
+        inner = _prod(ys[axis + 1 :])
+        chunks, offset = [], 0
+        for k, v in enumerate(node.inputs):
+            assert v is not None
+            nbytes = shape_of(v)[axis] * inner * item
+            chunks.append((f"in{k}", nbytes, offset))
+            offset += nbytes
+        args = [*input_args(step, ctype), *output_args(step, ctype)]
+        names = [f"in{k}" for k in range(len(node.inputs))] + ["y"]
+        ctx = ConcatContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(names, args, [False] * len(args)),
+            outer=_prod(ys[:axis]),
+            row_bytes=offset,
+            chunks=tuple(c for c in chunks if c[1] > 0),
+        )
+        return StepCode("c/concat.c.j2", ctx, ctx.fn, tuple(args))
+
+
+class TransposeKernel:
+    kinds = ("Transpose",)
+
+    def supports(self, node: Node) -> bool:
+        if not same_dtype_movable(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+            return False
+        xs, perm = shape_of(node.input(0)), node.attrs.get("perm")
+        if not isinstance(perm, (list, tuple)) or sorted(int(p) for p in perm) != list(range(len(xs))):
+            return False
+        return shape_of(node.outputs[0]) == tuple(xs[int(p)] for p in perm)
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
+        dtype = node.outputs[0].dtype
+        assert dtype is not None
+        ctype = storage_ctype(dtype)
+        own = contiguous_strides(xs)
+        strides = tuple(own[int(p)] for p in node.attrs["perm"])
+        args = [*input_args(step, ctype), *output_args(step, ctype)]
+        nest = loop_nest(ys, [strides])
+        ctx = TransposeContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [True, True]),
+            nest=nest,
+            parallel=nest.total >= 4 * PARALLEL_MIN_WORK and len(nest.dims) > 1,
+        )
+        return StepCode("c/transpose.c.j2", ctx, ctx.fn, tuple(args))
+
+
+class CopyKernel:
+    kinds = ("Reshape", "Identity", "onnx_aot.Copy")
+
+    def supports(self, node: Node) -> bool:
+        if not same_dtype_movable(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+            return False
+        return math.prod(shape_of(node.input(0))) == math.prod(shape_of(node.outputs[0]))
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        dtype = node.outputs[0].dtype
+        assert dtype is not None
+        ctype = storage_ctype(dtype)
+        args = [*input_args(step, ctype), *output_args(step, ctype)]
+        ctx = CopyContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [False, False]),
+            nbytes=node.outputs[0].nbytes,
+        )
+        if step.inputs[0] == step.outputs[0] or ctx.nbytes == 0:
+            return StepCode(None, ctx, ctx.fn, ())  # a view onto the same bytes: nothing to do
+        return StepCode("c/copy.c.j2", ctx, ctx.fn, tuple(args))
+
+
+for _kernel in (PoolKernel(), ChannelKernel(), SoftmaxKernel(), ConcatKernel(), TransposeKernel(), CopyKernel()):
+    register(_kernel)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install onnx-aot (editable) with its dev/test dependencies into the current Python.
+# Needs: python3 >= 3.10 with pip, and a C compiler (cc/gcc) with OpenMP for the C provider.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
+  echo "setup: no C compiler found; installing gcc (Debian/Ubuntu)" >&2
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq gcc libgomp1 >/dev/null
+  else
+    echo "setup: please install a C compiler (gcc or clang with OpenMP)" >&2
+    exit 1
+  fi
+fi
+"$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev]"

@@ -1,0 +1,62 @@
+"""End to end on the nine light-zoo architectures with seeded random weights.
+
+Each model is compiled with the default providers (C, then reference), run by the runtime, and
+compared with onnxruntime on the logits (the final Softmax is cut: it saturates) within
+rtol 1e-3 / atol 1e-4. Every Conv, Gemm and pooling node of the ONNX model must be run by the C
+provider, and the outputs must be finite and change with the input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import ort_run
+from zoo import ZOO
+
+from runtime import Session
+
+C_OPS = {"Conv", "Gemm", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_matches_onnxruntime(zoo, name: str) -> None:
+    model = zoo.model(name)
+    session = Session(zoo.artifact(name))
+    feeds = zoo.feeds(name, seed=0)
+    ours = session.run(None, feeds)
+    ref = ort_run(model, feeds)
+    assert len(ours) == len(ref)
+    for got, want in zip(ours, ref, strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+    other = session.run(None, zoo.feeds(name, seed=1))
+    assert not np.allclose(other[0], ours[0], rtol=1e-5, atol=1e-6), "output ignores the input"
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_compute_nodes_run_in_c(zoo, name: str) -> None:
+    model = zoo.model(name)
+    plan = Session(zoo.artifact(name)).plan
+    onnx_nodes = plan["onnx_nodes"]
+    checked = 0
+    for k, node in enumerate(model.graph.node):
+        if node.op_type not in C_OPS:
+            continue
+        name_in_plan = node.name or f"{node.op_type}_{k}"
+        record = onnx_nodes.get(name_in_plan)
+        assert record is not None, f"{name_in_plan} missing from plan.json's onnx_nodes"
+        assert record.get("provider") == "c", f"{name_in_plan} ({node.op_type}) ran on {record}"
+        checked += 1
+    assert checked > 0
+    # every step of plan.json names its ONNX origin nodes and a provider
+    for step in plan["steps"]:
+        assert step["provider"] in ("c", "reference")
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "resnet50"])
+def test_zoo_arena_within_lower_bound(zoo, name: str) -> None:
+    plan = Session(zoo.artifact(name)).plan
+    for arena in plan["arenas"]:
+        assert arena["lower_bound_nbytes"] <= arena["nbytes"] <= arena["naive_nbytes"]
+        assert arena["nbytes"] <= 1.10 * arena["lower_bound_nbytes"]
