@@ -157,7 +157,7 @@ def test_identity_into_graph_output_keeps_the_output_name() -> None:
 
 
 @pytest.mark.parametrize("source", ["input", "constant", "output"])
-def test_identity_from_input_constant_or_output_stays(source: str) -> None:
+def test_identity_from_input_constant_or_output_becomes_a_copy(source: str) -> None:
     b = Builder()
     x = b.input("x", (2, 3))
     outputs = []
@@ -168,10 +168,13 @@ def test_identity_from_input_constant_or_output_stays(source: str) -> None:
     else:
         src = b.op("Relu", x)
         outputs.append(src)
-    g = b.output(*outputs, b.op("Identity", src))
+    out = b.op("Identity", src, name="ident")
+    g = b.output(*outputs, out)
+    assert check(g, EliminateIdentity()).modified
+    copy = g.nodes[-1]
+    assert copy.kind == "onnx_aot.Copy" and copy.inputs == (src,) and copy.outputs[0] is out
+    assert copy.origin == ["ident"] and not g.eliminated
     assert not EliminateIdentity().run(g).modified
-    g.verify()
-    assert "Identity" in kinds(g)
 
 
 # -- fold_constants ----------------------------------------------------------------------------
@@ -487,6 +490,47 @@ def test_elementwise_not_fused_across_smaller_intermediates_or_other_dtypes() ->
     g = b.output(grown, ints)
     assert not FuseElementwise().run(g).modified
     assert kinds(g) == ["Mul", "Add", "Abs", "Neg"]
+
+
+# -- random graphs ----------------------------------------------------------------------------
+_RANDOM_OPS = ["Relu", "Neg", "Sigmoid", "Identity", "Clip", "LeakyRelu", "Add", "Mul", "Sub", "Sum"]
+_RANDOM_OPS += ["ConstOp", "Conv", "ConvBias", "BatchNormalization"]
+
+
+def _random_graph(seed: int) -> Graph:
+    """Convs, BatchNorms, Identities and elementwise ops wired at random; random extra outputs."""
+    rng = np.random.default_rng(seed)
+    b = Builder(f"random{seed}")
+    values = [b.input("x", (1, 4, 5, 5)), b.input("y", (1, 4, 5, 5))]
+    consts = [b.rand("c0", 4, 1, 1), b.rand("c1", 1, 4, 5, 5), b.const("half", np.array(0.5, F32))]
+    for i in range(int(rng.integers(3, 14))):
+        kind = _RANDOM_OPS[int(rng.integers(len(_RANDOM_OPS)))]
+        a, c = (values[int(rng.integers(len(values)))] for _ in range(2))
+        if kind in ("Relu", "Neg", "Sigmoid", "Identity"):
+            v = b.op(kind, a)
+        elif kind == "Clip":
+            v = b.op(kind, a, min=-0.5, max=[0.5, math.inf][int(rng.integers(2))])
+        elif kind == "LeakyRelu":
+            v = b.op(kind, a, alpha=0.1)
+        elif kind in ("Add", "Mul", "Sub", "Sum"):
+            v = b.op(kind, a, c)
+        elif kind == "ConstOp":
+            v = b.op(["Mul", "Add", "Sub"][int(rng.integers(3))], a, consts[int(rng.integers(3))])
+        elif kind.startswith("Conv"):
+            bias = b.rand(f"b{i}", 4) if kind == "ConvBias" else None
+            v = b.op("Conv", a, b.rand(f"w{i}", 4, 4, 3, 3), bias, out_shape=a.shape, **CONV_ATTRS)
+        else:
+            params = [b.rand(f"bn{i}_{k}", 4, low=0.5, high=1.5) for k in range(4)]
+            v = b.op(kind, a, *params, out_shape=a.shape, epsilon=1e-5)
+        values.append(v)
+    extra = [v for v in values[2:-1] if rng.random() < 0.2] + ([values[0]] if rng.random() < 0.1 else [])
+    return b.output(*dict.fromkeys([values[-1], *extra]))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_graphs_keep_their_numbers_and_output_names(seed: int) -> None:
+    for level in (1, 2):
+        check(_random_graph(seed), lambda graph, level=level: optimize(graph, level), rtol=1e-4)
 
 
 # -- PassManager and levels --------------------------------------------------------------------

@@ -209,6 +209,14 @@ class Graph:
 
     def add_node(self, node: Node, *, before: Node | None = None, after: Node | None = None) -> Node:
         """Insert ``node`` (at the end, or before/after another node) and link its values."""
+        for value in node.outputs:  # check before linking anything, so a refusal changes nothing
+            if value.producer is not None and value.producer is not node:
+                raise ModelError(f"value {value.name!r} already has producer {value.producer.name!r}")
+        position = len(self._nodes)
+        if before is not None:
+            position = self._index(before)
+        elif after is not None:
+            position = self._index(after) + 1
         if not node.name:
             node.name = self.unique_name(f"{node.op_type}_{len(self._nodes)}")
         else:
@@ -218,16 +226,9 @@ class Graph:
             if value is not None:
                 value.uses.append(Use(node, i))
         for value in node.outputs:
-            if value.producer is not None and value.producer is not node:
-                raise ModelError(f"value {value.name!r} already has producer {value.producer.name!r}")
             value.producer = node
             self.reserve_name(value.name)
-        if before is not None:
-            self._nodes.insert(self._index(before), node)
-        elif after is not None:
-            self._nodes.insert(self._index(after) + 1, node)
-        else:
-            self._nodes.append(node)
+        self._nodes.insert(position, node)
         return node
 
     def _index(self, node: Node) -> int:
@@ -346,9 +347,10 @@ class Graph:
                 define(value, node.describe())
                 if value.producer is not node:
                     problems.append(f"output {value.name!r} of {node.describe()} has a wrong producer")
+        in_graph = {id(node) for node in self._nodes}
         for value in defined.values():
             for use in value.uses:
-                if use.node.graph is not self or use.node.input(use.index) is not value:
+                if id(use.node) not in in_graph or use.node.input(use.index) is not value:
                     problems.append(f"stale use of {value.name!r} by {use.node.name!r}")
         for value in self.outputs:
             if id(value) not in defined:

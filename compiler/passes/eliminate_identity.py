@@ -3,12 +3,13 @@
 Uses of the Identity's output are pointed at its input. When the output is a graph output its
 Value (its name) must survive: if the input is an intermediate produced by a single-output node,
 that producer is rebuilt to write the graph output directly; if the input is a graph input, a
-constant or another graph output, the Identity stays (it is then a copy the graph needs).
+constant, another graph output or an output of a multi-output node, the Identity becomes an
+``onnx_aot.Copy`` (docs/ops.md): a real copy the graph needs, never a view of its input.
 """
 
 from __future__ import annotations
 
-from compiler.ir.graph import Graph, Node, Value
+from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
 from compiler.passes.base import Pass, PassResult, note_eliminated, replace_nodes
 
 __all__ = ["EliminateIdentity"]
@@ -19,6 +20,7 @@ class EliminateIdentity(Pass):
 
     def run(self, graph: Graph) -> PassResult:
         removed: list[Node] = []
+        copies = 0
         for node in graph:
             if node.kind != "Identity" or len(node.outputs) != 1:
                 continue
@@ -31,8 +33,12 @@ class EliminateIdentity(Pass):
                 removed.append(node)
             elif self._hand_output_to_producer(graph, node, src, out):
                 removed.append(node)
+            else:
+                copy = Node("Copy", [src], [out], {}, name=node.name, domain=AOT_DOMAIN, origin=node.origin)
+                replace_nodes(graph, [node], copy)
+                copies += 1
         note_eliminated(graph, removed, self.name)
-        return PassResult(graph, bool(removed))
+        return PassResult(graph, bool(removed) or copies > 0)
 
     @staticmethod
     def _hand_output_to_producer(graph: Graph, identity: Node, src: Value, out: Value) -> bool:

@@ -99,7 +99,9 @@ class FoldConstants(Pass):
         inputs: list[Any] = [
             _read_only(v.const) if v is not None and v.const is not None else None for v in node.inputs
         ]
-        specs = [(v.shape, v.dtype) for v in outputs]
+        specs: list[tuple[tuple[int, ...], Any]] = [
+            (v.shape, v.dtype) for v in outputs if v.shape is not None
+        ]
         try:
             results = kernel(np, inputs, dict(node.attrs), specs)
         except (OnnxAotError, ArithmeticError, ValueError, TypeError, IndexError):

@@ -31,23 +31,13 @@ _FUSED = {
 def activation_attrs(node: Node) -> dict[str, Any] | None:
     """The epilogue attributes equivalent to activation ``node``, or None if it is not one."""
     if node.kind == "Relu":
-        return {
-            "activation": "Relu",
-            "act_min": 0.0,
-            "act_max": math.inf,
-            "act_alpha": 0.0,
-        }
+        return {"activation": "Relu", "act_min": 0.0, "act_max": math.inf, "act_alpha": 0.0}
     if node.kind == "Clip":
         lo, hi = float(node.attrs["min"]), float(node.attrs["max"])
         return {"activation": "Clip", "act_min": lo, "act_max": hi, "act_alpha": 0.0}
     if node.kind == "LeakyRelu":
         alpha = float(node.attrs["alpha"])
-        return {
-            "activation": "LeakyRelu",
-            "act_min": -math.inf,
-            "act_max": math.inf,
-            "act_alpha": alpha,
-        }
+        return {"activation": "LeakyRelu", "act_min": -math.inf, "act_max": math.inf, "act_alpha": alpha}
     return None
 
 

@@ -1,0 +1,146 @@
+"""The C execution provider, compile side: claims nodes, renders one C file, builds one library.
+
+``CProvider.claims`` asks the kernel registry (``c_gemm``, ``c_eltwise``, ``c_simple``) which nodes
+it can run; ``generate`` renders every partition's steps from ``templates/c`` into
+``kernels_dir/model.c`` and compiles it into ``kernels_dir/model.so`` through the cached toolchain.
+
+The library's ABI (version 1), which ``runtime/providers/c.py`` relies on:
+
+- ``int <entry>(void* const* ext, char* arena, const char* weights, double* step_seconds)`` per
+  partition: ``ext[k]`` is the address of the value ``partition.ext[k]``; Location("arena", off)
+  is ``arena + off``, Location("weights", off) is ``weights + off``, Location("ext", k) is
+  ``ext[k]``. Runs the steps in order; with ``step_seconds`` not NULL it stores the wall time of
+  step ``local`` in ``step_seconds[local]``. Returns 0 on success (1/2/3: ext/arena/weights NULL).
+- ``void onnx_aot_set_num_threads(int n)`` (n <= 0: back to OpenMP's default) and
+  ``int onnx_aot_abi_version(void)`` (returns 1).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from compiler.codegen.env import render
+from compiler.codegen.toolchain import TargetInfo, build_shared, target_info
+from compiler.ir.graph import Graph, Node
+from compiler.providers import c_eltwise, c_gemm, c_simple  # noqa: F401  (register the kernels)
+from compiler.providers.base import BuildOptions, PartitionPlan
+from compiler.providers.c_common import REGISTRY, Arg, StepCode, comment
+from runtime.errors import CompileError, OnnxAotError
+
+__all__ = ["CProvider", "ABI_VERSION", "ModelContext", "EntryContext", "CallSite"]
+
+ABI_VERSION = 1
+SOURCE_NAME = "model.c"
+LIBRARY_NAME = "model.so"
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_RESERVED = re.compile(r"step_\d+|onnx_aot_(?!partition_\d+$).*|v(f|load|store|bcast)|main")
+
+
+@dataclass(frozen=True)
+class CallSite:
+    index: int
+    local: int
+    comment: str
+    fn: str | None  # None: the step has no code (a view onto the same bytes)
+    args: tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class EntryContext:
+    symbol: str
+    steps: tuple[CallSite, ...]
+    uses_ext: bool
+    uses_arena: bool
+    uses_weights: bool
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    abi_version: int
+    vector_bytes: int
+    functions: tuple[str, ...]
+    entries: tuple[EntryContext, ...]
+
+
+class CProvider:
+    """Generated C kernels for float32 CNN-style ops on the host, built with the system cc."""
+
+    name = "c"
+    memory_space = "host"
+    alignment = 64
+
+    def supports(self, node: Node) -> bool:
+        """Whether a C kernel handles ``node`` with its attributes, dtypes and shapes."""
+        kernel = REGISTRY.get(node.kind)
+        if kernel is None:
+            return False
+        try:
+            return bool(kernel.supports(node))
+        except (OnnxAotError, KeyError, TypeError, ValueError, IndexError):
+            return False
+
+    def claims(self, graph: Graph) -> set[Node]:
+        return {node for node in graph.nodes if self.supports(node)}
+
+    def scratch_nbytes(self, node: Node) -> int:
+        if not self.supports(node):
+            raise CompileError(f"{node.describe()} is not supported by the C provider")
+        return int(REGISTRY[node.kind].scratch_nbytes(node))
+
+    def render(self, partitions: list[PartitionPlan], target: TargetInfo) -> str:
+        """The model's C source for ``partitions`` (deterministic: no paths, ids or times)."""
+        functions: list[str] = []
+        entries: list[EntryContext] = []
+        seen_symbols: set[str] = set()
+        seen_steps: set[int] = set()
+        for part in partitions:
+            if part.provider != self.name:
+                raise CompileError(f"partition {part.index} belongs to provider {part.provider!r}, not 'c'")
+            symbol = part.entry
+            if not _IDENTIFIER.fullmatch(symbol) or _RESERVED.fullmatch(symbol) or symbol in seen_symbols:
+                raise CompileError(f"partition {part.index}: entry symbol {symbol!r} is not a free C identifier")
+            seen_symbols.add(symbol)
+            calls: list[CallSite] = []
+            for step in part.steps:
+                if step.index in seen_steps:
+                    raise CompileError(f"step {step.index} appears twice in the C partitions")
+                seen_steps.add(step.index)
+                if not self.supports(step.node):
+                    raise CompileError(f"{step.node.describe()} is not supported by the C provider")
+                code: StepCode = REGISTRY[step.node.kind].build(step, target)
+                if code.template is not None:
+                    functions.append(render(code.template, code.ctx))
+                calls.append(
+                    CallSite(
+                        index=step.index,
+                        local=step.local,
+                        comment=comment(step.node),
+                        fn=code.fn if code.template is not None else None,
+                        args=code.args,
+                    )
+                )
+            spaces = {a.space for c in calls for a in c.args}
+            entries.append(EntryContext(symbol, tuple(calls), "ext" in spaces, "arena" in spaces, "weights" in spaces))
+        ctx = ModelContext(ABI_VERSION, target.vector_bytes, tuple(functions), tuple(entries))
+        return render("c/model.c.j2", ctx)
+
+    def generate(
+        self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
+    ) -> dict[str, object]:
+        """Render ``kernels_dir/model.c`` for all partitions and build ``kernels_dir/model.so``."""
+        kernels_dir = Path(kernels_dir)
+        source = self.render(list(partitions), target_info(options))
+        kernels_dir.mkdir(parents=True, exist_ok=True)
+        (kernels_dir / SOURCE_NAME).write_text(source)
+        facts = build_shared(source, kernels_dir / LIBRARY_NAME, options)
+        return {
+            "cc": facts["cc"],
+            "cc_version": facts["cc_version"],
+            "flags": facts["flags"],
+            "isa": facts["isa"],
+            "sources": [SOURCE_NAME],
+            "library": LIBRARY_NAME,
+        }

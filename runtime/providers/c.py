@@ -1,0 +1,81 @@
+"""The C execution provider, run side: load a generated library and call its partition entries.
+
+Needs numpy's host and ctypes only (never the compiler, onnx or jinja2). The library follows
+ABI version 1 (see ``compiler/providers/c.py``): one ``int entry(void* const* ext, char* arena,
+const char* weights, double* step_seconds)`` per partition, plus ``onnx_aot_abi_version`` and
+``onnx_aot_set_num_threads``. A call costs about a microsecond: argument types are set once and
+the caller passes integer addresses it caches, with a ``(c_void_p * n)`` array it fills.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from runtime.errors import ArtifactError, RuntimeKernelError
+
+__all__ = ["ABI_VERSION", "CLibrary", "CEntry"]
+
+ABI_VERSION = 1
+
+_ENTRY_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+_RETURN_CODES = {1: "ext pointer array is NULL", 2: "arena is NULL", 3: "weights are NULL"}
+
+
+class CEntry:
+    """One partition entry: ``entry(ext_array, arena_addr, weights_addr, timings_addr)``."""
+
+    __slots__ = ("symbol", "_fn")
+
+    def __init__(self, symbol: str, fn: ctypes._CFuncPtr) -> None:
+        fn.argtypes = _ENTRY_ARGTYPES
+        fn.restype = ctypes.c_int
+        self.symbol = symbol
+        self._fn = fn
+
+    def __call__(self, ext_array: ctypes.Array[ctypes.c_void_p], arena_addr: int, weights_addr: int, timings_addr: int) -> None:
+        """Run the partition; ``timings_addr`` 0 skips per-step timing (else a float64 buffer)."""
+        rc = self._fn(ext_array, arena_addr, weights_addr, timings_addr)
+        if rc != 0:
+            reason = _RETURN_CODES.get(rc, "kernel failure")
+            raise RuntimeKernelError(f"C entry {self.symbol!r} returned {rc} ({reason})")
+
+
+class CLibrary:
+    """A loaded ``model.so``; checks the ABI version on load."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self._lib = ctypes.CDLL(str(self.path))
+        except OSError as exc:
+            raise ArtifactError(f"cannot load C kernel library {self.path}: {exc}") from exc
+        try:
+            version_fn = self._lib.onnx_aot_abi_version
+            threads_fn = self._lib.onnx_aot_set_num_threads
+        except AttributeError as exc:
+            raise ArtifactError(f"{self.path} is not an onnx-aot kernel library: {exc}") from exc
+        version_fn.argtypes = []
+        version_fn.restype = ctypes.c_int
+        threads_fn.argtypes = [ctypes.c_int]
+        threads_fn.restype = None
+        version = int(version_fn())
+        if version != ABI_VERSION:
+            raise ArtifactError(f"{self.path} has kernel ABI version {version}, this runtime needs {ABI_VERSION}")
+        self._set_threads = threads_fn
+        self._entries: dict[str, CEntry] = {}
+
+    def set_threads(self, n: int) -> None:
+        """Threads for the library's parallel loops (n <= 0: OpenMP's default)."""
+        self._set_threads(int(n))
+
+    def entry(self, symbol: str) -> CEntry:
+        """The partition entry named ``symbol`` (looked up once, then cached)."""
+        if symbol not in self._entries:
+            try:
+                fn = getattr(self._lib, symbol)
+            except AttributeError as exc:
+                raise ArtifactError(f"{self.path} has no entry {symbol!r}") from exc
+            self._entries[symbol] = CEntry(symbol, fn)
+        return self._entries[symbol]
