@@ -58,7 +58,7 @@ def graph_from_proto(proto: onnx.ModelProto) -> Graph:
         except Exception as exc:
             raise ModelError(f"initializer {name!r} cannot be read: {exc}") from None
         np_dtype_of(tensor.data_type, f"initializer {name!r}")
-        value = Value(name, const=np.ascontiguousarray(array))
+        value = Value(name, const=np.ascontiguousarray(array).reshape(array.shape))
         graph.constants[name] = value
         graph.reserve_name(name)
         env[name] = value
@@ -204,7 +204,7 @@ def _constant(graph: Graph, proto: onnx.NodeProto, where: str) -> Value:
         array = np.array(attrs["value_ints"], np.int64)
     else:
         raise ModelError(f"{where}: only tensor, float(s) and int(s) constants are supported")
-    value = Value(proto.output[0], const=np.ascontiguousarray(array))
+    value = Value(proto.output[0], const=np.ascontiguousarray(array).reshape(array.shape))
     graph.constants[value.name] = value
     graph.reserve_name(value.name)
     return value

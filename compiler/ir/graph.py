@@ -200,7 +200,9 @@ class Graph:
         return value
 
     def add_constant(self, name: str, array: np.ndarray) -> Value:
-        value = Value(self.unique_name(name), const=np.ascontiguousarray(array))
+        array = np.asarray(array)
+        # ascontiguousarray makes 0-d arrays 1-d; keep the rank
+        value = Value(self.unique_name(name), const=np.ascontiguousarray(array).reshape(array.shape))
         self.constants[value.name] = value
         return value
 

@@ -103,7 +103,6 @@ class ConvContext:
     dw: int
     packed: bool
     parallel: bool
-    invalid: int  # an output row index whose input rows are out of bounds for every kh
 
 
 @dataclass(frozen=True)
@@ -303,7 +302,6 @@ class ConvKernel:
             dw=g.dw,
             packed=not g.direct,
             parallel=2 * g.batch * g.m * t.n * t.k >= PARALLEL_MIN_WORK,
-            invalid=-(g.kh * g.dh + 1),
         )
         return StepCode("c/conv.c.j2", ctx, ctx.fn, tuple(args))
 
