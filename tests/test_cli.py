@@ -1,0 +1,98 @@
+"""The command line: compile | run | bench | inspect | --version, as a user calls it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from test_runtime_api import small_model
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True,
+                            text=True, cwd=REPO, timeout=300)
+    if ok:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    model = root / "small.onnx"
+    onnx.save(small_model(), str(model))
+    out = root / "art"
+    result = cli("compile", str(model), "-o", str(out), "-O", "2", "--target", "cpu")
+    assert "compiled" in result.stdout and "planning memory" in result.stderr
+    return out
+
+
+def test_version() -> None:
+    assert cli("--version").stdout.startswith("onnx-aot ")
+
+
+def test_help_lists_commands() -> None:
+    out = cli("--help").stdout
+    for command in ("compile", "run", "bench", "inspect"):
+        assert command in out
+
+
+def test_run_with_inputs_and_output_dir(artifact: Path, tmp_path: Path) -> None:
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = cli("run", str(artifact), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir",
+                 str(tmp_path / "outs"))
+    assert "y: float32 [1, 10]" in result.stdout
+    saved = np.load(tmp_path / "outs" / "y.npy")
+    from runtime import Session
+
+    np.testing.assert_array_equal(saved, Session(artifact).run(None, {"x": x})[0])
+
+
+def test_run_with_random_inputs(artifact: Path) -> None:
+    assert "y: float32" in cli("run", str(artifact)).stdout
+
+
+def test_bench_prints_median(artifact: Path) -> None:
+    assert "median" in cli("bench", str(artifact), "--runs", "3", "--threads", "1").stdout
+
+
+def test_inspect_summary_and_json(artifact: Path) -> None:
+    out = cli("inspect", str(artifact)).stdout
+    for word in ("steps:", "partition 0: c", "arena host", "lower bound", "input  x"):
+        assert word in out
+    import json
+
+    report = json.loads(cli("inspect", str(artifact), "--json").stdout)
+    assert set(report) == {"arenas", "steps"}
+
+
+def test_user_errors_are_one_line_with_exit_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_text("not a model")
+    result = cli("compile", str(bad), "-o", str(tmp_path / "o"), ok=False)
+    assert result.returncode == 1
+    assert "bad.onnx" in result.stderr and "Traceback" not in result.stderr
+    result = cli("run", str(tmp_path / "nowhere"), ok=False)
+    assert result.returncode == 1 and "no such artifact" in result.stderr
+
+
+def test_symbolic_dim_needs_shape(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "sym",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    path = tmp_path / "sym.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    result = cli("compile", str(path), "-o", str(tmp_path / "o"), ok=False)
+    assert result.returncode == 1 and "'x'" in result.stderr and "batch" in result.stderr
+    cli("compile", str(path), "-o", str(tmp_path / "o"), "--shape", "x=3x4", "-q")
+    assert "y: float32 [3, 4]" in cli("run", str(tmp_path / "o")).stdout
