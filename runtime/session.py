@@ -78,7 +78,9 @@ class Session:
             self._arena_nbytes = int(arena["nbytes"])
             self._alignment = max(64, int(arena["alignment"]))
         weights = self._artifact.weights
-        self._weights_addr = weights.ctypes.data if weights.size else 0
+        # kernels get a valid address even when there are no constants
+        self._no_weights = np.zeros(64, np.uint8)
+        self._weights_addr = weights.ctypes.data if weights.size else self._no_weights.ctypes.data
         self._libraries: dict[str, Any] = {}
         self._partitions: list[tuple[str, Any]] = []
         for record in plan["partitions"]:

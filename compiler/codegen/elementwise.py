@@ -161,7 +161,9 @@ _LOGIC = {"And": "&&", "Or": "||"}
 _VARIADIC = {"Sum", "Mean", "Max", "Min"}
 
 # Every op name an elementwise node or program instruction may use here.
-ELEMENTWISE_OPS = frozenset(_UNARY) | frozenset(_BINARY) | _VARIADIC | set(_COMPARE) | set(_LOGIC) | {"Not", "Where"}
+ELEMENTWISE_OPS = (
+    frozenset(_UNARY) | frozenset(_BINARY) | _VARIADIC | set(_COMPARE) | set(_LOGIC) | {"Not", "Where"}
+)
 # The activations FusedConv / FusedGemm carry (docs/ops.md).
 ACTIVATIONS = frozenset({"", "Relu", "Clip", "LeakyRelu"})
 
@@ -349,13 +351,13 @@ def coalesce(
     for d, size in enumerate(shape):
         if size == 1:
             continue
-        if dims and all(col[-1] == int(s[d]) * size for col, s in zip(cols, strides)):
+        if dims and all(col[-1] == int(s[d]) * size for col, s in zip(cols, strides, strict=True)):
             dims[-1] *= int(size)
-            for col, s in zip(cols, strides):
+            for col, s in zip(cols, strides, strict=True):
                 col[-1] = int(s[d])
             continue
         dims.append(int(size))
-        for col, s in zip(cols, strides):
+        for col, s in zip(cols, strides, strict=True):
             col.append(int(s[d]))
     if not dims:
         return (1,), tuple((0,) for _ in strides)
@@ -364,7 +366,7 @@ def coalesce(
 
 def index_expr(strides: Sequence[int], names: Sequence[str]) -> str:
     """``i0 * s0 + i1 * s1 ...`` with zero strides dropped ("0" when every stride is zero)."""
-    terms = [n if s == 1 else f"{n} * {s}" for n, s in zip(names, strides) if s != 0]
+    terms = [n if s == 1 else f"{n} * {s}" for n, s in zip(names, strides, strict=True) if s != 0]
     return " + ".join(terms) if terms else "0"
 
 

@@ -23,16 +23,19 @@ __all__ = ["templates_dir", "environment", "render"]
 
 
 def templates_dir() -> Path:
-    """The folder holding ``c/`` and ``cuda/`` templates.
+    """The folder holding ``c/``, ``cuda/`` and ``report/`` templates.
 
-    ``compiler/`` and ``templates/`` are siblings both in the repository and in site-packages,
-    so one lookup covers the editable and the installed layout.
+    In a source checkout (editable install) it is ``templates/`` beside ``compiler/``; a wheel
+    installs the same folder as ``compiler/_templates`` (see pyproject.toml).
     """
-    package_root = Path(__file__).resolve().parent.parent  # .../compiler
-    candidate = package_root.parent / "templates"
-    if (candidate / "c").is_dir():
-        return candidate
-    raise CompileError(f"kernel templates not found: expected a folder {candidate} with c/ inside")
+    package = Path(__file__).resolve().parent.parent  # .../compiler
+    for candidate in (package.parent / "templates", package / "_templates"):
+        if (candidate / "c").is_dir():
+            return candidate
+    raise CompileError(
+        f"kernel templates not found: looked for {package.parent / 'templates'} and "
+        f"{package / '_templates'} (a broken install?)"
+    )
 
 
 @functools.lru_cache(maxsize=1)

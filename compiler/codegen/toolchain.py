@@ -65,7 +65,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
         raise CompileError(f"cannot run C compiler {argv[0]!r}: {exc}") from exc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiler_version(cc: str) -> str:
     """The first line of ``cc --version`` (names vendor and version)."""
     proc = _run([cc, "--version"])
@@ -74,7 +74,7 @@ def compiler_version(cc: str) -> str:
     return proc.stdout.strip().splitlines()[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _resolved_march(cc: str, isa: str) -> str:
     """``-march=native`` as the compiler expands it (the cache key must differ between machines)."""
     if isa != "native":
@@ -91,7 +91,7 @@ def _resolved_march(cc: str, isa: str) -> str:
     return f"{resolved[-1]}+{digest}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _target_macros(cc: str, isa: str) -> frozenset[str]:
     proc = _run([cc, f"-march={isa}", "-dM", "-E", "-x", "c", os.devnull])
     if proc.returncode != 0:
@@ -126,7 +126,9 @@ def cache_dir() -> Path:
 
 
 def _cache_key(source_text: str, flags: list[str], cc_version: str, march: str) -> str:
-    blob = json.dumps({"source": source_text, "flags": flags, "cc": cc_version, "march": march}, sort_keys=True)
+    blob = json.dumps(
+        {"source": source_text, "flags": flags, "cc": cc_version, "march": march}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

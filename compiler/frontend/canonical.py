@@ -158,8 +158,9 @@ def _dropout(ctx: CanonContext) -> list[Node]:
     if len(ctx.outputs) > 1 and ctx.outputs[1].name in ctx.used:
         mask = ctx.outputs[1]
         assert mask.shape is not None
+        assert mask.dtype is not None  # bool since opset 10, the input's type before
         nodes.append(ctx.node("ConstantOfShape", [], {"shape": list(mask.shape), "value": 1,
-                                                      "dtype": "bool"},
+                                                      "dtype": mask.dtype.name},
                               outputs=[mask], name=ctx.graph.unique_name(ctx.name + "/mask")))
     return nodes
 
@@ -415,8 +416,8 @@ def _slice(ctx: CanonContext) -> list[Node]:
         e = e + dim if e < 0 else e
         if st > 0:
             s, e = min(max(s, 0), dim), min(max(e, 0), dim)
-        else:
-            s, e = min(max(s, -1), dim - 1), min(max(e, -1), dim - 1)
+        else:  # the start clamps to a real index; end -1 means "through index 0"
+            s, e = min(max(s, 0), dim - 1), min(max(e, -1), dim - 1)
         n_starts.append(s)
         n_ends.append(e)
     return [ctx.node("Slice", ctx.inputs[:1], {"starts": n_starts, "ends": n_ends, "axes": axes,

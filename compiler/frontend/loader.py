@@ -13,6 +13,7 @@ import onnx
 import onnx.checker
 import onnx.shape_inference
 import onnx.version_converter
+from onnx import external_data_helper
 
 from runtime.errors import ModelError, ShapeError
 
@@ -33,13 +34,12 @@ def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelPro
         if not path.is_file():
             raise ModelError(f"{path}: no such model file")
         try:
-            proto = onnx.load(str(path), load_external_data=True)
-        except FileNotFoundError as exc:
-            raise ModelError(f"{path}: external data file missing: {exc.filename or exc}") from None
+            proto = onnx.load(str(path), load_external_data=False)
         except Exception as exc:  # protobuf DecodeError and friends
             raise ModelError(f"{path}: not a valid ONNX model ({type(exc).__name__}: {exc})") from None
         if not proto.graph.node and not proto.graph.output:
             raise ModelError(f"{path}: not a valid ONNX model (no graph)")
+        _load_external_data(proto, path)
     try:
         onnx.checker.check_model(proto)
     except Exception as exc:
@@ -56,6 +56,25 @@ def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelPro
     elif opset > MAX_OPSET:
         raise ModelError(f"{where}: opset {opset} is newer than the newest supported ({MAX_OPSET})")
     return proto
+
+
+def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    """Read the tensors stored outside ``path``, naming a data file that is missing or unreadable."""
+    tensors = list(proto.graph.initializer)
+    for node in proto.graph.node:
+        for attr in node.attribute:
+            tensors.extend([attr.t] if attr.HasField("t") else list(attr.tensors))
+    for tensor in tensors:
+        if external_data_helper.uses_external_data(tensor):
+            location = external_data_helper.ExternalDataInfo(tensor).location
+            if not (path.parent / location).is_file():
+                raise ModelError(
+                    f"{path}: external data file missing: {path.parent / location} (tensor {tensor.name!r})"
+                )
+    try:
+        external_data_helper.load_external_data_for_model(proto, str(path.parent))
+    except Exception as exc:
+        raise ModelError(f"{path}: external data cannot be read: {_first_line(exc)}") from None
 
 
 def opset_of(proto: onnx.ModelProto) -> int:

@@ -101,7 +101,9 @@ class CProvider:
                 raise CompileError(f"partition {part.index} belongs to provider {part.provider!r}, not 'c'")
             symbol = part.entry
             if not _IDENTIFIER.fullmatch(symbol) or _RESERVED.fullmatch(symbol) or symbol in seen_symbols:
-                raise CompileError(f"partition {part.index}: entry symbol {symbol!r} is not a free C identifier")
+                raise CompileError(
+                    f"partition {part.index}: entry symbol {symbol!r} is not a free C identifier"
+                )
             seen_symbols.add(symbol)
             calls: list[CallSite] = []
             for step in part.steps:
@@ -123,7 +125,9 @@ class CProvider:
                     )
                 )
             spaces = {a.space for c in calls for a in c.args}
-            entries.append(EntryContext(symbol, tuple(calls), "ext" in spaces, "arena" in spaces, "weights" in spaces))
+            entries.append(
+                EntryContext(symbol, tuple(calls), "ext" in spaces, "arena" in spaces, "weights" in spaces)
+            )
         ctx = ModelContext(ABI_VERSION, target.vector_bytes, tuple(functions), tuple(entries))
         return render("c/model.c.j2", ctx)
 

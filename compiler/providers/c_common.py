@@ -152,7 +152,8 @@ def input_args(step: StepPlan, ctype: str = "float") -> list[Arg]:
 
 def output_args(step: StepPlan, ctype: str = "float") -> list[Arg]:
     return [
-        arg(loc, ctype, False, step, f"output {i} ({step.node.outputs[i].name})") for i, loc in enumerate(step.outputs)
+        arg(loc, ctype, False, step, f"output {i} ({step.node.outputs[i].name})")
+        for i, loc in enumerate(step.outputs)
     ]
 
 

@@ -108,7 +108,7 @@ class EltwiseKernel:
             strides.append(broadcast_strides(shape_of(value), out_shape))
         nest = loop_nest(out_shape, strides)
         loaded = [k for k in range(len(inputs)) if k not in consts]
-        loads = tuple((f"x{k}", f"in{k}", idx) for k, idx in zip(loaded, nest.in_index))
+        loads = tuple((f"x{k}", f"in{k}", idx) for k, idx in zip(loaded, nest.in_index, strict=True))
         program = node_program(node.kind, node.attrs, len(inputs))
         emitted = emit_program(program, exprs, consts)
         args += output_args(step)
@@ -117,7 +117,7 @@ class EltwiseKernel:
         ctx = EltwiseContext(
             fn=fn,
             comment=comment(node),
-            params=tuple(Param(n, a.ctype, a.const, False) for n, a in zip(names, args)),
+            params=tuple(Param(n, a.ctype, a.const, False) for n, a in zip(names, args, strict=True)),
             nest=nest,
             loads=loads,
             temps=emitted.temps,

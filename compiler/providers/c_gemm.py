@@ -215,9 +215,13 @@ def _conv_geometry(node: Node) -> _ConvGeometry | None:
     xs, ws, ys = shape_of(x), shape_of(wv), shape_of(node.outputs[0])
     a = node.attrs
     try:
-        ks, strides, pads, dil, group = list(a["kernel_shape"]), list(a["strides"]), list(a["pads"]), list(
-            a["dilations"]
-        ), int(a["group"])
+        ks, strides, pads, dil, group = (
+            list(a["kernel_shape"]),
+            list(a["strides"]),
+            list(a["pads"]),
+            list(a["dilations"]),
+            int(a["group"]),
+        )
     except (KeyError, TypeError):
         return None
     rank = len(xs) - 2
@@ -236,7 +240,9 @@ def _conv_geometry(node: Node) -> _ConvGeometry | None:
     if ys[0] != xs[0] or ys[1] != ws[0]:
         return None
     if rank == 1:  # as 2-D with H = 1
-        return _ConvGeometry(xs[0], xs[1], 1, xs[2], ws[0], 1, ys[2], group, 1, ks[0], 1, strides[0], 0, pads[0], 1, dil[0])
+        return _ConvGeometry(
+            xs[0], xs[1], 1, xs[2], ws[0], 1, ys[2], group, 1, ks[0], 1, strides[0], 0, pads[0], 1, dil[0]
+        )
     return _ConvGeometry(
         xs[0], xs[1], xs[2], xs[3], ws[0], ys[2], ys[3], group, ks[0], ks[1],
         strides[0], strides[1], pads[0], pads[1], dil[0], dil[1],
@@ -244,7 +250,7 @@ def _conv_geometry(node: Node) -> _ConvGeometry | None:
 
 
 class ConvKernel:
-    kinds = ("Conv", "onnx_aot.FusedConv")
+    kinds: tuple[str, ...] = ("Conv", "onnx_aot.FusedConv")
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or not _fused_ok(node) or _conv_geometry(node) is None:
@@ -369,14 +375,14 @@ def _matmul_product(node: Node) -> _Product | None:
     sb = broadcast_strides(b2[:-2], batch)
     a_off, b_off = [], []
     for idx in np.ndindex(*batch):
-        a_off.append(sum(i * s for i, s in zip(idx, sa)) * m * k)
-        b_off.append(sum(i * s for i, s in zip(idx, sb)) * k * n)
+        a_off.append(sum(i * s for i, s in zip(idx, sa, strict=True)) * m * k)
+        b_off.append(sum(i * s for i, s in zip(idx, sb, strict=True)) * k * n)
     path = "dot" if n == 1 else "direct"
     return _Product(m, n, k, k, 1, 1 if n == 1 else n, 1, tuple(a_off), tuple(b_off), path)
 
 
 class GemmKernel:
-    kinds = ("Gemm", "onnx_aot.FusedGemm", "MatMul")
+    kinds: tuple[str, ...] = ("Gemm", "onnx_aot.FusedGemm", "MatMul")
 
     def _product(self, node: Node) -> _Product | None:
         return _matmul_product(node) if node.op_type == "MatMul" else _gemm_product(node)

@@ -32,7 +32,14 @@ from compiler.providers.c_common import (
     shape_of,
 )
 
-__all__ = ["PoolContext", "ChannelContext", "SoftmaxContext", "ConcatContext", "TransposeContext", "CopyContext"]
+__all__ = [
+    "PoolContext",
+    "ChannelContext",
+    "SoftmaxContext",
+    "ConcatContext",
+    "TransposeContext",
+    "CopyContext",
+]
 
 
 def _prod(dims: tuple[int, ...] | list[int]) -> int:
@@ -97,7 +104,7 @@ def _pool_geometry(node: Node) -> dict[str, int] | None:
 
 
 class PoolKernel:
-    kinds = ("MaxPool", "AveragePool")
+    kinds: tuple[str, ...] = ("MaxPool", "AveragePool")
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
@@ -153,7 +160,7 @@ class ChannelContext:
 
 
 class ChannelKernel:
-    kinds = ("GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "LRN")
+    kinds: tuple[str, ...] = ("GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "LRN")
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or len(node.outputs) != 1 or node.input(0) is None:
@@ -189,7 +196,10 @@ class ChannelKernel:
         }[node.op_type]
         args = [*input_args(step), *output_args(step)]
         if op == "batchnorm":
-            names, restrict = ["x", "scale", "bias", "mean", "var", "y"], [False, True, True, True, True, False]
+            names, restrict = (
+                ["x", "scale", "bias", "mean", "var", "y"],
+                [False, True, True, True, True, False],
+            )
         else:
             names, restrict = ["x", "y"], [True, True]
         size = int(a["size"]) if op == "lrn" else 1
@@ -229,7 +239,7 @@ class SoftmaxContext:
 
 
 class SoftmaxKernel:
-    kinds = ("Softmax", "LogSoftmax")
+    kinds: tuple[str, ...] = ("Softmax", "LogSoftmax")
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
@@ -290,7 +300,7 @@ class CopyContext:
 
 
 class ConcatKernel:
-    kinds = ("Concat",)
+    kinds: tuple[str, ...] = ("Concat",)
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.outputs) != 1 or not node.inputs:
@@ -302,7 +312,9 @@ class ConcatKernel:
         if not isinstance(axis, int) or not 0 <= axis < len(ys):
             return False
         shapes = [shape_of(v) for v in node.inputs]
-        same = all(len(s) == len(ys) and s[:axis] == ys[:axis] and s[axis + 1 :] == ys[axis + 1 :] for s in shapes)
+        same = all(
+            len(s) == len(ys) and s[:axis] == ys[:axis] and s[axis + 1 :] == ys[axis + 1 :] for s in shapes
+        )
         return same and sum(s[axis] for s in shapes) == ys[axis]
 
     def scratch_nbytes(self, node: Node) -> int:
@@ -335,7 +347,7 @@ class ConcatKernel:
 
 
 class TransposeKernel:
-    kinds = ("Transpose",)
+    kinds: tuple[str, ...] = ("Transpose",)
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
@@ -369,7 +381,7 @@ class TransposeKernel:
 
 
 class CopyKernel:
-    kinds = ("Reshape", "Identity", "onnx_aot.Copy")
+    kinds: tuple[str, ...] = ("Reshape", "Identity", "onnx_aot.Copy")
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
@@ -396,5 +408,12 @@ class CopyKernel:
         return StepCode("c/copy.c.j2", ctx, ctx.fn, tuple(args))
 
 
-for _kernel in (PoolKernel(), ChannelKernel(), SoftmaxKernel(), ConcatKernel(), TransposeKernel(), CopyKernel()):
+for _kernel in (
+    PoolKernel(),
+    ChannelKernel(),
+    SoftmaxKernel(),
+    ConcatKernel(),
+    TransposeKernel(),
+    CopyKernel(),
+):
     register(_kernel)

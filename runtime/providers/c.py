@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
+from typing import Any
 
 from runtime.errors import ArtifactError, RuntimeKernelError
 
@@ -28,13 +29,15 @@ class CEntry:
 
     __slots__ = ("symbol", "_fn")
 
-    def __init__(self, symbol: str, fn: ctypes._CFuncPtr) -> None:
+    def __init__(self, symbol: str, fn: Any) -> None:  # a ctypes function pointer
         fn.argtypes = _ENTRY_ARGTYPES
         fn.restype = ctypes.c_int
         self.symbol = symbol
         self._fn = fn
 
-    def __call__(self, ext_array: ctypes.Array[ctypes.c_void_p], arena_addr: int, weights_addr: int, timings_addr: int) -> None:
+    def __call__(
+        self, ext_array: ctypes.Array[ctypes.c_void_p], arena_addr: int, weights_addr: int, timings_addr: int
+    ) -> None:
         """Run the partition; ``timings_addr`` 0 skips per-step timing (else a float64 buffer)."""
         rc = self._fn(ext_array, arena_addr, weights_addr, timings_addr)
         if rc != 0:
@@ -62,7 +65,9 @@ class CLibrary:
         threads_fn.restype = None
         version = int(version_fn())
         if version != ABI_VERSION:
-            raise ArtifactError(f"{self.path} has kernel ABI version {version}, this runtime needs {ABI_VERSION}")
+            raise ArtifactError(
+                f"{self.path} has kernel ABI version {version}, this runtime needs {ABI_VERSION}"
+            )
         self._set_threads = threads_fn
         self._entries: dict[str, CEntry] = {}
 
