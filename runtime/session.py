@@ -106,7 +106,8 @@ class Session:
 
             rel = record.get("library")
             if not rel:
-                raise ArtifactError(f"{self.path / 'plan.json'}: C partition {record['index']} names no library")
+                raise ArtifactError(
+                    f"{self.path / 'plan.json'}: C partition {record['index']} names no library")
             if rel not in self._artifact.manifest["files"]:
                 raise ArtifactError(f"{self.path / rel}: library not listed in the manifest")
             if rel not in self._libraries:

@@ -49,6 +49,11 @@ def test_zoo_compute_nodes_run_in_c(zoo, name: str) -> None:
         assert record.get("provider") == "c", f"{name_in_plan} ({node.op_type}) ran on {record}"
         checked += 1
     assert checked > 0
+    # every original ONNX node is accounted for: run by a provider, or eliminated with a reason
+    for k, node in enumerate(model.graph.node):
+        record = onnx_nodes.get(node.name or f"{node.op_type}_{k}")
+        assert record is not None, f"{node.name} ({node.op_type}) missing from plan.json"
+        assert "provider" in record or record.get("eliminated"), record
     # every step of plan.json names its ONNX origin nodes and a provider
     for step in plan["steps"]:
         assert step["provider"] in ("c", "reference")
