@@ -72,6 +72,16 @@ def test_add_node_refuses_a_second_producer_without_changing_links() -> None:
     g.verify()
 
 
+def test_add_node_before_a_foreign_node_changes_nothing() -> None:
+    g, x, _, _, _ = chain()
+    stranger = Node("Abs", [], [Value("s", F32, (2, 3))], name="stranger")
+    out = Value("c", F32, (2, 3))
+    with pytest.raises(ValueError, match="not in the graph"):
+        g.add_node(Node("Abs", [x], [out], name="new"), before=stranger)
+    assert out.producer is None and uses(x) == [("relu", 0)] and len(g) == 3
+    g.verify()
+
+
 def test_remove_node_unlinks_inputs_and_producer() -> None:
     g, x, relu, neg, add = chain()
     a, b = relu.outputs[0], neg.outputs[0]

@@ -97,8 +97,13 @@ def summary(schedule: Schedule) -> list[tuple[str, list[str]]]:
     return [(p.provider.name, [schedule.steps[t].name for t in p.steps]) for p in schedule.partitions]
 
 
-CHAIN = {"a": ("Relu", ["x"]), "b": ("Sigmoid", ["a"]), "c": ("Relu", ["b"]), "d": ("Tanh", ["c"]),
-         "e": ("Relu", ["d"])}
+CHAIN = {
+    "a": ("Relu", ["x"]),
+    "b": ("Sigmoid", ["a"]),
+    "c": ("Relu", ["b"]),
+    "d": ("Tanh", ["c"]),
+    "e": ("Relu", ["d"]),
+}
 
 
 def test_reference_takes_what_the_fake_provider_leaves() -> None:
@@ -106,8 +111,13 @@ def test_reference_takes_what_the_fake_provider_leaves() -> None:
     providers = [FakeProvider("fast", lambda n: n.op_type == "Relu"), ReferenceProvider()]
     schedule = partition_graph(g, providers)
     check_schedule(g, schedule, providers)
-    assert summary(schedule) == [("fast", ["a"]), ("reference", ["b"]), ("fast", ["c"]), ("reference", ["d"]),
-                                 ("fast", ["e"])]
+    assert summary(schedule) == [
+        ("fast", ["a"]),
+        ("reference", ["b"]),
+        ("fast", ["c"]),
+        ("reference", ["d"]),
+        ("fast", ["e"]),
+    ]
 
 
 def test_one_provider_for_everything_is_one_partition() -> None:
@@ -120,8 +130,11 @@ def test_one_provider_for_everything_is_one_partition() -> None:
 
 def test_priority_order_decides_between_claimants() -> None:
     g = build(CHAIN, ["e"])
-    providers = [FakeProvider("first", by_name("a", "b")), FakeProvider("second", by_name("b", "c")),
-                 ReferenceProvider()]
+    providers = [
+        FakeProvider("first", by_name("a", "b")),
+        FakeProvider("second", by_name("b", "c")),
+        ReferenceProvider(),
+    ]
     schedule = partition_graph(g, providers)
     check_schedule(g, schedule, providers)
     assert summary(schedule) == [("first", ["a", "b"]), ("second", ["c"]), ("reference", ["d", "e"])]
@@ -143,8 +156,16 @@ def test_diamond_with_an_unclaimed_middle_is_acyclic(order: list[str]) -> None:
 
 
 def test_independent_branches_share_partitions_when_they_can() -> None:
-    g = build({"a": ("Relu", ["x"]), "b": ("Relu", ["x"]), "c": ("Add", ["a", "b"]),
-               "d": ("Sigmoid", ["c"]), "e": ("Relu", ["d"])}, ["e"])
+    g = build(
+        {
+            "a": ("Relu", ["x"]),
+            "b": ("Relu", ["x"]),
+            "c": ("Add", ["a", "b"]),
+            "d": ("Sigmoid", ["c"]),
+            "e": ("Relu", ["d"]),
+        },
+        ["e"],
+    )
     providers = [FakeProvider("fast", lambda n: n.op_type != "Sigmoid"), ReferenceProvider()]
     schedule = partition_graph(g, providers)
     check_schedule(g, schedule, providers)
@@ -208,9 +229,11 @@ def test_random_graphs_keep_every_invariant(seed: int) -> None:
     rng = np.random.default_rng(seed)
     g = random_graph(rng, int(rng.integers(3, 40)))
     picks = {node.name: int(rng.integers(3)) for node in g.nodes}
-    providers = [FakeProvider("p0", lambda n: picks[n.name] == 0),
-                 FakeProvider("p1", lambda n: picks[n.name] in (1, 0) and n.op_type != "Neg"),
-                 ReferenceProvider()]
+    providers = [
+        FakeProvider("p0", lambda n: picks[n.name] == 0),
+        FakeProvider("p1", lambda n: picks[n.name] in (1, 0) and n.op_type != "Neg"),
+        ReferenceProvider(),
+    ]
     schedule = partition_graph(g, providers)
     check_schedule(g, schedule, providers)
     assert summary(partition_graph(g, providers)) == summary(schedule)

@@ -1,9 +1,9 @@
 """The one Jinja environment every code generator renders its templates with.
 
 Kernel source text lives only in the repository's top-level ``templates/`` folder (``c/*.c.j2``,
-``cuda/*.cu.j2``). ``templates_dir`` finds it both in a source checkout (``<repo>/templates`` next
-to ``compiler/``) and in an installed wheel (``templates/`` shipped as package data next to the
-``compiler`` package in site-packages). The environment is built once, with ``StrictUndefined``
+``cuda/*.cu.j2``, ``report/``). ``templates_dir`` finds it both in a source checkout
+(``<repo>/templates`` next to ``compiler/``) and in an installed wheel (the same folder shipped as
+the package data ``compiler/_templates``). The environment is built once, with ``StrictUndefined``
 so a misspelled context field fails the render instead of emitting an empty string, and each
 render takes one frozen dataclass context (bound to the name ``ctx`` in the template).
 """

@@ -263,6 +263,8 @@ def _pool(ctx: CanonContext) -> list[Node]:
     attrs: dict[str, Any] = {"kernel_shape": kernel, "strides": strides, "pads": pads,
                              "ceil_mode": int(ctx.attr("ceil_mode", 0))}
     if ctx.op_type == "MaxPool":
+        if any(v.name in ctx.used for v in ctx.outputs[1:]):
+            raise ctx.error("the Indices output is not supported")
         attrs["dilations"] = dilations
         attrs["storage_order"] = int(ctx.attr("storage_order", 0))
     elif ctx.op_type == "AveragePool":
@@ -271,7 +273,7 @@ def _pool(ctx: CanonContext) -> list[Node]:
     else:
         attrs["p"] = int(ctx.attr("p", 2))
         attrs["dilations"] = dilations
-    return [ctx.node(ctx.op_type, ctx.inputs[:1], attrs)]
+    return [ctx.node(ctx.op_type, ctx.inputs[:1], attrs, outputs=ctx.outputs[:1])]
 
 
 @register("BatchNormalization")

@@ -70,8 +70,9 @@ def graph_from_proto(proto: onnx.ModelProto) -> Graph:
 
     used = frozenset({n for node in g_proto.node for n in node.input if n}
                      | {o.name for o in g_proto.output})
+    node_names: set[str] = set()
     for k, node_proto in enumerate(_ordered(g_proto, env)):
-        _import_node(graph, node_proto, k, env, types, opset, used)
+        _import_node(graph, node_proto, k, env, types, opset, used, node_names)
 
     for out in g_proto.output:
         if out.name not in env:
@@ -99,7 +100,7 @@ def reject_unknown_ops(proto: onnx.ModelProto) -> None:
     """
     from runtime.kernels import supported_kinds
 
-    kinds = supported_kinds() | {"Constant"}
+    kinds = supported_kinds() | {"Constant", "Size"}  # both become constants at import
     bad = []
     for k, node in enumerate(proto.graph.node):
         domain = node.domain if node.domain not in ("", "ai.onnx") else ""
@@ -163,15 +164,32 @@ def _ordered(g_proto: onnx.GraphProto, env: dict[str, Value]) -> list[onnx.NodeP
 
 
 def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str, Value],
-                 types: dict[str, onnx.TypeProto], opset: int, used: frozenset[str]) -> None:
-    name = graph.unique_name(proto.name or f"{proto.op_type}_{index}")
+                 types: dict[str, onnx.TypeProto], opset: int, used: frozenset[str],
+                 node_names: set[str]) -> None:
+    # Keep the ONNX node name (messages and plan.json name it) unless another node has it; a value
+    # of the same name does not matter, node and value names are checked apart.
+    if proto.name and proto.name not in node_names:
+        name = proto.name
+        graph.reserve_name(name)
+    else:
+        name = graph.unique_name(proto.name or f"{proto.op_type}_{index}")
+    node_names.add(name)
     where = f"node {name!r} ({proto.op_type})"
     inputs: list[Value | None] = [env[n] if n else None for n in proto.input]
     if proto.op_type == "Constant" and proto.domain in ("", "ai.onnx"):
         env[proto.output[0]] = _constant(graph, proto, where)
         graph.eliminated[name] = "constant"
         return
-    outputs = _output_values(proto, inputs, types, where)
+    if proto.op_type == "Size" and proto.domain in ("", "ai.onnx"):  # static shapes: always known
+        x = inputs[0]
+        assert x is not None
+        value = Value(proto.output[0], const=np.array(x.size, np.int64))
+        graph.constants[value.name] = value
+        graph.reserve_name(value.name)
+        env[value.name] = value
+        graph.eliminated[name] = "shape computation"
+        return
+    outputs = _output_values(proto, inputs, types, where, opset, used)
     ctx = CanonContext(proto, name, onnx_attrs(proto), inputs, outputs, opset, graph, used)
     nodes = canonicalize(ctx)
     if _foldable(proto, inputs, outputs):
@@ -186,6 +204,7 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
             return
     for node in nodes:
         graph.add_node(node)
+        node_names.add(node.name)
     for value in outputs:
         env[value.name] = value
 
@@ -210,8 +229,8 @@ def _constant(graph: Graph, proto: onnx.NodeProto, where: str) -> Value:
     return value
 
 
-def _output_values(proto: onnx.NodeProto, inputs: list[Value | None],
-                   types: dict[str, onnx.TypeProto], where: str) -> list[Value]:
+def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dict[str, onnx.TypeProto],
+                   where: str, opset: int, used: frozenset[str]) -> list[Value]:
     outputs: list[Value] = []
     fallback: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
     for name in proto.output:
@@ -222,7 +241,12 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None],
             dtype, shape = _static_type(types, name, f"output {name!r} of {where}")
         except ShapeError:
             if fallback is None:
-                fallback = _infer_single(proto, inputs)
+                fallback = _infer_single(proto, inputs, opset)
+            if name not in fallback and name not in used:
+                # e.g. Dropout-7's mask, which onnx does not infer: canonical forms drop unused extra
+                # outputs, and the verifier rejects a shapeless value that would stay
+                outputs.append(Value(name))
+                continue
             if name not in fallback:
                 raise ShapeError(f"{where}: cannot infer a static shape for output {name!r}") from None
             dtype, shape = fallback[name]
@@ -230,9 +254,9 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None],
     return outputs
 
 
-def _infer_single(proto: onnx.NodeProto,
-                  inputs: list[Value | None]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-    """Shape-infer one node alone, with its constant inputs given as initializers."""
+def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
+                  opset: int) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Shape-infer one node alone (in the model's opset), its constant inputs given as initializers."""
     value_infos, inits = [], []
     for value in inputs:
         if value is None:
@@ -244,7 +268,7 @@ def _infer_single(proto: onnx.NodeProto,
         value_infos.append(helper.make_tensor_value_info(value.name, elem, value.shape))
     outs = [helper.make_empty_tensor_value_info(n) for n in proto.output if n]
     graph = helper.make_graph([proto], "single", value_infos, outs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:
@@ -294,6 +318,7 @@ def _evaluate(nodes: list[Node], where: str) -> list[np.ndarray] | None:
         except Exception as exc:
             raise ModelError(f"{where}: evaluating it at compile time failed: {exc}") from None
         for value, array in zip(node.outputs, outs, strict=True):
-            results[id(value)] = np.ascontiguousarray(np.asarray(array, dtype=value.dtype)
-                                                      .reshape(value.shape))
+            # (ascontiguousarray makes 0-d arrays 1-d: reshape after it)
+            result = np.ascontiguousarray(np.asarray(array, dtype=value.dtype))
+            results[id(value)] = result.reshape(value.shape)
     return [results[id(v)] for v in nodes[-1].outputs]

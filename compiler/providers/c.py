@@ -1,8 +1,10 @@
 """The C execution provider, compile side: claims nodes, renders one C file, builds one library.
 
-``CProvider.claims`` asks the kernel registry (``c_gemm``, ``c_eltwise``, ``c_simple``) which nodes
-it can run; ``generate`` renders every partition's steps from ``templates/c`` into
+``CProvider.claims`` asks the kernel registry (``c_conv``, ``c_gemm``, ``c_eltwise``, ``c_simple``)
+which nodes it can run; ``generate`` renders every partition's steps from ``templates/c`` into
 ``kernels_dir/model.c`` and compiles it into ``kernels_dir/model.so`` through the cached toolchain.
+Each step is one static function ``step_<global index>`` with compile-time shapes; steps whose
+kernels would be identical but for the name (repeated blocks) call the first one's function.
 
 The library's ABI (version 1), which ``runtime/providers/c.py`` relies on:
 
@@ -17,14 +19,16 @@ The library's ABI (version 1), which ``runtime/providers/c.py`` relies on:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from compiler.codegen.env import render
 from compiler.codegen.toolchain import TargetInfo, build_shared, target_info
 from compiler.ir.graph import Graph, Node
-from compiler.providers import c_eltwise, c_gemm, c_simple  # noqa: F401  (register the kernels)
+from compiler.providers import c_conv, c_eltwise, c_gemm, c_simple  # noqa: F401  (register the kernels)
 from compiler.providers.base import BuildOptions, PartitionPlan
 from compiler.providers.c_common import REGISTRY, Arg, StepCode, comment
 from runtime.errors import CompileError, OnnxAotError
@@ -36,7 +40,13 @@ SOURCE_NAME = "model.c"
 LIBRARY_NAME = "model.so"
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_RESERVED = re.compile(r"step_\d+|onnx_aot_(?!partition_\d+$).*|v(f|load|store|bcast)|main")
+# Names the generated file defines itself (plus C keywords an entry could plausibly be named).
+_RESERVED = re.compile(
+    r"step_\d+|onnx_aot_(abi_version|set_num_threads|threads)|ONNX_AOT_EXPORT|v(f|load|store|bcast)|main"
+    r"|auto|break|case|char|const|continue|default|do|double|else|enum|extern|float|for|goto|if|inline"
+    r"|int|long|register|restrict|return|short|signed|sizeof|static|struct|switch|typedef|union"
+    r"|unsigned|void|volatile|while"
+)
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,9 @@ class CProvider:
         entries: list[EntryContext] = []
         seen_symbols: set[str] = set()
         seen_steps: set[int] = set()
+        # Steps whose kernels differ only in name share one function (ResNet repeats its blocks):
+        # (template, context without fn/comment) -> the function rendered for the first of them.
+        shared: dict[tuple[str, Any], str] = {}
         for part in partitions:
             if part.provider != self.name:
                 raise CompileError(f"partition {part.index} belongs to provider {part.provider!r}, not 'c'")
@@ -113,17 +126,14 @@ class CProvider:
                 if not self.supports(step.node):
                     raise CompileError(f"{step.node.describe()} is not supported by the C provider")
                 code: StepCode = REGISTRY[step.node.kind].build(step, target)
+                fn: str | None = None
                 if code.template is not None:
-                    functions.append(render(code.template, code.ctx))
-                calls.append(
-                    CallSite(
-                        index=step.index,
-                        local=step.local,
-                        comment=comment(step.node),
-                        fn=code.fn if code.template is not None else None,
-                        args=code.args,
-                    )
-                )
+                    key = (code.template, dataclasses.replace(code.ctx, fn="", comment=""))
+                    if key not in shared:
+                        shared[key] = code.fn
+                        functions.append(render(code.template, code.ctx))
+                    fn = shared[key]
+                calls.append(CallSite(step.index, step.local, comment(step.node), fn, code.args))
             spaces = {a.space for c in calls for a in c.args}
             entries.append(
                 EntryContext(symbol, tuple(calls), "ext" in spaces, "arena" in spaces, "weights" in spaces)

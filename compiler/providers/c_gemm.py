@@ -1,11 +1,13 @@
-"""C kernels built on the register-blocked GEMM tile: Conv / FusedConv, Gemm / FusedGemm, MatMul.
+"""C kernels on the register-blocked GEMM tile: Gemm / FusedGemm, MatMul, and the tile's planning.
 
 The tile (``templates/c/gemm_tile.c.j2``) keeps ``mr`` rows x ``nv`` vectors of accumulators in
-registers, broadcasting A (the weights for a conv) and loading B along the output columns
-(pixels for a conv); its sizes come from the target's vector width and register count, its loop
-bounds are compile-time constants. Conv packs B by im2col into panels in scratch (1x1, stride-1,
-unpadded convs read X in place); Gemm packs B^T when ``transB`` and takes a dot-product path
-when few rows remain; bias, residual and activation are applied in the tile's epilogue.
+registers, broadcasting A (the weights, for a conv) and loading B along the output columns
+(pixels, for a conv); its sizes come from the target's vector width and register count, its
+loop bounds are compile-time constants, and bias, residual and activation are applied in its
+epilogue. ``c_conv`` feeds it im2col panels. Gemm reads B in place when it is not transposed,
+packs B^T into panels in scratch when it is, and takes a dot-product path when there are few
+rows (or one column) and both operands are contiguous along K. MatMul broadcasts batches through
+static tables of batch offsets.
 
 Scratch sizes must not depend on the target (``scratch_nbytes`` sees only the node), so they
 are bounded for any panel width up to ``MAX_PANEL`` floats.
@@ -37,7 +39,7 @@ from compiler.providers.c_common import (
     shape_of,
 )
 
-__all__ = ["Tiling", "Epilogue", "ConvContext", "GemmContext", "choose_tiling"]
+__all__ = ["Tiling", "Epilogue", "GemmContext", "choose_tiling", "packed_nbytes", "activation", "fused_ok"]
 
 MAX_PANEL = 64  # widest panel (floats) any target's tiling uses
 DOT_MAX_ROWS = 8  # Gemm with at most this many rows (and k-contiguous operands) uses dot products
@@ -74,35 +76,6 @@ class Epilogue:
     bias_sn: int
     residual: bool
     act: str  # C expression over v
-
-
-@dataclass(frozen=True)
-class ConvContext:
-    fn: str
-    comment: str
-    params: tuple[Param, ...]
-    t: Tiling
-    e: Epilogue
-    batch: int
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    groups: int
-    cg: int
-    mg: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
-    packed: bool
-    parallel: bool
 
 
 @dataclass(frozen=True)
@@ -150,11 +123,11 @@ def choose_tiling(m: int, n: int, k: int, target: TargetInfo) -> Tiling:
     )
 
 
-def _packed_nbytes(k: int, n: int) -> int:
+def packed_nbytes(k: int, n: int) -> int:
     return 4 * k * (n + MAX_PANEL)
 
 
-def _activation(node: Node) -> str:
+def activation(node: Node) -> str:
     if node.domain != "onnx_aot":
         return "v"
     return activation_expr(
@@ -166,150 +139,11 @@ def _activation(node: Node) -> str:
     )
 
 
-def _fused_ok(node: Node) -> bool:
+def fused_ok(node: Node) -> bool:
     if node.domain != "onnx_aot":
         return True
     keys = ("activation", "act_min", "act_max", "act_alpha")
     return all(k in node.attrs for k in keys) and node.attrs["activation"] in ACTIVATIONS
-
-
-# -- Conv ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _ConvGeometry:
-    batch: int
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    groups: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
-
-    @property
-    def k(self) -> int:
-        return (self.c // self.groups) * self.kh * self.kw
-
-    @property
-    def direct(self) -> bool:
-        """1x1, stride 1, no padding: X is already B; in place unless a one-panel tail dominates."""
-        one = self.kh == self.kw == 1 and self.sh == self.sw == 1 and self.pt == self.pl == 0
-        p = self.oh * self.ow
-        return one and (p % 16 == 0 or p >= 256)
-
-
-def _conv_geometry(node: Node) -> _ConvGeometry | None:
-    """The conv as 2-D NCHW (1-D as H = 1), or None when it is not one the kernel handles."""
-    x, wv = node.input(0), node.input(1)
-    if x is None or wv is None or len(node.outputs) != 1:
-        return None
-    xs, ws, ys = shape_of(x), shape_of(wv), shape_of(node.outputs[0])
-    a = node.attrs
-    try:
-        ks, strides, pads, dil, group = (
-            list(a["kernel_shape"]),
-            list(a["strides"]),
-            list(a["pads"]),
-            list(a["dilations"]),
-            int(a["group"]),
-        )
-    except (KeyError, TypeError):
-        return None
-    rank = len(xs) - 2
-    if rank not in (1, 2) or len(ws) != rank + 2 or len(ys) != rank + 2:
-        return None
-    if len(ks) != rank or len(strides) != rank or len(dil) != rank or len(pads) != 2 * rank:
-        return None
-    if tuple(ws[2:]) != tuple(ks) or group < 1 or xs[1] % group or ws[0] % group or ws[1] * group != xs[1]:
-        return None
-    if min(strides) < 1 or min(dil) < 1 or min(pads) < 0:
-        return None
-    for d in range(rank):
-        span = (ks[d] - 1) * dil[d] + 1
-        if ys[2 + d] != (xs[2 + d] + pads[d] + pads[rank + d] - span) // strides[d] + 1 or ys[2 + d] < 1:
-            return None
-    if ys[0] != xs[0] or ys[1] != ws[0]:
-        return None
-    if rank == 1:  # as 2-D with H = 1
-        return _ConvGeometry(
-            xs[0], xs[1], 1, xs[2], ws[0], 1, ys[2], group, 1, ks[0], 1, strides[0], 0, pads[0], 1, dil[0]
-        )
-    return _ConvGeometry(
-        xs[0], xs[1], xs[2], xs[3], ws[0], ys[2], ys[3], group, ks[0], ks[1],
-        strides[0], strides[1], pads[0], pads[1], dil[0], dil[1],
-    )  # fmt: skip
-
-
-class ConvKernel:
-    kinds: tuple[str, ...] = ("Conv", "onnx_aot.FusedConv")
-
-    def supports(self, node: Node) -> bool:
-        if not all_float32(node) or not _fused_ok(node) or _conv_geometry(node) is None:
-            return False
-        b, z = node.input(2), node.input(3)
-        if b is not None and shape_of(b) != (shape_of(node.input(1))[0],):
-            return False
-        if z is not None and (node.domain != "onnx_aot" or shape_of(z) != shape_of(node.outputs[0])):
-            return False
-        return len(node.inputs) <= (4 if node.domain == "onnx_aot" else 3)
-
-    def scratch_nbytes(self, node: Node) -> int:
-        g = _conv_geometry(node)
-        assert g is not None, node.describe()
-        return 0 if g.direct else _packed_nbytes(g.k, g.oh * g.ow)
-
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
-        node = step.node
-        g = _conv_geometry(node)
-        assert g is not None, node.describe()
-        has_bias, has_res = node.input(2) is not None, node.input(3) is not None
-        mg = g.m // g.groups
-        t = choose_tiling(mg, g.oh * g.ow, g.k, target)
-        e = Epilogue("", has_bias, "", 1, 0, has_res, _activation(node))
-        ins = input_args(step)
-        names = ["x", "w"] + (["bias"] if has_bias else []) + (["z"] if has_res else [])
-        restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else [])
-        scratch = scratch_arg(step, self.scratch_nbytes(node))
-        args = [*ins, *output_args(step), *scratch]
-        names += ["y"] + (["scratch"] if scratch else [])
-        restrict += [False] + ([True] if scratch else [])
-        ctx = ConvContext(
-            fn=fn_name(step),
-            comment=comment(node),
-            params=params(names, args, restrict),
-            t=t,
-            e=e,
-            batch=g.batch,
-            c=g.c,
-            h=g.h,
-            w=g.w,
-            m=g.m,
-            oh=g.oh,
-            ow=g.ow,
-            groups=g.groups,
-            cg=g.c // g.groups,
-            mg=mg,
-            kh=g.kh,
-            kw=g.kw,
-            sh=g.sh,
-            sw=g.sw,
-            pt=g.pt,
-            pl=g.pl,
-            dh=g.dh,
-            dw=g.dw,
-            packed=not g.direct,
-            parallel=2 * g.batch * g.m * t.n * t.k >= PARALLEL_MIN_WORK,
-        )
-        return StepCode("c/conv.c.j2", ctx, ctx.fn, tuple(args))
 
 
 # -- Gemm / MatMul ----------------------------------------------------------------------
@@ -388,7 +222,7 @@ class GemmKernel:
         return _matmul_product(node) if node.op_type == "MatMul" else _gemm_product(node)
 
     def supports(self, node: Node) -> bool:
-        if not all_float32(node) or not _fused_ok(node) or len(node.outputs) != 1:
+        if not all_float32(node) or not fused_ok(node) or len(node.outputs) != 1:
             return False
         n_in = 2 if node.op_type == "MatMul" else 3
         if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in:
@@ -407,7 +241,7 @@ class GemmKernel:
     def scratch_nbytes(self, node: Node) -> int:
         prod = self._product(node)
         assert prod is not None, node.describe()
-        return _packed_nbytes(prod.k, prod.n) if prod.path == "packed" else 0
+        return packed_nbytes(prod.k, prod.n) if prod.path == "packed" else 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -425,7 +259,7 @@ class GemmKernel:
             bias_sm=sm,
             bias_sn=sn,
             residual=False,
-            act=_activation(node),
+            act=activation(node),
         )
         ins = input_args(step)
         scratch = scratch_arg(step, self.scratch_nbytes(node))
@@ -452,5 +286,4 @@ class GemmKernel:
         return StepCode("c/gemm.c.j2", ctx, ctx.fn, tuple(args))
 
 
-register(ConvKernel())
 register(GemmKernel())
