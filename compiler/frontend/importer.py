@@ -37,12 +37,15 @@ def import_model(
     shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> Graph:
     """Load, check, bind shapes and convert ``model`` into a verified IR graph."""
-    proto = load_model(model)
-    proto = bind_input_shapes(proto, shapes)
-    return graph_from_proto(proto)
+    large: dict[str, onnx.TensorProto] = {}
+    proto = load_model(model, large)
+    proto = bind_input_shapes(proto, shapes, constants=set(large))
+    return graph_from_proto(proto, large)
 
 
-def graph_from_proto(proto: onnx.ModelProto) -> Graph:
+def graph_from_proto(proto: onnx.ModelProto,
+                     large: dict[str, onnx.TensorProto] | None = None) -> Graph:
+    """Build the IR from ``proto``; ``large`` holds initializers kept out of it (see load_model)."""
     opset = opset_of(proto)
     reject_unknown_ops(proto)
     inferred = infer_shapes(proto)
@@ -52,6 +55,7 @@ def graph_from_proto(proto: onnx.ModelProto) -> Graph:
     env: dict[str, Value] = {}
 
     initializers = {t.name: t for t in g_proto.initializer}
+    initializers.update(large or {})
     for name, tensor in initializers.items():
         try:
             array = numpy_helper.to_array(tensor)

@@ -23,8 +23,17 @@ MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
 
-def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelProto:
-    """Load (with external data), check and version-convert ``model``."""
+def load_model(
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    large_out: dict[str, onnx.TensorProto] | None = None,
+) -> onnx.ModelProto:
+    """Load (with external data), check and version-convert ``model``.
+
+    With ``large_out``, initializers over SKELETON_LIMIT bytes are moved into it and the returned
+    model is a *skeleton* that lists them as typed graph inputs instead: the checker, the version
+    converter and shape inference serialize the whole model, which for a 550 MB VGG-19 costs
+    seconds, and none of them needs the weights' values.
+    """
     if isinstance(model, onnx.ModelProto):
         proto = model
         where = f"model {proto.graph.name or '<unnamed>'}"
@@ -40,6 +49,8 @@ def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelPro
         if not proto.graph.node and not proto.graph.output:
             raise ModelError(f"{path}: not a valid ONNX model (no graph)")
         _load_external_data(proto, path)
+    if large_out is not None:
+        proto = _split_large_initializers(proto, large_out)
     try:
         onnx.checker.check_model(proto)
     except Exception as exc:
@@ -56,6 +67,56 @@ def load_model(model: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelPro
     elif opset > MAX_OPSET:
         raise ModelError(f"{where}: opset {opset} is newer than the newest supported ({MAX_OPSET})")
     return proto
+
+
+SKELETON_LIMIT = 1 << 16
+
+
+def _tensor_nbytes(tensor: onnx.TensorProto) -> int:
+    return tensor.ByteSize()  # (len(raw_data) would copy the bytes)
+
+
+def _repeated(field: object) -> bool:
+    if hasattr(field, "is_repeated"):  # protobuf >= 5
+        return bool(field.is_repeated)
+    return bool(field.label == field.LABEL_REPEATED)  # type: ignore[attr-defined]
+
+
+def _split_large_initializers(proto: onnx.ModelProto,
+                              large: dict[str, onnx.TensorProto]) -> onnx.ModelProto:
+    names = {t.name for t in proto.graph.initializer if _tensor_nbytes(t) > SKELETON_LIMIT}
+    if not names:
+        return proto
+    skeleton = onnx.ModelProto()
+    for field, value in proto.ListFields():
+        if field.name == "graph":
+            continue
+        if _repeated(field):
+            getattr(skeleton, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(skeleton, field.name).CopyFrom(value)
+        else:
+            setattr(skeleton, field.name, value)
+    graph = skeleton.graph
+    for field, value in proto.graph.ListFields():
+        if field.name == "initializer":
+            continue
+        if _repeated(field):
+            getattr(graph, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(graph, field.name).CopyFrom(value)
+        else:
+            setattr(graph, field.name, value)
+    listed = {i.name for i in proto.graph.input}
+    for tensor in proto.graph.initializer:
+        if tensor.name not in names:
+            graph.initializer.append(tensor)
+            continue
+        large[tensor.name] = tensor
+        if tensor.name not in listed:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
+                                                                  list(tensor.dims)))
+    return skeleton
 
 
 def _load_external_data(proto: onnx.ModelProto, path: Path) -> None:
@@ -85,16 +146,18 @@ def opset_of(proto: onnx.ModelProto) -> int:
 
 
 def bind_input_shapes(
-    proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None
+    proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None,
+    constants: set[str] | None = None,
 ) -> onnx.ModelProto:
     """Return a copy of ``proto`` whose real graph inputs all have static shapes.
 
     ``shapes`` binds inputs by name; every symbolic or unknown dimension left unbound is an error
-    naming the input and the dimension.
+    naming the input and the dimension. ``constants`` names inputs that stand for initializers
+    kept out of a skeleton model (they are not real inputs).
     """
     shapes = dict(shapes or {})
     proto = _copy(proto)
-    initializers = {t.name for t in proto.graph.initializer}
+    initializers = {t.name for t in proto.graph.initializer} | set(constants or ())
     real_inputs = [i for i in proto.graph.input if i.name not in initializers]
     known = {i.name for i in real_inputs}
     unknown = sorted(set(shapes) - known)

@@ -43,6 +43,10 @@ __all__ = ["Tiling", "Epilogue", "GemmContext", "choose_tiling", "packed_nbytes"
 
 MAX_PANEL = 64  # widest panel (floats) any target's tiling uses
 DOT_MAX_ROWS = 8  # Gemm with at most this many rows (and k-contiguous operands) uses dot products
+# B read in place has a stride of N floats between k rows (often a power of two, which thrashes
+# the caches); with at least this many rows to amortize the copy, B is packed into panels.
+PACK_MIN_ROWS = 16
+ROWS_OUTER_MAX_PANELS = 8  # up to this many panels, threads split the rows rather than the panels
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class Tiling:
     nfull: int  # full panels
     nt: int  # columns in the tail panel (0: none)
     nvt: int  # vectors in the tail panel
+    rows_outer: bool  # work items ordered row block first (few panels: balances tail panels)
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,7 @@ def choose_tiling(m: int, n: int, k: int, target: TargetInfo) -> Tiling:
         nfull=nfull,
         nt=nt,
         nvt=math.ceil(nt / vw),
+        rows_outer=nfull + (1 if nt else 0) <= ROWS_OUTER_MAX_PANELS,
     )
 
 
@@ -184,7 +190,7 @@ def _gemm_product(node: Node) -> _Product | None:
         path = "dot"
         sak, sbk = 1, 1  # with one row (column) the other stride is immaterial
     else:
-        path = "packed" if tb and n > 1 else "direct"
+        path = "packed" if tb or m >= PACK_MIN_ROWS else "direct"
     return _Product(m, n, k, sam, sak, sbk, sbn, (0,), (0,), path)
 
 
@@ -211,7 +217,12 @@ def _matmul_product(node: Node) -> _Product | None:
     for idx in np.ndindex(*batch):
         a_off.append(sum(i * s for i, s in zip(idx, sa, strict=True)) * m * k)
         b_off.append(sum(i * s for i, s in zip(idx, sb, strict=True)) * k * n)
-    path = "dot" if n == 1 else "direct"
+    if n == 1:
+        path = "dot"
+    elif len(set(b_off)) == 1 and m * len(a_off) >= PACK_MIN_ROWS:
+        path = "packed"  # one B for every batch: pack it once
+    else:
+        path = "direct"
     return _Product(m, n, k, k, 1, 1 if n == 1 else n, 1, tuple(a_off), tuple(b_off), path)
 
 
