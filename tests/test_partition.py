@@ -240,3 +240,22 @@ def test_random_graphs_keep_every_invariant(seed: int) -> None:
     # neighbouring partitions always change provider (else they would be one partition)
     names = [p.provider.name for p in schedule.partitions]
     assert all(a != b for a, b in zip(names, names[1:], strict=False))
+
+
+def test_layering_split_is_merged_back_when_no_other_path_joins_the_parts() -> None:
+    # x -> a(fast) -> b(fast), x -> c(reference) -> b: depth puts a and b apart, but nothing
+    # leads from a to b except the direct edge, so they form one partition run after c.
+    g = build({"a": ("Relu", ["x"]), "c": ("Sigmoid", ["x"]), "b": ("Add", ["a", "c"])}, ["b"])
+    providers = [FakeProvider("fast", by_name("a", "b")), ReferenceProvider()]
+    schedule = partition_graph(g, providers)
+    check_schedule(g, schedule, providers)
+    assert summary(schedule) == [("reference", ["c"]), ("fast", ["a", "b"])]
+
+
+def test_groups_joined_through_another_provider_stay_apart() -> None:
+    # a(fast) -> c(reference) -> b(fast) and a -> b: merging a and b would need c inside.
+    g = build({"a": ("Relu", ["x"]), "c": ("Sigmoid", ["a"]), "b": ("Add", ["a", "c"])}, ["b"])
+    providers = [FakeProvider("fast", by_name("a", "b")), ReferenceProvider()]
+    schedule = partition_graph(g, providers)
+    check_schedule(g, schedule, providers)
+    assert summary(schedule) == [("fast", ["a"]), ("reference", ["c"]), ("fast", ["b"])]

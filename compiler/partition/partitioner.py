@@ -86,6 +86,13 @@ def partition_graph(graph: Graph, providers: list[Provider]) -> Schedule:
             quotient.add_edge(group_of[u], group_of[v])
     if not nx.is_directed_acyclic_graph(quotient):  # pragma: no cover - guaranteed by layering
         raise CompileError("internal error: partition graph has a cycle")
+    provider_of_group = [owner[id(nodes[members[0]])] for members in groups]
+    _merge_groups(quotient, groups, provider_of_group)
+    groups = [sorted(groups[g]) for g in sorted(quotient.nodes)]
+    group_ids = sorted(quotient.nodes)
+    quotient = nx.relabel_nodes(quotient, {g: k for k, g in enumerate(group_ids)})
+    if not nx.is_directed_acyclic_graph(quotient):  # pragma: no cover - merges keep it acyclic
+        raise CompileError("internal error: partition graph has a cycle after merging")
     group_order = list(nx.lexicographical_topological_sort(quotient, key=lambda g: groups[g][0]))
 
     steps: list[Node] = []
@@ -104,3 +111,32 @@ def partition_graph(graph: Graph, providers: list[Provider]) -> Schedule:
             provider_of_step.append(provider.name)
             steps.append(nodes[k])
     return Schedule(steps, partitions, provider_of_step, partition_of_step)
+
+
+def _merge_groups(quotient: nx.DiGraph, groups: list[list[int]], provider: list[int]) -> None:
+    """Merge same-provider groups joined by an edge when no other path joins them.
+
+    Layering can split a provider's connected nodes (x -> A(P) -> B(P) with x -> C(Q) -> B puts A
+    and B at different depths); contracting the edge A -> B keeps the graph acyclic exactly when
+    B is not otherwise reachable from A. Repeats until no edge qualifies (deterministic order).
+    """
+    changed = True
+    while changed:
+        changed = False
+        for a, b in sorted(quotient.edges):
+            if provider[a] != provider[b]:
+                continue
+            quotient.remove_edge(a, b)
+            other_path = nx.has_path(quotient, a, b)
+            quotient.add_edge(a, b)
+            if other_path:
+                continue
+            for succ in list(quotient.successors(b)):
+                quotient.add_edge(a, succ)
+            for pred in list(quotient.predecessors(b)):
+                if pred != a:
+                    quotient.add_edge(pred, a)
+            quotient.remove_node(b)
+            groups[a] = groups[a] + groups[b]
+            changed = True
+            break
