@@ -742,6 +742,19 @@ def test_runtime_library_errors_and_threads(tmp_path: Path) -> None:
         built.lib.set_threads(threads)
         np.testing.assert_array_equal(built.run({"x": x})[0], np.maximum(x, 0))
     built.lib.set_threads(0)
+    # two objects over one library path keep their own thread counts (the library's is global)
+    import runtime.providers.c as run_c
+
+    other = CLibrary(built.kernels_dir / "model.so")
+    other.set_threads(2)
+    built.lib.set_threads(1)
+    other_out = np.empty_like(x)
+    ext = (ctypes.c_void_p * 2)(x.ctypes.data, other_out.ctypes.data)
+    other.entry("part0")(ext, built.arena.ctypes.data, built.weights.ctypes.data, 0)
+    assert run_c._THREADS_IN_LIBRARY[other._handle] == 2
+    built.run({"x": x})
+    assert run_c._THREADS_IN_LIBRARY[other._handle] == 1
+    np.testing.assert_array_equal(other_out, np.maximum(x, 0))
     with pytest.raises(RuntimeKernelError, match="returned 1"):
         built.lib.entry("part0")(None, 0, 0, 0)  # type: ignore[arg-type]
     with pytest.raises(ArtifactError, match="no entry"):

@@ -1,7 +1,7 @@
 """The C execution provider, compile side: claims nodes, renders one C file, builds one library.
 
-``CProvider.claims`` asks the kernel registry (``c_conv``, ``c_gemm``, ``c_eltwise``, ``c_simple``)
-which nodes it can run; ``generate`` renders every partition's steps from ``templates/c`` into
+``CProvider.claims`` asks the kernel registry (``c_conv``, ``c_gemm``, ``c_eltwise``, ``c_simple``,
+``c_move``) which nodes it can run; ``generate`` renders every partition's steps from ``templates/c`` into
 ``kernels_dir/model.c`` and compiles it into ``kernels_dir/model.so`` through the cached toolchain.
 Each step is one static function ``step_<global index>`` with compile-time shapes; steps whose
 kernels would be identical but for the name (repeated blocks) call the first one's function.
@@ -28,7 +28,7 @@ from typing import Any
 from compiler.codegen.env import render
 from compiler.codegen.toolchain import TargetInfo, build_shared, target_info
 from compiler.ir.graph import Graph, Node
-from compiler.providers import c_conv, c_eltwise, c_gemm, c_simple  # noqa: F401  (register the kernels)
+from compiler.providers import c_conv, c_eltwise, c_gemm, c_move, c_simple  # noqa: F401  (registry)
 from compiler.providers.base import BuildOptions, PartitionPlan
 from compiler.providers.c_common import REGISTRY, Arg, StepCode, comment
 from runtime.errors import CompileError, OnnxAotError

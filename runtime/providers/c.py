@@ -23,22 +23,31 @@ ABI_VERSION = 1
 _ENTRY_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 _RETURN_CODES = {1: "ext pointer array is NULL", 2: "arena is NULL", 3: "weights are NULL"}
 
+# The thread count is a global of the loaded library, and loading one path twice yields the same
+# library: this maps each dlopen handle to the count last set in it, so every CLibrary object
+# keeps its own count (set again, only when it differs, right before its entries run).
+_THREADS_IN_LIBRARY: dict[int, int] = {}
+
 
 class CEntry:
     """One partition entry: ``entry(ext_array, arena_addr, weights_addr, timings_addr)``."""
 
-    __slots__ = ("symbol", "_fn")
+    __slots__ = ("symbol", "_fn", "_library")
 
-    def __init__(self, symbol: str, fn: Any) -> None:  # a ctypes function pointer
+    def __init__(self, symbol: str, fn: Any, library: CLibrary) -> None:  # fn: a ctypes function
         fn.argtypes = _ENTRY_ARGTYPES
         fn.restype = ctypes.c_int
         self.symbol = symbol
         self._fn = fn
+        self._library = library
 
     def __call__(
         self, ext_array: ctypes.Array[ctypes.c_void_p], arena_addr: int, weights_addr: int, timings_addr: int
     ) -> None:
         """Run the partition; ``timings_addr`` 0 skips per-step timing (else a float64 buffer)."""
+        library = self._library
+        if _THREADS_IN_LIBRARY.get(library._handle) != library._threads:
+            library._apply_threads()
         rc = self._fn(ext_array, arena_addr, weights_addr, timings_addr)
         if rc != 0:
             reason = _RETURN_CODES.get(rc, "kernel failure")
@@ -69,11 +78,18 @@ class CLibrary:
                 f"{self.path} has kernel ABI version {version}, this runtime needs {ABI_VERSION}"
             )
         self._set_threads = threads_fn
+        self._handle = int(self._lib._handle)
+        self._threads = 0  # OpenMP's default
         self._entries: dict[str, CEntry] = {}
 
     def set_threads(self, n: int) -> None:
-        """Threads for the library's parallel loops (n <= 0: OpenMP's default)."""
-        self._set_threads(int(n))
+        """Threads for this object's entry calls (n <= 0: OpenMP's default)."""
+        self._threads = max(int(n), 0)
+        self._apply_threads()
+
+    def _apply_threads(self) -> None:
+        self._set_threads(self._threads)
+        _THREADS_IN_LIBRARY[self._handle] = self._threads
 
     def entry(self, symbol: str) -> CEntry:
         """The partition entry named ``symbol`` (looked up once, then cached)."""
@@ -82,5 +98,5 @@ class CLibrary:
                 fn = getattr(self._lib, symbol)
             except AttributeError as exc:
                 raise ArtifactError(f"{self.path} has no entry {symbol!r}") from exc
-            self._entries[symbol] = CEntry(symbol, fn)
+            self._entries[symbol] = CEntry(symbol, fn, self)
         return self._entries[symbol]
