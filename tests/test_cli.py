@@ -96,3 +96,10 @@ def test_symbolic_dim_needs_shape(tmp_path: Path) -> None:
     assert result.returncode == 1 and "'x'" in result.stderr and "batch" in result.stderr
     cli("compile", str(path), "-o", str(tmp_path / "o"), "--shape", "x=3x4", "-q")
     assert "y: float32 [3, 4]" in cli("run", str(tmp_path / "o")).stdout
+
+
+def test_bench_zoo_script_smoke() -> None:
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_zoo.py"), "--smoke"],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "squeezenet" in result.stdout and "geomean latency ratio" in result.stdout

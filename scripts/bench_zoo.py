@@ -1,0 +1,75 @@
+"""Latency of the nine random-weight light-zoo models against onnxruntime, in one process.
+
+Runs alternate (onnx-aot, onnxruntime, onnx-aot, ...) with the same inputs and thread count; prints
+medians, the latency ratio onnx-aot / onnxruntime (< 1 is faster), and the arena against its
+lower bound. Usage: python scripts/bench_zoo.py [--runs N] [--threads N] [--smoke] [MODEL ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from zoo import ZOO, dummy_input, zoo_model  # noqa: E402
+
+from compiler import compile_model  # noqa: E402
+from runtime import Session  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=list(ZOO))
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="2 runs of squeezenet only")
+    args = parser.parse_args()
+    import onnxruntime as ort
+
+    models = ["squeezenet"] if args.smoke else args.models
+    runs = 2 if args.smoke else args.runs
+    print(f"{'model':<14}{'onnx-aot ms':>12}{'ORT ms':>10}{'ratio':>8}{'arena/LB':>10}{'max err':>10}")
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in models:
+            model = zoo_model(name)
+            session = Session(compile_model(model, Path(tmp) / name), threads=args.threads)
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = args.threads
+            options.inter_op_num_threads = 1
+            model.ir_version = min(model.ir_version, 10)
+            ref = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+            feeds = dummy_input(model)
+            ours, theirs = session.run(None, feeds)[0], ref.run(None, feeds)[0]
+            err = float(np.max(np.abs(ours - theirs) / (np.abs(theirs) + 1e-3)))
+            a, b = [], []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                session.run(None, feeds)
+                a.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                ref.run(None, feeds)
+                b.append(time.perf_counter() - t0)
+            ma, mb = statistics.median(a), statistics.median(b)
+            ratios.append(ma / mb)
+            arena = session.plan["arenas"][0]
+            print(f"{name:<14}{ma * 1000:>12.2f}{mb * 1000:>10.2f}{ma / mb:>8.2f}"
+                  f"{arena['nbytes'] / max(arena['lower_bound_nbytes'], 1):>10.3f}{err:>10.1e}",
+                  flush=True)
+    geomean = float(np.exp(np.mean(np.log(ratios))))
+    print(f"geomean latency ratio onnx-aot / onnxruntime: {geomean:.2f} ({args.threads} threads)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
