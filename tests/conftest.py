@@ -17,10 +17,9 @@ from zoo import dummy_input, zoo_model  # noqa: E402
 def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run ``model`` with onnxruntime's CPU provider (the whole-model oracle)."""
     import onnxruntime as ort
+    from zoo import for_onnxruntime
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    m.ir_version = min(m.ir_version, 10)
+    m = for_onnxruntime(model)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
