@@ -18,7 +18,7 @@ import onnx
 from compiler.artifact.writer import write_artifact
 from compiler.frontend.importer import import_model
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node
-from compiler.memory import plan_offsets, verify_plan
+from compiler.memory import MemoryPlan, plan_offsets, verify_plan
 from compiler.memory.lifetimes import assign_storage
 from compiler.partition.partitioner import partition_graph
 from compiler.passes import optimize
@@ -79,10 +79,10 @@ def compile_model(
 
     say("planning memory")
     storage = assign_storage(graph, schedule.steps, step_space, scratch)
-    alignment = {}
+    alignment: dict[str, int] = {}
     for p in providers:
         alignment[p.memory_space] = max(alignment.get(p.memory_space, 1), p.alignment)
-    mem_plans = {}
+    mem_plans: dict[str, MemoryPlan] = {}
     for space in sorted(set(step_space)):
         buffers = storage.buffers.get(space, [])
         mem_plans[space] = plan_offsets(buffers, alignment[space])

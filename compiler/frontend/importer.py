@@ -239,7 +239,7 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dic
     fallback: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
     for name in proto.output:
         if not name:
-            outputs.append(Value(f"{proto.name}/unused_{len(outputs)}", np.float32, ()))
+            outputs.append(Value(f"{proto.name}/unused_{len(outputs)}", np.dtype(np.float32), ()))
             continue
         try:
             dtype, shape = _static_type(types, name, f"output {name!r} of {where}")
@@ -316,7 +316,8 @@ def _evaluate(nodes: list[Node], where: str) -> list[np.ndarray] | None:
                 return None
         try:
             kernel = get_kernel(node.kind)
-            outs = kernel(np, args, node.attrs, [(v.shape, v.dtype) for v in node.outputs])
+            specs = [(v.shape or (), v.dtype) for v in node.outputs]
+            outs = kernel(np, args, node.attrs, specs)
         except OnnxAotError:
             return None
         except Exception as exc:

@@ -224,9 +224,9 @@ class Graph:
         else:
             self.reserve_name(node.name)
         node.graph = self
-        for i, value in enumerate(node._inputs):
-            if value is not None:
-                value.uses.append(Use(node, i))
+        for i, operand in enumerate(node._inputs):
+            if operand is not None:
+                operand.uses.append(Use(node, i))
         for value in node.outputs:
             value.producer = node
             self.reserve_name(value.name)
@@ -247,9 +247,9 @@ class Graph:
                 raise ValueError(f"cannot remove {node.name!r}: output {value.name!r} used by {users}")
             if self.is_graph_output(value):
                 raise ValueError(f"cannot remove {node.name!r}: {value.name!r} is a graph output")
-        for i, value in enumerate(node._inputs):
-            if value is not None:
-                value.uses.remove(Use(node, i))
+        for i, operand in enumerate(node._inputs):
+            if operand is not None:
+                operand.uses.remove(Use(node, i))
         for value in node.outputs:
             value.producer = None
         del self._nodes[self._index(node)]
@@ -264,13 +264,13 @@ class Graph:
             value.uses.append(Use(node, index))
 
     def set_inputs(self, node: Node, values: list[Value | None]) -> None:
-        for i, value in enumerate(node._inputs):
-            if value is not None:
-                value.uses.remove(Use(node, i))
+        for i, operand in enumerate(node._inputs):
+            if operand is not None:
+                operand.uses.remove(Use(node, i))
         node._inputs = list(values)
-        for i, value in enumerate(node._inputs):
-            if value is not None:
-                value.uses.append(Use(node, i))
+        for i, operand in enumerate(node._inputs):
+            if operand is not None:
+                operand.uses.append(Use(node, i))
 
     def replace_all_uses(self, old: Value, new: Value) -> None:
         """Point every use of ``old`` (and graph outputs that are ``old``) at ``new``."""
@@ -338,13 +338,13 @@ class Graph:
             node_names.add(node.name)
             if node.graph is not self:
                 problems.append(f"{node.describe()} is not owned by this graph")
-            for i, value in enumerate(node._inputs):
-                if value is None:
+            for i, operand in enumerate(node._inputs):
+                if operand is None:
                     continue
-                if id(value) not in defined:
-                    problems.append(f"{node.describe()} input {i} ({value.name!r}) used before definition")
-                elif Use(node, i) not in value.uses:
-                    problems.append(f"{node.describe()} input {i} ({value.name!r}) missing from uses")
+                if id(operand) not in defined:
+                    problems.append(f"{node.describe()} input {i} ({operand.name!r}) used before definition")
+                elif Use(node, i) not in operand.uses:
+                    problems.append(f"{node.describe()} input {i} ({operand.name!r}) missing from uses")
             for value in node.outputs:
                 define(value, node.describe())
                 if value.producer is not node:
