@@ -52,6 +52,7 @@ def compile_model(
     providers: list[Provider] | None = None,
     build: BuildOptions | None = None,
     progress: Progress | None = None,
+    plan_budget_ms: float | None = None,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path."""
     say = progress or (lambda _msg: None)
@@ -93,6 +94,7 @@ def compile_model(
         "opt_level": opt_level,
         "target": target,
         "shapes": {k: list(v) for k, v in sorted((shapes or {}).items())},
+        "plan_budget_ms": plan_budget_ms,
     }
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
     final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say)
