@@ -97,14 +97,15 @@ def build_plan(
         for bid, off in mplan.offsets.items():
             arena_offset[str(bid)] = (space, off)
 
-    def location_json(root: str) -> list[Any]:
+    def location_json(name: str) -> list[Any]:
+        root = storage.root[name]
         kind = storage.kind[root]
         if kind == "ext":
             return ["ext", root]
         if kind == "weights":
             return ["weights", const_offsets[root]]
         space, off = arena_offset[root]
-        return ["arena", off, space]
+        return ["arena", off + storage.offset[name], space]
 
     scratch_sizes = {str(b.id): b.nbytes for bs in storage.buffers.values() for b in bs}
     partitions: list[PartitionPlan] = []
@@ -124,7 +125,7 @@ def build_plan(
                 return Location("ext", ext.index(root))
             if kind == "weights":
                 return Location("weights", const_offsets[root])
-            return Location("arena", arena_offset[root][1])
+            return Location("arena", arena_offset[root][1] + storage.offset[value.name])
 
         step_plans: list[StepPlan] = []
         for local, t in enumerate(part.steps):
@@ -165,10 +166,9 @@ def build_plan(
     value_records = {}
     for name in referenced:
         value = values[name]
-        root = storage.root[name]
         value_records[name] = {"dtype": value.dtype.name if value.dtype else None,
                                "shape": list(value.shape or ()),
-                               "location": location_json(root)}
+                               "location": location_json(name)}
 
     onnx_nodes: dict[str, Any] = {}
     for t, node in enumerate(steps):

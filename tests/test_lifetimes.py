@@ -259,9 +259,29 @@ def plan_and_verify(storage: Storage, alignment: int = 64) -> Any:
 
 
 # -- random graphs on a simulated arena -------------------------------------------------------
-SHAPES = [(12,), (3, 4), (2, 6), (4, 3), (1, 12)]
+SHAPES = {
+    12: [(12,), (3, 4), (2, 6), (4, 3), (1, 12)],
+    24: [(24,), (2, 12), (4, 6), (1, 24)],
+    36: [(36,), (6, 6), (1, 36), (2, 18)],
+}
 UNARY = ["Relu", "Neg", "Exp", "Sigmoid", "Tanh", "Abs"]
 BINARY = ["Add", "Mul", "Sub", "Max"]
+
+
+def _concat_partner(rng: np.random.Generator, pool: list[Value], src: Value) -> tuple[Value, int] | None:
+    """Another pool value that concatenates with ``src`` along some axis into <= 36 elements."""
+    assert src.shape is not None
+    for other in rng.permutation(len(pool)):
+        cand = pool[int(other)]
+        assert cand.shape is not None
+        if len(cand.shape) != len(src.shape) or src.size + cand.size > 36:
+            continue
+        for axis in range(len(src.shape)):
+            rest_a = src.shape[:axis] + src.shape[axis + 1:]
+            rest_b = cand.shape[:axis] + cand.shape[axis + 1:]
+            if rest_a == rest_b:
+                return cand, axis
+    return None
 
 
 def random_graph(rng: np.random.Generator, n: int) -> Graph:
@@ -270,16 +290,25 @@ def random_graph(rng: np.random.Generator, n: int) -> Graph:
     for k in range(n):
         roll = rng.random()
         src = pool[int(rng.integers(len(pool)))]
-        if roll < 0.3:
-            v = g.op("Reshape", src, name=f"v{k}", shape=SHAPES[int(rng.integers(len(SHAPES)))])
-        elif roll < 0.37:
+        partner = _concat_partner(rng, pool, src) if roll >= 0.82 else None
+        if roll < 0.25:
+            shapes = SHAPES[src.size]
+            v = g.op("Reshape", src, name=f"v{k}", shape=shapes[int(rng.integers(len(shapes)))])
+        elif roll < 0.32:
             v = g.op("Identity", src, name=f"v{k}", shape=src.shape)
-        elif roll < 0.65:
+        elif roll < 0.57 or (roll >= 0.82 and partner is None):
             v = g.op(str(rng.choice(UNARY)), src, name=f"v{k}")
-        else:
+        elif roll < 0.82:
             same = [p for p in pool if p.shape == src.shape]
             other = same[int(rng.integers(len(same)))]
             v = g.op(str(rng.choice(BINARY)), src, other, name=f"v{k}")
+        else:
+            assert partner is not None and src.shape is not None and partner[0].shape is not None
+            other, axis = partner
+            pieces = [src, other] if rng.random() < 0.5 else [other, src]
+            shape = list(src.shape)
+            shape[axis] = src.shape[axis] + other.shape[axis]
+            v = g.op("Concat", *pieces, name=f"v{k}", shape=shape, axis=axis)
         pool.append(v)
         if len(pool) > 7:
             pool.pop(int(rng.integers(0, len(pool) - 2)))
@@ -305,7 +334,7 @@ def simulate(
             return graph.constants[root].const.reshape(value.shape)
         if kind == "ext":
             return (feeds[root] if root in feeds else outputs[root]).reshape(value.shape)
-        offset = plans[space_of[root]].offsets[root]
+        offset = plans[space_of[root]].offsets[root] + storage.offset[value.name]
         raw = arenas[space_of[root]][offset : offset + value.nbytes]
         return raw.view(value.dtype).reshape(value.shape)
 
@@ -355,13 +384,14 @@ def test_random_graphs_never_overwrite_live_values(seed: int) -> None:
 
 def test_random_graphs_do_use_views_and_in_place() -> None:
     """The simulation above is only meaningful if aliasing really happens in those graphs."""
-    views = inplace = 0
+    views = inplace = concats = 0
     for seed in range(60):
         graph = random_graph(np.random.default_rng(seed), 20)
         s = storage_of(graph)
         views += len(s.views)
         inplace += len(s.inplace)
-    assert views > 20 and inplace > 20
+        concats += len(s.concats)
+    assert views > 20 and inplace > 20 and concats > 10
 
 
 def test_buffers_match_the_lifetime_interface() -> None:
@@ -403,3 +433,68 @@ def test_materialize_leaves_ordinary_outputs_alone() -> None:
     graph = g.done(g.op("Relu", g.input("x"), name="y"))
     materialize_outputs(graph)
     assert [n.kind for n in graph.nodes] == ["Relu"]
+
+
+# -- Concat in place --------------------------------------------------------------------------
+def test_concat_inputs_live_in_their_slices_of_the_output() -> None:
+    g = G()
+    x = g.input("x", (1, 2, 3))
+    a = g.op("Relu", x, name="a")
+    b = g.op("Neg", x, name="b", shape=(1, 2, 3))
+    c = g.op("Concat", a, b, name="c", shape=(1, 4, 3), axis=1)
+    y = g.op("Sigmoid", c, name="y")
+    s = storage_of(g.done(y), inplace=False)
+    assert (s.root["a"], s.offset["a"]) == ("c", 0)
+    assert (s.root["b"], s.offset["b"]) == ("c", 2 * 3 * 4)
+    assert buffer_ids(s) == {"c": (48, 0, 3)}  # one buffer from a's step to the last reader
+    assert s.concats == [("a", "c", 0), ("b", "c", 24)]
+
+
+def test_chained_concats_share_one_buffer() -> None:
+    g = G()
+    x = g.input("x", (1, 1, 4))
+    f1 = g.op("Relu", x, name="f1")
+    y1 = g.op("Concat", x, f1, name="y1", shape=(1, 2, 4), axis=1)  # x is a graph input: copied
+    f2 = g.op("Neg", y1, name="f2", shape=(1, 2, 4))
+    y2 = g.op("Concat", y1, f2, name="y2", shape=(1, 4, 4), axis=1)
+    out = g.op("Exp", y2, name="out")
+    s = storage_of(g.done(out), inplace=False)
+    assert s.root["x"] == "x" and s.kind["x"] == "ext"
+    assert {s.root[n] for n in ("f1", "y1", "f2", "y2")} == {"y2"}
+    assert [s.offset[n] for n in ("y1", "f1", "f2")] == [0, 16, 32]
+    assert list(buffer_ids(s)) == ["y2"]  # "out" is a graph output: the caller's array
+
+
+@pytest.mark.parametrize("case", ["outer", "graph_output", "twice", "two_concats", "constant"])
+def test_concat_not_in_place_where_it_cannot_be(case: str) -> None:
+    g = G()
+    x = g.input("x", (2, 3) if case == "outer" else (1, 3))
+    a = g.op("Relu", x, name="a")
+    if case == "outer":
+        c = g.op("Concat", a, a, name="c", shape=(2, 6), axis=1)  # rows interleave: no slices
+        graph = g.done(g.op("Neg", c, name="y"))
+    elif case == "graph_output":
+        c = g.op("Concat", a, x, name="c", shape=(2, 3), axis=0)
+        graph = g.done(c)  # the output lives in the caller's array
+    elif case == "twice":
+        c = g.op("Concat", a, a, name="c", shape=(2, 3), axis=0)
+        graph = g.done(g.op("Neg", c, name="y"))
+    elif case == "two_concats":
+        c = g.op("Concat", a, x, name="c", shape=(2, 3), axis=0)
+        d = g.op("Concat", x, a, name="d", shape=(2, 3), axis=0)
+        graph = g.done(g.op("Add", c, d, name="y"))
+    else:
+        w = g.const("w", (1, 3))
+        c = g.op("Concat", a, w, name="c", shape=(2, 3), axis=0)
+        graph = g.done(g.op("Neg", c, name="y"))
+    s = storage_of(graph, inplace=False)
+    pieces = [(piece, concat) for piece, concat, _ in s.concats]
+    if case in ("outer", "graph_output"):
+        assert pieces == []
+    elif case == "twice":
+        assert pieces == [("a", "c")]  # the second occurrence is copied from the first
+    elif case == "two_concats":
+        assert pieces == [("a", "c")]  # a value lives in one place only
+    else:
+        assert pieces == [("a", "c")] and s.kind[s.root["w"]] == "weights"
+    plan_and_verify(s)

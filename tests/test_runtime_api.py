@@ -203,3 +203,31 @@ def test_runtime_imports_without_compiler_dependencies(small) -> None:
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert "ok" in result.stdout and "'c'" in result.stdout
+
+
+def test_concat_in_place_end_to_end(tmp_path) -> None:
+    # A DenseNet-like chain: every Concat output feeds the next Concat, and one piece is read
+    # again after its Concat. Inputs are produced straight into their slices.
+    rng = np.random.default_rng(5)
+    inits, nodes, prev = [], [], "x"
+    for k in range(3):
+        w = numpy_helper.from_array((rng.standard_normal((2, 2 + 2 * k, 3, 3)) * 0.3).astype(np.float32),
+                                    f"w{k}")
+        inits.append(w)
+        nodes += [helper.make_node("Conv", [prev, f"w{k}"], [f"f{k}"], pads=[1, 1, 1, 1], name=f"conv{k}"),
+                  helper.make_node("Relu", [f"f{k}"], [f"r{k}"], name=f"relu{k}"),
+                  helper.make_node("Concat", [prev, f"r{k}"], [f"y{k}"], axis=1, name=f"cat{k}")]
+        prev = f"y{k}"
+    nodes.append(helper.make_node("Add", ["y2", "y2"], ["z"], name="double"))
+    nodes.append(helper.make_node("ReduceSum", ["r0"], ["s"], axes=[1], keepdims=1, name="late_reader"))
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 5, 5]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 1, 5, 5])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=8)
+    session = Session(compile_model(model, tmp_path / "art"))
+    in_place = {b["id"]: b["values"] for b in session.plan["buffers"]}
+    assert any("y0" in values and "y2" in values for values in in_place.values()), in_place
+    x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    for got, want in zip(session.run(None, {"x": x}), ort_run(model, {"x": x}), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

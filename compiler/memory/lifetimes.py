@@ -3,16 +3,20 @@
 A value lives in one of three places: the caller's arrays ("ext": graph inputs and outputs),
 weights.bin ("weights": constants) or an arena ("arena": everything else). Values that share
 memory share a *root*: a view (Reshape, Identity) aliases its input; an elementwise step may write
-over an input of the same shape that dies at that step (in place). Each arena root becomes one
+over an input of the same shape that dies at that step (in place); a Concat input may be produced
+straight into its slice of the Concat output (a root plus a byte offset). Each arena root becomes one
 :class:`Buffer` whose lifetime runs from its producer's step to the last step that reads any value
 sharing it; kernel scratch is a buffer live for one step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from compiler.ir.graph import Graph, Value
+import numpy as np
+
+from compiler.ir.graph import Graph, Node, Value
 from compiler.memory.packing import Buffer
 
 __all__ = ["VIEW_KINDS", "INPLACE_KINDS", "Storage", "assign_storage"]
@@ -31,10 +35,12 @@ class Storage:
     root: dict[str, str]  # value name -> name of the value whose memory it uses
     kind: dict[str, str]  # root name -> "ext" | "weights" | "arena"
     space: dict[str, str]  # root name -> memory space (arena roots only)
+    offset: dict[str, int] = field(default_factory=dict)  # value name -> byte offset in its root
     buffers: dict[str, list[Buffer]] = field(default_factory=dict)  # memory space -> buffers
     tensors: dict[str, list[str]] = field(default_factory=dict)  # buffer id -> values in it
     inplace: list[tuple[str, str]] = field(default_factory=list)  # (output, input) pairs
     views: list[tuple[str, str]] = field(default_factory=list)
+    concats: list[tuple[str, str, int]] = field(default_factory=list)  # (input, concat output, offset)
 
 
 def assign_storage(
@@ -44,18 +50,27 @@ def assign_storage(
     scratch: list[int],
     *,
     inplace: bool = True,
+    concat_inplace: bool = True,
 ) -> Storage:
     """Resolve aliasing and build the buffers of each memory space.
 
     ``steps`` are the scheduled nodes, ``step_space[t]`` the memory space of step t's provider and
-    ``scratch[t]`` the scratch bytes step t needs.
+    ``scratch[t]`` the scratch bytes step t needs. Aliases are decided in this order: views, then
+    Concat in place (an input produced straight into its slice of the Concat output, when the
+    dims before the axis are all 1 so every input is one contiguous run of the output), then
+    elementwise in place (which needs the lifetimes the first two produce).
     """
-    parent: dict[str, str] = {}
+    parent: dict[str, tuple[str, int]] = {}  # value -> (value it lives in, byte offset there)
 
-    def find(name: str) -> str:
-        while parent.get(name, name) != name:
-            name = parent[name]
-        return name
+    def find(name: str) -> tuple[str, int]:
+        offset = 0
+        while name in parent:
+            name, delta = parent[name]
+            offset += delta
+        return name, offset
+
+    def root_of(name: str) -> str:
+        return find(name)[0]
 
     kind: dict[str, str] = {}
     for value in graph.inputs:
@@ -75,20 +90,26 @@ def assign_storage(
         src = node.input(0)
         out = node.outputs[0] if node.outputs else None
         if node.kind in VIEW_KINDS and src is not None and out is not None and kind[out.name] == "arena":
-            if kind[find(src.name)] != "arena" or step_space[step_of[find(src.name)]] == step_space[t]:
-                parent[out.name] = find(src.name)
+            r = root_of(src.name)
+            if kind[r] != "arena" or step_space[step_of[r]] == step_space[t]:
+                parent[out.name] = (src.name, 0)
                 storage.views.append((out.name, src.name))
+
+    if concat_inplace:
+        for t, node in enumerate(steps):
+            if node.kind == "Concat":
+                _concat_in_place(node, t, kind, step_of, step_space, parent, root_of, storage)
 
     last_use: dict[str, int] = {}
     first_def: dict[str, int] = {}
     for t, node in enumerate(steps):
         for value in node.outputs:
-            r = find(value.name)
-            first_def.setdefault(r, t)
+            r = root_of(value.name)
+            first_def[r] = min(first_def.get(r, t), t)
             last_use[r] = max(last_use.get(r, t), t)
         for value in node.inputs:
             if value is not None:
-                r = find(value.name)
+                r = root_of(value.name)
                 last_use[r] = max(last_use.get(r, t), t)
 
     if inplace:
@@ -96,31 +117,32 @@ def assign_storage(
             if node.kind not in INPLACE_KINDS or len(node.outputs) != 1:
                 continue
             out = node.outputs[0]
-            if kind[out.name] != "arena" or find(out.name) != out.name:
+            if kind[out.name] != "arena" or root_of(out.name) != out.name:
                 continue
             for value in node.inputs:
                 if value is None or not _same_layout(value, out):
                     continue
-                r = find(value.name)
+                r = root_of(value.name)
                 if kind[r] != "arena" or last_use[r] != t or step_space[first_def[r]] != step_space[t]:
                     continue
                 others = [v for v in node.inputs if v is not None and v is not value]
-                if any(find(v.name) == r for v in others):
+                if any(root_of(v.name) == r for v in others):
                     continue  # another operand reads the same memory through a view
-                parent[out.name] = r
+                parent[out.name] = (value.name, 0)
                 last_use[r] = max(last_use[r], last_use.get(out.name, t))
+                first_def[r] = min(first_def[r], first_def.get(out.name, t))
                 storage.inplace.append((out.name, value.name))
                 break
 
     for value in graph.values():
-        storage.root[value.name] = find(value.name)
+        storage.root[value.name], storage.offset[value.name] = find(value.name)
     for name, k in kind.items():
-        if find(name) == name:
+        if name not in parent:
             storage.kind[name] = k
 
     for t, node in enumerate(steps):
         for value in node.outputs:
-            r = find(value.name)
+            r = root_of(value.name)
             if kind[r] != "arena":
                 continue
             storage.tensors.setdefault(r, []).append(value.name)
@@ -134,6 +156,29 @@ def assign_storage(
             storage.buffers.setdefault(step_space[t], []).append(Buffer(bid, scratch[t], t, t))
             storage.tensors[bid] = []
     return storage
+
+
+def _concat_in_place(node: Node, t: int, kind: dict[str, str], step_of: dict[str, int],
+                     step_space: list[str], parent: dict[str, tuple[str, int]],
+                     root_of: Callable[[str], str], storage: Storage) -> None:
+    """Let the inputs of Concat ``node`` live in their slices of its output, where allowed."""
+    out = node.outputs[0]
+    axis = int(node.attrs["axis"])
+    assert out.shape is not None
+    if kind[out.name] != "arena" or out.name in parent or int(np.prod(out.shape[:axis])) != 1:
+        return
+    seen: set[str] = set()
+    offset = 0
+    for value in node.inputs:
+        assert value is not None
+        nbytes = value.nbytes
+        r = value.name
+        if (r not in parent and kind[r] == "arena" and r not in seen and value.dtype == out.dtype
+                and step_space[step_of[r]] == step_space[t]):
+            parent[r] = (out.name, offset)
+            storage.concats.append((r, out.name, offset))
+        seen.add(value.name)
+        offset += nbytes
 
 
 def _same_layout(a: Value, b: Value) -> bool:
