@@ -115,7 +115,7 @@ def build_plan(
     for part in schedule.partitions:
         ext: list[str] = []
 
-        def loc(value: Value, ext: list[str] = ext) -> Location:
+        def loc(value: Value, ext: list[str] = ext, space_here: str = part.provider.memory_space) -> Location:
             root = storage.root[value.name]
             referenced[value.name] = None
             kind = storage.kind[root]
@@ -124,8 +124,9 @@ def build_plan(
                     ext.append(root)
                 return Location("ext", ext.index(root))
             if kind == "weights":
-                return Location("weights", const_offsets[root])
-            return Location("arena", arena_offset[root][1] + storage.offset[value.name])
+                return Location("weights", const_offsets[root], space_here)
+            space, off = arena_offset[root]
+            return Location("arena", off + storage.offset[value.name], space)
 
         step_plans: list[StepPlan] = []
         for local, t in enumerate(part.steps):
@@ -133,7 +134,7 @@ def build_plan(
             ins = tuple(loc(v) if v is not None else None for v in node.inputs)
             outs = tuple(loc(v) for v in node.outputs)
             scratch_id = f"scratch/{t}"
-            scratch = (Location("arena", arena_offset[scratch_id][1])
+            scratch = (Location("arena", arena_offset[scratch_id][1], arena_offset[scratch_id][0])
                        if scratch_id in arena_offset else None)
             nbytes = scratch_sizes.get(scratch_id, 0)
             step_plans.append(StepPlan(t, local, node, ins, outs, scratch, nbytes))
@@ -156,6 +157,7 @@ def build_plan(
         partition_records.append({
             "index": part.index,
             "provider": part.provider.name,
+            "runner": getattr(part.provider, "runner", part.provider.name),
             "memory_space": part.provider.memory_space,
             "entry": entry,
             "first_step": part.steps[0],

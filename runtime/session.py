@@ -19,6 +19,7 @@ import numpy as np
 
 from runtime.artifact import Artifact, load_artifact
 from runtime.errors import ArtifactError, InputError
+from runtime.memory import memory_space
 
 __all__ = ["Session", "TensorSpec"]
 
@@ -43,11 +44,12 @@ class _CPartition:
 class _RunContext:
     """Per-run memory: one arena per memory space and one pointer array per C partition."""
 
-    def __init__(self, arena_nbytes: int, alignment: int, c_parts: list[tuple[int, int]]) -> None:
-        raw = np.empty(arena_nbytes + alignment, dtype=np.uint8)
-        start = (-raw.ctypes.data) % alignment
-        self.arena = raw[start:start + arena_nbytes]
-        self.arena_addr = self.arena.ctypes.data if arena_nbytes else raw.ctypes.data
+    def __init__(self, arenas: dict[str, tuple[int, int]], c_parts: list[tuple[int, int]]) -> None:
+        self.arenas = {space: memory_space(space).allocate(nbytes, alignment)
+                       for space, (nbytes, alignment) in arenas.items()}
+        host = self.arenas.get("host")
+        self._keep = np.zeros(64, np.uint8)  # a valid address when the host arena is empty
+        self.arena_addr = host.ctypes.data if host is not None and host.size else self._keep.ctypes.data
         self.ext_arrays = {index: (ctypes.c_void_p * max(n, 1))() for index, n in c_parts}
 
 
@@ -67,17 +69,16 @@ class Session:
         self.inputs = [_spec(r) for r in plan["inputs"]]
         self.outputs = [_spec(r) for r in plan["outputs"]]
         self._output_values = [r["value"] for r in plan["outputs"]]
-        self._arena_nbytes = 0
-        self._alignment = 64
+        self._arenas: dict[str, tuple[int, int]] = {}
         for arena in plan["arenas"]:
-            if arena["memory_space"] != "host":
-                raise ArtifactError(
-                    f"{self.path}: needs memory space {arena['memory_space']!r}, which this "
-                    "runtime does not provide"
-                )
-            self._arena_nbytes = int(arena["nbytes"])
-            self._alignment = max(64, int(arena["alignment"]))
+            space = memory_space(arena["memory_space"])  # ArtifactError when not available
+            self._arenas[space.name] = (int(arena["nbytes"]), max(64, int(arena["alignment"])))
         weights = self._artifact.weights
+        self._weights = {"host": weights}
+        for record in plan["partitions"]:
+            name = record.get("memory_space", "host")
+            if name not in self._weights:
+                self._weights[name] = memory_space(name).upload(weights)
         # kernels get a valid address even when there are no constants
         self._no_weights = np.zeros(64, np.uint8)
         self._weights_addr = weights.ctypes.data if weights.size else self._no_weights.ctypes.data
@@ -96,11 +97,11 @@ class Session:
 
     # -- loading -----------------------------------------------------------------------------
     def _load_partition(self, record: dict[str, Any], weights: np.ndarray) -> tuple[str, Any]:
-        provider = record["provider"]
+        provider = record.get("runner", record["provider"])
         if provider == "reference":
             from runtime.providers.reference import ReferencePartition
 
-            return ("reference", ReferencePartition(self._artifact.plan, record, weights))
+            return ("reference", ReferencePartition(self._artifact.plan, record, self._weights))
         if provider == "c":
             from runtime.providers.c import CLibrary
 
@@ -145,7 +146,7 @@ class Session:
         with self._lock:
             if self._pool:
                 return self._pool.pop()
-        return _RunContext(self._arena_nbytes, self._alignment, self._c_parts)
+        return _RunContext(self._arenas, self._c_parts)
 
     def _release(self, ctx: _RunContext) -> None:
         with self._lock:
@@ -174,7 +175,7 @@ class Session:
                         pointers[slot] = ext[name].ctypes.data
                     part.entry(pointers, ctx.arena_addr, self._weights_addr, 0)
                 else:
-                    part.run(ctx.arena, ext)
+                    part.run(ctx.arenas, ext)
         finally:
             self._release(ctx)
         if output_names is None:

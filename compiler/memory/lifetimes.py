@@ -11,7 +11,6 @@ sharing it; kernel scratch is a buffer live for one step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,9 +18,10 @@ import numpy as np
 from compiler.ir.graph import Graph, Node, Value
 from compiler.memory.packing import Buffer
 
-__all__ = ["VIEW_KINDS", "INPLACE_KINDS", "Storage", "assign_storage"]
+__all__ = ["VIEW_KINDS", "INPLACE_KINDS", "TRANSFER", "Storage", "assign_storage"]
 
 VIEW_KINDS = frozenset({"Reshape", "Identity"})
+TRANSFER = "onnx_aot.Transfer"  # moves a value between memory spaces (see the partitioner)
 INPLACE_KINDS = frozenset(
     "Relu Sigmoid Tanh Exp Log Neg Abs Sqrt Reciprocal Erf Floor Ceil Softplus Clip LeakyRelu Elu "
     "HardSigmoid Gelu Add Sub Mul Div Pow Max Min Sum Mean onnx_aot.FusedElementwise".split()
@@ -80,25 +80,27 @@ def assign_storage(
     for value in graph.constants.values():
         kind.setdefault(value.name, "weights")
     step_of: dict[str, int] = {}
+    vspace: dict[str, str] = {}  # memory space of each produced value
     for t, node in enumerate(steps):
         for value in node.outputs:
             step_of[value.name] = t
             kind.setdefault(value.name, "arena")
+            vspace[value.name] = str(node.attrs["to"]) if node.kind == TRANSFER else step_space[t]
 
     storage = Storage(root={}, kind={}, space={})
-    for t, node in enumerate(steps):
+    for node in steps:
         src = node.input(0)
         out = node.outputs[0] if node.outputs else None
         if node.kind in VIEW_KINDS and src is not None and out is not None and kind[out.name] == "arena":
             r = root_of(src.name)
-            if kind[r] != "arena" or step_space[step_of[r]] == step_space[t]:
+            if kind[r] != "arena" or vspace[r] == vspace[out.name]:
                 parent[out.name] = (src.name, 0)
                 storage.views.append((out.name, src.name))
 
     if concat_inplace:
-        for t, node in enumerate(steps):
+        for node in steps:
             if node.kind == "Concat":
-                _concat_in_place(node, t, kind, step_of, step_space, parent, root_of, storage)
+                _concat_in_place(node, kind, vspace, parent, storage)
 
     last_use: dict[str, int] = {}
     first_def: dict[str, int] = {}
@@ -123,7 +125,7 @@ def assign_storage(
                 if value is None or not _same_layout(value, out):
                     continue
                 r = root_of(value.name)
-                if kind[r] != "arena" or last_use[r] != t or step_space[first_def[r]] != step_space[t]:
+                if kind[r] != "arena" or last_use[r] != t or vspace[r] != vspace[out.name]:
                     continue
                 others = [v for v in node.inputs if v is not None and v is not value]
                 if any(root_of(v.name) == r for v in others):
@@ -147,7 +149,7 @@ def assign_storage(
                 continue
             storage.tensors.setdefault(r, []).append(value.name)
             if r == value.name:
-                space = step_space[t]
+                space = vspace[r]
                 storage.space[r] = space
                 storage.buffers.setdefault(space, []).append(
                     Buffer(r, value.nbytes, first_def[r], last_use[r]))
@@ -158,9 +160,8 @@ def assign_storage(
     return storage
 
 
-def _concat_in_place(node: Node, t: int, kind: dict[str, str], step_of: dict[str, int],
-                     step_space: list[str], parent: dict[str, tuple[str, int]],
-                     root_of: Callable[[str], str], storage: Storage) -> None:
+def _concat_in_place(node: Node, kind: dict[str, str], vspace: dict[str, str],
+                     parent: dict[str, tuple[str, int]], storage: Storage) -> None:
     """Let the inputs of Concat ``node`` live in their slices of its output, where allowed."""
     out = node.outputs[0]
     axis = int(node.attrs["axis"])
@@ -174,7 +175,7 @@ def _concat_in_place(node: Node, t: int, kind: dict[str, str], step_of: dict[str
         nbytes = value.nbytes
         r = value.name
         if (r not in parent and kind[r] == "arena" and r not in seen and value.dtype == out.dtype
-                and step_space[step_of[r]] == step_space[t]):
+                and vspace[r] == vspace[out.name]):
             parent[r] = (out.name, offset)
             storage.concats.append((r, out.name, offset))
         seen.add(value.name)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from compiler.ir.graph import Graph, Node
+from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
 from compiler.providers.base import Provider
 from runtime.errors import CompileError, UnsupportedOpError
 
@@ -57,6 +57,11 @@ def partition_graph(graph: Graph, providers: list[Provider]) -> Schedule:
             f"{len(missing)} node(s) use ops no provider supports:\n  {listed}",
             [(n.name, n.kind) for n in missing],
         )
+
+    if any(p.memory_space != "host" for p in providers):
+        insert_transfers(graph, owner, providers)
+        nodes = list(graph.nodes)
+        order = {id(n): k for k, n in enumerate(nodes)}
 
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(nodes)))
@@ -111,6 +116,56 @@ def partition_graph(graph: Graph, providers: list[Provider]) -> Schedule:
             provider_of_step.append(provider.name)
             steps.append(nodes[k])
     return Schedule(steps, partitions, provider_of_step, partition_of_step)
+
+
+def insert_transfers(graph: Graph, owner: dict[int, int], providers: list[Provider]) -> None:
+    """Insert an onnx_aot.Transfer step wherever a value crosses memory spaces.
+
+    A value lives in the memory space of the provider that produced it (graph inputs and outputs
+    in "host": the caller's arrays; constants in every space, as the runtime keeps weights.bin
+    in each space it uses). A step reading a value from another space reads a copy made once per
+    (value, space) just before its first reader; a graph output produced off the host gets a
+    transfer into the caller's array. Transfers belong to the provider of the non-host side.
+    """
+    def mover(a: str, b: str) -> int:
+        device = b if b != "host" else a
+        for k, provider in enumerate(providers):
+            if provider.memory_space == device:
+                return k
+        raise CompileError(f"no provider can move data between {a!r} and {b!r}")  # pragma: no cover
+
+    home: dict[int, str] = {id(v): "host" for v in graph.inputs}
+    copies: dict[tuple[int, str], Value] = {}
+    for node in list(graph.nodes):
+        space = providers[owner[id(node)]].memory_space
+        for i, value in enumerate(node.inputs):
+            if value is None or value.const is not None or home[id(value)] == space:
+                continue
+            key = (id(value), space)
+            if key not in copies:
+                copies[key] = _transfer(graph, value, home[id(value)], space,
+                                        f"{value.name}@{space}", before=node)
+                owner[id(copies[key].producer)] = mover(home[id(value)], space)
+                home[id(copies[key])] = space
+            graph.set_input(node, i, copies[key])
+        for value in node.outputs:
+            home[id(value)] = space
+    for k, value in enumerate(list(graph.outputs)):
+        if home.get(id(value), "host") == "host":
+            continue
+        public = graph.output_names[k] if k < len(graph.output_names) else value.name
+        out = _transfer(graph, value, home[id(value)], "host", f"{public}@host", before=None)
+        owner[id(out.producer)] = mover(home[id(value)], "host")
+        graph.outputs[k] = out
+
+
+def _transfer(graph: Graph, value: Value, src: str, dst: str, name: str,
+              before: Node | None) -> Value:
+    out = graph.make_value(name, value.dtype, value.shape)
+    node = Node("Transfer", [value], [out], {"from": src, "to": dst}, domain=AOT_DOMAIN,
+                name=graph.unique_name(f"transfer_{value.name}_to_{dst}"), origin=[])
+    graph.add_node(node, before=before)
+    return out
 
 
 def _merge_groups(quotient: nx.DiGraph, groups: list[list[int]], provider: list[int]) -> None:

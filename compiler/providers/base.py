@@ -27,6 +27,7 @@ class Location:
 
     space: str
     offset: int
+    memory_space: str = "host"  # for "arena" and "weights": which space's arena / weights copy
 
     def to_json(self) -> list[object]:
         return [self.space, self.offset]

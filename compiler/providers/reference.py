@@ -16,9 +16,16 @@ __all__ = ["ReferenceProvider"]
 
 
 class ReferenceProvider:
-    name = "reference"
-    memory_space = "host"
+    """``memory_space`` other than "host" runs the same kernels on that space's array module
+    (cupy for "cuda"), so an op without a device kernel does not force a round trip to the host.
+    """
+
+    runner = "reference"  # the run side in runtime/providers that executes its partitions
     alignment = 64
+
+    def __init__(self, memory_space: str = "host") -> None:
+        self.memory_space = memory_space
+        self.name = "reference" if memory_space == "host" else f"reference@{memory_space}"
 
     def claims(self, graph: Graph) -> set[Node]:
         kinds = supported_kinds()

@@ -14,54 +14,78 @@ import numpy as np
 
 from runtime.errors import ArtifactError, RuntimeKernelError
 from runtime.kernels import get_kernel
+from runtime.memory import memory_space
 
 __all__ = ["ReferencePartition"]
 
-View = Callable[[np.ndarray, dict[str, np.ndarray]], np.ndarray]
+View = Callable[[dict[str, Any], dict[str, np.ndarray]], Any]
+
+TRANSFER = "onnx_aot.Transfer"
 
 
-def _viewer(record: dict[str, Any], weights: np.ndarray) -> View:
+def _viewer(record: dict[str, Any], weights: Any) -> View:
     dtype = np.dtype(record["dtype"])
     shape = tuple(record["shape"])
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     kind = record["location"][0]
     if kind == "arena":
         off = int(record["location"][1])
-        return lambda arena, ext: arena[off:off + nbytes].view(dtype).reshape(shape)
+        space = record["location"][2] if len(record["location"]) > 2 else "host"
+        return lambda arenas, ext: arenas[space][off:off + nbytes].view(dtype).reshape(shape)
     if kind == "weights":
         off = int(record["location"][1])
         const = weights[off:off + nbytes].view(dtype).reshape(shape)
-        return lambda arena, ext: const
+        return lambda arenas, ext: const
     if kind == "ext":
         name = record["location"][1]
-        return lambda arena, ext: ext[name].reshape(shape)
+        return lambda arenas, ext: ext[name].reshape(shape)
     raise ArtifactError(f"plan.json: unknown value location {record['location']!r}")
 
 
 class ReferencePartition:
-    """One reference partition, prepared once at load."""
+    """One reference partition, prepared once at load, running in its memory space's ``xp``."""
 
-    def __init__(self, plan: dict[str, Any], record: dict[str, Any], weights: np.ndarray) -> None:
+    def __init__(self, plan: dict[str, Any], record: dict[str, Any], weights: dict[str, Any]) -> None:
         values = plan["values"]
+        self.space = memory_space(record.get("memory_space", "host"))
+        self.xp = self.space.xp
+        local_weights = weights[self.space.name]
         self.steps = []
         for step in plan["steps"][record["first_step"]:record["last_step"] + 1]:
             kind = step["op_type"] if step["domain"] in ("", "ai.onnx") else \
                 f"{step['domain']}.{step['op_type']}"
-            try:
-                kernel = get_kernel(kind)
-            except Exception as exc:
-                raise ArtifactError(f"plan.json step {step['name']!r}: {exc}") from None
-            ins = [_viewer(values[n], weights) if n is not None else None for n in step["inputs"]]
-            outs = [_viewer(values[n], weights) for n in step["outputs"]]
+            ins = [_viewer(values[n], local_weights) if n is not None else None for n in step["inputs"]]
+            outs = [_viewer(values[n], local_weights) for n in step["outputs"]]
             specs = [(tuple(values[n]["shape"]), np.dtype(values[n]["dtype"])) for n in step["outputs"]]
+            if kind == TRANSFER:
+                kernel = self._transfer(step["attrs"])
+            else:
+                try:
+                    kernel = get_kernel(kind)
+                except Exception as exc:
+                    raise ArtifactError(f"plan.json step {step['name']!r}: {exc}") from None
             self.steps.append((step["name"], kind, kernel, step["attrs"], ins, outs, specs))
 
-    def run(self, arena: np.ndarray, ext: dict[str, np.ndarray]) -> None:
+    @staticmethod
+    def _transfer(attrs: dict[str, Any]) -> Callable[..., list[Any]]:
+        src, dst = memory_space(attrs["from"]), memory_space(attrs["to"])
+
+        def move(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: Any) -> list[Any]:
+            return [dst.from_host(src.to_host(inputs[0]))]
+
+        return move
+
+    def run(self, arenas: dict[str, Any], ext: dict[str, np.ndarray]) -> None:
+        xp = self.xp
         for name, kind, kernel, attrs, ins, outs, specs in self.steps:
-            args = [v(arena, ext) if v is not None else None for v in ins]
+            args = [v(arenas, ext) if v is not None else None for v in ins]
             try:
-                results = kernel(np, args, attrs, specs)
+                results = kernel(xp, args, attrs, specs)
             except Exception as exc:
                 raise RuntimeKernelError(f"step {name!r} ({kind}) failed: {exc}") from exc
             for view, result in zip(outs, results, strict=True):
-                np.copyto(view(arena, ext), result, casting="unsafe")
+                target = view(arenas, ext)
+                if isinstance(target, np.ndarray):
+                    np.copyto(target, np.asarray(result), casting="unsafe")
+                else:
+                    target[...] = result
