@@ -29,7 +29,7 @@ from runtime.errors import CompileError
 
 __all__ = ["compile_model", "TARGETS", "default_providers"]
 
-TARGETS = ("cpu",)
+TARGETS = ("cpu", "cuda")
 
 Progress = Callable[[str], None]
 
@@ -39,6 +39,13 @@ def default_providers(target: str) -> list[Provider]:
         from compiler.providers.c import CProvider
 
         return [CProvider(), ReferenceProvider()]
+    if target == "cuda":
+        # The reference kernels run on cupy in the device space, so an op without a CUDA kernel
+        # stays on the device; the host providers then only see what cannot run there at all.
+        from compiler.providers.c import CProvider
+        from compiler.providers.cuda import CudaProvider
+
+        return [CudaProvider(), ReferenceProvider("cuda"), CProvider(), ReferenceProvider()]
     raise CompileError(f"unknown target {target!r} (supported: {', '.join(TARGETS)})")
 
 

@@ -65,6 +65,11 @@ def register_memory_space(name: str, space: MemorySpace) -> None:
 
 
 def memory_space(name: str) -> MemorySpace:
+    if name == "cuda" and name not in _SPACES:
+        try:  # the CUDA run side registers the space; it imports cupy lazily
+            import runtime.providers.cuda  # noqa: F401
+        except ImportError:
+            pass
     if name not in _SPACES:
         raise ArtifactError(
             f"this plan needs memory space {name!r}, which this runtime does not provide"

@@ -115,6 +115,10 @@ class Session:
                 self._libraries[rel] = CLibrary(self._artifact.file(rel))
             entry = self._libraries[rel].entry(record["entry"])
             return ("c", _CPartition(entry, list(record["ext"])))
+        if provider == "cuda":
+            from runtime.providers.cuda import CudaPartition
+
+            return ("cuda", CudaPartition(self._artifact, record, self._weights["cuda"]))
         raise ArtifactError(f"{self.path / 'plan.json'}: unknown provider {provider!r}")
 
     # -- running -----------------------------------------------------------------------------
