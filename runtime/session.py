@@ -57,12 +57,14 @@ class Session:
     """A loaded artifact, ready to run.
 
     ``threads`` sets the C kernels' OpenMP thread count (default: all cores);
-    ``verify_weights`` hashes weights.bin fully at load instead of checking its size.
+    ``verify_weights`` hashes weights.bin fully at load instead of checking its size;
+    ``cuda_graph`` captures each CUDA partition's launches on its first run and replays them.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, threads: int | None = None,
-                 verify_weights: bool = False) -> None:
+                 verify_weights: bool = False, cuda_graph: bool = False) -> None:
         self.path = Path(path)
+        self.cuda_graph = cuda_graph
         self._artifact: Artifact = load_artifact(self.path, verify_weights=verify_weights)
         plan = self._artifact.plan
         self.plan = plan
@@ -118,7 +120,8 @@ class Session:
         if provider == "cuda":
             from runtime.providers.cuda import CudaPartition
 
-            return ("cuda", CudaPartition(self._artifact, record, self._weights["cuda"]))
+            return ("cuda", CudaPartition(self._artifact, record, self._weights["cuda"],
+                                          capture=self.cuda_graph))
         raise ArtifactError(f"{self.path / 'plan.json'}: unknown provider {provider!r}")
 
     # -- running -----------------------------------------------------------------------------

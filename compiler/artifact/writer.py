@@ -81,8 +81,20 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
             kernels_dir.rmdir()
             if not any(kernels_dir.parent.iterdir()):
                 kernels_dir.parent.rmdir()
+        _move_launches(plan, facts)
         if facts:
             provider_facts[provider.name] = facts
+        if "cubins" in facts:  # a CUDA module: source, cubins per arch, PTX
+            cubins = facts["cubins"]
+            assert isinstance(cubins, dict)
+            module = {
+                "source": f"{rel_dir}/{facts['source']}",
+                "cubins": {arch: f"{rel_dir}/{name}" for arch, name in sorted(cubins.items())},
+                "ptx": f"{rel_dir}/{facts['ptx']}" if facts.get("ptx") else None,
+            }
+            for record in plan["partitions"]:
+                if record["provider"] == provider.name:
+                    record["module"] = module
         library = facts.get("library")
         for record in plan["partitions"]:
             if record["provider"] == provider.name and library:
@@ -108,6 +120,18 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
         "files": files,
     }
     (tmp / MANIFEST).write_bytes(dump_json(manifest))
+
+
+def _move_launches(plan: dict[str, Any], facts: dict[str, Any]) -> None:
+    """Move a provider's per-step ``launches`` fact into plan.json's step records (the manifest
+    stays small): ``step["launches"] = launches[str(step["index"])]``."""
+    launches = facts.pop("launches", None)
+    if launches is None:
+        return
+    for step in plan["steps"]:
+        key = str(step["index"])
+        if key in launches:
+            step["launches"] = launches[key]
 
 
 def _replace(tmp: Path, out: Path) -> None:

@@ -1,4 +1,4 @@
-"""The elementwise / epilogue expression emitter shared by the C and (later) CUDA renderers.
+"""The elementwise / epilogue expression emitter shared by the C and CUDA renderers.
 
 Turns an elementwise op, an activation, or a ``FusedElementwise`` program (docs/ops.md) into C
 expressions over named scalar variables; renderers wrap them in their own loops. Also holds what
@@ -41,6 +41,7 @@ __all__ = [
     "coalesce",
     "index_expr",
     "loop_nest",
+    "unflatten",
 ]
 
 
@@ -54,12 +55,16 @@ class Dialect:
 
 
 C_DIALECT = Dialect("c", "INFINITY", "NAN")
-CUDA_DIALECT = Dialect("cuda", "CUDART_INF_F", "CUDART_NAN_F")
+# The CUDA prelude (templates/cuda/model.cu.j2) defines INFINITY and NAN itself where no host
+# header did (NVRTC compiles without the C library), so both languages spell them the same.
+CUDA_DIALECT = Dialect("cuda", "INFINITY", "NAN")
 
 # -- type tables ------------------------------------------------------------------------------
 
 _COMPUTE_CTYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int32_t"}
 _STORAGE_CTYPES = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}
+# NVRTC has no <stdint.h>: the CUDA prelude typedefs these from the built-in types.
+_CUDA_STORAGE_CTYPES = {1: "oa_u8", 2: "oa_u16", 4: "oa_u32", 8: "oa_u64"}
 
 
 def ctype(dtype: np.dtype | str) -> str:
@@ -70,12 +75,13 @@ def ctype(dtype: np.dtype | str) -> str:
     return _COMPUTE_CTYPES[name]
 
 
-def storage_ctype(dtype: np.dtype | str) -> str:
+def storage_ctype(dtype: np.dtype | str, dialect: Dialect = C_DIALECT) -> str:
     """An unsigned C type of the same size, for kernels that only move elements."""
     dt = np.dtype(dtype)
-    if dt.kind not in "biufc" or dt.itemsize not in _STORAGE_CTYPES:
-        raise KeyError(f"no C storage type for dtype {dt}")
-    return _STORAGE_CTYPES[dt.itemsize]
+    table = _CUDA_STORAGE_CTYPES if dialect.name == "cuda" else _STORAGE_CTYPES
+    if dt.kind not in "biufc" or dt.itemsize not in table:
+        raise KeyError(f"no {dialect.name} storage type for dtype {dt}")
+    return table[dt.itemsize]
 
 
 def literal(value: float, dialect: Dialect = C_DIALECT) -> str:
@@ -395,3 +401,23 @@ def loop_nest(
         in_index=tuple(index_expr(c, names) for c in cols[1:]),
         total=int(np.prod(out_shape, dtype=np.int64)),
     )
+
+
+def unflatten(dims: Sequence[int], names: Sequence[str], flat: str) -> tuple[tuple[str, str], ...]:
+    """``(name, expression)`` pairs recovering row-major indices over ``dims`` from ``flat``.
+
+    For a renderer that maps one thread to one element of a loop nest (CUDA); the outermost
+    index is a division only, the innermost a remainder only; size-1 dimensions are ``0``.
+    """
+    out: list[tuple[str, str]] = []
+    inner = 1
+    for d in range(len(dims) - 1, -1, -1):
+        size = int(dims[d])
+        if size == 1:
+            expr = "0"
+        else:
+            scaled = flat if inner == 1 else f"({flat} / {inner})"
+            expr = scaled if d == 0 else f"{scaled} % {size}"
+        out.append((names[d], expr))
+        inner *= size
+    return tuple(reversed(out))

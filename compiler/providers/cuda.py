@@ -1,0 +1,175 @@
+"""The CUDA execution provider, compile side: claims nodes, renders one .cu, builds cubins + PTX.
+
+``CudaProvider.claims`` asks the kernel registry (``cuda_gemm``, ``cuda_simple``,
+``cuda_eltwise``) which float32 nodes it can run, and always claims ``onnx_aot.Transfer`` (the
+run side performs those copies; they get no kernel). ``generate`` renders every kernel of every
+partition from ``templates/cuda`` into ``kernels_dir/model.cu`` and, when nvcc is present,
+builds ``model.sm_80.cubin``, ``model.sm_90.cubin`` and ``model.ptx`` (compute_80) through the
+cached toolchain (``compiler/codegen/nvcc.py``).
+
+The contract with ``runtime/providers/cuda.py`` (facts returned by ``generate``; the artifact
+writer moves ``launches`` into plan.json, one list per step):
+
+- kernels are ``extern "C" __global__`` functions named ``k<step index>`` (``k<step>_<j>`` when
+  a step has several); a step whose kernel would be identical but for the name reuses the
+  first one's function (ResNet repeats its blocks);
+- ``launches[str(step index)]`` is a list, run in order, of ``{"kernel", "grid": [x, y, z],
+  "block": [x, y, z], "shared": bytes of dynamic shared memory, "args": [...]}``; an arg is
+  ``["ptr", "arena", byte offset]`` (the device arena, 256-byte aligned), ``["ptr", "weights",
+  byte offset]`` (the device copy of weights.bin), ``["i32", int]``, ``["i64", int]`` or
+  ``["f32", float]``, in the order of the kernel's parameters. Transfers and views onto the
+  same bytes have ``[]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compiler.codegen.env import render
+from compiler.codegen.nvcc import DEFAULT_ARCHS, DEFAULT_PTX_ARCH, build_cuda, find_nvcc, min_driver
+from compiler.ir.graph import Graph, Node
+from compiler.providers import cuda_eltwise, cuda_gemm, cuda_simple  # noqa: F401  (registry)
+from compiler.providers.base import BuildOptions, PartitionPlan
+from compiler.providers.cuda_common import REGISTRY, KernelCode
+from runtime.errors import CompileError, OnnxAotError
+
+__all__ = ["CudaProvider", "CudaModelContext", "TRANSFER"]
+
+SOURCE_NAME = "model.cu"
+TRANSFER = "onnx_aot.Transfer"
+MAX_THREADS = 1024
+_ARCH_LIST = re.compile(r"\s*,\s*")
+
+
+@dataclass(frozen=True)
+class CudaModelContext:
+    n_kernels: int
+    functions: tuple[str, ...]
+
+
+def _launch_json(name: str, code: KernelCode) -> dict[str, Any]:
+    return {
+        "kernel": name,
+        "grid": list(code.grid),
+        "block": list(code.block),
+        "shared": code.shared,
+        "args": [a.to_json() for a in code.args],
+    }
+
+
+class CudaProvider:
+    """Generated CUDA kernels for float32 ops, built ahead of time with nvcc when present."""
+
+    name = "cuda"
+    runner = "cuda"
+    memory_space = "cuda"
+    alignment = 256
+
+    def supports(self, node: Node) -> bool:
+        """Whether a CUDA kernel handles ``node`` with its attributes, dtypes and shapes."""
+        if node.kind == TRANSFER:
+            return True
+        kernel = REGISTRY.get(node.kind)
+        if kernel is None:
+            return False
+        try:
+            return bool(kernel.supports(node))
+        except (OnnxAotError, KeyError, TypeError, ValueError, IndexError):
+            return False
+
+    def claims(self, graph: Graph) -> set[Node]:
+        return {node for node in graph.nodes if self.supports(node)}
+
+    def scratch_nbytes(self, node: Node) -> int:
+        if not self.supports(node):
+            raise CompileError(f"{node.describe()} is not supported by the CUDA provider")
+        if node.kind == TRANSFER:
+            return 0
+        return int(REGISTRY[node.kind].scratch_nbytes(node))
+
+    def render(self, partitions: list[PartitionPlan]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+        """The model's CUDA source and each step's launches (deterministic: no paths or times)."""
+        functions: list[str] = []
+        launches: dict[str, list[dict[str, Any]]] = {}
+        # (template, context without name/comment) -> the name of the function rendered for it
+        shared: dict[tuple[str, Any], str] = {}
+        for part in partitions:
+            if part.provider != self.name:
+                raise CompileError(
+                    f"partition {part.index} belongs to provider {part.provider!r}, not 'cuda'"
+                )
+            for step in part.steps:
+                key = str(step.index)
+                if key in launches:
+                    raise CompileError(f"step {step.index} appears twice in the CUDA partitions")
+                node = step.node
+                if node.kind == TRANSFER:
+                    launches[key] = []
+                    continue
+                if not self.supports(node):
+                    raise CompileError(f"{node.describe()} is not supported by the CUDA provider")
+                codes = REGISTRY[node.kind].build(step)
+                records = []
+                for j, code in enumerate(codes):
+                    self._check(code, node)
+                    name = f"k{step.index}" if len(codes) == 1 else f"k{step.index}_{j}"
+                    sig = (code.template, dataclasses.replace(code.ctx, name="", comment=""))
+                    if sig not in shared:
+                        shared[sig] = name
+                        functions.append(render(code.template, dataclasses.replace(code.ctx, name=name)))
+                    records.append(_launch_json(shared[sig], code))
+                launches[key] = records
+        source = render("cuda/model.cu.j2", CudaModelContext(len(functions), tuple(functions)))
+        return source, launches
+
+    @staticmethod
+    def _check(code: KernelCode, node: Node) -> None:
+        threads = code.block[0] * code.block[1] * code.block[2]
+        if min(code.grid) < 1 or min(code.block) < 1 or threads > MAX_THREADS:
+            raise CompileError(f"{node.describe()}: bad launch grid {code.grid} block {code.block}")
+        if code.grid[1] > 65535 or code.grid[2] > 65535 or code.grid[0] > 2**31 - 1:
+            raise CompileError(f"{node.describe()}: launch grid {code.grid} exceeds CUDA limits")
+
+    def generate(
+        self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
+    ) -> dict[str, object]:
+        """Write ``kernels_dir/model.cu`` and, with nvcc, its cubins and PTX; return the facts.
+
+        ``options.extra`` may set ``cuda_archs`` ("sm_80,sm_90"), ``cuda_ptx`` ("compute_80";
+        "" for none), ``nvcc`` (a path; "none" skips the build) and ``nvcc_flags``.
+        """
+        kernels_dir = Path(kernels_dir)
+        source, launches = self.render(list(partitions))
+        kernels_dir.mkdir(parents=True, exist_ok=True)
+        (kernels_dir / SOURCE_NAME).write_text(source)
+        archs = tuple(
+            a for a in _ARCH_LIST.split(options.extra.get("cuda_archs", ",".join(DEFAULT_ARCHS))) if a
+        )
+        ptx_arch = options.extra.get("cuda_ptx", DEFAULT_PTX_ARCH) or None
+        facts: dict[str, object] = {
+            "source": SOURCE_NAME,
+            "cubins": {},
+            "ptx": None,
+            "ptx_arch": None,
+            "nvcc_version": None,
+            "cuda_version": None,
+            "min_driver": None,
+        }
+        nvcc = find_nvcc(options)
+        if nvcc is not None and (archs or ptx_arch):
+            built = build_cuda(source, kernels_dir, options, nvcc, archs, ptx_arch)
+            facts.update(
+                cubins=dict(built.cubins),
+                ptx=built.ptx,
+                ptx_arch=ptx_arch if built.ptx else None,
+                nvcc_version=built.nvcc_version,
+                cuda_version=built.cuda_version,
+                min_driver=min_driver(built.cuda_version),
+                nvcc_flags=list(built.flags),
+            )
+        facts["launches"] = launches
+        return facts

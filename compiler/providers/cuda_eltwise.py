@@ -1,0 +1,267 @@
+"""CUDA kernels that need no reduction: elementwise ops and the kernels that only move elements.
+
+Elementwise (unary, binary with broadcasting, variadic, FusedElementwise): one thread per
+output element; the expressions, broadcasting strides and loop-nest coalescing come from
+``compiler.codegen.elementwise``, shared with the C provider, and scalar constant inputs are
+folded into literals as there. A fused chain is one kernel. Moves (Concat, Transpose,
+Reshape / Identity / Copy) take any fixed-size dtype; Reshape and Identity launch nothing when
+the planner made them views onto the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from compiler.codegen.elementwise import (
+    CUDA_DIALECT,
+    broadcast_strides,
+    contiguous_strides,
+    emit_program,
+    literal,
+    loop_nest,
+    node_program,
+    storage_ctype,
+    unflatten,
+)
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import same_dtype_movable
+from compiler.providers.c_eltwise import EltwiseKernel, _scalar_const
+from compiler.providers.c_move import ConcatKernel, CopyKernel, TransposeKernel
+from compiler.providers.cuda_common import (
+    MAX_ELEMENTS,
+    THREADS,
+    KArg,
+    KernelCode,
+    Param,
+    blocks,
+    comment,
+    float32_node,
+    input_ptrs,
+    output_ptrs,
+    ptr,
+    register,
+    shape_of,
+)
+
+__all__ = ["CudaEltwiseContext", "CudaMoveContext", "used_indices"]
+
+
+def used_indices(pairs: Sequence[tuple[str, str]], exprs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """The ``(name, expr)`` index definitions some expression in ``exprs`` reads (nvcc warns
+    about the others)."""
+    text = " ".join(exprs)
+    return tuple((n, e) for n, e in pairs if re.search(rf"\b{n}\b", text))
+
+
+@dataclass(frozen=True)
+class CudaEltwiseContext:
+    name: str
+    comment: str
+    params: tuple[Param, ...]
+    threads: int
+    total: int
+    index: tuple[tuple[str, str], ...]  # (loop variable, expression over `flat`)
+    loads: tuple[tuple[str, str, str], ...]  # (variable, pointer param, index expression)
+    temps: tuple[tuple[str, str, str], ...]  # (ctype, name, expression)
+    result: str
+    out_index: str
+
+
+@dataclass(frozen=True)
+class CudaMoveContext:
+    name: str
+    comment: str
+    params: tuple[Param, ...]
+    threads: int
+    op: str  # "copy" | "transpose" | "concat"
+    total: int
+    index: tuple[tuple[str, str], ...]  # transpose: loop variables
+    in_index: str  # transpose: the input index
+    outer: int  # concat: rows
+    row: int  # concat: elements per output row
+    chunks: tuple[tuple[str, int, int, bool], ...]  # concat: (param, width, start, in place)
+
+
+class CudaEltwiseKernel:
+    kinds = EltwiseKernel.kinds
+
+    def supports(self, node: Node) -> bool:
+        return float32_node(node) and EltwiseKernel().supports(node)
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        node = step.node
+        out_shape = shape_of(node.outputs[0])
+        inputs = [v for v in node.inputs if v is not None]
+        consts: dict[int, float] = {}
+        exprs: list[str] = []
+        params: list[Param] = []
+        args: list[KArg] = []
+        strides: list[tuple[int, ...]] = []
+        for k, value in enumerate(inputs):
+            c = _scalar_const(value)
+            if c is not None:
+                consts[k] = c
+                exprs.append(literal(c, CUDA_DIALECT))
+                continue
+            exprs.append(f"x{k}")
+            params.append(Param(f"in{k}", "float", True, False))
+            args.append(ptr(step.inputs[k], step, f"input {k} ({value.name})"))
+            strides.append(broadcast_strides(shape_of(value), out_shape))
+        nest = loop_nest(out_shape, strides)
+        loaded = [k for k in range(len(inputs)) if k not in consts]
+        loads = tuple((f"x{k}", f"in{k}", idx) for k, idx in zip(loaded, nest.in_index, strict=True))
+        emitted = emit_program(node_program(node.kind, node.attrs, len(inputs)), exprs, consts)
+        params.append(Param("y", "float", False, False))
+        args += output_ptrs(step)
+        index = unflatten(nest.dims, nest.names, "flat")
+        ctx = CudaEltwiseContext(
+            name="",
+            comment=comment(node),
+            params=tuple(params),
+            threads=THREADS,
+            total=nest.total,
+            index=used_indices(index, [nest.out_index, *nest.in_index]),
+            loads=loads,
+            temps=emitted.temps,
+            result=emitted.result,
+            out_index=nest.out_index,
+        )
+        grid = (blocks(nest.total, THREADS), 1, 1)
+        return (KernelCode("cuda/elementwise.cu.j2", ctx, grid, (THREADS, 1, 1), 0, tuple(args)),)
+
+
+def _movable(node: Node) -> bool:
+    values = [v for v in node.inputs if v is not None] + list(node.outputs)
+    return same_dtype_movable(node) and all(
+        v.shape is not None and 0 < math.prod(v.shape) <= MAX_ELEMENTS for v in values
+    )
+
+
+def _move(
+    step: StepPlan,
+    op: str,
+    total: int,
+    names: Sequence[str],
+    args: Sequence[KArg],
+    *,
+    index: tuple[tuple[str, str], ...] = (),
+    in_index: str = "",
+    outer: int = 0,
+    row: int = 0,
+    chunks: tuple[tuple[str, int, int, bool], ...] = (),
+) -> KernelCode:
+    dtype = step.node.outputs[0].dtype
+    assert dtype is not None
+    ctype = storage_ctype(dtype, CUDA_DIALECT)
+    # Only a transpose's input may be __restrict__: a copy or concat may meet its output.
+    params = tuple(Param(n, ctype, n != "y", n == "x" and op == "transpose") for n in names)
+    ctx = CudaMoveContext(
+        name="",
+        comment=comment(step.node),
+        params=params,
+        threads=THREADS,
+        op=op,
+        total=total,
+        index=index,
+        in_index=in_index,
+        outer=outer,
+        row=row,
+        chunks=chunks,
+    )
+    grid = (blocks(total, THREADS), 1, 1)
+    return KernelCode("cuda/move.cu.j2", ctx, grid, (THREADS, 1, 1), 0, tuple(args))
+
+
+class CudaCopyKernel:
+    kinds = CopyKernel.kinds
+
+    def supports(self, node: Node) -> bool:
+        return _movable(node) and CopyKernel().supports(node)
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        total = math.prod(shape_of(step.node.outputs[0]))
+        if step.inputs[0] == step.outputs[0]:
+            return ()  # a view onto the same bytes
+        args = [*input_ptrs(step), *output_ptrs(step)]
+        return (_move(step, "copy", total, ["x", "y"], args),)
+
+
+class CudaTransposeKernel:
+    kinds = TransposeKernel.kinds
+
+    def supports(self, node: Node) -> bool:
+        return _movable(node) and TransposeKernel().supports(node)
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        node = step.node
+        xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
+        own = contiguous_strides(xs)
+        nest = loop_nest(ys, [tuple(own[int(p)] for p in node.attrs["perm"])])
+        index = used_indices(unflatten(nest.dims, nest.names, "flat"), nest.in_index)
+        args = [*input_ptrs(step), *output_ptrs(step)]
+        return (
+            _move(step, "transpose", nest.total, ["x", "y"], args, index=index, in_index=nest.in_index[0]),
+        )
+
+
+class CudaConcatKernel:
+    kinds = ConcatKernel.kinds
+
+    def supports(self, node: Node) -> bool:
+        return _movable(node) and ConcatKernel().supports(node)
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        node = step.node
+        out = node.outputs[0]
+        ys, axis = shape_of(out), int(node.attrs["axis"])
+        assert out.dtype is not None
+        inner = math.prod(ys[axis + 1 :])
+        outer = math.prod(ys[:axis])
+        out_loc = step.outputs[0]
+        chunks: list[tuple[str, int, int, bool]] = []
+        names: list[str] = []
+        args: list[KArg] = []
+        start = 0
+        for k, v in enumerate(node.inputs):
+            assert v is not None
+            width = shape_of(v)[axis] * inner
+            loc = step.inputs[k]
+            in_place = (
+                outer == 1
+                and loc is not None
+                and loc.space == out_loc.space
+                and loc.offset == out_loc.offset + start * out.dtype.itemsize
+            )
+            if width:
+                if not in_place:
+                    names.append(f"in{k}")
+                    args.append(ptr(loc, step, f"input {k} ({v.name})"))
+                chunks.append((f"in{k}", width, start, in_place))
+            start += width
+        if all(c[3] for c in chunks):
+            return ()  # every input was produced straight into its slice
+        names.append("y")
+        args += output_ptrs(step)
+        return (
+            _move(step, "concat", outer * start, names, args, outer=outer, row=start, chunks=tuple(chunks)),
+        )
+
+
+for _kernel in (CudaEltwiseKernel(), CudaCopyKernel(), CudaTransposeKernel(), CudaConcatKernel()):
+    register(_kernel)
