@@ -43,6 +43,26 @@ def _parse_input(text: str) -> tuple[str, str]:
     return name, path
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"the planning budget must be a finite number >= 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onnx-aot",
@@ -60,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="cpu", choices=["cpu"], help="target (default cpu)")
     p.add_argument("--shape", action="append", type=parse_shape, default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, e.g. --shape input=1x3x224x224 (repeatable)")
+    p.add_argument("--plan-budget-ms", type=_budget, default=None, metavar="MS",
+                   help="time the memory planner may search for a smaller arena than its default "
+                        "heuristic gives (milliseconds)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
     p = sub.add_parser("run", help="run an artifact once and print its outputs")
@@ -76,10 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
 
-    p = sub.add_parser("inspect", help="summary of steps, partitions, providers and arenas")
+    p = sub.add_parser("inspect", help="the memory plan: arenas, peak step, largest buffers, live bytes")
     p.add_argument("artifact")
-    p.add_argument("--top", type=int, default=10, help="how many of the largest buffers to list")
-    p.add_argument("--json", action="store_true", help="print the memory report as JSON")
+    p.add_argument("--top", type=_count, default=10, metavar="N",
+                   help="how many of the largest buffers to list (default 10)")
+    p.add_argument("--steps", type=_count, default=None, metavar="N",
+                   help="list only the N steps with the most live bytes (default: every step)")
+    p.add_argument("--json", action="store_true",
+                   help="print the same data as JSON (report/memory.json with fields added)")
+    p.add_argument("--html", metavar="FILE",
+                   help="also write the memory page (as report/memory.html) to FILE")
     return parser
 
 
@@ -108,7 +137,8 @@ def _compile(args: argparse.Namespace) -> int:
     shapes = dict(args.shape)
     start = time.perf_counter()
     out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
-                        shapes=shapes, progress=None if args.quiet else stderr_progress)
+                        shapes=shapes, progress=None if args.quiet else stderr_progress,
+                        plan_budget_ms=args.plan_budget_ms)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0
@@ -179,41 +209,22 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from runtime.artifact import load_artifact
+    from compiler.artifact.report import render_memory_html
+    from compiler.inspect import format_text, inspect_artifact
 
-    art = load_artifact(args.artifact)
-    report = json.loads((art.path / "report" / "memory.json").read_text(encoding="utf-8"))
+    ins = inspect_artifact(args.artifact, top=args.top)
+    if args.html:
+        page = render_memory_html(ins.plan, ins.report)
+        try:
+            Path(args.html).write_text(page, encoding="utf-8")
+        except OSError as exc:
+            print(f"onnx-aot: error: cannot write {args.html}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        print(f"onnx-aot: wrote {args.html}", file=sys.stderr)
     if args.json:
-        print(json.dumps(report, indent=1))
-        return 0
-    plan = art.plan
-    print(f"artifact {art.path}  (compiled by onnx-aot {art.manifest['compiler']['version']} "
-          f"from {art.manifest['source']['file']})")
-    for s in plan["inputs"]:
-        print(f"  input  {s['name']}: {s['dtype']} {s['shape']}")
-    for s in plan["outputs"]:
-        print(f"  output {s['name']}: {s['dtype']} {s['shape']}")
-    print(f"weights: {plan['weights_nbytes']} bytes in {len(plan['constants'])} constants")
-    counts: dict[str, int] = {}
-    for step in plan["steps"]:
-        counts[step["provider"]] = counts.get(step["provider"], 0) + 1
-    print(f"steps: {len(plan['steps'])} (" + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ")")
-    for part in plan["partitions"]:
-        print(f"  partition {part['index']}: {part['provider']}, steps {part['first_step']}-"
-              f"{part['last_step']}, entry {part['entry']}")
-    for space, arena in report["arenas"].items():
-        lb = arena["lower_bound_nbytes"]
-        ratio = arena["arena_nbytes"] / lb if lb else 1.0
-        print(f"arena {space}: {arena['arena_nbytes']} bytes, lower bound {lb} ({ratio:.3f}x), "
-              f"naive {arena['naive_nbytes']}, peak at step {arena['peak_step']}")
-        largest = sorted(arena["buffers"], key=lambda b: (-b["nbytes"], b["id"]))[:args.top]
-        for b in largest:
-            print(f"    {b['nbytes']:>12} B  @{b['offset']:<12} steps {b['first_step']}-{b['last_step']}"
-                  f"  {b['tensor']}")
-    ops: dict[str, int] = {}
-    for step in plan["steps"]:
-        ops[step["op_type"]] = ops.get(step["op_type"], 0) + 1
-    print("ops: " + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())))
+        print(json.dumps(ins.summary, indent=1, ensure_ascii=False))
+    else:
+        sys.stdout.write(format_text(ins, steps=args.steps))
     return 0
 
 

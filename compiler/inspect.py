@@ -1,0 +1,278 @@
+"""Read a compiled memory plan back as a report: arenas against their bounds, the peak, the buffers.
+
+:func:`memory_summary` joins ``report/memory.json`` (arenas, buffers with offsets and lifetimes,
+live bytes per step) with ``plan.json`` (the step that produced each tensor, its shape and dtype)
+into one JSON-ready dict: memory.json's schema with fields added, never removed or renamed.
+``onnx-aot inspect`` prints it as text (:func:`format_text`) or as JSON, and the HTML page
+(``compiler/artifact/report.py``) draws the same dict, so the three never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.artifact import load_artifact
+from runtime.errors import ArtifactError
+
+__all__ = ["MEMORY_JSON", "Inspection", "inspect_artifact", "memory_summary", "format_text",
+           "format_bytes", "human_bytes"]
+
+MEMORY_JSON = "report/memory.json"
+BAR_WIDTH = 30
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """An artifact's plan and memory report, read and verified, with the summary built from them."""
+
+    path: Path
+    manifest: dict[str, Any]
+    plan: dict[str, Any]
+    report: dict[str, Any]  # report/memory.json as stored
+    summary: dict[str, Any]  # memory_summary(plan, report)
+
+
+def inspect_artifact(path: str | os.PathLike[str], *, top: int = 10) -> Inspection:
+    """Load the artifact at ``path`` (verifying its manifest) and summarize its memory plan."""
+    art = load_artifact(path)
+    report_path = art.file(MEMORY_JSON)
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArtifactError(f"{report_path}: the memory report is missing") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{report_path}: the memory report is not valid JSON ({exc})") from None
+    if not isinstance(report, dict) or not isinstance(report.get("arenas"), dict) \
+            or not isinstance(report.get("steps"), list):
+        raise ArtifactError(f"{report_path}: not a memory report (expected 'arenas' and 'steps')")
+    return Inspection(art.path, art.manifest, art.plan, report, memory_summary(art.plan, report, top=top))
+
+
+def _align(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def memory_summary(plan: dict[str, Any], report: dict[str, Any], *, top: int = 10) -> dict[str, Any]:
+    """memory.json's data with what a reader needs added.
+
+    Every buffer gains ``kind`` ("tensor" or "scratch"), ``root`` (the tensor filling it),
+    ``values`` (every tensor sharing it: views, in-place results, Concat inputs written into their
+    slices), the root's ``dtype`` and ``shape``, its producing step (``producer``, ``op_type``,
+    ``producer_step``; for scratch, the step it serves) and ``aligned_nbytes``. Every arena gains
+    its saving against the naive sum, its ratio to the lower bound, its ``strategy``, the bytes
+    live at its peak step, and the ids of the buffers live there and of the ``top`` largest. Every
+    step gains its live bytes per arena, its live buffer count and its scratch bytes.
+    """
+    steps = plan["steps"]
+    n = len(report["steps"])
+    if n != len(steps):
+        raise ArtifactError(f"memory report lists {n} steps but plan.json has {len(steps)}")
+    producer: dict[str, dict[str, Any]] = {}
+    for step in steps:
+        for name in step["outputs"]:
+            producer[name] = step
+    plan_buffers = {b["id"]: b for b in plan["buffers"]}
+    strategy = {a["memory_space"]: a["strategy"] for a in plan["arenas"]}
+
+    arenas: dict[str, Any] = {}
+    live_by_arena: list[dict[str, int]] = [{} for _ in range(n)]
+    live_count = [0] * n
+    for space, arena in report["arenas"].items():
+        if space not in strategy:
+            raise ArtifactError(f"memory report lists arena {space!r}, which plan.json does not have")
+        alignment = arena["alignment"]
+        buffers = [_buffer_entry(buf, plan_buffers, producer, plan["values"], steps, alignment)
+                   for buf in arena["buffers"]]
+        live = [0] * n
+        for buf in buffers:
+            for t in range(buf["first_step"], buf["last_step"] + 1):
+                live[t] += buf["aligned_nbytes"]
+                live_count[t] += 1
+        for t in range(n):
+            live_by_arena[t][space] = live[t]
+        peak = arena["peak_step"]
+        at_peak = sorted((b for b in buffers if b["first_step"] <= peak <= b["last_step"]),
+                         key=lambda b: (b["offset"], b["id"]))
+        largest = sorted(buffers, key=lambda b: (-b["nbytes"], b["first_step"], b["id"]))[:max(top, 0)]
+        size, lb, naive = arena["arena_nbytes"], arena["lower_bound_nbytes"], arena["naive_nbytes"]
+        entry = dict(arena)
+        entry["buffers"] = buffers
+        entry.update({
+            "strategy": strategy[space],
+            "buffer_count": len(buffers),
+            "scratch_count": sum(1 for b in buffers if b["kind"] == "scratch"),
+            "saving_nbytes": naive - size,
+            "saving_fraction": round((naive - size) / naive, 6) if naive else 0.0,
+            "naive_over_arena": round(naive / size, 6) if size else 1.0,
+            "arena_over_lower_bound": round(size / lb, 6) if lb else 1.0,
+            "peak_live_nbytes": live[peak] if n else 0,
+            "peak_buffers": [b["id"] for b in at_peak],
+            "largest_buffers": [b["id"] for b in largest],
+        })
+        arenas[space] = entry
+
+    out_steps = []
+    for t, step in enumerate(report["steps"]):
+        entry = dict(step)
+        scratch = steps[t]["scratch"]
+        entry.update({"live_by_arena": live_by_arena[t], "live_buffers": live_count[t],
+                      "scratch_nbytes": scratch["nbytes"] if scratch is not None else 0})
+        out_steps.append(entry)
+    return {"arenas": arenas, "steps": out_steps}
+
+
+def _buffer_entry(buf: dict[str, Any], plan_buffers: dict[str, dict[str, Any]],
+                  producer: dict[str, dict[str, Any]], values: dict[str, Any],
+                  steps: list[dict[str, Any]], alignment: int) -> dict[str, Any]:
+    record = plan_buffers.get(buf["id"])
+    if record is None:
+        raise ArtifactError(f"memory report lists buffer {buf['id']!r}, which plan.json does not have")
+    entry = dict(buf)
+    names = list(record["values"])
+    if not names:  # kernel scratch: no tensor, live for the one step it serves
+        step = steps[buf["first_step"]]
+        entry.update({"kind": "scratch", "root": None, "values": [], "dtype": None, "shape": None})
+    else:
+        # the tensor that fills the buffer: its root (the buffer's id), which a Concat writing in
+        # place produces after the inputs written into its slices; memory.json's "tensor" is the
+        # first value written
+        root = buf["id"] if buf["id"] in names else buf["tensor"]
+        step = producer.get(root) or {}
+        if not step or root not in values:
+            raise ArtifactError(f"buffer {buf['id']!r}: plan.json has no producing step or record "
+                                f"for its tensor {root!r}")
+        entry.update({"kind": "tensor", "root": root, "values": names, "dtype": values[root]["dtype"],
+                      "shape": list(values[root]["shape"])})
+    entry.update({"producer": step["name"], "op_type": step["op_type"], "producer_step": step["index"],
+                  "aligned_nbytes": _align(buf["nbytes"], alignment)})
+    return entry
+
+
+# ---------------------------------------------------------------------------------------- text
+
+
+def format_bytes(n: int) -> str:
+    """``4491776`` -> ``4,491,776``."""
+    return f"{n:,}"
+
+
+def human_bytes(n: float) -> str:
+    """``4491776`` -> ``4.28 MiB`` (binary units, three significant figures)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def describe_shape(buf: dict[str, Any]) -> str:
+    """``float32[1,64,111,111]`` for a tensor, ``scratch`` for kernel scratch."""
+    if buf["kind"] == "scratch":
+        return "scratch"
+    return f"{buf['dtype']}[{','.join(str(d) for d in buf['shape'])}]"
+
+
+def _table(rows: Sequence[Sequence[str]], right: Sequence[bool], indent: str) -> list[str]:
+    """Columns padded to their widest cell (right-aligned where asked); the last is not padded."""
+    widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [cell.rjust(widths[k]) if right[k] else cell.ljust(widths[k])
+                 for k, cell in enumerate(row[:-1])]
+        lines.append((indent + "  ".join([*cells, row[-1]])).rstrip())
+    return lines
+
+
+def _buffer_rows(buffers: list[dict[str, Any]]) -> list[str]:
+    rows = [("offset", "bytes", "steps", "shape", "tensor", "produced by")]
+    for b in buffers:
+        tensor = b["root"] if b["kind"] == "tensor" else f"scratch of step {b['first_step']}"
+        if len(b["values"]) > 1:
+            more = len(b["values"]) - 1
+            tensor += f" (+{more} alias{'es' if more > 1 else ''})"
+        rows.append((format_bytes(b["offset"]), format_bytes(b["nbytes"]),
+                     f"{b['first_step']}-{b['last_step']}", describe_shape(b), tensor,
+                     f"{b['producer']} ({b['op_type']}, step {b['producer_step']})"))
+    return _table(rows, (True, True, False, False, False, False), "      ")
+
+
+def format_text(ins: Inspection, *, steps: int | None = None) -> str:
+    """The ``onnx-aot inspect`` text: artifact facts, then per arena its numbers, peak and largest
+    buffers, then the live bytes of each step (only the ``steps`` fullest ones when given)."""
+    plan, summary = ins.plan, ins.summary
+    lines = [f"artifact {ins.path}  (compiled by onnx-aot {ins.manifest['compiler']['version']} "
+             f"from {ins.manifest['source']['file']})"]
+    lines += [f"  input  {s['name']}: {s['dtype']} {s['shape']}" for s in plan["inputs"]]
+    lines += [f"  output {s['name']}: {s['dtype']} {s['shape']}" for s in plan["outputs"]]
+    lines.append(f"weights: {plan['weights_nbytes']} bytes in {len(plan['constants'])} constants")
+    providers: dict[str, int] = {}
+    ops: dict[str, int] = {}
+    for step in plan["steps"]:
+        providers[step["provider"]] = providers.get(step["provider"], 0) + 1
+        ops[step["op_type"]] = ops.get(step["op_type"], 0) + 1
+    lines.append(f"steps: {len(plan['steps'])} (" + ", ".join(f"{k}: {v}" for k, v in providers.items())
+                 + ")")
+    lines += [f"  partition {p['index']}: {p['provider']}, steps {p['first_step']}-{p['last_step']}, "
+              f"entry {p['entry']}" for p in plan["partitions"]]
+    lines.append("ops: " + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())))
+
+    for space, arena in summary["arenas"].items():
+        by_id = {b["id"]: b for b in arena["buffers"]}
+        size, lb, naive = arena["arena_nbytes"], arena["lower_bound_nbytes"], arena["naive_nbytes"]
+        width = len(format_bytes(max(size, lb, naive)))
+        lines += [
+            "",
+            f"arena {space}: {format_bytes(size)} bytes ({human_bytes(size)}), {arena['buffer_count']} "
+            f"buffers ({arena['buffer_count'] - arena['scratch_count']} tensors, "
+            f"{arena['scratch_count']} scratch), alignment {arena['alignment']}, "
+            f"strategy {arena['strategy']}",
+            f"  arena        {format_bytes(size):>{width}} B",
+            f"  lower bound  {format_bytes(lb):>{width}} B   arena / lower bound "
+            f"{arena['arena_over_lower_bound']:.3f}x",
+            f"  naive sum    {format_bytes(naive):>{width}} B   saving "
+            f"{format_bytes(arena['saving_nbytes'])} B "
+            f"({arena['saving_fraction'] * 100:.1f}% less than naive, "
+            f"{arena['naive_over_arena']:.2f}x smaller)",
+        ]
+        if summary["steps"]:
+            peak = summary["steps"][arena["peak_step"]]
+            lines.append(f"  peak at step {peak['index']} ({peak['name']}, {peak['op_type']}): "
+                         f"{format_bytes(arena['peak_live_nbytes'])} bytes live in "
+                         f"{len(arena['peak_buffers'])} buffers")
+            if arena["peak_buffers"]:
+                lines += _buffer_rows([by_id[i] for i in arena["peak_buffers"]])
+        if arena["largest_buffers"]:
+            lines.append(f"  largest buffers ({len(arena['largest_buffers'])} of {arena['buffer_count']}):")
+            lines += _buffer_rows([by_id[i] for i in arena["largest_buffers"]])
+
+    lines += ["", *_step_lines(summary, steps)]
+    return "\n".join(lines) + "\n"
+
+
+def _step_lines(summary: dict[str, Any], limit: int | None) -> list[str]:
+    rows_in = summary["steps"]
+    if not rows_in:
+        return ["live bytes per step: no steps"]
+    spaces = list(summary["arenas"])
+    peaks = {a["peak_step"] for a in summary["arenas"].values()}
+    shown = list(range(len(rows_in)))
+    head = "live bytes per step (arena buffers live during the step; * = peak step of an arena)"
+    if limit is not None and limit < len(rows_in):
+        fullest = sorted(shown, key=lambda t: (-rows_in[t]["live_nbytes"], t))[:max(limit, 0)]
+        shown = sorted(fullest)
+        head = (f"live bytes per step, the {len(shown)} fullest of {len(rows_in)} "
+                f"(* = peak step of an arena)")
+    top = max(max(s["live_nbytes"] for s in rows_in), 1)
+    rows = [("step", *(f"live {s}" for s in spaces), "buffers", "", "op", "name", "provider")]
+    for t in shown:
+        s = rows_in[t]
+        bar = "#" * round(BAR_WIDTH * s["live_nbytes"] / top)
+        rows.append((str(t), *(format_bytes(s["live_by_arena"][sp]) for sp in spaces),
+                     str(s["live_buffers"]), bar.ljust(BAR_WIDTH) + ("*" if t in peaks else " "),
+                     s["op_type"], s["name"], s["provider"]))
+    right = (True, *(True for _ in spaces), True, False, False, False, False)
+    return [head + ":", *_table(rows, right, "  ")] if shown else [head + ": none shown"]
