@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="artifact folder to write")
     p.add_argument("-O", dest="opt_level", type=int, choices=[0, 1, 2, 3], default=2,
                    help="optimization level (default 2)")
-    p.add_argument("--target", default="cpu", choices=["cpu"], help="target (default cpu)")
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"],
+                   help="cpu: C kernels (default); cuda: generated CUDA kernels built with nvcc when "
+                        "present (run with cupy), reference kernels on the device for the rest")
     p.add_argument("--shape", action="append", type=parse_shape, default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, e.g. --shape input=1x3x224x224 (repeatable)")
     p.add_argument("--plan-budget-ms", type=_budget, default=None, metavar="MS",
