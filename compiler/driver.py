@@ -93,7 +93,7 @@ def compile_model(
     mem_plans: dict[str, MemoryPlan] = {}
     for space in sorted(set(step_space)):
         buffers = storage.buffers.get(space, [])
-        mem_plans[space] = plan_offsets(buffers, alignment[space])
+        mem_plans[space] = plan_offsets(buffers, alignment[space], budget_ms=plan_budget_ms)
         verify_plan(buffers, mem_plans[space], alignment[space])
 
     plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name)

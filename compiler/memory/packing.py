@@ -1,24 +1,40 @@
 """Static memory planning: pack buffers with known lifetimes into one arena.
 
-The planner is a pure function: buffers (size and inclusive lifetime over a fixed schedule) in,
-byte offsets out, such that buffers alive at the same step never share bytes. It runs several
-greedy orderings (TFLite's size order with best fit, Glow's max-pressure order with lowest-address
-fit, TVM's conflict order, longest lifetime first) and keeps the smallest arena, stopping early
-once a plan meets the lower bound (the largest sum of live sizes at any step). ``verify_plan``
-checks any plan independently of how it was made.
+The planner is a pure, deterministic function: buffers (size and inclusive lifetime over a fixed
+schedule) in, byte offsets out, such that buffers alive at the same step never share bytes. The
+default heuristic runs greedy strategies (``compiler.memory.greedy``: TFLite's size order with best
+fit, Glow's max-pressure order with first fit, conflict and lifetime orders) and keeps the
+smallest arena, stopping at the lower bound (the largest sum of live sizes at any step). When that
+is above the bound, a search (``compiler.memory.search``: the classic planners' other orders, an
+exact branch and bound for few buffers, a local search over placement orders) tries to do better
+within ``budget_ms`` and never returns a larger arena. ``verify_plan`` checks any plan
+independently of how it was made.
 """
 
 from __future__ import annotations
 
+import math
 import operator
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
-__all__ = ["Buffer", "MemoryPlan", "lower_bound", "plan_offsets", "verify_plan"]
+from compiler.memory import search
+from compiler.memory.greedy import MORE_STRATEGIES, STRATEGIES, Problem, place_fresh
 
+__all__ = ["DEFAULT_BUDGET_MS", "Buffer", "MemoryPlan", "lower_bound", "plan_offsets", "verify_plan"]
 
+# The search budget when the caller names none. It is only spent when the default heuristic is
+# above the lower bound and stops at the bound (the light zoo needs at most a few ms); 500 ms is
+# where, on random instances of up to 300 buffers, the search stops losing to TVM's 500-attempt
+# hill climb (200 ms still loses on a few dense ones; see scripts/bench_planner.py).
+DEFAULT_BUDGET_MS = 500.0
+# A budget is converted to work units (list entries visited), WORK_PER_MS of them per millisecond
+# as measured on the 2-core development machine: never wall-clock time, so the plan does not
+# depend on the speed or load of the machine that makes it.
+WORK_PER_MS = 8000
+# The default heuristic runs its strategies in turn while within this much work (the first always
+# runs): about 8 ms of Python. The strategies it skips are tried by the search.
+GREEDY_WORK = 50_000
 @dataclass(frozen=True)
 class Buffer:
     """One tensor to place: ``nbytes`` live from ``first_step`` to ``last_step`` inclusive."""
@@ -55,15 +71,33 @@ class MemoryPlan:
     strategy: str  # the heuristic that produced ``offsets``
 
 
-def plan_offsets(buffers: Iterable[Buffer], alignment: int = 64) -> MemoryPlan:
-    """Give every buffer an aligned offset; buffers with intersecting lifetimes never overlap."""
-    return _plan_with(buffers, alignment, tuple(_STRATEGIES))
+def plan_offsets(
+    buffers: Iterable[Buffer], alignment: int = 64, *, budget_ms: float | None = None
+) -> MemoryPlan:
+    """Give every buffer an aligned offset; buffers with intersecting lifetimes never overlap.
+
+    The greedy best-of runs first; if its arena is above the lower bound, the search gets
+    ``budget_ms`` (``DEFAULT_BUDGET_MS`` when None; 0 turns it off) to find a smaller one.
+    """
+    if budget_ms is None:
+        budget_ms = DEFAULT_BUDGET_MS
+    number = isinstance(budget_ms, (int, float)) and not isinstance(budget_ms, bool)
+    if not number or not math.isfinite(budget_ms) or budget_ms < 0:
+        raise ValueError(f"budget_ms must be a finite number >= 0, got {budget_ms!r}")
+    bufs = _check_buffers(buffers, alignment)
+    problem = _problem(bufs, alignment)
+    best, tried = _greedy(problem, tuple(STRATEGIES), GREEDY_WORK)
+    if best.arena > problem.lower_bound and budget_ms > 0:
+        more = [(name, *STRATEGIES[name]) for name in STRATEGIES if name not in tried]
+        more += [(name, *strategy) for name, strategy in MORE_STRATEGIES.items()]
+        best = search.improve(problem, best, int(budget_ms * WORK_PER_MS), more)
+    return _plan(bufs, problem, best)
 
 
 def lower_bound(buffers: Iterable[Buffer], alignment: int) -> int:
     """The largest sum of aligned live sizes at any one step: no arena can be smaller."""
     bufs = _check_buffers(buffers, alignment)
-    return _Problem(bufs, alignment).lower_bound()
+    return _problem(bufs, alignment).lower_bound
 
 
 def verify_plan(buffers: Iterable[Buffer], plan: MemoryPlan, alignment: int) -> None:
@@ -123,216 +157,50 @@ def _check_buffers(buffers: Iterable[Buffer], alignment: int) -> tuple[Buffer, .
     return bufs
 
 
-class _Problem:
-    """The buffers as parallel lists indexed by input position, plus who conflicts with whom."""
-
-    def __init__(self, bufs: Sequence[Buffer], alignment: int) -> None:
-        self.n = len(bufs)
-        self.size = [-(-b.nbytes // alignment) * alignment for b in bufs]  # rounded up
-        self.first = [b.first_step for b in bufs]
-        self.last = [b.last_step for b in bufs]
-        # Zero-byte buffers take no space: they conflict with nothing and keep offset 0.
-        self.nonempty = [i for i in range(self.n) if self.size[i]]
-
-    @cached_property
-    def conflicts(self) -> list[list[int]]:
-        """For each buffer, the other non-empty buffers whose lifetimes intersect its own."""
-        first, last = self.first, self.last
-        conflicts: list[list[int]] = [[] for _ in range(self.n)]
-        active: list[int] = []
-        for i in sorted(self.nonempty, key=lambda i: first[i]):
-            active = [j for j in active if last[j] >= first[i]]
-            if active:
-                conflicts[i].extend(active)
-                for j in active:
-                    conflicts[j].append(i)
-            active.append(i)
-        return conflicts
-
-    def lower_bound(self) -> int:
-        events = []
-        for i in self.nonempty:
-            events.append((self.first[i], self.size[i]))
-            events.append((self.last[i] + 1, -self.size[i]))
-        events.sort()  # at equal steps the frees (negative) come first
-        live = peak = 0
-        for _, delta in events:
-            live += delta
-            if live > peak:
-                peak = live
-        return peak
+def _problem(bufs: Sequence[Buffer], alignment: int) -> Problem:
+    nbytes = [b.nbytes for b in bufs]
+    return Problem(nbytes, [b.first_step for b in bufs], [b.last_step for b in bufs], alignment)
 
 
-# ---- orders: which buffer to place next (ties always fall back to the input index) ----
+def _greedy(problem: Problem, strategies: Sequence[str], work: int) -> tuple[search.Solution, list[str]]:
+    """Run the named strategies in order while within ``work`` units (the first always runs).
 
-
-def _order_by_size(p: _Problem) -> list[int]:
-    size = p.size
-    return sorted(p.nonempty, key=lambda i: (-size[i], i))
-
-
-def _order_by_conflicts(p: _Problem) -> list[int]:
-    size, conflicts = p.size, p.conflicts
-    weight = {i: sum(map(size.__getitem__, conflicts[i])) for i in p.nonempty}
-    return sorted(p.nonempty, key=lambda i: (-weight[i], -size[i], i))
-
-
-def _order_by_lifetime(p: _Problem) -> list[int]:
-    size, first, last = p.size, p.first, p.last
-    return sorted(p.nonempty, key=lambda i: (first[i] - last[i], -size[i], i))
-
-
-def _order_by_pressure(p: _Problem) -> list[int]:
-    """Glow's order: at the step with most unplaced live bytes, its largest unplaced buffer.
-
-    The remaining live bytes only change at buffer starts, and the earliest step of greatest
-    pressure is always some buffer's first step, so only those steps ("points") are tracked, in
-    a max segment tree with range add. Each point keeps the buffers covering it in pick order
-    (largest, then longest-lived, then input index) with a cursor past the placed ones.
+    Returns the first smallest plan and the names of the strategies that ran.
     """
-    size, first, last = p.size, p.first, p.last
-    points = sorted({first[i] for i in p.nonempty})
-    if not points:
-        return []
-    width = 1 << (len(points) - 1).bit_length()
-    # leaves past the last point hold -1 so the descent below never picks them
-    tree = [0] * (width + len(points)) + [-1] * (width - len(points))
-    pending = [0] * width  # add applied to a whole subtree, already counted in tree[v]
-    candidates: list[list[int]] = [[] for _ in points]
-    covered: dict[int, tuple[int, int]] = {}
-    for i in sorted(p.nonempty, key=lambda i: (-size[i], first[i] - last[i], i)):
-        lo, hi = bisect_left(points, first[i]), bisect_right(points, last[i])
-        covered[i] = (lo, hi)
-        for k in range(lo, hi):
-            candidates[k].append(i)
-        tree[width + lo] += size[i]  # difference array, summed below
-        if hi < len(points):
-            tree[width + hi] -= size[i]
-    for k in range(1, len(points)):
-        tree[width + k] += tree[width + k - 1]
-    for v in range(width - 1, 0, -1):
-        tree[v] = max(tree[2 * v], tree[2 * v + 1])
-    cursor = [0] * len(points)
-    done = [False] * p.n
-    order: list[int] = []
-    for _ in p.nonempty:
-        v = 1
-        while v < width:  # descend to the earliest point of greatest pressure
-            v <<= 1
-            if tree[v] < tree[v + 1]:
-                v += 1
-        k = v - width
-        column, j = candidates[k], cursor[k]
-        while done[column[j]]:
-            j += 1
-        cursor[k] = j + 1
-        i = column[j]
-        done[i] = True
-        order.append(i)
-        # subtract its size from the points it covers, then repair the two boundary paths
-        lo, hi = covered[i]
-        delta = -size[i]
-        left, right = lo + width, hi + width
-        while left < right:
-            if left & 1:
-                tree[left] += delta
-                if left < width:
-                    pending[left] += delta
-                left += 1
-            if right & 1:
-                right -= 1
-                tree[right] += delta
-                if right < width:
-                    pending[right] += delta
-            left >>= 1
-            right >>= 1
-        for v in (lo + width, hi - 1 + width):
-            v >>= 1
-            while v:
-                tree[v] = max(tree[2 * v], tree[2 * v + 1]) + pending[v]
-                v >>= 1
-    return order
-
-
-# ---- fits: where to put one buffer, given the (offset, end) spans of placed conflicting ones ----
-
-
-def _best_fit(spans: list[tuple[int, int]], nbytes: int) -> int:
-    """The smallest gap that holds ``nbytes`` (lowest on ties), else just past the highest end."""
-    best_offset, best_gap = -1, -1
-    top = 0
-    for offset, end in spans:
-        gap = offset - top
-        if gap >= nbytes and (best_gap < 0 or gap < best_gap):
-            best_offset, best_gap = top, gap
-        if end > top:
-            top = end
-    return best_offset if best_offset >= 0 else top
-
-
-def _first_fit(spans: list[tuple[int, int]], nbytes: int) -> int:
-    """The lowest address where ``nbytes`` fits."""
-    top = 0
-    for offset, end in spans:
-        if offset - top >= nbytes:
-            return top
-        if end > top:
-            top = end
-    return top
-
-
-_Order = Callable[[_Problem], list[int]]
-_Fit = Callable[[list[tuple[int, int]], int], int]
-
-# Tried in this order; on equal arenas the earlier one wins.
-_STRATEGIES: dict[str, tuple[_Order, _Fit]] = {
-    "size_best_fit": (_order_by_size, _best_fit),
-    "max_pressure_first_fit": (_order_by_pressure, _first_fit),
-    "conflicts_best_fit": (_order_by_conflicts, _best_fit),
-    "lifetime_best_fit": (_order_by_lifetime, _best_fit),
-}
-
-
-def _place(p: _Problem, order: list[int], fit: _Fit) -> tuple[list[int], int]:
-    size, conflicts = p.size, p.conflicts
-    offsets = [0] * p.n
-    spans: list[tuple[int, int] | None] = [None] * p.n
-    arena = 0
-    for i in order:
-        around = [s for j in conflicts[i] if (s := spans[j])]
-        if around:
-            around.sort()
-            offset = fit(around, size[i])
-        else:
-            offset = 0
-        end = offset + size[i]
-        spans[i] = (offset, end)
-        offsets[i] = offset
-        if end > arena:
-            arena = end
-    return offsets, arena
-
-
-def _plan_with(buffers: Iterable[Buffer], alignment: int, strategies: Sequence[str]) -> MemoryPlan:
-    """Run the named strategies in order and keep the first smallest arena (tests call this)."""
-    bufs = _check_buffers(buffers, alignment)
-    problem = _Problem(bufs, alignment)
-    bound = problem.lower_bound()
-    best: tuple[int, str, list[int]] | None = None
+    bound = problem.lower_bound
+    best: search.Solution | None = None
+    spent = 0
+    tried = []
     for name in strategies:
-        order_fn, fit = _STRATEGIES[name]
-        offsets, arena = _place(problem, order_fn(problem), fit)
-        if best is None or arena < best[0]:
-            best = (arena, name, offsets)
-        if arena == bound:
+        order_fn, fit = STRATEGIES[name]
+        cost = problem.strategy_cost(order_fn)
+        if best is not None and spent + cost > work:
+            break
+        tried.append(name)
+        order = order_fn(problem)
+        offsets, arena = place_fresh(problem, order, fit, -1 if best is None else best.arena - 1)
+        spent += cost
+        if best is None or 0 <= arena < best.arena:
+            best = search.Solution(name, offsets, arena, order, fit)
+        if best.arena == bound:
             break  # nothing beats the lower bound, and later strategies lose ties
     if best is None:
         raise ValueError("no strategy given")
-    arena, name, offsets = best
+    return best, tried
+
+
+def _plan(bufs: Sequence[Buffer], problem: Problem, best: search.Solution) -> MemoryPlan:
     return MemoryPlan(
-        offsets={b.id: offsets[i] for i, b in enumerate(bufs)},
-        arena_nbytes=arena,
-        lower_bound_nbytes=bound,
+        offsets={b.id: best.offsets[i] for i, b in enumerate(bufs)},
+        arena_nbytes=best.arena,
+        lower_bound_nbytes=problem.lower_bound,
         naive_nbytes=sum(problem.size),
-        strategy=name,
+        strategy=best.strategy,
     )
+
+
+def _plan_with(buffers: Iterable[Buffer], alignment: int, strategies: Sequence[str]) -> MemoryPlan:
+    """Run the named greedy strategies in order, no search, and keep the first smallest (tests call this)."""
+    bufs = _check_buffers(buffers, alignment)
+    problem = _problem(bufs, alignment)
+    return _plan(bufs, problem, _greedy(problem, strategies, 1 << 62)[0])
