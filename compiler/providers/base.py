@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from compiler.ir.graph import Graph, Node
+from compiler.ir.graph import Graph, Node, Value
+from runtime.errors import CompileError
 
-__all__ = ["Location", "StepPlan", "PartitionPlan", "BuildOptions", "Provider"]
+__all__ = ["Location", "StepPlan", "PartitionPlan", "BuildOptions", "Provider", "shape_of"]
 
 
 @dataclass(frozen=True)
@@ -88,3 +89,10 @@ class Provider(Protocol):
         Returns the facts the manifest records (compiler, flags, ISA, file names).
         """
         ...
+
+
+def shape_of(value: Value | None) -> tuple[int, ...]:
+    """A value's static shape; CompileError naming the value when it has none."""
+    if value is None or value.shape is None:
+        raise CompileError(f"value {getattr(value, 'name', None)!r} has no static shape")
+    return tuple(int(d) for d in value.shape)

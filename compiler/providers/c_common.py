@@ -17,7 +17,7 @@ import numpy as np
 
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node, Value
-from compiler.providers.base import Location, StepPlan
+from compiler.providers.base import Location, StepPlan, shape_of
 from runtime.errors import CompileError
 
 __all__ = [
@@ -90,12 +90,6 @@ def register(kernel: CKernel) -> CKernel:
             raise ValueError(f"C kernel for {kind} registered twice")
         REGISTRY[kind] = kernel
     return kernel
-
-
-def shape_of(value: Value | None) -> tuple[int, ...]:
-    if value is None or value.shape is None:
-        raise CompileError(f"value {getattr(value, 'name', None)!r} has no static shape")
-    return tuple(int(d) for d in value.shape)
 
 
 def _values(node: Node) -> list[Value]:

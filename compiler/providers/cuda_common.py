@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from compiler.ir.graph import Node, Value
-from compiler.providers.base import Location, StepPlan
+from compiler.ir.graph import Node
+from compiler.providers.base import Location, StepPlan, shape_of
 from runtime.errors import CompileError
 
 __all__ = [
@@ -104,12 +104,6 @@ def register(kernel: CudaKernel) -> CudaKernel:
             raise ValueError(f"CUDA kernel for {kind} registered twice")
         REGISTRY[kind] = kernel
     return kernel
-
-
-def shape_of(value: Value | None) -> tuple[int, ...]:
-    if value is None or value.shape is None:
-        raise CompileError(f"value {getattr(value, 'name', None)!r} has no static shape")
-    return tuple(int(d) for d in value.shape)
 
 
 def float32_node(node: Node) -> bool:
