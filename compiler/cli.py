@@ -19,7 +19,7 @@ import numpy as np
 from compiler.version import __version__
 from runtime.errors import InputError, OnnxAotError
 
-__all__ = ["main", "parse_shape"]
+__all__ = ["main", "parse_bind", "parse_shape"]
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -34,6 +34,33 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     if any(d < 0 for d in shape):
         raise argparse.ArgumentTypeError(f"negative dimension in {text!r}")
     return name, shape
+
+
+def parse_bind(text: str) -> tuple[str, np.ndarray]:
+    """``NAME=1,2,3`` -> ("NAME", array([1, 2, 3])); ``NAME=@values.npy`` loads the array.
+
+    Numbers are read as integers when they all are, else as floats; the compiler converts them to
+    the input's declared type and shape.
+    """
+    name, sep, values = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=V0,V1,... or NAME=@FILE.npy, got {text!r}")
+    if values.startswith("@"):
+        try:
+            return name, np.load(values[1:], allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(f"--bind {name}: cannot read {values[1:]!r}: {exc}") from None
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"--bind {name}: no values given")
+    try:
+        return name, np.array([int(v) for v in items], dtype=np.int64)
+    except ValueError:
+        pass
+    try:
+        return name, np.array([float(v) for v in items], dtype=np.float64)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--bind {name}: values must be numbers, got {values!r}") from None
 
 
 def _parse_input(text: str) -> tuple[str, str]:
@@ -82,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "present (run with cupy), reference kernels on the device for the rest")
     p.add_argument("--shape", action="append", type=parse_shape, default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, e.g. --shape input=1x3x224x224 (repeatable)")
+    p.add_argument("--bind", action="append", type=parse_bind, default=[], metavar="NAME=VALUES",
+                   help="make an input a constant with these values, for inputs that carry shapes, "
+                        "axes, pads or sizes, e.g. --bind shape=1,-1 or --bind pads=@pads.npy "
+                        "(repeatable)")
     p.add_argument("--plan-budget-ms", type=_budget, default=None, metavar="MS",
                    help="time the memory planner may search for a smaller arena than its default "
                         "heuristic gives (milliseconds)")
@@ -139,7 +170,8 @@ def _compile(args: argparse.Namespace) -> int:
     shapes = dict(args.shape)
     start = time.perf_counter()
     out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
-                        shapes=shapes, progress=None if args.quiet else stderr_progress,
+                        shapes=shapes, binds=dict(args.bind),
+                        progress=None if args.quiet else stderr_progress,
                         plan_budget_ms=args.plan_budget_ms)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")

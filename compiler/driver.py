@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 
 from compiler.artifact.writer import write_artifact
@@ -56,12 +58,17 @@ def compile_model(
     opt_level: int = 2,
     target: str = "cpu",
     shapes: dict[str, tuple[int, ...]] | None = None,
+    binds: Mapping[str, Any] | None = None,
     providers: list[Provider] | None = None,
     build: BuildOptions | None = None,
     progress: Progress | None = None,
     plan_budget_ms: float | None = None,
 ) -> Path:
-    """Compile ``model`` into the artifact folder ``out_dir`` and return its path."""
+    """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
+
+    ``shapes`` binds input shapes (``--shape``); ``binds`` turns graph inputs into constants with
+    the given values (``--bind``), for inputs that carry shapes, axes or sizes.
+    """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
         raise CompileError(f"optimization level must be 0-3, got {opt_level}")
@@ -71,7 +78,7 @@ def compile_model(
 
     say("loading model")
     source_name, source_sha = _source_identity(model)
-    graph = import_model(model, shapes)
+    graph = import_model(model, shapes, binds)
     n_onnx = len(graph) + len(graph.eliminated)
     say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes")
     graph = optimize(graph, opt_level)
@@ -101,6 +108,7 @@ def compile_model(
         "opt_level": opt_level,
         "target": target,
         "shapes": {k: list(v) for k, v in sorted((shapes or {}).items())},
+        "binds": {k: np.asarray(v).tolist() for k, v in sorted((binds or {}).items())},
         "plan_budget_ms": plan_budget_ms,
     }
     say(f"generating kernels for {len(plan.partitions)} partition(s)")

@@ -16,9 +16,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from compiler.ir.graph import Graph, Node, Value
-from runtime.errors import ModelError
+from runtime.errors import ModelError, UnsupportedOpError
 
-__all__ = ["CanonContext", "canonicalize", "onnx_attrs", "np_dtype_of"]
+__all__ = ["COMPILE_TIME_INPUTS", "CanonContext", "canonicalize", "onnx_attrs", "np_dtype_of"]
 
 Canonicalizer = Callable[["CanonContext"], list[Node]]
 _REGISTRY: dict[str, Canonicalizer] = {}
@@ -30,14 +30,36 @@ UNARY_PLAIN = (
 BINARY_PLAIN = "Add Sub Mul Div Pow Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Where".split()
 VARIADIC = "Sum Max Min Mean".split()
 
+# Node inputs whose *values* are needed at compile time (shapes, axes, pads, sizes, k, ...), by
+# input index, for every opset that has them. A canonicalizer reads them with const_input; the
+# backend and ``compile --bind`` use this table to find graph inputs to specialize on.
+_REDUCE_OPS = ("ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum "
+               "ReduceLogSumExp ReduceSumSquare").split()
+COMPILE_TIME_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Pad": (1, 2, 3),
+    "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,), "Clip": (1, 2),
+    "CenterCropPad": (1,), "Trilu": (1,), "CumSum": (1,), "Col2Im": (1, 2), "DFT": (1, 2),
+    "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
+    "MelWeightMatrix": (0, 1, 2, 3, 4), "AffineGrid": (1,), "EyeLike": (),
+    **{op: (1,) for op in _REDUCE_OPS},
+}
+
+
+# Element types onnx-aot computes in: numpy's own bool, integer and IEEE float types.
+_NUMPY_DTYPES = frozenset(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, np.float32, np.float64))
+
 
 def np_dtype_of(elem_type: int, what: str) -> np.dtype:
     try:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
     except Exception:
-        raise ModelError(f"{what}: unsupported element type {elem_type}") from None
-    if dtype.kind not in "biuf" or dtype.itemsize > 8:
-        raise ModelError(f"{what}: unsupported element type {dtype}")
+        raise UnsupportedOpError(f"{what}: unsupported element type {elem_type}") from None
+    if dtype not in _NUMPY_DTYPES:  # also rejects bfloat16 / float8 / int4 (ml_dtypes' types)
+        raise UnsupportedOpError(f"{what}: unsupported element type "
+                                 f"{onnx.TensorProto.DataType.Name(elem_type).lower()}")
     return dtype
 
 
@@ -121,6 +143,11 @@ def register(*op_types: str) -> Callable[[Canonicalizer], Canonicalizer]:
         return fn
 
     return deco
+
+
+def canonical_op_types() -> frozenset[str]:
+    """ONNX op types with a canonicalizer (they may become other kinds, see docs/ops.md)."""
+    return frozenset(_REGISTRY)
 
 
 def canonicalize(ctx: CanonContext) -> list[Node]:
@@ -502,3 +529,13 @@ def _layernorm(ctx: CanonContext) -> list[Node]:
     return [ctx.node("LayerNormalization", ctx.inputs[:3],
                      {"axis": ctx.axis(int(ctx.attr("axis", -1)), ctx.rank()),
                       "epsilon": float(ctx.attr("epsilon", 1e-5))}, outputs=ctx.outputs[:1])]
+
+
+# Further ops live in their own modules; importing them registers their canonicalizers.
+from compiler.frontend import (  # noqa: E402,F401
+    canonical_index,
+    canonical_math,
+    canonical_nn,
+    canonical_seq,
+    canonical_spatial,
+)

@@ -9,6 +9,7 @@ values (e.g. a Reshape's target shape) at compile time.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from compiler.frontend.canonical import CanonContext, canonicalize, np_dtype_of, onnx_attrs
-from compiler.frontend.loader import bind_input_shapes, infer_shapes, load_model, opset_of
+from compiler.frontend.loader import bind_input_shapes, bind_input_values, infer_shapes, load_model, opset_of
 from compiler.ir.graph import Graph, Node, Value
 from runtime.errors import ModelError, OnnxAotError, ShapeError, UnsupportedOpError
 
@@ -35,10 +36,12 @@ FOLD_LIMIT = 4096
 def import_model(
     model: str | os.PathLike[str] | onnx.ModelProto,
     shapes: dict[str, tuple[int, ...]] | None = None,
+    binds: Mapping[str, Any] | None = None,
 ) -> Graph:
-    """Load, check, bind shapes and convert ``model`` into a verified IR graph."""
+    """Load, check, bind values and shapes and convert ``model`` into a verified IR graph."""
     large: dict[str, onnx.TensorProto] = {}
     proto = load_model(model, large)
+    proto = bind_input_values(proto, binds)
     proto = bind_input_shapes(proto, shapes, constants=set(large))
     return graph_from_proto(proto, large)
 
@@ -102,9 +105,11 @@ def reject_unknown_ops(proto: onnx.ModelProto) -> None:
     The reference provider implements every op onnx-aot accepts, so its registry is the
     complete list. This runs before shape inference, which cannot see through unknown ops.
     """
+    from compiler.frontend.canonical import canonical_op_types
     from runtime.kernels import supported_kinds
 
-    kinds = supported_kinds() | {"Constant", "Size"}  # both become constants at import
+    # Constant and Size become constants at import; canonicalized ops are checked once rewritten
+    kinds = supported_kinds() | {"Constant", "Size"} | canonical_op_types()
     bad = []
     for k, node in enumerate(proto.graph.node):
         domain = node.domain if node.domain not in ("", "ai.onnx") else ""
@@ -126,6 +131,9 @@ def _type_table(g_proto: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
 def _static_type(types: dict[str, onnx.TypeProto], name: str,
                  what: str) -> tuple[np.dtype, tuple[int, ...]]:
     ttype = types.get(name)
+    if ttype is not None and ttype.WhichOneof("value") not in (None, "tensor_type"):
+        kind = ttype.WhichOneof("value").replace("_type", "")
+        raise UnsupportedOpError(f"{what} is a {kind}; onnx-aot supports tensor values only")
     if ttype is None or not ttype.HasField("tensor_type"):
         raise ShapeError(f"{what} has no known tensor type")
     tt = ttype.tensor_type

@@ -7,17 +7,21 @@ failures, missing external data) into :class:`ModelError` messages naming the fi
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 import onnx.checker
 import onnx.shape_inference
 import onnx.version_converter
-from onnx import external_data_helper
+from onnx import external_data_helper, helper, numpy_helper
 
-from runtime.errors import ModelError, ShapeError
+from runtime.errors import ModelError, ShapeError, UnsupportedOpError
 
-__all__ = ["MIN_OPSET", "MAX_OPSET", "load_model", "bind_input_shapes", "infer_shapes", "opset_of"]
+__all__ = ["MIN_OPSET", "MAX_OPSET", "load_model", "bind_input_shapes", "bind_input_values", "infer_shapes",
+           "opset_of"]
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -167,7 +171,7 @@ def bind_input_shapes(
         )
     for inp in real_inputs:
         if not inp.type.HasField("tensor_type"):
-            raise ModelError(f"input {inp.name!r} is not a tensor (only tensor inputs are supported)")
+            raise UnsupportedOpError(f"input {inp.name!r} is not a tensor (only tensor inputs are supported)")
         ttype = inp.type.tensor_type
         dims = ttype.shape.dim
         if inp.name in shapes:
@@ -199,6 +203,47 @@ def bind_input_shapes(
                     f"--shape {inp.name}=" + "x".join("N" if not d.HasField("dim_value") else
                                                         str(d.dim_value) for d in dims)
                 )
+    return proto
+
+
+def bind_input_values(proto: onnx.ModelProto, values: Mapping[str, Any] | None) -> onnx.ModelProto:
+    """Return a copy of ``proto`` in which the graph inputs named in ``values`` are constants.
+
+    This is ``--bind``: shapes, axes, pads, sizes or ``k`` passed as graph inputs become known at
+    compile time. Each value is converted to the input's declared element type and reshaped to its
+    declared shape (the element count must match); without a declared shape it stays as given.
+    """
+    if not values:
+        return proto
+    proto = _copy(proto)
+    graph = proto.graph
+    initializers = {t.name for t in graph.initializer}
+    inputs = {i.name: i for i in graph.input if i.name not in initializers}
+    unknown = sorted(set(values) - set(inputs))
+    if unknown:
+        raise ShapeError(f"--bind names no graph input: {', '.join(unknown)} "
+                         f"(inputs: {', '.join(sorted(inputs))})")
+    for name, raw in values.items():
+        info = inputs[name]
+        if not info.type.HasField("tensor_type"):
+            raise UnsupportedOpError(f"--bind {name}: the input is not a tensor")
+        ttype = info.type.tensor_type
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type))
+            array = np.asarray(raw).astype(dtype)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ShapeError(f"--bind {name}: cannot convert the value to the input's element "
+                             f"type: {exc}") from None
+        if ttype.HasField("shape") and all(d.HasField("dim_value") for d in ttype.shape.dim):
+            want = tuple(int(d.dim_value) for d in ttype.shape.dim)
+            if int(np.prod(want, dtype=np.int64)) != array.size:
+                raise ShapeError(f"--bind {name}: {array.size} value(s) given, the input has shape "
+                                 f"{list(want)} ({int(np.prod(want, dtype=np.int64))} values)")
+            array = array.reshape(want)
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+    kept = [i for i in graph.input if i.name not in values]
+    del graph.input[:]
+    graph.input.extend(kept)
     return proto
 
 

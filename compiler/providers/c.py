@@ -28,7 +28,16 @@ from typing import Any
 from compiler.codegen.env import render
 from compiler.codegen.toolchain import TargetInfo, build_shared, target_info
 from compiler.ir.graph import Graph, Node
-from compiler.providers import c_conv, c_eltwise, c_gemm, c_move, c_simple  # noqa: F401  (registry)
+from compiler.providers import (  # noqa: F401  (imported to fill the registry)
+    c_conv,
+    c_data,
+    c_eltwise,
+    c_gemm,
+    c_move,
+    c_reduce,
+    c_simple,
+    c_spatial,
+)
 from compiler.providers.base import BuildOptions, PartitionPlan
 from compiler.providers.c_common import REGISTRY, Arg, StepCode, comment
 from runtime.errors import CompileError, OnnxAotError

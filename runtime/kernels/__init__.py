@@ -17,10 +17,15 @@ from runtime.kernels import (  # noqa: F401  (imported to register their kernels
     conv,
     elementwise,
     fused,
+    indexing,
     linalg,
+    math_ops,
     nn,
+    nn_ext,
     pool,
     reduce,
+    sequence,
+    spatial,
     tensor,
 )
 from runtime.kernels.registry import REGISTRY, Kernel, OutputSpec, get_kernel, register, supported_kinds

@@ -1,0 +1,259 @@
+"""onnx-aot as an ONNX backend (``onnx.backend.base.Backend``).
+
+``prepare(model, device)`` compiles the model into a temporary artifact and returns a
+:class:`OnnxAotRep` whose ``run(inputs)`` executes it through :class:`runtime.Session`.
+
+An ahead-of-time compiler needs shapes, axes, pads, ``k`` and sizes at compile time, but many
+models (and most of ONNX's node test cases) pass them as graph inputs. Such *compile-time inputs*
+(see :data:`compiler.frontend.canonical.COMPILE_TIME_INPUTS`) are found before compiling; when a
+model has any, or has inputs without static shapes, compilation waits for the first ``run`` and
+specializes on the values of the compile-time inputs (folded in as constants, as
+``onnx-aot compile --bind`` does) and on the shapes of the rest. One artifact is kept per distinct
+binding. Ordinary data inputs stay inputs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.backend.base import Backend, BackendRep, namedtupledict
+
+from compiler.driver import compile_model
+from compiler.frontend.canonical import COMPILE_TIME_INPUTS
+from compiler.frontend.importer import reject_unknown_ops
+from runtime.errors import InputError, ModelError
+from runtime.session import Session
+
+__all__ = ["OnnxAotBackend", "OnnxAotRep", "compile_time_inputs", "prepare", "run_model", "run_node",
+           "supports_device", "is_compatible"]
+
+_DEVICES = {"CPU": "cpu", "CUDA": "cuda"}
+
+
+def compile_time_inputs(graph: onnx.GraphProto) -> list[str]:
+    """Graph inputs whose *values* the compiler needs: shapes, axes, pads, sizes, ``k``...
+
+    An input counts when a compile-time input slot of some node (COMPILE_TIME_INPUTS) depends on
+    its value, directly or through other nodes. Paths through Shape and Size do not count: those
+    read only the shape, which is known anyway.
+    """
+    initializers = {t.name for t in graph.initializer}
+    inputs = [i.name for i in graph.input if i.name not in initializers]
+    producer = {out: node for node in graph.node for out in node.output if out}
+    needed: set[str] = set()
+    seen: set[str] = set()
+    stack = [node.input[i] for node in graph.node
+             for i in COMPILE_TIME_INPUTS.get(node.op_type, ()) if i < len(node.input) and node.input[i]]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is None:
+            needed.add(name)
+        elif node.op_type not in ("Shape", "Size"):
+            stack.extend(n for n in node.input if n)
+    return [name for name in inputs if name in needed]
+
+
+def _static_shape(value_info: onnx.ValueInfoProto) -> bool:
+    t = value_info.type
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") for d in t.tensor_type.shape.dim)
+
+
+class OnnxAotRep(BackendRep):
+    """A prepared model: one compiled artifact, or one per binding of its compile-time inputs."""
+
+    def __init__(self, model: onnx.ModelProto, target: str, *, opt_level: int = 2,
+                 threads: int | None = None) -> None:
+        self.model = model
+        self.target = target
+        self.opt_level = opt_level
+        self.threads = threads
+        graph = model.graph
+        initializers = {t.name for t in graph.initializer}
+        self.input_names = [i.name for i in graph.input if i.name not in initializers]
+        self.output_names = [o.name for o in graph.output]
+        self.bound_inputs = compile_time_inputs(graph)
+        self.static = all(_static_shape(i) for i in graph.input if i.name not in initializers)
+        self._dirs: list[str] = []
+        self._sessions: dict[tuple[Any, ...], Session] = {}
+        self._lock = threading.Lock()
+        self._outputs_type = namedtupledict("Outputs", self.output_names)
+        if self.static and not self.bound_inputs:
+            self._sessions[()] = self._compile({}, None)
+
+    @property
+    def deferred(self) -> bool:
+        """True when compilation waits for the first run's compile-time input values."""
+        return not (self.static and not self.bound_inputs)
+
+    def _compile(self, values: Mapping[str, np.ndarray],
+                 shapes: dict[str, tuple[int, ...]] | None) -> Session:
+        workdir = tempfile.mkdtemp(prefix="onnx-aot-backend-")
+        self._dirs.append(workdir)
+        path = compile_model(self.model, f"{workdir}/model", opt_level=self.opt_level,
+                             target=self.target, shapes=shapes, binds=values)
+        return Session(path, threads=self.threads)
+
+    def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
+        if isinstance(inputs, Mapping):
+            feeds = {str(k): np.asarray(v) for k, v in inputs.items()}
+        else:
+            arrays = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
+            if len(arrays) > len(self.input_names):
+                raise InputError(f"{len(arrays)} inputs given, the model takes {len(self.input_names)}: "
+                                 f"{', '.join(self.input_names)}")
+            feeds = {name: np.asarray(a) for name, a in zip(self.input_names, arrays, strict=False)}
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise InputError(f"missing input(s) {', '.join(map(repr, missing))}")
+        return feeds
+
+    def session_for(self, feeds: Mapping[str, np.ndarray]) -> Session:
+        """The session compiled for these feeds' compile-time values (compiled on first use)."""
+        if not self.deferred:
+            return self._sessions[()]
+        values = {n: np.ascontiguousarray(feeds[n]) for n in self.bound_inputs}
+        shapes = None if self.static else {
+            n: tuple(feeds[n].shape) for n in self.input_names if n not in values}
+        key: tuple[Any, ...] = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in values.items())
+        key += tuple(sorted((shapes or {}).items()))
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is None:
+                session = self._sessions[key] = self._compile(values, shapes)
+        return session
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        feeds = self._feeds(inputs)
+        session = self.session_for(feeds)
+        data = {s.name: feeds[s.name] for s in session.inputs}
+        results = session.run(None, data)
+        return self._outputs_type(*results)
+
+    def close(self) -> None:
+        """Delete the temporary artifacts (sessions already loaded keep working)."""
+        for workdir in self._dirs:
+            shutil.rmtree(workdir, ignore_errors=True)
+        self._dirs.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class OnnxAotBackend(Backend):
+    """The ONNX backend API over compile_model + runtime.Session."""
+
+    @classmethod
+    def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
+        return cls.supports_device(device)
+
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> OnnxAotRep:
+        """Compile ``model`` for ``device`` ("CPU" or "CUDA"); see the module docstring."""
+        if not isinstance(model, onnx.ModelProto):
+            if isinstance(model, bytes):
+                model = onnx.load_model_from_string(model)
+            else:
+                model = onnx.load(str(model))
+        target = _target(device)
+        if not cls.supports_device(device):
+            raise ModelError(f"device {device!r} is not available here")
+        # unsupported ops fail here, before any compile-time input is known
+        reject_unknown_ops(model)
+        return OnnxAotRep(model, target, opt_level=int(kwargs.get("opt_level", 2)),
+                          threads=kwargs.get("threads"))
+
+    @classmethod
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",
+                  **kwargs: Any) -> tuple[Any, ...]:
+        rep = cls.prepare(model, device, **kwargs)
+        return rep.run(inputs)
+
+    @classmethod
+    def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
+                 outputs_info: Sequence[tuple[Any, tuple[int, ...]]] | None = None,
+                 **kwargs: Any) -> tuple[Any, ...]:
+        """Run one node on ``inputs`` (a list in node-input order, or a dict by name)."""
+        if isinstance(inputs, Mapping):
+            arrays = [np.asarray(inputs[n]) for n in node.input if n]
+        else:
+            arrays = [np.asarray(a) for a in inputs]
+        names = [n for n in node.input if n]
+        if len(arrays) != len(names):
+            raise InputError(f"node {node.name or node.op_type!r} takes {len(names)} input(s), "
+                             f"{len(arrays)} given")
+        graph_inputs = [helper.make_tensor_value_info(
+            n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in zip(names, arrays, strict=True)]
+        if outputs_info:
+            graph_outputs = [helper.make_tensor_value_info(
+                n, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), shape)
+                for n, (dt, shape) in zip(node.output, outputs_info, strict=False)]
+        else:
+            graph_outputs = [helper.make_empty_tensor_value_info(n) for n in node.output if n]
+        opset = int(kwargs.pop("opset_version", onnx.defs.onnx_opset_version()))
+        model = helper.make_model(
+            helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs, graph_outputs),
+            opset_imports=[helper.make_opsetid(node.domain or "", opset)])
+        if not outputs_info:
+            _type_outputs(model, node)
+        return cls.prepare(model, device, **kwargs).run(dict(zip(names, arrays, strict=True)))
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        """CPU always; CUDA only when cupy can see a GPU."""
+        kind = str(device).split(":")[0].upper()
+        if kind == "CPU":
+            return True
+        if kind == "CUDA":
+            return _cuda_available()
+        return False
+
+
+def _type_outputs(model: onnx.ModelProto, node: onnx.NodeProto) -> None:
+    """Give the one-node model's outputs the types shape inference finds for them."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception as exc:
+        raise ModelError(f"node {node.name or node.op_type!r}: shape inference failed: "
+                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from None
+    types = {v.name: v for v in inferred.graph.value_info}
+    del model.graph.output[:]
+    for name in (n for n in node.output if n):
+        if name not in types:
+            raise ModelError(f"node {node.name or node.op_type!r}: cannot infer the type of output {name!r}")
+        model.graph.output.append(types[name])
+
+
+def _target(device: str) -> str:
+    kind = str(device).split(":")[0].upper()
+    if kind not in _DEVICES:
+        raise ModelError(f"unknown device {device!r} (onnx-aot supports CPU and CUDA)")
+    return _DEVICES[kind]
+
+
+def _cuda_available() -> bool:
+    try:
+        import cupy  # noqa: F401
+
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:
+        return False
+
+
+prepare = OnnxAotBackend.prepare
+run_model = OnnxAotBackend.run_model
+run_node = OnnxAotBackend.run_node
+supports_device = OnnxAotBackend.supports_device
+is_compatible = OnnxAotBackend.is_compatible
