@@ -124,7 +124,7 @@ class OnnxAotRep(BackendRep):
         """The session compiled for these feeds' compile-time values (compiled on first use)."""
         if not self.deferred:
             return self._sessions[()]
-        values = {n: np.ascontiguousarray(feeds[n]) for n in self.bound_inputs}
+        values = {n: np.array(feeds[n], order="C") for n in self.bound_inputs}
         shapes = None if self.static else {
             n: tuple(feeds[n].shape) for n in self.input_names if n not in values}
         key: tuple[Any, ...] = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in values.items())

@@ -25,9 +25,10 @@ _REGISTRY: dict[str, Canonicalizer] = {}
 
 UNARY_PLAIN = (
     "Relu Sigmoid Tanh Exp Log Neg Abs Sqrt Reciprocal Erf Floor Ceil Softplus Sign Sin Cos Not "
-    "Softsign Round IsNaN Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh"
+    "Softsign Round IsNaN Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Mish HardSwish BitwiseNot"
 ).split()
-BINARY_PLAIN = "Add Sub Mul Div Pow Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Where".split()
+BINARY_PLAIN = ("Add Sub Mul Div Pow Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Where PRelu "
+                "BitwiseAnd BitwiseOr BitwiseXor").split()
 VARIADIC = "Sum Max Min Mean".split()
 
 # Node inputs whose *values* are needed at compile time (shapes, axes, pads, sizes, k, ...), by
@@ -39,7 +40,7 @@ COMPILE_TIME_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
     "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "Pad": (1, 2, 3),
     "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,), "Clip": (1, 2),
-    "CenterCropPad": (1,), "Trilu": (1,), "CumSum": (1,), "Col2Im": (1, 2), "DFT": (1, 2),
+    "CenterCropPad": (1,), "Trilu": (1,), "CumSum": (1,), "CumProd": (1,), "Col2Im": (1, 2), "DFT": (1, 2),
     "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
     "MelWeightMatrix": (0, 1, 2, 3, 4), "AffineGrid": (1,), "EyeLike": (),
     **{op: (1,) for op in _REDUCE_OPS},
@@ -223,7 +224,8 @@ def _clip(ctx: CanonContext) -> list[Node]:
         hi_c = ctx.const_input(2, "max")
         lo = _float(lo_c) if lo_c is not None else -np.inf
         hi = _float(hi_c) if hi_c is not None else np.inf
-    return [ctx.node("Clip", ctx.inputs[:1], {"min": lo, "max": hi})]
+    # ONNX: when min > max every value becomes max; with min := max both bounds say so.
+    return [ctx.node("Clip", ctx.inputs[:1], {"min": min(lo, hi), "max": hi})]
 
 
 # -- convolution and pooling -----------------------------------------------------------------

@@ -24,13 +24,18 @@ from runtime.errors import ModelError, OnnxAotError, ShapeError, UnsupportedOpEr
 __all__ = ["import_model", "graph_from_proto"]
 
 # Ops evaluated at import time when every input is a constant and every output is an integer
-# tensor of at most FOLD_LIMIT elements: the shape arithmetic of exported models.
+# tensor of at most FOLD_LIMIT elements (or a float one of at most FOLD_FLOAT_LIMIT): the shape
+# arithmetic of exported models.
 SHAPE_OPS = frozenset(
     "Shape Gather Concat Unsqueeze Squeeze Reshape Flatten Cast Slice Add Sub Mul Div Equal "
     "Where Identity ConstantOfShape Range Expand Tile Size Neg Abs Max Min ReduceProd "
-    "ReduceSum Less Greater Not And Or".split()
+    "ReduceSum Less Greater Not And Or Mod CastLike LessOrEqual GreaterOrEqual Xor ReduceMax ReduceMin "
+    "Sign Pow".split()
 )
 FOLD_LIMIT = 4096
+# Float results are folded at import only when tiny (a Pad value, a window's scalar arithmetic):
+# canonical forms need them, and larger float folding is the level-1 pass's job.
+FOLD_FLOAT_LIMIT = 64
 
 
 def import_model(
@@ -300,9 +305,13 @@ def _foldable(proto: onnx.NodeProto, inputs: list[Value | None], outputs: list[V
         return False
     if proto.op_type == "Shape":
         pass  # static shapes: Shape folds whatever its input is
+    elif proto.op_type == "CastLike":
+        if inputs[0] is None or inputs[0].const is None:  # the like input gives only its dtype
+            return False
     elif not all(v is None or v.const is not None for v in inputs):
         return False
-    return all(v.dtype is not None and v.dtype.kind in "iub" and v.size <= FOLD_LIMIT for v in outputs)
+    return all(v.dtype is not None and v.size <= (FOLD_LIMIT if v.dtype.kind in "iub" else FOLD_FLOAT_LIMIT)
+               for v in outputs)
 
 
 def _evaluate(nodes: list[Node], where: str) -> list[np.ndarray] | None:

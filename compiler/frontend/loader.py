@@ -240,18 +240,37 @@ def bind_input_values(proto: onnx.ModelProto, values: Mapping[str, Any] | None) 
                 raise ShapeError(f"--bind {name}: {array.size} value(s) given, the input has shape "
                                  f"{list(want)} ({int(np.prod(want, dtype=np.int64))} values)")
             array = array.reshape(want)
-        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        graph.initializer.append(numpy_helper.from_array(np.array(array, order="C"), name))  # keeps 0-d
     kept = [i for i in graph.input if i.name not in values]
     del graph.input[:]
     graph.input.extend(kept)
     return proto
 
 
+# Attribute defaults onnx's shape inference needs spelled out: it infers these function ops through
+# their function bodies, which read the attribute and fail when it is absent (onnx 1.23).
+_SPELLED_DEFAULTS = {"MeanVarianceNormalization": ("axes", [0, 2, 3])}
+
+
 def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    proto = _spell_defaults(proto)
     try:
         return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
     except Exception as exc:
         raise ShapeError(f"shape inference failed: {_first_line(exc)}") from None
+
+
+def _spell_defaults(proto: onnx.ModelProto) -> onnx.ModelProto:
+    missing = [n for n in proto.graph.node if n.domain in ("", "ai.onnx") and n.op_type in _SPELLED_DEFAULTS
+               and _SPELLED_DEFAULTS[n.op_type][0] not in {a.name for a in n.attribute}]
+    if not missing:
+        return proto
+    proto = _copy(proto)
+    for node in proto.graph.node:
+        default = _SPELLED_DEFAULTS.get(node.op_type)
+        if default and node.domain in ("", "ai.onnx") and default[0] not in {a.name for a in node.attribute}:
+            node.attribute.append(helper.make_attribute(*default))
+    return proto
 
 
 def _copy(proto: onnx.ModelProto) -> onnx.ModelProto:

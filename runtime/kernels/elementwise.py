@@ -5,6 +5,11 @@ numpy broadcasting); the plain kernels registered here and the ``onnx_aot.FusedE
 kernel both call it, and the fusion pass reads the name sets to know what it may fuse.
 Float32 stays float32, as in ONNX, except erf/Gelu (computed in float64 and cast back: erf has
 no numpy/cupy function, and the series below wants the headroom).
+
+The ops in ``ELEMENTWISE_REFERENCE_ONLY`` (further math, comparisons, bitwise ops, Mod,
+BitShift) are kept out of the fusable sets: the C/CUDA emitters have no expression for them, and
+a fused group holding one would pull its float32 neighbours off the C provider. Their float16
+inputs are computed in float32 and rounded back.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from collections.abc import Callable, Sequence
 from functools import reduce
 from typing import Any
 
+import numpy as np
+
 from runtime.errors import RuntimeKernelError, UnsupportedOpError
 from runtime.kernels.common import finish
 from runtime.kernels.registry import Kernel, OutputSpec, register
@@ -21,6 +28,7 @@ from runtime.kernels.registry import Kernel, OutputSpec, register
 __all__ = [
     "ELEMENTWISE_BINARY",
     "ELEMENTWISE_OPS",
+    "ELEMENTWISE_REFERENCE_ONLY",
     "ELEMENTWISE_TERNARY",
     "ELEMENTWISE_UNARY",
     "ELEMENTWISE_VARIADIC",
@@ -155,6 +163,97 @@ ELEMENTWISE_TERNARY: frozenset[str] = frozenset({"Where"})
 ELEMENTWISE_OPS: frozenset[str] = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | ELEMENTWISE_TERNARY
 
 
+# -- reference-only elementwise ops (not fused, see the module docstring) ----------------------
+def _wide(xp: Any, x: Any) -> Any:
+    """``x`` in float32 when it is float16 (the formulas below round once, at the end)."""
+    return x.astype(xp.float32) if x.dtype == xp.float16 else x
+
+
+def _float_unary(fn: Callable[[Any, Any, dict[str, Any]], Any]) -> Unary:
+    """A float op computed on ``_wide(x)`` and cast back to ``x``'s dtype."""
+    return lambda xp, x, at: _same(x, fn(xp, _wide(xp, x), at))
+
+
+def _isinf(xp: Any, x: Any, at: dict[str, Any]) -> Any:
+    found = xp.zeros(x.shape, dtype=bool)
+    if at["detect_positive"]:
+        found = found | (x == math.inf)
+    if at["detect_negative"]:
+        found = found | (x == -math.inf)
+    return found
+
+
+def _shrink(xp: Any, x: Any, at: dict[str, Any]) -> Any:
+    lambd, bias = at["lambd"], at["bias"]
+    return xp.where(x < -lambd, x + bias, xp.where(x > lambd, x - bias, xp.zeros_like(x)))
+
+
+def _unsigned(dtype: Any) -> np.dtype:
+    return np.dtype(f"u{np.dtype(dtype).itemsize}")
+
+
+def _bitshift(xp: Any, a: Any, b: Any, at: dict[str, Any]) -> Any:
+    """ONNX BitShift: a shift by < 0 or >= the bit width leaves only the sign fill (-1 or 0)."""
+    a, b = xp.broadcast_arrays(a, b)
+    bits = 8 * a.dtype.itemsize
+    valid = (b >= 0) & (b < bits)
+    amount = xp.where(valid, b, 0).astype(_unsigned(a.dtype))
+    signed = a.dtype.kind == "i"
+    if at["direction"] == "RIGHT":  # arithmetic for signed types
+        shifted = xp.right_shift(a, amount.astype(a.dtype))
+        fill = xp.right_shift(a, bits - 1) if signed else xp.zeros_like(a)
+    else:  # shift the two's-complement bits, discarding what passes the sign bit
+        shifted = xp.left_shift(a.astype(amount.dtype), amount).astype(a.dtype)
+        fill = xp.zeros_like(a)
+    return xp.where(valid, shifted, fill)
+
+
+_UNARY_REF: dict[str, Unary] = {
+    "Round": lambda xp, x, at: xp.rint(x),  # half to even
+    "IsNaN": lambda xp, x, at: xp.isnan(x),
+    "IsInf": _isinf,
+    "BitwiseNot": lambda xp, x, at: xp.invert(x),
+    "Tan": _float_unary(lambda xp, x, at: xp.tan(x)),
+    "Asin": _float_unary(lambda xp, x, at: xp.arcsin(x)),
+    "Acos": _float_unary(lambda xp, x, at: xp.arccos(x)),
+    "Atan": _float_unary(lambda xp, x, at: xp.arctan(x)),
+    "Sinh": _float_unary(lambda xp, x, at: xp.sinh(x)),
+    "Cosh": _float_unary(lambda xp, x, at: xp.cosh(x)),
+    "Asinh": _float_unary(lambda xp, x, at: xp.arcsinh(x)),
+    "Acosh": _float_unary(lambda xp, x, at: xp.arccosh(x)),
+    "Atanh": _float_unary(lambda xp, x, at: xp.arctanh(x)),
+    "Softsign": _float_unary(lambda xp, x, at: x / (1 + xp.abs(x))),
+    "Mish": _float_unary(lambda xp, x, at: x * xp.tanh(_softplus(xp, x))),
+    "HardSwish": _float_unary(lambda xp, x, at: x * xp.clip(x / 6 + 0.5, 0, 1)),
+    "Swish": _float_unary(lambda xp, x, at: x * _sigmoid(xp, at["alpha"] * x)),
+    "ThresholdedRelu": _float_unary(lambda xp, x, at: xp.where(x > at["alpha"], x, 0)),
+    "Selu": _float_unary(
+        lambda xp, x, at: at["gamma"] * xp.where(x > 0, x, at["alpha"] * xp.expm1(xp.minimum(x, 0)))
+    ),
+    "Celu": _float_unary(
+        lambda xp, x, at: xp.maximum(x, 0) + at["alpha"] * xp.expm1(xp.minimum(x, 0) / at["alpha"])
+    ),
+    "Shrink": lambda xp, x, at: _same(x, _shrink(xp, _wide(xp, x), at)),
+}
+
+BinaryWithAttrs = Callable[[Any, Any, Any, dict[str, Any]], Any]
+_BINARY_REF: dict[str, BinaryWithAttrs] = {
+    "GreaterOrEqual": lambda xp, a, b, at: xp.greater_equal(a, b),
+    "LessOrEqual": lambda xp, a, b, at: xp.less_equal(a, b),
+    "Xor": lambda xp, a, b, at: xp.logical_xor(a, b),
+    "BitwiseAnd": lambda xp, a, b, at: xp.bitwise_and(a, b),
+    "BitwiseOr": lambda xp, a, b, at: xp.bitwise_or(a, b),
+    "BitwiseXor": lambda xp, a, b, at: xp.bitwise_xor(a, b),
+    "BitShift": _bitshift,
+    # fmod=0: the result takes the divisor's sign (floor); fmod=1: the dividend's (truncation).
+    "Mod": lambda xp, a, b, at: xp.fmod(a, b) if at["fmod"] else xp.mod(a, b),
+    "PRelu": lambda xp, x, slope, at: xp.where(x > 0, x, x * slope),  # slope broadcasts to x
+}
+
+# Elementwise ops the reference kernels run but the fusion pass must not take.
+ELEMENTWISE_REFERENCE_ONLY: frozenset[str] = frozenset(_UNARY_REF) | frozenset(_BINARY_REF)
+
+
 def _arity(op: str, args: Sequence[Any], want: int) -> None:
     if len(args) != want:
         raise RuntimeKernelError(f"{op}: takes {want} argument(s), got {len(args)}")
@@ -176,6 +275,12 @@ def apply_elementwise(xp: Any, op: str, args: Sequence[Any], attrs: dict[str, An
     if op in _BINARY:
         _arity(op, args, 2)
         return _BINARY[op](xp, args[0], args[1])
+    if op in _UNARY_REF:
+        _arity(op, args, 1)
+        return _UNARY_REF[op](xp, args[0], attrs)
+    if op in _BINARY_REF:
+        _arity(op, args, 2)
+        return _BINARY_REF[op](xp, args[0], args[1], attrs)
     if op == "Where":
         _arity(op, args, 3)
         return xp.where(args[0], args[1], args[2])
@@ -192,5 +297,5 @@ def _elementwise_kernel(op: str) -> Kernel:
     return kernel
 
 
-for _op in sorted(ELEMENTWISE_OPS):
+for _op in sorted(ELEMENTWISE_OPS | ELEMENTWISE_REFERENCE_ONLY):
     register(_op)(_elementwise_kernel(_op))
