@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,8 +339,14 @@ def test_fused_conv(activation: str, bias: bool, residual: bool, kind: str, tmp_
     check_case(case, tmp_path)
 
 
-def step_function(source: str, fn: str) -> str:
-    start = source.index(f"static void {fn}(")
+KERNEL_DEF = re.compile(r"^void (k_[0-9a-f]{16})\(", re.M)
+
+
+def step_function(source: str, fn: str | None = None) -> str:
+    """The text of kernel function ``fn`` (the only one when None)."""
+    if fn is None:
+        (fn,) = KERNEL_DEF.findall(source)
+    start = source.index(f"void {fn}(")
     end = source.index("\n}\n", start)
     return source[start : end + 3]
 
@@ -347,8 +354,8 @@ def step_function(source: str, fn: str) -> str:
 def test_fused_conv_epilogue_is_inside_the_conv_function(tmp_path: Path) -> None:
     built = check_case(fused_conv_case("Relu", bias=True, residual=False), tmp_path)
     source = (built.kernels_dir / "model.c").read_text()
-    assert source.count("static void step_") == 1  # one kernel for conv + bias + ReLU
-    body = step_function(source, "step_0")
+    assert len(KERNEL_DEF.findall(source)) == 1  # one kernel for conv + bias + ReLU
+    body = step_function(source)
     tile_loop = body[body.index("for (int k = 0;") :]
     assert "v += biasp[" in tile_loop  # bias in the tile epilogue, after the k loop
     assert "crow[j] = (v < 0.0f ? 0.0f : v);" in tile_loop  # ReLU applied on the store
@@ -551,8 +558,8 @@ def test_reshape_identity_copy(tmp_path: Path) -> None:
     np.testing.assert_array_equal(out, x.reshape(-1))
     source = (built.kernels_dir / "model.c").read_text()
     # the two copies are the same kernel (same size and types): one function, called twice
-    assert source.count("static void step_") == 1
-    assert source.count("  step_0((const uint32_t*)") == 2
+    (fn,) = KERNEL_DEF.findall(source)
+    assert source.count(f"  {fn}((const uint32_t*)") == 2
 
 
 # -- elementwise -------------------------------------------------------------------------------

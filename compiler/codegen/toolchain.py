@@ -1,4 +1,8 @@
-"""The C toolchain: compile one generated source into a shared library, with a build cache.
+"""The C toolchain: compile generated C into a shared library, with a build cache.
+
+``build_units`` (what the C provider uses) compiles a model's translation units -- one per kernel
+function plus the entries -- into objects cached by content and links them; ``build_shared``
+compiles one whole source.
 
 ``build_shared`` runs ``cc`` on the source written under a fixed name (``model.c``) in a fresh
 temporary folder, so neither the folder's path nor a timestamp can reach the binary: two builds
@@ -11,6 +15,7 @@ chosen ``-march`` provides (vector width, register count) so they can size regis
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -21,12 +26,14 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from compiler.providers.base import BuildOptions
 from runtime.errors import CompileError
 
-__all__ = ["TargetInfo", "build_shared", "cache_dir", "compile_flags", "compiler_version", "target_info"]
+__all__ = ["TargetInfo", "build_shared", "build_units", "cache_dir", "compile_flags", "compiler_version",
+           "target_info"]
 
 SOURCE_NAME = "model.c"
 LIBRARY_NAME = "model.so"
@@ -189,3 +196,82 @@ def build_shared(source_text: str, out_path: Path, options: BuildOptions) -> dic
             pass  # an unwritable cache only costs a rebuild next time
         _copy_atomic(built, out_path)
     return {**facts, "cached": False}
+
+
+def build_units(units: Sequence[str], out_path: Path, options: BuildOptions,
+                source_name: str = SOURCE_NAME) -> dict[str, object]:
+    """Compile each translation unit in ``units`` to an object and link them into ``out_path``.
+
+    Objects are cached by sha256(unit, flags, compiler, ``-march``) like whole libraries, so a unit
+    seen in any earlier build (the same kernel in another model) is never compiled again; missing
+    ones are compiled in parallel, one ``cc`` per core. Each unit is compiled as ``u_<hash>.c``, so
+    an object -- and the library linked from them -- depends on nothing but the unit texts. The
+    linked library is cached too. ``source_name`` (the shipped source, kept next to
+    ``out_path``) is what a CompileError names.
+    """
+    out_path = Path(out_path)
+    flags = compile_flags(options)
+    object_flags = [f for f in flags if f != "-shared"]
+    version = compiler_version(options.cc)
+    march = _resolved_march(options.cc, options.isa)
+    facts: dict[str, object] = {"cc": options.cc, "cc_version": version, "flags": flags, "isa": march}
+    keys = [_cache_key(unit, flags, version, march) for unit in units]
+    library_key = hashlib.sha256(json.dumps(["units", *keys]).encode()).hexdigest()
+    cached = cache_dir() / f"{library_key}.so"
+    if cached.is_file():
+        _copy_atomic(cached, out_path)
+        return {**facts, "cached": True, "units": len(units), "units_compiled": 0}
+    with tempfile.TemporaryDirectory(prefix="onnx-aot-cc-") as tmp:
+        work = Path(tmp)
+        todo = []
+        for unit, key in dict(zip(units, keys, strict=True)).items():
+            obj = cache_dir() / f"{key}.o"
+            if obj.is_file():
+                shutil.copyfile(obj, work / f"u_{key[:24]}.o")
+            else:
+                (work / f"u_{key[:24]}.c").write_text(unit)
+                todo.append(key)
+        workers = max(1, min(len(todo), os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(lambda key: _compile_object(options.cc, object_flags, work, key), todo))
+        failed = [(key, proc) for key, proc in zip(todo, results, strict=True) if proc.returncode != 0]
+        if failed:
+            key, proc = failed[0]
+            function = _first_function(work / f"u_{key[:24]}.c")
+            raise CompileError(
+                f"C compilation of {out_path.parent / source_name} failed in {function} "
+                f"({len(failed)} of {len(todo)} unit(s) failed):\n{_trim(proc.stderr or proc.stdout)}"
+            )
+        for key in todo:
+            try:
+                _copy_atomic(work / f"u_{key[:24]}.o", cache_dir() / f"{key}.o")
+            except OSError:
+                pass  # an unwritable cache only costs a rebuild next time
+        objects = [f"u_{key[:24]}.o" for key in dict.fromkeys(keys)]
+        argv = [options.cc, "-shared", "-fopenmp", "-fPIC", *objects, "-o", LIBRARY_NAME, "-lm"]
+        proc = _run_in(argv, work)
+        if proc.returncode != 0:
+            raise CompileError(f"linking {out_path} failed ({shlex.join(argv)}):\n"
+                               f"{_trim(proc.stderr or proc.stdout)}")
+        built = work / LIBRARY_NAME
+        try:
+            _copy_atomic(built, cached)
+        except OSError:
+            pass
+        _copy_atomic(built, out_path)
+    return {**facts, "cached": False, "units": len(units), "units_compiled": len(todo)}
+
+
+def _run_in(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def _compile_object(cc: str, flags: list[str], work: Path, key: str) -> subprocess.CompletedProcess[str]:
+    name = f"u_{key[:24]}"
+    return _run_in([cc, *flags, "-c", f"{name}.c", "-o", f"{name}.o"], work)
+
+
+def _first_function(path: Path) -> str:
+    """The kernel function a unit defines (for error messages)."""
+    match = re.search(r"^void (\w+)\(", path.read_text(), re.M)
+    return f"kernel {match.group(1)}" if match else "the entry unit"

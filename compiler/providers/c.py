@@ -1,10 +1,12 @@
 """The C execution provider, compile side: claims nodes, renders one C file, builds one library.
 
 ``CProvider.claims`` asks the kernel registry (``c_conv``, ``c_gemm``, ``c_eltwise``, ``c_simple``,
-``c_move``) which nodes it can run; ``generate`` renders every partition's steps from ``templates/c`` into
-``kernels_dir/model.c`` and compiles it into ``kernels_dir/model.so`` through the cached toolchain.
-Each step is one static function ``step_<global index>`` with compile-time shapes; steps whose
-kernels would be identical but for the name (repeated blocks) call the first one's function.
+``c_move``, ``c_data``, ``c_reduce``, ``c_spatial``) which nodes it can run; ``generate`` renders every
+partition's steps from ``templates/c`` into ``kernels_dir/model.c`` and builds ``kernels_dir/model.so``.
+Each kernel is one function with compile-time shapes, named ``k_<hash of its text>``: steps whose
+kernels are identical (repeated blocks) call one function, and the build compiles every kernel as
+its own translation unit cached by that text, so the same kernel in any other model is never
+compiled again (``toolchain.build_units``).
 
 The library's ABI (version 1), which ``runtime/providers/c.py`` relies on:
 
@@ -20,13 +22,14 @@ The library's ABI (version 1), which ``runtime/providers/c.py`` relies on:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from compiler.codegen.env import render
-from compiler.codegen.toolchain import TargetInfo, build_shared, target_info
+from compiler.codegen.toolchain import TargetInfo, build_units, target_info
 from compiler.ir.graph import Graph, Node
 from compiler.providers import (  # noqa: F401  (imported to fill the registry)
     c_conv,
@@ -42,7 +45,7 @@ from compiler.providers.base import BuildOptions, PartitionPlan
 from compiler.providers.c_common import REGISTRY, Arg, StepCode, comment
 from runtime.errors import CompileError, OnnxAotError
 
-__all__ = ["CProvider", "ABI_VERSION", "ModelContext", "EntryContext", "CallSite"]
+__all__ = ["CProvider", "ABI_VERSION", "CSource", "ModelContext", "EntryContext", "CallSite"]
 
 ABI_VERSION = 1
 SOURCE_NAME = "model.c"
@@ -51,7 +54,7 @@ LIBRARY_NAME = "model.so"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Names the generated file defines itself (plus C keywords an entry could plausibly be named).
 _RESERVED = re.compile(
-    r"step_\d+|onnx_aot_(abi_version|set_num_threads|threads)|ONNX_AOT_EXPORT|v(f|load|store|bcast)|main"
+    r"step_\d+|k_[0-9a-f]{16}|onnx_aot_(abi_version|set_num_threads|threads)|ONNX_AOT_EXPORT|v(f|load|store|bcast)|main"
     r"|auto|break|case|char|const|continue|default|do|double|else|enum|extern|float|for|goto|if|inline"
     r"|int|long|register|restrict|return|short|signed|sizeof|static|struct|switch|typedef|union"
     r"|unsigned|void|volatile|while"
@@ -82,6 +85,26 @@ class ModelContext:
     vector_bytes: int
     functions: tuple[str, ...]
     entries: tuple[EntryContext, ...]
+    prototypes: tuple[str, ...]
+    mode: str  # "model" (the whole file) | "kernel" (one function) | "entries"
+
+
+@dataclass(frozen=True)
+class CSource:
+    """A model's C code: ``model`` is the shipped model.c, ``units`` the same code as compiled."""
+
+    model: str
+    units: tuple[str, ...]  # one per kernel function, then the entries
+
+
+_PLACEHOLDER = "onnx_aot_kernel_fn"
+
+
+def _prototype(name: str, text: str) -> str:
+    match = re.search(rf"^void {name}\([^)]*\)", text, re.M)
+    if match is None:
+        raise CompileError(f"kernel {name}: no 'void {name}(...)' definition in its rendered text")
+    return match.group(0)
 
 
 class CProvider:
@@ -111,13 +134,20 @@ class CProvider:
 
     def render(self, partitions: list[PartitionPlan], target: TargetInfo) -> str:
         """The model's C source for ``partitions`` (deterministic: no paths, ids or times)."""
-        functions: list[str] = []
+        return self.render_source(partitions, target).model
+
+    def render_source(self, partitions: list[PartitionPlan], target: TargetInfo) -> CSource:
+        """The model's C source, whole and split into translation units for the build.
+
+        Kernel functions are named after a hash of their text (rendered without the step's name
+        or comment), so identical kernels -- repeated blocks of one model, or the same kernel in
+        another model -- are one function and one cached object.
+        """
+        functions: dict[str, str] = {}  # name -> text
         entries: list[EntryContext] = []
         seen_symbols: set[str] = set()
         seen_steps: set[int] = set()
-        # Steps whose kernels differ only in name share one function (ResNet repeats its blocks):
-        # (template, context without fn/comment) -> the function rendered for the first of them.
-        shared: dict[tuple[str, Any], str] = {}
+        names: dict[tuple[str, Any], str] = {}  # (template, context without fn/comment) -> name
         for part in partitions:
             if part.provider != self.name:
                 raise CompileError(f"partition {part.index} belongs to provider {part.provider!r}, not 'c'")
@@ -138,27 +168,36 @@ class CProvider:
                 fn: str | None = None
                 if code.template is not None:
                     key = (code.template, dataclasses.replace(code.ctx, fn="", comment=""))
-                    if key not in shared:
-                        shared[key] = code.fn
-                        functions.append(render(code.template, code.ctx))
-                    fn = shared[key]
+                    if key not in names:
+                        anonymous = dataclasses.replace(code.ctx, fn=_PLACEHOLDER, comment="")
+                        text = render(code.template, anonymous)
+                        name = "k_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+                        functions.setdefault(name, text.replace(_PLACEHOLDER, name))
+                        names[key] = name
+                    fn = names[key]
                 calls.append(CallSite(step.index, step.local, comment(step.node), fn, code.args))
             spaces = {a.space for c in calls for a in c.args}
             entries.append(
                 EntryContext(symbol, tuple(calls), "ext" in spaces, "arena" in spaces, "weights" in spaces)
             )
-        ctx = ModelContext(ABI_VERSION, target.vector_bytes, tuple(functions), tuple(entries))
-        return render("c/model.c.j2", ctx)
+        texts = tuple(functions.values())
+        prototypes = tuple(_prototype(name, text) for name, text in functions.items())
+        whole = ModelContext(ABI_VERSION, target.vector_bytes, texts, tuple(entries), (), "model")
+        units = [render("c/model.c.j2", dataclasses.replace(whole, functions=(t,), entries=(), mode="kernel"))
+                 for t in texts]
+        units.append(render("c/model.c.j2", dataclasses.replace(whole, functions=(), prototypes=prototypes,
+                                                                 mode="entries")))
+        return CSource(render("c/model.c.j2", whole), tuple(units))
 
     def generate(
         self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
     ) -> dict[str, object]:
         """Render ``kernels_dir/model.c`` for all partitions and build ``kernels_dir/model.so``."""
         kernels_dir = Path(kernels_dir)
-        source = self.render(list(partitions), target_info(options))
+        source = self.render_source(list(partitions), target_info(options))
         kernels_dir.mkdir(parents=True, exist_ok=True)
-        (kernels_dir / SOURCE_NAME).write_text(source)
-        facts = build_shared(source, kernels_dir / LIBRARY_NAME, options)
+        (kernels_dir / SOURCE_NAME).write_text(source.model)
+        facts = build_units(source.units, kernels_dir / LIBRARY_NAME, options, SOURCE_NAME)
         return {
             "cc": facts["cc"],
             "cc_version": facts["cc_version"],
