@@ -43,6 +43,7 @@ COMPILE_TIME_INPUTS: dict[str, tuple[int, ...]] = {
     "CenterCropPad": (1,), "Trilu": (1,), "CumSum": (1,), "CumProd": (1,), "Col2Im": (1, 2), "DFT": (1, 2),
     "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
     "MelWeightMatrix": (0, 1, 2, 3, 4), "AffineGrid": (1,), "EyeLike": (),
+    "MaxUnpool": (2,),
     **{op: (1,) for op in _REDUCE_OPS},
 }
 
@@ -292,8 +293,6 @@ def _pool(ctx: CanonContext) -> list[Node]:
     attrs: dict[str, Any] = {"kernel_shape": kernel, "strides": strides, "pads": pads,
                              "ceil_mode": int(ctx.attr("ceil_mode", 0))}
     if ctx.op_type == "MaxPool":
-        if any(v.name in ctx.used for v in ctx.outputs[1:]):
-            raise ctx.error("the Indices output is not supported")
         attrs["dilations"] = dilations
         attrs["storage_order"] = int(ctx.attr("storage_order", 0))
     elif ctx.op_type == "AveragePool":
@@ -302,17 +301,9 @@ def _pool(ctx: CanonContext) -> list[Node]:
     else:
         attrs["p"] = int(ctx.attr("p", 2))
         attrs["dilations"] = dilations
-    return [ctx.node(ctx.op_type, ctx.inputs[:1], attrs, outputs=ctx.outputs[:1])]
-
-
-@register("BatchNormalization")
-def _batchnorm(ctx: CanonContext) -> list[Node]:
-    if int(ctx.attr("training_mode", 0)):
-        raise ctx.error("training_mode=1 is not supported (inference only)")
-    if any(v.name in ctx.used for v in ctx.outputs[1:]):
-        raise ctx.error("training outputs (running mean/var) are not supported")
-    return [ctx.node("BatchNormalization", ctx.inputs[:5],
-                     {"epsilon": float(ctx.attr("epsilon", 1e-5))}, outputs=ctx.outputs[:1])]
+    # MaxPool's optional Indices output is kept only when the model uses it.
+    keep = 2 if ctx.op_type == "MaxPool" and any(v.name in ctx.used for v in ctx.outputs[1:2]) else 1
+    return [ctx.node(ctx.op_type, ctx.inputs[:1], attrs, outputs=ctx.outputs[:keep])]
 
 
 @register("LRN")
@@ -524,18 +515,10 @@ def _argmax(ctx: CanonContext) -> list[Node]:
         "select_last_index": int(ctx.attr("select_last_index", 0))})]
 
 
-@register("LayerNormalization")
-def _layernorm(ctx: CanonContext) -> list[Node]:
-    if any(v.name in ctx.used for v in ctx.outputs[1:]):
-        raise ctx.error("the Mean / InvStdDev outputs are not supported")
-    return [ctx.node("LayerNormalization", ctx.inputs[:3],
-                     {"axis": ctx.axis(int(ctx.attr("axis", -1)), ctx.rank()),
-                      "epsilon": float(ctx.attr("epsilon", 1e-5))}, outputs=ctx.outputs[:1])]
-
-
 # Further ops live in their own modules; importing them registers their canonicalizers.
 from compiler.frontend import (  # noqa: E402,F401
     canonical_index,
+    canonical_loss,
     canonical_math,
     canonical_nn,
     canonical_seq,

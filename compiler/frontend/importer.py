@@ -115,12 +115,23 @@ def reject_unknown_ops(proto: onnx.ModelProto) -> None:
 
     # Constant and Size become constants at import; canonicalized ops are checked once rewritten
     kinds = supported_kinds() | {"Constant", "Size"} | canonical_op_types()
+    from compiler.frontend.canonical_index import DATA_DEPENDENT_OPS
+
+    dynamic = [(node.name or f"{node.op_type}_{k}", node.op_type) for k, node in enumerate(proto.graph.node)
+               if node.domain in ("", "ai.onnx") and node.op_type in DATA_DEPENDENT_OPS]
+    if dynamic:
+        listed = "\n  ".join(f"{name} ({op})" for name, op in dynamic)
+        raise UnsupportedOpError(f"{len(dynamic)} node(s) have output shapes that depend on input values, "
+                                 f"which ahead-of-time compilation cannot know:\n  {listed}", dynamic)
+    graphs = [(node.name or f"{node.op_type}_{k}", node.op_type) for k, node in enumerate(proto.graph.node)
+              if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)]
     bad = []
     for k, node in enumerate(proto.graph.node):
         domain = node.domain if node.domain not in ("", "ai.onnx") else ""
         kind = CANONICAL_KIND.get(node.op_type, node.op_type) if not domain else f"{domain}.{node.op_type}"
         if kind not in kinds:
             bad.append((node.name or f"{node.op_type}_{k}", node.op_type if not domain else kind))
+    bad += [entry for entry in graphs if entry not in bad]  # subgraphs: control flow, FlexAttention mods
     if bad:
         listed = "\n  ".join(f"{name} ({op})" for name, op in bad)
         raise UnsupportedOpError(f"{len(bad)} node(s) use ops onnx-aot does not support:\n  {listed}", bad)

@@ -163,4 +163,9 @@ def scratch_arg(step: StepPlan, needed: int) -> list[Arg]:
 
 
 def params(names: Sequence[str], args: Sequence[Arg], restrict: Sequence[bool]) -> tuple[Param, ...]:
-    return tuple(Param(n, a.ctype, a.const, r) for n, a, r in zip(names, args, restrict, strict=True))
+    """The step function's parameters; ``restrict`` is dropped where two args share an address
+    (an empty tensor's buffer may sit anywhere, even on another operand)."""
+    places = [(a.space, a.offset) for a in args]
+    shared = {p for p in places if places.count(p) > 1}
+    return tuple(Param(n, a.ctype, a.const, r and (a.space, a.offset) not in shared)
+                 for n, a, r in zip(names, args, restrict, strict=True))

@@ -19,6 +19,7 @@ from runtime.kernels import (  # noqa: F401  (imported to register their kernels
     fused,
     indexing,
     linalg,
+    loss,
     math_ops,
     nn,
     nn_ext,

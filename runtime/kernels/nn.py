@@ -1,9 +1,11 @@
-"""Normalization and softmax reference kernels: BatchNormalization (inference form), LRN,
-LayerNormalization, Softmax and LogSoftmax.
+"""Normalization and softmax reference kernels: BatchNormalization (inference form and
+onnx_aot.BatchNormTraining), LRN, LayerNormalization, GroupNormalization (InstanceNormalization's
+form too), Softmax and LogSoftmax.
 
-Float32 stays float32 except LRN, whose window sum and power are taken in float64 (the power of
-a sum of squares loses digits in float32) and cast back. The softmaxes subtract the maximum along
-the axis first, so large inputs never overflow.
+The statistics of the normalizations are taken in at least float32 (float16 inputs are widened,
+ONNX's default stash_type). Float32 stays float32 except LRN, whose window sum and power are taken
+in float64 (the power of a sum of squares loses digits in float32) and cast back. The softmaxes
+subtract the maximum along the axis first, so large inputs never overflow.
 """
 
 from __future__ import annotations
@@ -31,6 +33,50 @@ def batch_normalization_kernel(
     factor = (scale / xp.sqrt(var + attrs["epsilon"])).reshape(shape)
     y = (x - mean.reshape(shape)) * factor + bias.reshape(shape)
     return finish(xp, "BatchNormalization", [y], outputs)
+
+
+def _widened(xp: Any, x: Any) -> Any:
+    """``x`` in at least float32, the precision the normalizations' statistics are taken in."""
+    return x.astype(xp.float32) if x.dtype.kind == "f" and x.dtype.itemsize < 4 else x
+
+
+@register("onnx_aot.BatchNormTraining")
+def batch_norm_training_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """BatchNormalization with training_mode=1: Y normalized by the batch's own mean and (biased)
+    variance over every axis but 1, and the running statistics
+    ``input_mean * momentum + batch_mean * (1 - momentum)`` (the same for the variance)."""
+    x, scale, bias, mean, var = inputs
+    work = _widened(xp, x)
+    axes = (0,) + tuple(range(2, x.ndim))
+    batch_mean = xp.mean(work, axis=axes)
+    batch_var = xp.var(work, axis=axes)
+    shape = _channel_shape(x)
+    factor = (scale / xp.sqrt(batch_var + attrs["epsilon"])).reshape(shape)
+    y = (work - batch_mean.reshape(shape)) * factor + bias.reshape(shape)
+    momentum = attrs["momentum"]
+    running_mean = mean * momentum + batch_mean * (1 - momentum)
+    running_var = var * momentum + batch_var * (1 - momentum)
+    return finish(xp, "onnx_aot.BatchNormTraining", [y, running_mean, running_var][: len(outputs)], outputs)
+
+
+@register("GroupNormalization")
+def group_normalization_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """GroupNormalization: channels split into ``num_groups`` groups, each (sample, group) normalized
+    over its channels and spatial positions, then a per-channel scale and bias."""
+    x, scale, bias = inputs
+    n, groups = int(x.shape[0]), int(attrs["num_groups"])
+    grouped = _widened(xp, x).reshape(n, groups, -1)
+    mean = xp.mean(grouped, axis=2, keepdims=True)
+    centered = grouped - mean
+    variance = xp.mean(centered * centered, axis=2, keepdims=True)
+    normalized = (centered / xp.sqrt(variance + attrs["epsilon"])).reshape(x.shape)
+    shape = _channel_shape(x)
+    y = normalized * scale.reshape(shape) + bias.reshape(shape)
+    return finish(xp, "GroupNormalization", [y], outputs)
 
 
 @register("LRN")
@@ -93,8 +139,7 @@ def layer_normalization_kernel(
     x, scale, *rest = inputs
     bias = rest[0] if rest else None
     axes = tuple(range(int(attrs["axis"]), x.ndim))
-    # Statistics in at least float32 (ONNX's default stash_type): float16 inputs are widened.
-    work = x.astype(xp.float32) if x.dtype.kind == "f" and x.dtype.itemsize < 4 else x
+    work = _widened(xp, x)
     mean = xp.mean(work, axis=axes, keepdims=True)
     centered = work - mean
     variance = xp.mean(centered * centered, axis=axes, keepdims=True)

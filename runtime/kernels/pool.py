@@ -1,7 +1,10 @@
-"""Pooling reference kernels: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool.
+"""Pooling reference kernels: MaxPool (with its Indices output), AveragePool, LpPool,
+GlobalAveragePool, GlobalMaxPool, and MaxUnpool.
 
 Windows are read one kernel offset at a time as strided views of the padded input (see
-``common.window_slices``) and folded with maximum or addition. Output sizes follow ONNX's
+``common.window_slices``) and folded with maximum or addition. MaxPool's indices are folded the
+same way from a padded array of flat input positions (-1 in the padding): the first maximum in
+window order wins, as in ONNX's reference. Output sizes follow ONNX's
 ceil_mode rule (a last window starting in the end padding is dropped). AveragePool divides by a
 per-position count built from one 1-D mask per axis: the real elements (count_include_pad=0) or
 the real elements plus the declared pads (count_include_pad=1); the extra end padding that ceil
@@ -14,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from runtime.kernels.common import end_padding, finish, pad_spatial, pool_out_size, window_slices
+from runtime.errors import RuntimeKernelError
+from runtime.kernels.common import end_padding, finish, pad_spatial, pool_out_size, prod, window_slices
 from runtime.kernels.registry import OutputSpec, register
 
-__all__ = ["average_pool", "max_pool"]
+__all__ = ["average_pool", "lp_pool", "max_pool", "max_pool_with_indices"]
 
 
 def _geometry(
@@ -50,6 +54,52 @@ def max_pool(xp: Any, x: Any, attrs: dict[str, Any]) -> Any:
     for index in window_slices(kernel_shape, strides, dilations, out_shape):
         y = padded[index].copy() if y is None else xp.maximum(y, padded[index], out=y)
     return y
+
+
+def _flat_positions(shape: tuple[int, ...], storage_order: int) -> np.ndarray:
+    """Each element's flat index in an (N, C, *spatial) tensor, as MaxPool's Indices count it.
+
+    With ``storage_order`` 1 the spatial axes are counted column-major (the first one fastest).
+    """
+    plane = prod(shape[2:])
+    spatial = np.arange(plane, dtype=np.int64)
+    if storage_order:
+        spatial = spatial.reshape(shape[2:][::-1]).transpose()
+    planes = np.arange(prod(shape[:2]), dtype=np.int64).reshape(shape[:2] + (1,) * (len(shape) - 2))
+    return planes * plane + spatial.reshape(shape[2:])
+
+
+def max_pool_with_indices(xp: Any, x: Any, attrs: dict[str, Any]) -> tuple[Any, Any]:
+    """ONNX MaxPool's Y and Indices (int64 flat input positions) of ``x`` (N, C, *spatial)."""
+    dilations = [int(d) for d in attrs["dilations"]]
+    kernel_shape, strides, begins, ends, out_shape = _geometry(x, attrs, dilations)
+    lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    padded = pad_spatial(xp, x, begins, ends, lowest)
+    positions = xp.asarray(_flat_positions(tuple(int(d) for d in x.shape), int(attrs["storage_order"])))
+    padded_positions = pad_spatial(xp, positions, begins, ends, -1)
+    y = indices = None
+    for index in window_slices(kernel_shape, strides, dilations, out_shape):
+        value, position = padded[index], padded_positions[index]
+        if y is None or indices is None:
+            y, indices = value.copy(), position.copy()
+            continue
+        # A real element beats padding even when it equals the padding value.
+        better = (value > y) | ((indices < 0) & (position >= 0))
+        y = xp.where(better, value, y)
+        indices = xp.where(better, position, indices)
+    return y, indices
+
+
+def lp_pool(xp: Any, x: Any, attrs: dict[str, Any]) -> Any:
+    """ONNX LpPool of ``x`` (N, C, *spatial): (sum of |x|^p over each window)^(1/p), zero padding."""
+    dilations = [int(d) for d in attrs["dilations"]]
+    kernel_shape, strides, begins, ends, out_shape = _geometry(x, attrs, dilations)
+    p = attrs["p"]
+    padded = pad_spatial(xp, xp.abs(x) ** p, begins, ends, 0)
+    total = None
+    for index in window_slices(kernel_shape, strides, dilations, out_shape):
+        total = padded[index].copy() if total is None else xp.add(total, padded[index], out=total)
+    return total ** (1.0 / p)
 
 
 def _window_counts(
@@ -100,7 +150,9 @@ def average_pool(xp: Any, x: Any, attrs: dict[str, Any]) -> Any:
 def max_pool_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
-    """MaxPool: X -> Y (the Indices output is not produced)."""
+    """MaxPool: X -> Y, and Indices when the node has that output."""
+    if len(outputs) == 2:
+        return finish(xp, "MaxPool", list(max_pool_with_indices(xp, inputs[0], attrs)), outputs)
     return finish(xp, "MaxPool", [max_pool(xp, inputs[0], attrs)], outputs)
 
 
@@ -110,6 +162,33 @@ def average_pool_kernel(
 ) -> list[Any]:
     """AveragePool: X -> Y."""
     return finish(xp, "AveragePool", [average_pool(xp, inputs[0], attrs)], outputs)
+
+
+@register("LpPool")
+def lp_pool_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+    """LpPool: X -> Y."""
+    return finish(xp, "LpPool", [lp_pool(xp, inputs[0], attrs)], outputs)
+
+
+@register("MaxUnpool")
+def max_unpool_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """MaxUnpool(X, I): each X value written at its flat index I into zeros of ``unpooled_shape``;
+    that tensor then fills the leading corner of the (possibly larger) output, zeros elsewhere, as
+    ONNX's reference and conformance cases define output_shape."""
+    x, indices = inputs
+    unpooled = tuple(int(d) for d in attrs["unpooled_shape"])
+    size = prod(unpooled)
+    flat_indices = indices.reshape(-1)
+    if bool(xp.any((flat_indices < 0) | (flat_indices >= size))):
+        raise RuntimeKernelError(f"MaxUnpool: an index is outside [0, {size})")
+    flat = xp.zeros(size, dtype=x.dtype)
+    flat[flat_indices] = x.reshape(-1)
+    shape, dtype = outputs[0]
+    y = xp.zeros(tuple(int(d) for d in shape), dtype=dtype)
+    y[tuple(slice(0, d) for d in unpooled)] = flat.reshape(unpooled)
+    return finish(xp, "MaxUnpool", [y], outputs)
 
 
 @register("GlobalAveragePool")
