@@ -249,7 +249,7 @@ def bind_input_values(proto: onnx.ModelProto, values: Mapping[str, Any] | None) 
 
 # Attribute defaults onnx's shape inference needs spelled out: it infers these function ops through
 # their function bodies, which read the attribute and fail when it is absent (onnx 1.23).
-_SPELLED_DEFAULTS = {"MeanVarianceNormalization": ("axes", [0, 2, 3])}
+_SPELLED_DEFAULTS = {"MeanVarianceNormalization": ("axes", [0, 2, 3]), "STFT": ("onesided", 1)}
 
 
 def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
