@@ -123,8 +123,9 @@ def reject_unknown_ops(proto: onnx.ModelProto) -> None:
         listed = "\n  ".join(f"{name} ({op})" for name, op in dynamic)
         raise UnsupportedOpError(f"{len(dynamic)} node(s) have output shapes that depend on input values, "
                                  f"which ahead-of-time compilation cannot know:\n  {listed}", dynamic)
+    subgraph = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
     graphs = [(node.name or f"{node.op_type}_{k}", node.op_type) for k, node in enumerate(proto.graph.node)
-              if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)]
+              if any(a.type in subgraph for a in node.attribute)]
     bad = []
     for k, node in enumerate(proto.graph.node):
         domain = node.domain if node.domain not in ("", "ai.onnx") else ""
