@@ -1,7 +1,250 @@
-"""Canonical forms of further ONNX ops (see canonical.py and docs/ops.md)."""
+"""Canonical forms of the spatial ops: Resize (and Upsample), ConvTranspose, GridSample, AffineGrid.
+
+Resize keeps one input, X: ``roi``, ``scales`` and ``sizes`` (compile-time constants), ``axes`` and
+``keep_aspect_ratio_policy`` are resolved into per-axis ``scales`` and ``roi`` over every axis, and
+the output sizes are the output's static shape. Upsample and opset-10 Resize become the same form
+with asymmetric coordinates and nearest_mode "simple" (onnxruntime's reading of those ops: floor,
+or ceil along an axis that shrinks). ConvTranspose gets explicit begin/end pads from
+``auto_pad`` / ``output_shape``; GridSample's opset-16 mode names become the opset-20 ones;
+AffineGrid's ``size`` input becomes an attribute. See docs/ops.md.
+"""
 
 from __future__ import annotations
 
-from compiler.frontend.canonical import CanonContext, register  # noqa: F401
+from typing import Any
+
+import numpy as np
+
+from compiler.frontend.canonical import CanonContext, register
+from compiler.ir.graph import Node, Value
+from runtime.errors import UnsupportedOpError
 
 __all__: list[str] = []
+
+_RESIZE_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "cubic": "cubic"}
+_COORDINATE_MODES = frozenset({"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+                               "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize"})
+_NEAREST_MODES = frozenset({"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"})
+_GRID_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "cubic": "cubic",
+               "bicubic": "cubic"}
+_GRID_PADDING = frozenset({"zeros", "border", "reflection"})
+
+
+def _shape(value: Value | None) -> tuple[int, ...]:
+    assert value is not None and value.shape is not None
+    return tuple(int(d) for d in value.shape)
+
+
+def _floats(values: Any) -> list[float]:
+    return [float(v) for v in np.asarray(values).reshape(-1)]
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def _optional(ctx: CanonContext, i: int, what: str) -> np.ndarray | None:
+    """Constant input ``i``, or None when it is omitted or an empty tensor (both mean absent)."""
+    value = ctx.const_input(i, what)
+    return None if value is None or value.size == 0 else value
+
+
+# -- Resize / Upsample ---------------------------------------------------------------------------
+def _choice(ctx: CanonContext, key: str, default: str, allowed: frozenset[str] | dict[str, str]) -> str:
+    value = str(ctx.attr(key, default))
+    if value not in allowed:
+        raise UnsupportedOpError(f"{ctx.describe()}: {key} {value!r} is not supported")
+    return allowed[value] if isinstance(allowed, dict) else value
+
+
+def _resize_axes(ctx: CanonContext, rank: int) -> list[int]:
+    axes = [ctx.axis(int(a), rank) for a in ctx.attr("axes", list(range(rank)))]
+    if len(set(axes)) != len(axes):
+        raise ctx.error(f"axes {axes} repeat an axis")
+    return axes
+
+
+def _scales_and_sizes(ctx: CanonContext, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                      axes: list[int], scales_in: np.ndarray | None,
+                      sizes_in: np.ndarray | None) -> list[float]:
+    """Per-axis scales (every axis) from ``scales`` or ``sizes``; checks the output shape."""
+    rank = len(in_shape)
+    if (scales_in is None) == (sizes_in is None):
+        raise ctx.error("exactly one of scales and sizes must be given")
+    given = scales_in if scales_in is not None else sizes_in
+    assert given is not None
+    if given.size != len(axes):
+        raise ctx.error(f"{'scales' if scales_in is not None else 'sizes'} has {given.size} values "
+                        f"for {len(axes)} axes")
+    scales = [1.0] * rank
+    if scales_in is not None:
+        for a, s in zip(axes, _floats(scales_in), strict=True):
+            if not s > 0:
+                raise ctx.error(f"scale {s} for axis {a} is not positive")
+            scales[a] = s
+        return scales
+    sizes = list(in_shape)
+    for a, s in zip(axes, _ints(sizes_in), strict=True):
+        if s <= 0:
+            raise ctx.error(f"size {s} for axis {a} is not positive")
+        sizes[a] = s
+        scales[a] = s / in_shape[a]
+    policy = _choice(ctx, "keep_aspect_ratio_policy", "stretch",
+                     frozenset({"stretch", "not_larger", "not_smaller"}))
+    if policy != "stretch":
+        pick = min if policy == "not_larger" else max
+        scale = pick(scales[a] for a in axes)
+        for a in axes:
+            scales[a] = scale
+            sizes[a] = int(scale * in_shape[a] + 0.5)
+    if tuple(sizes) != out_shape:
+        raise ctx.error(f"output shape {out_shape} does not match the requested sizes {tuple(sizes)}")
+    return scales
+
+
+def _resize_roi(ctx: CanonContext, rank: int, axes: list[int], roi_in: np.ndarray | None) -> list[float]:
+    roi = [0.0] * rank + [1.0] * rank
+    if roi_in is None:
+        return roi
+    values = _floats(roi_in)
+    if len(values) != 2 * len(axes):
+        raise ctx.error(f"roi has {len(values)} values, expected {2 * len(axes)}")
+    for k, a in enumerate(axes):
+        roi[a] = values[k]
+        roi[rank + a] = values[len(axes) + k]
+    return roi
+
+
+def _resize_node(ctx: CanonContext, mode: str, coordinate_mode: str, nearest_mode: str,
+                 scales: list[float], roi: list[float]) -> Node:
+    attrs = {
+        "mode": mode,
+        "coordinate_transformation_mode": coordinate_mode,
+        "nearest_mode": nearest_mode,
+        "cubic_coeff_a": float(ctx.attr("cubic_coeff_a", -0.75)),
+        "exclude_outside": int(ctx.attr("exclude_outside", 0)),
+        "extrapolation_value": float(ctx.attr("extrapolation_value", 0.0)),
+        "antialias": int(ctx.attr("antialias", 0)) if mode != "nearest" else 0,
+        "scales": scales,
+        "roi": roi,
+    }
+    return ctx.node("Resize", ctx.inputs[:1], attrs)
+
+
+@register("Resize")
+def _resize(ctx: CanonContext) -> list[Node]:
+    in_shape, out_shape = _shape(ctx.inputs[0]), _shape(ctx.outputs[0])
+    rank = len(in_shape)
+    mode = _choice(ctx, "mode", "nearest", _RESIZE_MODES)
+    if ctx.opset < 11:  # X, scales; Upsample's semantics
+        scales = _scales_and_sizes(ctx, in_shape, out_shape, list(range(rank)),
+                                   ctx.const_input(1, "scales"), None)
+        return [_resize_node(ctx, mode, "asymmetric", "simple", scales, [0.0] * rank + [1.0] * rank)]
+    axes = _resize_axes(ctx, rank)
+    coordinate_mode = _choice(ctx, "coordinate_transformation_mode", "half_pixel", _COORDINATE_MODES)
+    nearest_mode = _choice(ctx, "nearest_mode", "round_prefer_floor", _NEAREST_MODES)
+    scales_in = _optional(ctx, 2, "scales") if len(ctx.inputs) > 2 else None
+    sizes_in = _optional(ctx, 3, "sizes") if len(ctx.inputs) > 3 else None
+    scales = _scales_and_sizes(ctx, in_shape, out_shape, axes, scales_in, sizes_in)
+    roi_in = _optional(ctx, 1, "roi") if coordinate_mode == "tf_crop_and_resize" else None
+    if coordinate_mode == "tf_crop_and_resize" and roi_in is None:
+        raise ctx.error("tf_crop_and_resize needs the roi input")
+    roi = _resize_roi(ctx, rank, axes, roi_in)
+    return [_resize_node(ctx, mode, coordinate_mode, nearest_mode, scales, roi)]
+
+
+@register("Upsample")
+def _upsample(ctx: CanonContext) -> list[Node]:
+    in_shape, out_shape = _shape(ctx.inputs[0]), _shape(ctx.outputs[0])
+    mode = _choice(ctx, "mode", "nearest", _RESIZE_MODES)
+    if mode == "cubic":
+        raise UnsupportedOpError(f"{ctx.describe()}: mode 'cubic' is not an Upsample mode")
+    raw = ctx.attr("scales", None) if ctx.opset < 9 else ctx.const_input(1, "scales")
+    if raw is None:
+        raise ctx.error("scales is required")
+    rank = len(in_shape)
+    scales = _scales_and_sizes(ctx, in_shape, out_shape, list(range(rank)), np.asarray(raw, np.float64), None)
+    return [_resize_node(ctx, mode, "asymmetric", "simple", scales, [0.0] * rank + [1.0] * rank)]
+
+
+# -- ConvTranspose ------------------------------------------------------------------------------
+def _convtranspose_pads(ctx: CanonContext, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
+                        dilations: list[int], output_padding: list[int]) -> list[int]:
+    n = len(spatial)
+    auto_pad = str(ctx.attr("auto_pad", "NOTSET"))
+    if auto_pad not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise ctx.error(f"unknown auto_pad {auto_pad!r}")
+    target = [int(v) for v in ctx.attr("output_shape", [])]
+    if not target and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = [size * s for size, s in zip(spatial, strides, strict=True)]
+    if not target:
+        pads = [int(p) for p in ctx.attr("pads", [0] * (2 * n))] if auto_pad != "VALID" else [0] * (2 * n)
+        if len(pads) != 2 * n or any(p < 0 for p in pads):
+            raise ctx.error(f"pads {pads} are not {2 * n} values >= 0")
+        return pads
+    if len(target) == n + 2:  # some exporters include N and C
+        target = target[2:]
+    if len(target) != n:
+        raise ctx.error(f"output_shape {target} does not have {n} spatial dims")
+    begins, ends = [], []
+    for size, k, s, d, op, out in zip(spatial, kernel, strides, dilations, output_padding, target,
+                                      strict=True):
+        total = s * (size - 1) + op + (k - 1) * d + 1 - out
+        small, big = total // 2, total - total // 2
+        begins.append(small if auto_pad == "SAME_UPPER" else big)
+        ends.append(big if auto_pad == "SAME_UPPER" else small)
+    return begins + ends
+
+
+@register("ConvTranspose")
+def _conv_transpose(ctx: CanonContext) -> list[Node]:
+    x_shape, w_shape, y_shape = _shape(ctx.inputs[0]), _shape(ctx.inputs[1]), _shape(ctx.outputs[0])
+    if len(x_shape) < 3 or len(w_shape) != len(x_shape):
+        raise ctx.error(f"X {x_shape} and W {w_shape} must both have rank >= 3 and equal ranks")
+    spatial = x_shape[2:]
+    n = len(spatial)
+    kernel = [int(k) for k in ctx.attr("kernel_shape", w_shape[2:])]
+    strides = [int(s) for s in ctx.attr("strides", [1] * n)]
+    dilations = [int(d) for d in ctx.attr("dilations", [1] * n)]
+    output_padding = [int(p) for p in ctx.attr("output_padding", [0] * n)]
+    group = int(ctx.attr("group", 1))
+    if any(len(v) != n for v in (kernel, strides, dilations, output_padding)):
+        raise ctx.error("kernel_shape/strides/dilations/output_padding do not match the spatial rank")
+    if kernel != list(w_shape[2:]) or group < 1 or x_shape[1] != w_shape[0] or x_shape[1] % group:
+        raise ctx.error(f"W {w_shape}, kernel_shape {kernel} and group {group} do not fit X {x_shape}")
+    if min(strides) < 1 or min(dilations) < 1:
+        raise ctx.error(f"strides {strides} and dilations {dilations} must be >= 1")
+    pads = _convtranspose_pads(ctx, spatial, kernel, strides, dilations, output_padding)
+    want = tuple(s * (size - 1) + op + (k - 1) * d + 1 - b - e for size, k, s, d, op, b, e in
+                 zip(spatial, kernel, strides, dilations, output_padding, pads[:n], pads[n:], strict=True))
+    if y_shape[2:] != want or y_shape[:2] != (x_shape[0], w_shape[1] * group):
+        raise ctx.error(f"output shape {y_shape} does not match the attributes (spatial {want})")
+    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
+             "group": group, "output_padding": output_padding}
+    return [ctx.node("ConvTranspose", ctx.inputs[:3], attrs)]
+
+
+# -- GridSample / AffineGrid --------------------------------------------------------------------
+@register("GridSample")
+def _grid_sample(ctx: CanonContext) -> list[Node]:
+    x_shape, grid_shape = _shape(ctx.inputs[0]), _shape(ctx.inputs[1])
+    nd = len(x_shape) - 2
+    if nd < 1 or len(grid_shape) != nd + 2 or grid_shape[-1] != nd or grid_shape[0] != x_shape[0]:
+        raise ctx.error(f"grid {grid_shape} does not fit X {x_shape}")
+    mode = _choice(ctx, "mode", "bilinear" if ctx.opset < 20 else "linear", _GRID_MODES)
+    padding_mode = _choice(ctx, "padding_mode", "zeros", _GRID_PADDING)
+    if mode == "cubic" and nd != 2:
+        raise UnsupportedOpError(f"{ctx.describe()}: cubic mode needs 4-D X, got {x_shape}")
+    attrs = {"mode": mode, "padding_mode": padding_mode, "align_corners": int(ctx.attr("align_corners", 0))}
+    return [ctx.node("GridSample", ctx.inputs[:2], attrs)]
+
+
+@register("AffineGrid")
+def _affine_grid(ctx: CanonContext) -> list[Node]:
+    theta_shape = _shape(ctx.inputs[0])
+    size = _ints(ctx.const_input(1, "size"))
+    nd = len(size) - 2
+    if nd not in (2, 3) or theta_shape != (size[0], nd, nd + 1) or min(size) < 1:
+        raise ctx.error(f"size {size} does not fit theta {theta_shape}")
+    return [ctx.node("AffineGrid", ctx.inputs[:1],
+                     {"size": size, "align_corners": int(ctx.attr("align_corners", 0))})]

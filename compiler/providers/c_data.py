@@ -1,5 +1,383 @@
-"""C kernels (see c_common.py for the kernel registry)."""
+"""C kernels for data movement: Slice, Expand, Tile, Gather, Split and Range.
+
+Every kernel but Range only moves elements, so it takes any fixed-size dtype (elements travel as
+unsigned integers of the same size, as in ``c_move``) and has its shapes and offsets fixed at
+compile time. Slice, Expand and Tile are one *strided* copy: a loop nest over the output reading
+the input at compile-time (possibly zero or negative) strides from a base offset. Split copies
+each output's slice of every row.
+
+Gather reads its indices at run time; a negative index counts from the end and an index still
+outside ``[0, n)`` after that yields a zero-filled slice (the reference kernel raises instead: a
+step function cannot report an error through ABI version 1, and must never read out of bounds).
+Pad is in ``c_data_pad``; Cast, Where and the comparison / logic ops are in ``c_data_map`` (both
+imported here to register their kernels).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.codegen.elementwise import (
+    LoopNest,
+    broadcast_strides,
+    contiguous_strides,
+    loop_nest,
+    storage_ctype,
+)
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node, Value
+from compiler.providers import c_data_map, c_data_pad  # noqa: F401  (imported to register their kernels)
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import (
+    PARALLEL_MIN_WORK,
+    Param,
+    StepCode,
+    arg,
+    comment,
+    fn_name,
+    input_args,
+    output_args,
+    params,
+    register,
+    same_dtype_movable,
+    shape_of,
+)
+from compiler.providers.c_data_map import value_ctype
+
+__all__ = [
+    "StridedContext",
+    "GatherContext",
+    "SplitContext",
+    "RangeContext",
+    "StridedKernel",
+    "GatherKernel",
+    "SplitKernel",
+    "RangeKernel",
+    "strided_map",
+]
+
+
+def _prod(dims: Sequence[int]) -> int:
+    return int(np.prod(dims, dtype=np.int64))
+
+
+def _ints(values: object) -> list[int]:
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"expected a list of ints, got {values!r}")
+    return [int(v) for v in values]
+
+
+def _movable(v: Value) -> bool:
+    """A static-shaped tensor whose elements can travel as unsigned integers of their size."""
+    dtype = v.dtype
+    return (
+        v.shape is not None and dtype is not None and dtype.kind in "biufc" and dtype.itemsize in (1, 2, 4, 8)
+    )
+
+
+def _no_code(step: StepPlan, ctx: object) -> StepCode:
+    """The StepCode of a step whose outputs are all empty: nothing to compute."""
+    return StepCode(None, ctx, fn_name(step), ())
+
+
+# -- Slice / Expand / Tile: one strided copy ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StridedContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    nest: LoopNest
+    base: int  # element offset of the first element read
+    parallel: bool
+
+
+def _slice_map(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
+    xs = shape_of(node.input(0))
+    own = contiguous_strides(xs)
+    counts, starts, steps = list(xs), [0] * len(xs), [1] * len(xs)
+    axes = _ints(node.attrs["axes"])
+    if len(set(axes)) != len(axes):
+        return None
+    for start, end, axis, step in zip(
+        _ints(node.attrs["starts"]), _ints(node.attrs["ends"]), axes, _ints(node.attrs["steps"]), strict=True
+    ):
+        if not 0 <= axis < len(xs) or step == 0:
+            return None
+        low, high = (0, xs[axis]) if step > 0 else (-1, xs[axis] - 1)
+        if not (low <= start <= high and low <= end <= high):
+            return None  # not the canonical clamped form (the reference kernel rejects it too)
+        counts[axis], starts[axis], steps[axis] = len(range(start, end, step)), start, step
+    if _prod(counts) == 0:
+        return tuple(counts), 0, tuple(0 for _ in xs)
+    base = sum(s * o for s, o in zip(starts, own, strict=True))
+    return tuple(counts), base, tuple(st * o for st, o in zip(steps, own, strict=True))
+
+
+def _tile_map(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+    xs = shape_of(node.input(0))
+    repeats = _ints(node.attrs["repeats"])
+    if len(repeats) != len(xs) or any(r < 0 for r in repeats):
+        raise ValueError(f"{node.describe()}: repeats {repeats} do not match rank {len(xs)}")
+    own = contiguous_strides(xs)
+    shape: list[int] = []
+    strides: list[int] = []
+    for r, n, s in zip(repeats, xs, own, strict=True):  # output axis d is (repeat, element) row-major
+        shape += [r, n]
+        strides += [0, s]
+    return tuple(shape), 0, tuple(strides)
+
+
+def strided_map(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
+    """(iteration shape, base offset, input strides) of a Slice / Expand / Tile, or None.
+
+    The iteration shape, walked row-major, enumerates the output in order; it is the output's
+    shape except for Tile, whose axis d splits into (repeats[d], dim d).
+    """
+    ys = shape_of(node.outputs[0])
+    if node.kind == "Slice":
+        found = _slice_map(node)
+        if found is None or found[0] != ys:
+            return None
+        return found
+    if node.kind == "Expand":
+        if tuple(_ints(node.attrs["shape"])) != ys:
+            return None
+        return ys, 0, broadcast_strides(shape_of(node.input(0)), ys)
+    shape, base, strides = _tile_map(node)
+    if tuple(a * b for a, b in zip(shape[::2], shape[1::2], strict=True)) != ys:
+        return None
+    return shape, base, strides
+
+
+class StridedKernel:
+    kinds: tuple[str, ...] = ("Slice", "Expand", "Tile")
+
+    def supports(self, node: Node) -> bool:
+        if not same_dtype_movable(node) or len(node.inputs) != 1 or len(node.outputs) != 1:
+            return False
+        return strided_map(node) is not None
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        found = strided_map(node)
+        assert found is not None, node.describe()
+        shape, base, strides = found
+        out = node.outputs[0]
+        assert out.dtype is not None
+        ctype = storage_ctype(out.dtype)
+        args = [*input_args(step, ctype), *output_args(step, ctype)]
+        nest = loop_nest(shape, [strides])
+        ctx = StridedContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [True, True]),
+            nest=nest,
+            base=base,
+            parallel=nest.total >= 4 * PARALLEL_MIN_WORK,
+        )
+        if out.size == 0:
+            return _no_code(step, ctx)
+        return StepCode("c/data_strided.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- Gather -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GatherContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    pre: int  # product of the dimensions before the axis
+    n: int  # the axis' length
+    count: int  # number of indices
+    post_bytes: int  # bytes of one gathered slice (everything after the axis)
+    parallel: bool
+
+
+class GatherKernel:
+    kinds: tuple[str, ...] = ("Gather",)
+
+    def supports(self, node: Node) -> bool:
+        if len(node.inputs) != 2 or len(node.outputs) != 1 or any(v is None for v in node.inputs):
+            return False
+        x, indices = node.inputs
+        y = node.outputs[0]
+        assert x is not None and indices is not None
+        if indices.dtype not in (np.dtype(np.int32), np.dtype(np.int64)) or indices.shape is None:
+            return False
+        if x.dtype != y.dtype or not _movable(x) or not _movable(y):
+            return False
+        xs, axis = shape_of(x), int(node.attrs["axis"])
+        if not 0 <= axis < len(xs):
+            return False
+        return shape_of(y) == xs[:axis] + shape_of(indices) + xs[axis + 1 :]
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        x, indices = node.inputs
+        y = node.outputs[0]
+        assert x is not None and indices is not None and y.dtype is not None and indices.dtype is not None
+        xs, axis = shape_of(x), int(node.attrs["axis"])
+        ctype = storage_ctype(y.dtype)
+        args = [
+            arg(step.inputs[0], ctype, True, step, f"input 0 ({x.name})"),
+            arg(step.inputs[1], value_ctype(indices.dtype), True, step, f"input 1 ({indices.name})"),
+            *output_args(step, ctype),
+        ]
+        pre, count = _prod(xs[:axis]), indices.size
+        ctx = GatherContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "ind", "y"], args, [True] * 3),
+            pre=pre,
+            n=xs[axis],
+            count=count,
+            post_bytes=_prod(xs[axis + 1 :]) * y.dtype.itemsize,
+            parallel=y.size >= PARALLEL_MIN_WORK and pre * count > 1,
+        )
+        if y.size == 0:
+            return _no_code(step, ctx)
+        return StepCode("c/data_gather.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- Split --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SplitContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    outer: int
+    row_bytes: int  # bytes of one input row (everything from the axis on)
+    chunks: tuple[tuple[str, int, int], ...]  # (output param, bytes per row, byte offset in the row)
+    parallel: bool
+
+
+class SplitKernel:
+    kinds: tuple[str, ...] = ("Split",)
+
+    def supports(self, node: Node) -> bool:
+        if not same_dtype_movable(node) or len(node.inputs) != 1 or not node.outputs:
+            return False
+        xs, axis = shape_of(node.input(0)), int(node.attrs["axis"])
+        sizes = _ints(node.attrs["split"])
+        if not 0 <= axis < len(xs) or len(sizes) != len(node.outputs) or sum(sizes) != xs[axis]:
+            return False
+        return all(
+            shape_of(v) == xs[:axis] + (size,) + xs[axis + 1 :]
+            for v, size in zip(node.outputs, sizes, strict=True)
+        )
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        x = node.input(0)
+        assert x is not None and x.dtype is not None
+        xs, axis = shape_of(x), int(node.attrs["axis"])
+        ctype = storage_ctype(x.dtype)
+        unit = _prod(xs[axis + 1 :]) * x.dtype.itemsize
+        # An empty output gets no parameter: nothing is written to it.
+        outs = output_args(step, ctype)
+        chunks, offset = [], 0
+        args, names = input_args(step, ctype), ["x"]
+        for k, size in enumerate(_ints(node.attrs["split"])):
+            if size > 0:
+                chunks.append((f"y{k}", size * unit, offset))
+                args.append(outs[k])
+                names.append(f"y{k}")
+            offset += size * unit
+        outer = _prod(xs[:axis])
+        ctx = SplitContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(names, args, [True] * len(args)),
+            outer=outer,
+            row_bytes=offset,
+            chunks=tuple(chunks),
+            parallel=x.size >= 4 * PARALLEL_MIN_WORK and outer > 1,
+        )
+        if x.size == 0:
+            return _no_code(step, ctx)
+        return StepCode("c/data_split.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- Range --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RangeContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    ctype: str
+    floating: bool
+    count: int
+
+
+_RANGE_DTYPES = frozenset(
+    np.dtype(t) for t in (np.int16, np.int32, np.int64, np.float16, np.float32, np.float64)
+)
+
+
+def _scalar(v: Value | None) -> bool:
+    return v is not None and v.shape is not None and _prod(v.shape) == 1
+
+
+class RangeKernel:
+    """Range(start, limit, delta): element i is start + i * delta, as the reference computes it.
+
+    Floats are computed in double (the product rounded before the sum: no FMA contraction) and
+    rounded once to the output type; integers wrap in 64 bits. The count is the output's static
+    length, so ``limit`` is not read.
+    """
+
+    kinds: tuple[str, ...] = ("Range",)
+
+    def supports(self, node: Node) -> bool:
+        if len(node.inputs) != 3 or len(node.outputs) != 1 or not all(_scalar(v) for v in node.inputs):
+            return False
+        y = node.outputs[0]
+        if y.dtype not in _RANGE_DTYPES or any(v is not None and v.dtype != y.dtype for v in node.inputs):
+            return False
+        return len(shape_of(y)) == 1
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        y = node.outputs[0]
+        assert y.dtype is not None
+        ctype = value_ctype(y.dtype)
+        start, _, delta = input_args(step, ctype)
+        args = [start, delta, *output_args(step, ctype)]
+        ctx = RangeContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["start", "delta", "y"], args, [True, True, True]),
+            ctype=ctype,
+            floating=y.dtype.kind == "f",
+            count=y.size,
+        )
+        if y.size == 0:
+            return _no_code(step, ctx)
+        return StepCode("c/data_range.c.j2", ctx, ctx.fn, tuple(args))
+
+
+for _kernel in (StridedKernel(), GatherKernel(), SplitKernel(), RangeKernel()):
+    register(_kernel)

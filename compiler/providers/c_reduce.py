@@ -1,5 +1,407 @@
-"""C kernels (see c_common.py for the kernel registry)."""
+"""C kernels that reduce along axes: the Reduce* family, ArgMax / ArgMin, TopK, LayerNormalization.
+
+Every kernel reads a contiguous input at compile-time strides. A reduction's dimensions are
+merged into alternating groups of kept and reduced dimensions: when the innermost group is
+reduced ("rows") each output element is a reduction of contiguous runs; when it is kept ("cols")
+each work item accumulates a block of contiguous outputs over every reduced position, so both
+cases read memory in order. Floats are accumulated in float32 (``omp simd`` splits long rows into
+vector lanes); maxima and minima propagate NaN as numpy does. Einsum is in ``c_reduce_einsum``.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.codegen.elementwise import contiguous_strides, literal
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node, Value
+from compiler.providers import c_reduce_einsum  # noqa: F401  (imported to register Einsum)
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import (
+    PARALLEL_MIN_WORK,
+    Param,
+    StepCode,
+    all_float32,
+    comment,
+    fn_name,
+    input_args,
+    output_args,
+    params,
+    register,
+    shape_of,
+)
+from compiler.providers.c_reduce_common import CType, all_nonempty, ctype_of, offset_expr, prod
+
+__all__ = [
+    "ReduceContext",
+    "ArgContext",
+    "TopKContext",
+    "LayerNormContext",
+    "ReduceKernel",
+    "ArgKernel",
+    "TopKKernel",
+    "LayerNormKernel",
+]
+
+# Reduce* op -> the template's name for it.
+REDUCE_OPS = {
+    "ReduceSum": "sum",
+    "ReduceMean": "mean",
+    "ReduceMax": "max",
+    "ReduceMin": "min",
+    "ReduceProd": "prod",
+    "ReduceL1": "l1",
+    "ReduceL2": "l2",
+    "ReduceSumSquare": "sumsq",
+    "ReduceLogSum": "logsum",
+    "ReduceLogSumExp": "logsumexp",
+}
+# Which reductions each dtype kind runs (mean, roots and logarithms of integers are not done).
+REDUCE_KINDS = {
+    "f": frozenset(REDUCE_OPS.values()),
+    "i": frozenset({"sum", "prod", "max", "min", "l1", "sumsq"}),
+    "u": frozenset({"sum", "prod", "max", "min", "l1", "sumsq"}),
+    "b": frozenset({"max", "min"}),
+}
+COL_BLOCK = 256  # outputs one "cols" work item accumulates (on the stack)
+
+
+def _axis_split(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """(outer, length, inner) around ``axis``."""
+    return prod(shape[:axis]), shape[axis], prod(shape[axis + 1 :])
+
+
+def _numeric(v: Value | None) -> CType | None:
+    """The C type of a numeric (not bool) value."""
+    t = ctype_of(v)
+    return t if t is not None and t.kind != "b" else None
+
+
+# -- Reduce* ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReduceContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    t: CType
+    op: str  # a value of REDUCE_OPS
+    mode: str  # "rows": the innermost group is reduced | "cols": it is kept
+    outer: int  # rows: outputs | cols: output rows of ``inner`` elements
+    outer_off: str  # input offset of outer position ``o``
+    rcount: int  # reduced positions walked by ``r`` (rows: excluding the innermost group)
+    red_off: str  # input offset of reduced position ``r``
+    inner: int  # length of the innermost group (contiguous)
+    block: int  # cols: outputs per work item
+    nblocks: int
+    count: int  # elements reduced into each output (ReduceMean)
+    parallel: bool
+
+
+@dataclass(frozen=True)
+class _Group:
+    size: int
+    stride: int
+    reduced: bool
+
+
+def _groups(shape: tuple[int, ...], axes: set[int]) -> list[_Group]:
+    """Adjacent dimensions merged while they are all kept or all reduced (size 1 dropped)."""
+    strides = contiguous_strides(shape)
+    out: list[_Group] = []
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        if out and out[-1].reduced == (d in axes):
+            out[-1] = _Group(out[-1].size * size, strides[d], d in axes)
+        else:
+            out.append(_Group(size, strides[d], d in axes))
+    return out
+
+
+def _reduced_shape(shape: tuple[int, ...], axes: list[int], keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if d in axes else n for d, n in enumerate(shape))
+    return tuple(n for d, n in enumerate(shape) if d not in axes)
+
+
+def _reduce_axes(node: Node) -> list[int] | None:
+    """The canonical axes when they and the output shape are consistent, else None."""
+    xs = shape_of(node.input(0))
+    axes = [int(a) for a in node.attrs["axes"]]
+    if not axes or axes != sorted(set(axes)) or axes[0] < 0 or axes[-1] >= len(xs):
+        return None
+    if shape_of(node.outputs[0]) != _reduced_shape(xs, axes, bool(int(node.attrs["keepdims"]))):
+        return None
+    return axes
+
+
+class ReduceKernel:
+    kinds: tuple[str, ...] = tuple(REDUCE_OPS)
+
+    def supports(self, node: Node) -> bool:
+        if len(node.inputs) != 1 or len(node.outputs) != 1:
+            return False
+        x, y = node.input(0), node.outputs[0]
+        t = ctype_of(x)
+        if (
+            t is None
+            or x is None
+            or y.dtype != x.dtype
+            or REDUCE_OPS[node.op_type] not in REDUCE_KINDS[t.kind]
+        ):
+            return False
+        return _reduce_axes(node) is not None
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        xs = shape_of(node.input(0))
+        axes = _reduce_axes(node)
+        t = ctype_of(node.input(0))
+        assert axes is not None and t is not None, node.describe()
+        groups = _groups(xs, set(axes)) or [_Group(1, 1, True)]
+        last = groups[-1]
+        mode = "rows" if last.reduced else "cols"
+        kept = [g for g in groups[:-1] if not g.reduced]
+        red = [g for g in (groups[:-1] if last.reduced else groups) if g.reduced]
+        nblocks = -(-last.size // COL_BLOCK) if mode == "cols" else 1
+        outer = prod([g.size for g in kept])
+        args = [*input_args(step, t.name), *output_args(step, t.name)]
+        ctx = ReduceContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [all_nonempty(node)] * 2),
+            t=t,
+            op=REDUCE_OPS[node.op_type],
+            mode=mode,
+            outer=outer,
+            outer_off=offset_expr("o", [g.size for g in kept], [g.stride for g in kept]),
+            rcount=prod([g.size for g in red]),
+            red_off=offset_expr("r", [g.size for g in red], [g.stride for g in red]),
+            inner=last.size,
+            block=max(1, min(COL_BLOCK, last.size)),
+            nblocks=nblocks,
+            count=prod([xs[a] for a in axes]),
+            parallel=prod(xs) >= PARALLEL_MIN_WORK and outer * nblocks > 1,
+        )
+        return StepCode("c/reduce.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- ArgMax / ArgMin ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArgContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    ctype: str
+    floating: bool  # NaN checks are emitted
+    op: str  # "max" | "min"
+    last: bool  # select_last_index
+    outer: int
+    length: int
+    inner: int
+    parallel: bool
+
+
+class ArgKernel:
+    kinds: tuple[str, ...] = ("ArgMax", "ArgMin")
+
+    def supports(self, node: Node) -> bool:
+        if len(node.inputs) != 1 or len(node.outputs) != 1 or _numeric(node.input(0)) is None:
+            return False
+        y = node.outputs[0]
+        if y.dtype != np.int64 or y.shape is None:
+            return False
+        xs = shape_of(node.input(0))
+        axis = int(node.attrs["axis"])
+        int(node.attrs["select_last_index"])
+        if not 0 <= axis < len(xs) or xs[axis] < 1:
+            return False
+        return shape_of(y) == _reduced_shape(xs, [axis], bool(int(node.attrs["keepdims"])))
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        x = node.input(0)
+        t = _numeric(x)
+        assert t is not None, node.describe()
+        xs = shape_of(x)
+        outer, length, inner = _axis_split(xs, int(node.attrs["axis"]))
+        args = [*input_args(step, t.name), *output_args(step, "int64_t")]
+        ctx = ArgContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [all_nonempty(node)] * 2),
+            ctype=t.name,
+            floating=t.kind == "f",
+            op="max" if node.op_type == "ArgMax" else "min",
+            last=bool(int(node.attrs["select_last_index"])),
+            outer=outer,
+            length=length,
+            inner=inner,
+            parallel=prod(xs) >= PARALLEL_MIN_WORK and outer * inner > 1,
+        )
+        return StepCode("c/reduce_arg.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- TopK -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopKContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    ctype: str
+    floating: bool
+    largest: bool
+    k: int
+    outer: int
+    length: int
+    inner: int
+    parallel: bool
+
+
+class TopKKernel:
+    """The k best of each row in a heap kept in the outputs themselves, then heap-sorted."""
+
+    kinds: tuple[str, ...] = ("TopK",)
+
+    def supports(self, node: Node) -> bool:
+        if len(node.inputs) != 1 or len(node.outputs) != 2 or _numeric(node.input(0)) is None:
+            return False
+        x, (values, indices) = node.input(0), node.outputs
+        assert x is not None
+        if values.dtype != x.dtype or indices.dtype != np.int64:
+            return False
+        xs = shape_of(x)
+        axis, k = int(node.attrs["axis"]), int(node.attrs["k"])
+        int(node.attrs["largest"])
+        int(node.attrs["sorted"])
+        if not 0 <= axis < len(xs) or not 1 <= k <= xs[axis]:
+            return False
+        ys = xs[:axis] + (k,) + xs[axis + 1 :]
+        return shape_of(values) == ys and shape_of(indices) == ys
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        x = node.input(0)
+        t = _numeric(x)
+        assert t is not None, node.describe()
+        xs = shape_of(x)
+        outer, length, inner = _axis_split(xs, int(node.attrs["axis"]))
+        k = int(node.attrs["k"])
+        rows = outer * inner
+        args = [*input_args(step, t.name), output_args(step, t.name)[0], output_args(step, "int64_t")[1]]
+        ctx = TopKContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "yv", "yi"], args, [all_nonempty(node)] * 3),
+            ctype=t.name,
+            floating=t.kind == "f",
+            largest=bool(int(node.attrs["largest"])),
+            k=k,
+            outer=outer,
+            length=length,
+            inner=inner,
+            parallel=rows * length * max(1, k.bit_length()) >= PARALLEL_MIN_WORK and rows > 1,
+        )
+        return StepCode("c/reduce_topk.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- LayerNormalization -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerNormContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    outer: int
+    n: int  # elements normalized together
+    scale_index: str  # "j" (one per element) or "0" (one for all)
+    bias: bool
+    bias_index: str
+    eps: str
+    stats: int  # 0, 1 (Mean) or 2 (Mean and InvStdDev) statistics outputs
+    parallel: bool
+
+
+def _per_element_index(v: Value | None, norm: tuple[int, ...]) -> str | None:
+    """How a Scale / B of shape broadcastable to ``norm`` is indexed: "j", "0" or None (neither)."""
+    if v is None:
+        return None
+    shape = shape_of(v)
+    if len(shape) > len(norm):
+        return None
+    if prod(shape) == 1:
+        return "0"
+    trimmed = shape[next(i for i, d in enumerate(shape) if d != 1) :]
+    return "j" if trimmed == norm[len(norm) - len(trimmed) :] and prod(trimmed) == prod(norm) else None
+
+
+class LayerNormKernel:
+    kinds: tuple[str, ...] = ("LayerNormalization",)
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or not 1 <= len(node.outputs) <= 3 or not 2 <= len(node.inputs) <= 3:
+            return False
+        xs = shape_of(node.input(0))
+        axis = int(node.attrs["axis"])
+        float(node.attrs["epsilon"])
+        norm = xs[axis:] if 0 <= axis < len(xs) else ()
+        if not norm or prod(norm) < 1 or shape_of(node.outputs[0]) != xs:
+            return False
+        stat_shape = xs[:axis] + (1,) * len(norm)
+        if any(shape_of(v) != stat_shape for v in node.outputs[1:]):
+            return False
+        if _per_element_index(node.input(1), norm) is None:
+            return False
+        return node.input(2) is None or _per_element_index(node.input(2), norm) is not None
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        xs = shape_of(node.input(0))
+        axis = int(node.attrs["axis"])
+        norm = xs[axis:]
+        scale_index = _per_element_index(node.input(1), norm)
+        bias_index = _per_element_index(node.input(2), norm)
+        assert scale_index is not None, node.describe()
+        args = [*input_args(step), *output_args(step)]
+        names = ["x", "scale"] + (["bias"] if bias_index is not None else []) + ["y"]
+        names += ["mean_out", "inv_std_out"][: len(node.outputs) - 1]
+        ctx = LayerNormContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            # x and y may share memory (each row is read in full before it is written)
+            params=params(names, args, [name not in ("x", "y") for name in names]),
+            outer=prod(xs[:axis]),
+            n=prod(norm),
+            scale_index=scale_index,
+            bias=bias_index is not None,
+            bias_index=bias_index or "0",
+            eps=literal(float(node.attrs["epsilon"])),
+            stats=len(node.outputs) - 1,
+            parallel=prod(xs) * 4 >= PARALLEL_MIN_WORK and prod(xs[:axis]) > 1,
+        )
+        return StepCode("c/reduce_layernorm.c.j2", ctx, ctx.fn, tuple(args))
+
+
+for _kernel in (ReduceKernel(), ArgKernel(), TopKKernel(), LayerNormKernel()):
+    register(_kernel)

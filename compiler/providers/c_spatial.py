@@ -1,5 +1,244 @@
-"""C kernels (see c_common.py for the kernel registry)."""
+"""C kernels for the spatial ops: Resize over the last two axes and ConvTranspose (1-D / 2-D).
+
+Resize: the per-axis tap tables of ``runtime.kernels.spatial.resize_taps`` (the reference kernel's
+own) are compiled into the kernel as static arrays, so every mode the reference handles (nearest,
+linear, cubic, antialias, exclude_outside, tf_crop_and_resize) runs the same arithmetic; each
+output row first blends its input rows (H taps) into a row buffer, then gathers the W taps, in the
+reference's axis order. Only float32 resizes that leave every axis but the last two unchanged are
+claimed, with bounded tables.
+
+ConvTranspose: per image and group, the register-blocked GEMM tile of ``c_gemm`` computes the
+columns W_g^T X_g -- one row per (output channel, kh, kw), one column per input pixel -- into
+scratch (W read transposed in place), then col2im gathers them per output row: y[n, m, oh, :] adds
+column rows (m, kh, kw) at the input row ih with oh = ih * sh + kh * dh - pt, each a strided axpy
+over iw. float32 NCHW (1-D as H = 1) with groups, dilations, strides, pads and output_padding
+(the output shape).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.codegen.elementwise import literal
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import (
+    PARALLEL_MIN_WORK,
+    Param,
+    StepCode,
+    all_float32,
+    comment,
+    fn_name,
+    input_args,
+    output_args,
+    params,
+    register,
+    scratch_arg,
+    shape_of,
+)
+from compiler.providers.c_gemm import Epilogue, Tiling, choose_tiling
+from runtime.errors import RuntimeKernelError
+from runtime.kernels.spatial import ResizeTaps, resize_plan
+
+__all__ = ["ResizeContext", "ConvTransposeContext", "ResizeKernel", "ConvTransposeKernel"]
+
+# Most table entries (taps over both axes) compiled into one Resize kernel, and the widest input
+# row its per-thread row buffer (on the stack) may hold.
+MAX_RESIZE_TAPS = 1 << 16
+MAX_RESIZE_ROW = 1 << 14
+
+
+# -- Resize -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AxisTable:
+    """One axis's taps as C initializers: ``size`` outputs of ``taps`` (index, weight) pairs."""
+
+    size: int
+    taps: int
+    index: tuple[int, ...]
+    weight: tuple[str, ...]  # float32 literals
+    outside: tuple[int, ...]  # 1 where the output takes the extrapolation value; () when none
+
+
+@dataclass(frozen=True)
+class ResizeContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    outer: int  # product of the unchanged leading axes
+    h: int
+    w: int
+    th: AxisTable
+    tw: AxisTable
+    nearest: bool  # one tap of weight 1 on both axes: a pure gather
+    extrapolation: str
+    parallel: bool
+
+
+def _table(taps: ResizeTaps) -> AxisTable:
+    size, n = taps.index.shape
+    outside = tuple(int(v) for v in taps.outside) if taps.outside is not None and taps.outside.any() else ()
+    return AxisTable(size, n, tuple(int(i) for i in taps.index.reshape(-1)),
+                     tuple(literal(float(w)) for w in taps.weights.reshape(-1)), outside)
+
+
+def _resize_tables(node: Node) -> tuple[int, int, int, ResizeTaps, ResizeTaps] | None:
+    """(outer, h, w, H taps, W taps) when only the last two axes change, else None."""
+    xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
+    if not xs or len(xs) != len(ys) or min(xs + ys) < 1:
+        return None
+    try:
+        plan = resize_plan(xs, ys, node.attrs)
+    except (KeyError, TypeError, ValueError, RuntimeKernelError):
+        return None
+    if len(plan) == 1:  # 1-D: one row
+        plan = [ResizeTaps(1, np.zeros((1, 1), np.int64), np.ones((1, 1)), None), *plan]
+        xs, ys = (1, *xs), (1, *ys)
+    if not all(t.is_identity for t in plan[:-2]):
+        return None
+    return math.prod(xs[:-2]), xs[-2], xs[-1], plan[-2], plan[-1]
+
+
+class ResizeKernel:
+    kinds: tuple[str, ...] = ("Resize",)
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or len(node.inputs) != 1 or len(node.outputs) != 1:
+            return False
+        tables = _resize_tables(node)
+        if tables is None:
+            return False
+        _, _, w, th, tw = tables
+        return th.index.size + tw.index.size <= MAX_RESIZE_TAPS and w <= MAX_RESIZE_ROW
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        tables = _resize_tables(node)
+        assert tables is not None, node.describe()
+        outer, h, w, th, tw = tables
+        args = [*input_args(step), *output_args(step)]
+        nearest = all(t.index.shape[1] == 1 and bool((t.weights == 1.0).all()) for t in (th, tw))
+        work = outer * th.index.shape[0] * (w * th.index.shape[1] + tw.index.size)
+        ctx = ResizeContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [True, True]),
+            outer=outer,
+            h=h,
+            w=w,
+            th=_table(th),
+            tw=_table(tw),
+            nearest=nearest,
+            extrapolation=literal(float(node.attrs["extrapolation_value"])),
+            parallel=work >= PARALLEL_MIN_WORK,
+        )
+        return StepCode("c/spatial_resize.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- ConvTranspose ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConvTransposeContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    t: Tiling  # the product W_g^T (mg * kh * kw x cg) times X_g (cg x h * w)
+    e: Epilogue
+    bias: bool
+    batch: int
+    c: int
+    h: int
+    w: int
+    m: int
+    oh: int
+    ow: int
+    cg: int  # input channels per group
+    mg: int  # output channels per group
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    parallel: bool
+
+
+def _conv_transpose_geometry(node: Node) -> dict[str, int] | None:
+    """The ConvTranspose as 2-D NCHW (1-D as H = 1), or None when the kernel does not handle it."""
+    x, wv = node.input(0), node.input(1)
+    if x is None or wv is None or len(node.outputs) != 1:
+        return None
+    xs, ws, ys = shape_of(x), shape_of(wv), shape_of(node.outputs[0])
+    a = node.attrs
+    try:
+        ks, st, pads, dil, group = (list(a["kernel_shape"]), list(a["strides"]), list(a["pads"]),
+                                    list(a["dilations"]), int(a["group"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    rank = len(xs) - 2
+    if rank not in (1, 2) or len(ws) != rank + 2 or len(ys) != rank + 2 or len(pads) != 2 * rank:
+        return None
+    if min(xs + ws + ys) < 1:
+        return None
+    if tuple(ws[2:]) != tuple(ks) or group < 1 or xs[1] % group or ws[0] != xs[1]:
+        return None
+    if min(st) < 1 or min(dil) < 1 or ys[:2] != (xs[0], ws[1] * group):
+        return None
+    if rank == 1:  # as 2-D with H = 1
+        return dict(batch=xs[0], c=xs[1], h=1, w=xs[2], m=ys[1], oh=1, ow=ys[2], cg=xs[1] // group, mg=ws[1],
+                    kh=1, kw=ks[0], sh=1, sw=st[0], pt=0, pl=pads[0], dh=1, dw=dil[0])  # fmt: skip
+    return dict(batch=xs[0], c=xs[1], h=xs[2], w=xs[3], m=ys[1], oh=ys[2], ow=ys[3], cg=xs[1] // group,
+                mg=ws[1], kh=ks[0], kw=ks[1], sh=st[0], sw=st[1], pt=pads[0], pl=pads[1], dh=dil[0],
+                dw=dil[1])  # fmt: skip
+
+
+class ConvTransposeKernel:
+    kinds: tuple[str, ...] = ("ConvTranspose",)
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or len(node.inputs) > 3 or _conv_transpose_geometry(node) is None:
+            return False
+        b = node.input(2)
+        return b is None or shape_of(b) == (shape_of(node.outputs[0])[1],)
+
+    def scratch_nbytes(self, node: Node) -> int:
+        g = _conv_transpose_geometry(node)
+        assert g is not None, node.describe()
+        return 4 * g["mg"] * g["kh"] * g["kw"] * g["h"] * g["w"]  # one image and group's columns
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        g = _conv_transpose_geometry(node)
+        assert g is not None, node.describe()
+        bias = node.input(2) is not None
+        scratch = scratch_arg(step, self.scratch_nbytes(node))
+        args = [*input_args(step), *output_args(step), *scratch]
+        names = ["x", "w"] + (["bias"] if bias else []) + ["y", "scratch"]
+        t = choose_tiling(g["mg"] * g["kh"] * g["kw"], g["h"] * g["w"], g["cg"], target)
+        ctx = ConvTransposeContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(names, args, [True] * len(names)),
+            t=t,
+            e=Epilogue("", False, "", 0, 0, False, "v"),
+            bias=bias,
+            parallel=2 * g["batch"] * (g["m"] // g["mg"]) * t.m * t.n * t.k >= PARALLEL_MIN_WORK,
+            **g,
+        )
+        return StepCode("c/spatial_conv_transpose.c.j2", ctx, ctx.fn, tuple(args))
+
+
+for _kernel in (ResizeKernel(), ConvTransposeKernel()):
+    register(_kernel)
