@@ -17,10 +17,20 @@ from functools import cached_property
 
 import numpy as np
 
+from compiler.memory.native import native_available, native_place
+
 __all__ = [
     "Fit", "MORE_STRATEGIES", "Order", "Problem", "STRATEGIES", "best_fit", "first_fit", "order_by_pressure",
-    "place_fresh",
+    "place_fresh", "place_fresh_python",
 ]
+
+
+# The native loop either scans every placed buffer (n^2 / 2 simple steps, ~3 ns each, no conflict
+# lists to build) or visits conflict lists (~60 ns per conflicting pair, building the lists in
+# numpy included). It scans up to SCAN_LIMIT buffers, and beyond that while n^2 stays within
+# SCAN_RATIO x the conflict count (measured crossover: ~40).
+SCAN_LIMIT = 2048
+SCAN_RATIO = 32
 
 
 class Problem:
@@ -58,8 +68,20 @@ class Problem:
 
     @cached_property
     def degree(self) -> list[int]:
-        a, b = self.pairs
-        return (np.bincount(a, minlength=self.n) + np.bincount(b, minlength=self.n)).tolist()
+        """How many non-empty buffers each non-empty buffer conflicts with (0 for empty ones).
+
+        Counted without listing the pairs: j meets i unless j starts after i ends or ends before
+        i starts, and those two sets are disjoint.
+        """
+        degree = np.zeros(self.n, dtype=np.int64)
+        if self.nonempty:
+            index = np.asarray(self.nonempty, dtype=np.int64)
+            _, first, last = self.arrays
+            firsts, lasts = np.sort(first[index]), np.sort(last[index])
+            starts_by_end = np.searchsorted(firsts, last[index], side="right")
+            ended_before = np.searchsorted(lasts, first[index], side="left")
+            degree[index] = starts_by_end - ended_before - 1
+        return degree.tolist()
 
     @cached_property
     def cost(self) -> list[int]:
@@ -89,6 +111,26 @@ class Problem:
         rank[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
         a_first = rank[a] < rank[b]
         return _group(np.where(a_first, b, a), np.where(a_first, a, b), self.n)
+
+    def earlier_csr(self, order: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``earlier`` as int64 arrays: buffer i's list is ``indices[indptr[i]:indptr[i + 1]]``."""
+        a, b = self.pairs
+        rank = np.zeros(self.n, dtype=np.int64)
+        rank[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
+        a_first = rank[a] < rank[b]
+        src = np.where(a_first, b, a)
+        keys = src.astype(np.int16) if self.n <= 1 << 15 else src  # numpy radix-sorts 16-bit keys
+        dst = np.where(a_first, a, b)
+        indices = np.ascontiguousarray(dst[np.argsort(keys, kind="stable")], dtype=np.int64)
+        indptr = np.zeros(self.n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src, minlength=self.n), out=indptr[1:])
+        return indptr, indices
+
+    @cached_property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(size, first, last) as int64 arrays."""
+        return (np.asarray(self.size, dtype=np.int64), np.asarray(self.first, dtype=np.int64),
+                np.asarray(self.last, dtype=np.int64))
 
     @cached_property
     def lower_bound(self) -> int:
@@ -149,7 +191,28 @@ def first_fit(spans: list[tuple[int, int]], nbytes: int) -> int:
 
 
 def place_fresh(p: Problem, order: Sequence[int], fit: Fit, limit: int = -1) -> tuple[list[int], int]:
-    """Place the buffers in ``order`` with ``fit``: (offsets, arena), arena -1 once past ``limit``."""
+    """Place the buffers in ``order`` with ``fit``: (offsets, arena), arena -1 once past ``limit``.
+
+    For the two fits defined here the loop runs in C where it can be built
+    (``compiler.memory.native``); this Python loop is its specification and its fallback.
+    """
+    if (fit is best_fit or fit is first_fit) and native_available():
+        ordered = np.asarray(order, dtype=np.int64)
+        n = len(p.nonempty)
+        if n <= SCAN_LIMIT or n * n <= SCAN_RATIO * sum(p.degree):
+            placed = native_place(ordered, p.arrays[0], fit is best_fit, limit,
+                                  first=p.arrays[1], last=p.arrays[2])
+        else:
+            indptr, indices = p.earlier_csr(order)
+            placed = native_place(ordered, p.arrays[0], fit is best_fit, limit,
+                                  indptr=indptr, indices=indices)
+        if placed is not None:
+            return placed
+    return place_fresh_python(p, order, fit, limit)
+
+
+def place_fresh_python(p: Problem, order: Sequence[int], fit: Fit, limit: int = -1) -> tuple[list[int], int]:
+    """``place_fresh`` in Python: the specification of the native loop."""
     size = p.size
     earlier = p.earlier(order)
     spans = [(0, 0)] * p.n
@@ -173,11 +236,13 @@ Order = Callable[[Problem], list[int]]
 
 def order_by_size(p: Problem) -> list[int]:
     """TFLite's order: buffers live over the whole schedule first, then larger, then earlier."""
-    size, nbytes, first, last = p.size, p.nbytes, p.first, p.last
-    lo = min((first[i] for i in p.nonempty), default=0)
-    hi = max((last[i] for i in p.nonempty), default=0)
-    whole_run = {i for i in p.nonempty if first[i] == lo and last[i] == hi}
-    return sorted(p.nonempty, key=lambda i: (i not in whole_run, -size[i], -nbytes[i], first[i], i))
+    if not p.nonempty:
+        return []
+    index = np.asarray(p.nonempty, dtype=np.int64)
+    sizes, firsts, lasts = (a[index] for a in p.arrays)
+    nbytes = np.asarray(p.nbytes, dtype=np.int64)[index]
+    partial = (firsts != firsts.min()) | (lasts != lasts.max())  # not live over the whole run
+    return index[np.lexsort((index, firsts, -nbytes, -sizes, partial))].tolist()
 
 
 def order_by_conflicts(p: Problem) -> list[int]:
