@@ -1,4 +1,4 @@
-"""The ``onnx-aot`` command line: compile | run | bench | inspect.
+"""The ``onnx-aot`` command line: compile | run | bench | inspect | verify.
 
 ``python -m compiler`` is the same program. Errors of the project's own types print one clear
 line (exit 1); usage errors exit 2.
@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan-budget-ms", type=_budget, default=None, metavar="MS",
                    help="time the memory planner may search for a smaller arena than its default "
                         "heuristic gives (milliseconds)")
+    p.add_argument("--max-arena-bytes", type=_count, default=None, metavar="N",
+                   help="fail the compile when the memory plan needs more than N arena bytes "
+                        "(the error gives the need per memory space)")
+    p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
+                   help="seeded self-test cases stored for 'onnx-aot verify' (default 2, 0: none)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
     p = sub.add_parser("run", help="run an artifact once and print its outputs")
@@ -142,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the same data as JSON (report/memory.json with fields added)")
     p.add_argument("--html", metavar="FILE",
                    help="also write the memory page (as report/memory.html) to FILE")
+
+    p = sub.add_parser("verify", help="rerun the artifact's golden self-test cases on this machine "
+                                      "(exit 1 on a mismatch)")
+    p.add_argument("artifact")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--verify-weights", action="store_true", help="hash weights.bin fully first")
     return parser
 
 
@@ -155,6 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "verify":
+            from runtime.verify import main as verify_main
+
+            return verify_main([args.artifact, *(["--threads", str(args.threads)] if args.threads else []),
+                                *(["--verify-weights"] if args.verify_weights else [])])
         return _inspect(args)
     except OnnxAotError as exc:
         print(f"onnx-aot: error: {exc}", file=sys.stderr)
@@ -172,7 +188,8 @@ def _compile(args: argparse.Namespace) -> int:
     out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
                         shapes=shapes, binds=dict(args.bind),
                         progress=None if args.quiet else stderr_progress,
-                        plan_budget_ms=args.plan_budget_ms)
+                        plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
+                        golden_cases=args.golden_cases)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0

@@ -17,9 +17,11 @@ from typing import Any
 import numpy as np
 import onnx
 
+from compiler.artifact.golden import DEFAULT_CASES, make_golden
 from compiler.artifact.writer import write_artifact
 from compiler.frontend.importer import import_model
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node
+from compiler.limits import check_arena_limit
 from compiler.memory import MemoryPlan, plan_offsets, verify_plan
 from compiler.memory.lifetimes import assign_storage
 from compiler.partition.partitioner import partition_graph
@@ -63,11 +65,15 @@ def compile_model(
     build: BuildOptions | None = None,
     progress: Progress | None = None,
     plan_budget_ms: float | None = None,
+    max_arena_bytes: int | None = None,
+    golden_cases: int = DEFAULT_CASES,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
     ``shapes`` binds input shapes (``--shape``); ``binds`` turns graph inputs into constants with
     the given values (``--bind``), for inputs that carry shapes, axes or sizes.
+    ``max_arena_bytes`` fails the compile (``ArenaLimitError``) when an arena needs more;
+    ``golden_cases`` seeded self-test cases are stored for ``Session.verify()`` (0: none).
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
@@ -84,6 +90,10 @@ def compile_model(
     graph = optimize(graph, opt_level)
     materialize_outputs(graph)
     graph.verify()
+    say("computing golden self-test outputs with the reference kernels")
+    public = [graph.output_names[k] if k < len(graph.output_names) else v.name
+              for k, v in enumerate(graph.outputs)]
+    golden = make_golden(graph, public, cases=golden_cases)
 
     say(f"partitioning {len(graph)} nodes over {', '.join(p.name for p in providers)}")
     schedule = partition_graph(graph, providers)
@@ -102,6 +112,7 @@ def compile_model(
         buffers = storage.buffers.get(space, [])
         mem_plans[space] = plan_offsets(buffers, alignment[space], budget_ms=plan_budget_ms)
         verify_plan(buffers, mem_plans[space], alignment[space])
+    check_arena_limit(source_name, mem_plans, max_arena_bytes)
 
     plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name)
     options = {
@@ -110,9 +121,12 @@ def compile_model(
         "shapes": {k: list(v) for k, v in sorted((shapes or {}).items())},
         "binds": {k: np.asarray(v).tolist() for k, v in sorted((binds or {}).items())},
         "plan_budget_ms": plan_budget_ms,
+        **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),
+        "golden_cases": golden_cases,
     }
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
-    final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say)
+    final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say,
+                           extra_files=golden)
     say(f"wrote {final}")
     return final
 

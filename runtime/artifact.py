@@ -8,7 +8,6 @@ kernels are checked before any library is loaded (weights by size; fully hashed 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -19,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import ArtifactError
+from runtime.integrity import check_format_version, sha256_file, verify_files
+from runtime.isa import check_cpu_target
 
 __all__ = [
     "FORMAT_VERSION",
@@ -34,14 +35,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
 WEIGHTS = "weights.bin"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass
@@ -74,37 +67,17 @@ def load_artifact(path: str | os.PathLike[str], *, verify_weights: bool = False)
     if not root.is_dir():
         raise ArtifactError(f"{root}: no such artifact folder")
     manifest = _read_json(root / MANIFEST, "manifest.json")
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ArtifactError(
-            f"{root / MANIFEST}: artifact format version {version!r}; this runtime reads version "
-            f"{FORMAT_VERSION} (recompile the model with a matching onnx-aot)"
-        )
-    files = manifest.get("files")
-    if not isinstance(files, dict) or PLAN not in files or WEIGHTS not in files:
-        raise ArtifactError(f"{root / MANIFEST}: the file list is missing or incomplete")
-    for rel, entry in files.items():
-        file = _inside(root, rel)
-        try:
-            size = file.stat().st_size
-        except FileNotFoundError:
-            raise ArtifactError(f"{file}: listed in the manifest but missing") from None
-        if size != entry.get("size"):
-            raise ArtifactError(f"{file}: size {size} does not match the manifest ({entry.get('size')})")
-        if rel != WEIGHTS or verify_weights:
-            if sha256_file(file) != entry.get("sha256"):
-                raise ArtifactError(f"{file}: contents do not match the manifest's sha256")
+    check_format_version(manifest.get("format_version"), FORMAT_VERSION, root / MANIFEST,
+                         manifest.get("compiler"))
+    verify_files(root, manifest, (PLAN, WEIGHTS), WEIGHTS, verify_weights=verify_weights)
+    target = manifest.get("target")
+    cpu = target.get("cpu") if isinstance(target, dict) else None
+    check_cpu_target(cpu if isinstance(cpu, dict) else None, where=str(root / MANIFEST))
     plan = _read_json(root / PLAN, "plan.json")
     if plan.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{root / PLAN}: unexpected plan format version")
     weights = _map_weights(root / WEIGHTS)
     return Artifact(root, manifest, plan, weights)
-
-
-def _inside(root: Path, rel: str) -> Path:
-    if not isinstance(rel, str) or rel.startswith(("/", "\\")) or ".." in Path(rel).parts:
-        raise ArtifactError(f"{root / MANIFEST}: file entry {rel!r} points outside the artifact")
-    return root / rel
 
 
 def _map_weights(path: Path) -> np.ndarray:

@@ -8,20 +8,21 @@ of the same model with the same options are byte-identical.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shutil
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from compiler.artifact.atomic import make_temp_dir, replace_dir, sweep_leftovers
+from compiler.artifact.cpu_target import cpu_target
 from compiler.artifact.report import render_memory_html
 from compiler.plan import CompiledPlan
 from compiler.providers.base import BuildOptions, Provider
 from compiler.version import __version__
 from runtime.artifact import FORMAT_VERSION, MANIFEST, PLAN, WEIGHTS, sha256_file
 from runtime.errors import CompileError, OnnxAotError
+from runtime.integrity import sampled_sha256
 
 __all__ = ["write_artifact", "dump_json"]
 
@@ -41,17 +42,27 @@ def write_artifact(
     source_sha256: str,
     options: dict[str, Any],
     say: Callable[[str], None],
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> Path:
+    """Write the artifact into a temporary sibling of ``out`` and rename it into place.
+
+    ``extra_files`` (artifact-relative path -> bytes, e.g. the golden self-test) are written and
+    hashed like the rest.
+    """
     out = out.absolute()
     if out.exists() and not out.is_dir():
         raise CompileError(f"{out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise CompileError(f"{out}: folder exists, is not empty and holds no artifact; not overwriting it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    sweep_leftovers(out)  # temp folders of killed compiles into the same place
+    tmp = make_temp_dir(out)
     try:
+        for rel, data in sorted((extra_files or {}).items()):
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
         _write_into(tmp, compiled, providers, build, source_name, source_sha256, options, say)
-        _replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -111,12 +122,18 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
         rel = path.relative_to(tmp).as_posix()
         files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        if rel == WEIGHTS:  # what the default (fast) load checks
+            files[rel]["sample_sha256"] = sampled_sha256(path)
+    target: dict[str, Any] = {"machine": platform.machine(), "providers": provider_facts}
+    for facts in provider_facts.values():
+        if "isa" in facts and "flags" in facts and "library" in facts:  # a native CPU build
+            target["cpu"] = cpu_target(str(facts["cc"]), list(facts["flags"]), str(facts["isa"]))
     manifest = {
         "format_version": FORMAT_VERSION,
         "compiler": {"name": "onnx-aot", "version": __version__},
         "source": {"file": source_name, "sha256": source_sha256},
         "options": options,
-        "target": {"machine": platform.machine(), "providers": provider_facts},
+        "target": target,
         "files": files,
     }
     (tmp / MANIFEST).write_bytes(dump_json(manifest))
@@ -132,20 +149,3 @@ def _move_launches(plan: dict[str, Any], facts: dict[str, Any]) -> None:
         key = str(step["index"])
         if key in launches:
             step["launches"] = launches[key]
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``; an existing artifact there is replaced, never half-deleted."""
-    os.chmod(tmp, 0o755)
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    old.rmdir()
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

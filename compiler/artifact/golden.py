@@ -1,0 +1,166 @@
+"""Golden self-test data: a few seeded inputs and the reference provider's outputs for them.
+
+At compile time the final graph (after the passes, before partitioning) is evaluated node by node
+with the reference kernels of ``runtime/kernels`` -- the oracle every generated kernel is tested
+against -- on inputs drawn from a seeded generator. The inputs and outputs go into the artifact
+as raw little-endian bytes (``golden.bin``) with a JSON index (``golden.json``: per case, per
+tensor name, dtype, shape, offset, nbytes; per output the tolerance), both hashed in the manifest
+like every other file. ``runtime/verify.py`` reruns them on the deploy machine.
+
+Kept small: at most ``cases`` cases and ``max_bytes`` of inputs plus outputs in all; a model whose
+one case is bigger, whose graph draws random numbers, or whose reference run fails on every input
+tried gets a ``golden.json`` that says why it has no cases. Everything is seeded and ordered, so
+two compiles stay byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compiler.ir.graph import Graph, Value
+from compiler.passes.base import NONDETERMINISTIC
+from runtime.errors import OnnxAotError
+from runtime.kernels import get_kernel
+
+__all__ = ["GOLDEN_BIN", "GOLDEN_JSON", "DEFAULT_CASES", "DEFAULT_MAX_BYTES", "make_golden",
+           "reference_outputs", "tolerance_for"]
+
+GOLDEN_JSON = "golden.json"
+GOLDEN_BIN = "golden.bin"
+DEFAULT_CASES = 2
+DEFAULT_MAX_BYTES = 4 << 20
+GOLDEN_FORMAT = 1
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class _Failure:
+    reason: str
+
+
+def tolerance_for(dtype: np.dtype) -> float:
+    """Largest accepted normwise relative error (max |got - ref| / max |ref|) for ``dtype``."""
+    if dtype.kind == "f":
+        return {2: 2e-2, 4: 2e-3}.get(dtype.itemsize, 1e-8)
+    if dtype.kind == "c":
+        return 2e-3 if dtype.itemsize <= 8 else 1e-8
+    return 0.0  # integers and bools must match exactly
+
+
+def reference_outputs(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Evaluate ``graph`` (topologically ordered) with the reference kernels."""
+    env: dict[int, np.ndarray] = {}
+    for value in graph.inputs:
+        env[id(value)] = feeds[value.name]
+
+    def read(value: Value | None) -> np.ndarray | None:
+        if value is None:
+            return None
+        if value.const is not None:
+            return value.const
+        return env[id(value)]
+
+    for node in graph.nodes:
+        args = [read(v) for v in node.inputs]
+        if node.kind == "onnx_aot.Transfer":
+            results: list[Any] = [args[0]]
+        else:
+            specs: list[tuple[tuple[int, ...], Any]] = [
+                (v.shape, v.dtype) for v in node.outputs if v.shape is not None]
+            results = list(get_kernel(node.kind)(np, args, dict(node.attrs), specs))
+        if len(results) != len(node.outputs):
+            raise ValueError(f"node {node.name!r} ({node.kind}) gave {len(results)} result(s)")
+        for value, result in zip(node.outputs, results, strict=True):
+            array = np.asarray(result)
+            if value.shape is not None and array.shape != value.shape:
+                raise ValueError(f"node {node.name!r} ({node.kind}): result shape {array.shape}, "
+                                 f"planned {value.shape}")
+            env[id(value)] = np.array(array, dtype=value.dtype, copy=True, order="C")
+    return [read(v) for v in graph.outputs]  # type: ignore[misc]
+
+
+def _random_feeds(graph: Graph, rng: np.random.Generator, integers: bool) -> dict[str, np.ndarray]:
+    feeds = {}
+    for value in graph.inputs:
+        assert value.dtype is not None and value.shape is not None
+        dtype, shape = value.dtype, value.shape
+        if dtype.kind in "fc":
+            array = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            array = rng.integers(0, 2, shape).astype(bool)
+        elif integers:
+            array = rng.integers(0, 4, shape).astype(dtype)
+        else:
+            array = np.zeros(shape, dtype)  # a safe index / count where random ones are not
+        feeds[value.name] = array
+    return feeds
+
+
+def _case(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]] | _Failure:
+    last = ""
+    for integers in (True, False):
+        feeds = _random_feeds(graph, np.random.default_rng(seed), integers)
+        try:
+            return feeds, reference_outputs(graph, feeds)
+        except (OnnxAotError, ArithmeticError, ValueError, TypeError, IndexError, KeyError,
+                MemoryError, FloatingPointError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+    return _Failure(f"the reference run failed on seeded inputs ({last[:300]})")
+
+
+def _nbytes(graph: Graph) -> int:
+    return sum(v.nbytes for v in (*graph.inputs, *graph.outputs))
+
+
+def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: int = DEFAULT_CASES,
+                max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, bytes]:
+    """The self-test files for ``graph``: ``{golden.json: ..., golden.bin: ...}``."""
+    index: dict[str, Any] = {"format": GOLDEN_FORMAT, "seed": seed, "metric":
+                             "max|got-ref| / max|ref| per output (exact for integers and bools)",
+                             "cases": []}
+    blob = bytearray()
+    per_case = _nbytes(graph)
+    skip = None
+    if cases <= 0:
+        skip = "disabled at compile time"
+    elif any(node.op_type in NONDETERMINISTIC for node in graph.nodes):
+        skip = "the graph draws random numbers (" + ", ".join(
+            sorted({n.op_type for n in graph.nodes if n.op_type in NONDETERMINISTIC})) + ")"
+    elif per_case > max_bytes:
+        skip = f"one case's inputs and outputs take {per_case} bytes, over the {max_bytes}-byte cap"
+    if skip is None:
+        count = max(1, min(cases, max_bytes // max(per_case, 1)))
+        for k in range(count):
+            result = _case(graph, seed + k)
+            if isinstance(result, _Failure):
+                if not index["cases"]:
+                    skip = result.reason
+                break
+            feeds, outputs = result
+            case: dict[str, Any] = {"inputs": [], "outputs": []}
+            for value in graph.inputs:
+                case["inputs"].append(_put(blob, value.name, feeds[value.name]))
+            for k_out, array in enumerate(outputs):
+                name = output_names[k_out]
+                record = _put(blob, name, array)
+                record["tolerance"] = tolerance_for(array.dtype)
+                case["outputs"].append(record)
+            index["cases"].append(case)
+    if skip is not None:
+        index["skipped"] = skip
+    text = json.dumps(index, indent=1, ensure_ascii=False) + "\n"
+    return {GOLDEN_JSON: text.encode("utf-8"), GOLDEN_BIN: bytes(blob)}
+
+
+def _put(blob: bytearray, name: str, array: np.ndarray) -> dict[str, Any]:
+    blob.extend(b"\0" * (-len(blob) % _ALIGN))
+    data = np.ascontiguousarray(array)
+    little = data.astype(data.dtype.newbyteorder("<"), copy=False)
+    offset = len(blob)
+    blob.extend(little.tobytes())
+    return {"name": name, "dtype": data.dtype.name, "shape": list(data.shape), "offset": offset,
+            "nbytes": int(data.nbytes)}
