@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from runtime.errors import (
     ArtifactError,
+    ConcurrentRunError,
     InputError,
     OnnxAotError,
 )
+from runtime.io_binding import IOBinding
+from runtime.plan_info import PlanInfo, load_plan
 from runtime.session import Session, TensorSpec
+from runtime.shared_arena import SharedArena
 
 __version__ = "0.1.0"
 
-__all__ = ["Session", "TensorSpec", "OnnxAotError", "ArtifactError", "InputError", "__version__"]
+__all__ = ["Session", "TensorSpec", "PlanInfo", "load_plan", "SharedArena", "IOBinding",
+           "OnnxAotError", "ArtifactError", "InputError", "ConcurrentRunError", "__version__"]

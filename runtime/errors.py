@@ -12,6 +12,7 @@ __all__ = [
     "ArtifactError",
     "InputError",
     "RuntimeKernelError",
+    "ConcurrentRunError",
     "ModelError",
     "UnsupportedOpError",
     "CompileError",
@@ -33,6 +34,10 @@ class InputError(OnnxAotError):
 
 class RuntimeKernelError(OnnxAotError):
     """A kernel reported a failure while running."""
+
+
+class ConcurrentRunError(OnnxAotError):
+    """A run started while another run was using the same caller-owned or shared arena."""
 
 
 class ModelError(OnnxAotError):

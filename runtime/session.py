@@ -2,8 +2,15 @@
 
 Load verifies the manifest, maps weights.bin, loads the kernel libraries and prepares every
 partition's call once. A run checks the feeds (names, dtypes, shapes) before any kernel runs,
-allocates the outputs, takes a run context (an arena plus the partitions' pointer arrays) from a
-small pool so concurrent runs never share scratch memory, and calls each partition in order.
+allocates the outputs, takes a run context (an arena plus the partitions' pointer arrays) and
+calls each partition in order.
+
+Where the arena comes from: by default from a small pool, so concurrent runs never share scratch
+memory; with ``arena=`` / ``arenas=`` from memory the caller owns; with ``shared_arena=`` from a
+``SharedArena`` several sessions run in one after another. Sessions on caller-owned or shared
+memory have one fixed run context and run one call at a time (``ConcurrentRunError`` otherwise).
+``io_binding()`` / ``run_with_iobinding`` run on arrays bound once; ``profile=True`` records
+every step's wall time (``end_profiling()`` writes Chrome-trace JSON).
 """
 
 from __future__ import annotations
@@ -11,46 +18,47 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from runtime.artifact import Artifact, load_artifact
+from runtime.caller_memory import ExclusiveUse, arena_for_space
 from runtime.errors import ArtifactError, InputError
 from runtime.memory import memory_space
+from runtime.plan_info import TensorSpec, tensor_spec
+
+if TYPE_CHECKING:
+    from runtime.io_binding import IOBinding
+    from runtime.profiling import Profiler
+    from runtime.shared_arena import SharedArena
 
 __all__ = ["Session", "TensorSpec"]
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-
-
-def _spec(record: dict[str, Any]) -> TensorSpec:
-    return TensorSpec(record["name"], np.dtype(record["dtype"]), tuple(int(d) for d in record["shape"]))
-
-
 class _CPartition:
-    def __init__(self, entry: Any, ext: list[str]) -> None:
+    def __init__(self, entry: Any, ext: list[str], nsteps: int) -> None:
         self.entry = entry
         self.ext = ext
+        self.nsteps = nsteps
 
 
 class _RunContext:
     """Per-run memory: one arena per memory space and one pointer array per C partition."""
 
-    def __init__(self, arenas: dict[str, tuple[int, int]], c_parts: list[tuple[int, int]]) -> None:
-        self.arenas = {space: memory_space(space).allocate(nbytes, alignment)
-                       for space, (nbytes, alignment) in arenas.items()}
+    def __init__(self, arenas: dict[str, Any], c_parts: list[tuple[int, int]]) -> None:
+        self.arenas = arenas
         host = self.arenas.get("host")
         self._keep = np.zeros(64, np.uint8)  # a valid address when the host arena is empty
         self.arena_addr = host.ctypes.data if host is not None and host.size else self._keep.ctypes.data
         self.ext_arrays = {index: (ctypes.c_void_p * max(n, 1))() for index, n in c_parts}
+
+    @classmethod
+    def allocate(cls, arenas: dict[str, tuple[int, int]], c_parts: list[tuple[int, int]]) -> _RunContext:
+        return cls({space: memory_space(space).allocate(nbytes, alignment)
+                    for space, (nbytes, alignment) in arenas.items()}, c_parts)
 
 
 class Session:
@@ -58,23 +66,61 @@ class Session:
 
     ``threads`` sets the C kernels' OpenMP thread count (default: all cores);
     ``verify_weights`` hashes weights.bin fully at load instead of checking its size;
-    ``cuda_graph`` captures each CUDA partition's launches on its first run and replays them.
+    ``arena`` (a writable host buffer: bytearray, numpy array) or ``arenas`` ({"host": buf,
+    "cuda": cupy memory}) makes every run use memory the caller owns; ``shared_arena`` runs in a
+    ``SharedArena`` shared with other sessions (see docs/deploy.md);
+    ``profile`` records each step's wall time for ``end_profiling()``;
+    for CUDA artifacts: ``device_id`` (the GPU to load on and run on), ``memory_limit`` (bytes of
+    device memory this session may use for weights and arenas, checked against the plan before
+    anything is allocated; concurrent runs wait for an arena rather than exceed it) and
+    ``cuda_graph`` (capture each CUDA partition's launches on its first run and replay them).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, threads: int | None = None,
-                 verify_weights: bool = False, cuda_graph: bool = False) -> None:
+                 verify_weights: bool = False, cuda_graph: bool = False, arena: Any = None,
+                 arenas: Mapping[str, Any] | None = None, shared_arena: SharedArena | None = None,
+                 profile: bool = False, device_id: int | None = None,
+                 memory_limit: int | None = None) -> None:
         self.path = Path(path)
         self.cuda_graph = cuda_graph
         self._artifact: Artifact = load_artifact(self.path, verify_weights=verify_weights)
         plan = self._artifact.plan
         self.plan = plan
-        self.inputs = [_spec(r) for r in plan["inputs"]]
-        self.outputs = [_spec(r) for r in plan["outputs"]]
+        self.inputs = [tensor_spec(r) for r in plan["inputs"]]
+        self.outputs = [tensor_spec(r) for r in plan["outputs"]]
         self._output_values = [r["value"] for r in plan["outputs"]]
         self._arenas: dict[str, tuple[int, int]] = {}
-        for arena in plan["arenas"]:
-            space = memory_space(arena["memory_space"])  # ArtifactError when not available
-            self._arenas[space.name] = (int(arena["nbytes"]), max(64, int(arena["alignment"])))
+        for record in plan["arenas"]:
+            space = memory_space(record["memory_space"])  # ArtifactError when not available
+            self._arenas[space.name] = (int(record["nbytes"]), max(64, int(record["alignment"])))
+        spaces = set(self._arenas) | {r.get("memory_space", "host") for r in plan["partitions"]}
+        self._device: Any = None
+        self._slots: threading.BoundedSemaphore | None = None
+        self._check_device_options(spaces, device_id, memory_limit, caller_memory=bool(
+            arena is not None or arenas is not None or shared_arena is not None))
+        if self._device is not None:
+            with self._device:
+                self._load(threads)
+        else:
+            self._load(threads)
+        self._c_parts = [(i, len(p.ext)) for i, (kind, p) in enumerate(self._partitions) if kind == "c"]
+        self._device_values = _values_only_on(plan, "cuda")
+        self._pool: list[_RunContext] = []
+        self._lock = threading.Lock()
+        # caller-owned or shared memory: one fixed context, one run at a time
+        self._fixed: _RunContext | None = None
+        self._guard: ExclusiveUse | None = None
+        self._setup_caller_memory(arena, arenas, shared_arena)
+        self._profiler: Profiler | None = None
+        self._call: Callable[[_RunContext, dict[str, Any]], None] = self._call_partitions
+        if profile:
+            self._start_profiling()
+        self._dispatch: Callable[[_RunContext, dict[str, Any]], None] = (
+            self._call if self._device is None else self._call_on_device)
+
+    # -- loading -----------------------------------------------------------------------------
+    def _load(self, threads: int | None) -> None:
+        plan = self.plan
         weights = self._artifact.weights
         self._weights = {"host": weights}
         for record in plan["partitions"]:
@@ -93,11 +139,32 @@ class Session:
             raise InputError(f"threads must be >= 1, got {self.threads}")
         for library in self._libraries.values():
             library.set_threads(self.threads)
-        self._c_parts = [(i, len(p.ext)) for i, (kind, p) in enumerate(self._partitions) if kind == "c"]
-        self._pool: list[_RunContext] = []
-        self._lock = threading.Lock()
 
-    # -- loading -----------------------------------------------------------------------------
+    def _check_device_options(self, spaces: set[str], device_id: int | None, memory_limit: int | None,
+                              caller_memory: bool) -> None:
+        if device_id is None and memory_limit is None:
+            return
+        if "cuda" not in spaces:
+            option = "device_id" if device_id is not None else "memory_limit"
+            raise InputError(f"{option} applies to CUDA artifacts; {self.path} runs on the host only")
+        if memory_limit is not None:
+            arena = self._arenas.get("cuda", (0, 64))[0]
+            weights = int(self._artifact.weights.size)
+            if int(memory_limit) < weights + arena:
+                raise InputError(
+                    f"memory_limit {int(memory_limit)} bytes: {self.path} needs {weights + arena} bytes of "
+                    f"device memory ({weights} for the weights + {arena} for one run's arena)")
+            if arena and not caller_memory:
+                self._slots = threading.BoundedSemaphore(max(1, (int(memory_limit) - weights) // arena))
+        if device_id is not None:
+            from runtime.providers.cuda import cupy_or_error
+
+            cp = cupy_or_error()
+            count = int(cp.cuda.runtime.getDeviceCount())
+            if not 0 <= int(device_id) < count:
+                raise InputError(f"device_id {device_id}: this machine has {count} CUDA device(s)")
+            self._device = cp.cuda.Device(int(device_id))
+
     def _load_partition(self, record: dict[str, Any], weights: np.ndarray) -> tuple[str, Any]:
         provider = record.get("runner", record["provider"])
         if provider == "reference":
@@ -116,13 +183,50 @@ class Session:
             if rel not in self._libraries:
                 self._libraries[rel] = CLibrary(self._artifact.file(rel))
             entry = self._libraries[rel].entry(record["entry"])
-            return ("c", _CPartition(entry, list(record["ext"])))
+            nsteps = int(record["last_step"]) - int(record["first_step"]) + 1
+            return ("c", _CPartition(entry, list(record["ext"]), nsteps))
         if provider == "cuda":
             from runtime.providers.cuda import CudaPartition
 
             return ("cuda", CudaPartition(self._artifact, record, self._weights["cuda"],
                                           capture=self.cuda_graph))
         raise ArtifactError(f"{self.path / 'plan.json'}: unknown provider {provider!r}")
+
+    def _setup_caller_memory(self, arena: Any, arenas: Mapping[str, Any] | None,
+                             shared_arena: SharedArena | None) -> None:
+        given = [n for n, v in (("arena", arena), ("arenas", arenas), ("shared_arena", shared_arena))
+                 if v is not None]
+        if not given:
+            return
+        if len(given) > 1:
+            raise InputError(f"pass only one of arena=, arenas= and shared_arena= (got {', '.join(given)})")
+        views: dict[str, Any] = {}
+        if shared_arena is not None:
+            for space, (nbytes, alignment) in self._arenas.items():
+                views[space] = shared_arena.view(space, nbytes, alignment, f"{self.path}")
+            self._guard = shared_arena.guard
+        else:
+            if arena is not None:
+                if set(self._arenas) - {"host"}:
+                    raise InputError(f"arena=: {self.path} has arenas in "
+                                     f"{', '.join(sorted(self._arenas))}; pass arenas={{space: buffer}}")
+                arenas = {"host": arena}
+            assert arenas is not None
+            extra = sorted(set(arenas) - set(self._arenas))
+            if extra:
+                raise InputError(f"arenas=: the plan has no {', '.join(map(repr, extra))} arena "
+                                 f"(its arenas: {', '.join(sorted(self._arenas)) or 'none'})")
+            for space, (nbytes, alignment) in self._arenas.items():
+                if space not in arenas:
+                    if nbytes:
+                        raise InputError(f"arenas=: missing the {space!r} arena ({nbytes} bytes, "
+                                         f"{alignment}-byte aligned)")
+                    views[space] = memory_space(space).allocate(0, alignment)
+                    continue
+                views[space] = arena_for_space(space, arenas[space], nbytes, alignment,
+                                               f"{self.path}: {space!r} arena")
+            self._guard = ExclusiveUse(f"the caller-owned arena of {self.path}")
+        self._fixed = _RunContext(views, self._c_parts)
 
     # -- running -----------------------------------------------------------------------------
     def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -150,15 +254,55 @@ class Session:
         return arrays
 
     def _acquire(self) -> _RunContext:
+        if self._slots is not None:
+            self._slots.acquire()
         with self._lock:
             if self._pool:
                 return self._pool.pop()
-        return _RunContext(self._arenas, self._c_parts)
+        try:
+            return _RunContext.allocate(self._arenas, self._c_parts)
+        except BaseException:
+            if self._slots is not None:
+                self._slots.release()
+            raise
 
     def _release(self, ctx: _RunContext) -> None:
         with self._lock:
             if len(self._pool) < 4:
                 self._pool.append(ctx)
+        if self._slots is not None:
+            self._slots.release()
+
+    def _execute(self, ext: dict[str, Any]) -> None:
+        """Run every partition on ``ext`` (value name -> the caller's array) in a run context."""
+        guard = self._guard
+        if guard is None:
+            ctx = self._acquire()
+            try:
+                self._dispatch(ctx, ext)
+            finally:
+                self._release(ctx)
+            return
+        guard.enter()
+        try:
+            assert self._fixed is not None
+            self._dispatch(self._fixed, ext)
+        finally:
+            guard.exit()
+
+    def _call_partitions(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
+        for index, (kind, part) in enumerate(self._partitions):
+            if kind == "c":
+                pointers = ctx.ext_arrays[index]
+                for slot, name in enumerate(part.ext):
+                    pointers[slot] = ext[name].ctypes.data
+                part.entry(pointers, ctx.arena_addr, self._weights_addr, 0)
+            else:
+                part.run(ctx.arenas, ext)
+
+    def _call_on_device(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
+        with self._device:
+            self._call(ctx, ext)
 
     def run(self, output_names: list[str] | None, feeds: dict[str, Any]) -> list[np.ndarray]:
         """Run once; return the requested outputs (all when ``output_names`` is None) in order."""
@@ -170,24 +314,90 @@ class Session:
                                  f"outputs are {', '.join(map(repr, names))}")
         arrays = self._check_feeds(feeds)
         results = [np.empty(s.shape, s.dtype) for s in self.outputs]
-        ext: dict[str, np.ndarray] = dict(arrays)
+        ext: dict[str, Any] = dict(arrays)
         for value_name, array in zip(self._output_values, results, strict=True):
             ext[value_name] = array
-        ctx = self._acquire()
-        try:
-            for index, (kind, part) in enumerate(self._partitions):
-                if kind == "c":
-                    pointers = ctx.ext_arrays[index]
-                    for slot, name in enumerate(part.ext):
-                        pointers[slot] = ext[name].ctypes.data
-                    part.entry(pointers, ctx.arena_addr, self._weights_addr, 0)
-                else:
-                    part.run(ctx.arenas, ext)
-        finally:
-            self._release(ctx)
+        if self._guard is None:  # the default path, inlined: a pooled context
+            ctx = self._acquire()
+            try:
+                self._dispatch(ctx, ext)
+            finally:
+                self._release(ctx)
+        else:
+            self._execute(ext)
         if output_names is None:
             return results
         return [results[names.index(n)] for n in output_names]
 
+    # -- I/O binding ---------------------------------------------------------------------------
+    def io_binding(self) -> IOBinding:
+        """A new ``IOBinding``: bind input and output arrays once, then ``run_with_iobinding``."""
+        from runtime.io_binding import IOBinding
+
+        return IOBinding(self)
+
+    def run_with_iobinding(self, binding: IOBinding) -> None:
+        """Run on the bound arrays: kernels read the bound inputs and write the bound outputs in
+        place (an output not bound is allocated by the binding once; ``binding.get_outputs()``)."""
+        self._execute(binding._ext_for(self))
+
+    # -- profiling -----------------------------------------------------------------------------
+    def _start_profiling(self) -> None:
+        from runtime.profiling import Profiler
+
+        self._profiler = Profiler(self.plan, self.path)
+        self._call = self._call_profiled
+        self._dispatch = self._call if self._device is None else self._call_on_device
+
+    def _call_profiled(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
+        profiler = self._profiler
+        if profiler is None:  # end_profiling() ran concurrently
+            self._call_partitions(ctx, ext)
+            return
+        record = profiler.begin_run()
+        for index, (kind, part) in enumerate(self._partitions):
+            timings = profiler.timings(index)
+            start = profiler.now()
+            if kind == "c":
+                pointers = ctx.ext_arrays[index]
+                for slot, name in enumerate(part.ext):
+                    pointers[slot] = ext[name].ctypes.data
+                part.entry(pointers, ctx.arena_addr, self._weights_addr, timings.ctypes.data)
+            else:
+                part.run(ctx.arenas, ext, timings)
+            record.partition(index, start, timings)
+        profiler.end_run(record)
+
+    def end_profiling(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Stop profiling and write the Chrome-trace JSON (to ``path``, or a file named after the
+        model and the time in the current folder); returns the file's path."""
+        profiler = self._profiler
+        if profiler is None:
+            raise InputError("this session is not profiling (create it with profile=True)")
+        self._profiler = None
+        self._call = self._call_partitions
+        self._dispatch = self._call if self._device is None else self._call_on_device
+        return str(profiler.write(path))
+
+    def verify(self, *, raise_on_mismatch: bool = True) -> Any:
+        """Rerun the artifact's golden self-test cases here (``runtime.verify``); returns a
+        ``VerifyReport``, raising ``SelfTestError`` on a mismatch unless told not to."""
+        from runtime.verify import verify_session
+
+        return verify_session(self, raise_on_mismatch=raise_on_mismatch)
+
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={self.inputs}, outputs={self.outputs})"
+
+
+def _values_only_on(plan: dict[str, Any], runner: str) -> frozenset[str]:
+    """Graph inputs/outputs (ext values) that only partitions run by ``runner`` touch."""
+    runners: dict[str, set[str]] = {}
+    values = plan["values"]
+    for record in plan["partitions"]:
+        who = str(record.get("runner", record["provider"]))
+        for step in plan["steps"][int(record["first_step"]):int(record["last_step"]) + 1]:
+            for name in list(step["inputs"]) + list(step["outputs"]):
+                if name is not None and values[name]["location"][0] == "ext":
+                    runners.setdefault(name, set()).add(who)
+    return frozenset(name for name, who in runners.items() if who == {runner})

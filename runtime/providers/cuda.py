@@ -38,6 +38,7 @@ __all__ = ["INSTALL_HINT", "CudaSpace", "CudaPartition", "cupy_or_error", "cuda_
 
 INSTALL_HINT = "this artifact needs CUDA: install onnx-aot[cuda] (cupy-cuda12x) or [cuda13]"
 
+MEMCPY_DEFAULT = 4  # cudaMemcpyDefault
 _MAX_BOUND = 16  # run contexts whose bound arguments / graphs are kept per partition
 
 _CUPY: Any = None
@@ -134,6 +135,8 @@ class CudaPartition:
         self._host_weights_addr = int(artifact.weights.ctypes.data) if artifact.weights.size else 0
         weights_addr = int(device_weights.data.ptr) if int(device_weights.size) else 0
         self.program = parse_steps(artifact.plan, record, int(artifact.weights.size), weights_addr)
+        steps = artifact.plan["steps"][int(record["first_step"]):int(record["last_step"]) + 1]
+        self._step_local = {str(step["name"]): local for local, step in enumerate(steps)}
         self._uses_arena = any(uses_device_arena(op) for op in self.program)
         names = sorted({op.kernel for op in self.program if isinstance(op, Launch)})
         self.module: LoadedModule = load_module(cp, artifact, record, names)
@@ -189,11 +192,14 @@ class CudaPartition:
     def _address(self, place: Place, arenas: dict[str, Any], ext: dict[str, np.ndarray]) -> int:
         if place.kind == "ext":
             array = ext[str(place.where)]
-            if not isinstance(array, np.ndarray) or array.nbytes != place.nbytes or \
-                    not array.flags.c_contiguous:
-                raise RuntimeKernelError(f"value {place.where!r}: expected a contiguous numpy array "
+            if int(array.nbytes) != place.nbytes or not array.flags.c_contiguous:
+                raise RuntimeKernelError(f"value {place.where!r}: expected a contiguous array "
                                          f"of {place.nbytes} bytes")
-            return int(array.ctypes.data)
+            if isinstance(array, np.ndarray):
+                return int(array.ctypes.data)
+            if isinstance(array, self._cp.ndarray):  # a device array bound with IOBinding
+                return int(array.data.ptr)
+            raise RuntimeKernelError(f"value {place.where!r}: expected a numpy or cupy array")
         offset = int(place.where)
         if place.kind == "weights":
             if place.space == "cuda":
@@ -206,13 +212,23 @@ class CudaPartition:
         if op.nbytes == 0:
             return
         src, dst = self._address(op.src, arenas, ext), self._address(op.dst, arenas, ext)
-        self._cp.cuda.runtime.memcpyAsync(dst, src, op.nbytes, op.kind, stream.ptr)
+        kind = op.kind
+        if (op.src.kind == "ext" and not isinstance(ext[str(op.src.where)], np.ndarray)) or \
+                (op.dst.kind == "ext" and not isinstance(ext[str(op.dst.where)], np.ndarray)):
+            kind = MEMCPY_DEFAULT  # a caller's device array: the driver infers the direction (UVA)
+        self._cp.cuda.runtime.memcpyAsync(dst, src, op.nbytes, kind, stream.ptr)
         if op.kind == D2H:
             stream.synchronize()  # the host may read it as soon as this partition returns
 
-    def run(self, arenas: dict[str, Any], ext: dict[str, np.ndarray]) -> None:
+    def run(self, arenas: dict[str, Any], ext: dict[str, np.ndarray],
+            timings: np.ndarray | None = None) -> None:
+        """Launch the partition; with ``timings`` (float64, one per step) run eagerly (no graph
+        replay) with an event pair around each launch or copy and store each step's device time."""
         base = int(arenas["cuda"].data.ptr) if self._uses_arena else 0
         args = self._arguments(base)
+        if timings is not None:
+            self._run_timed(args, arenas, ext, timings)
+            return
         if self.capture:
             self._replay(base, args, arenas, ext)
             return
@@ -226,6 +242,28 @@ class CudaPartition:
                     self._copy(op, arenas, ext, stream)
         except Exception as exc:
             raise self._failure(i, exc) from exc
+
+    def _run_timed(self, args: list[tuple[Any, ...] | None], arenas: dict[str, Any],
+                   ext: dict[str, np.ndarray], timings: np.ndarray) -> None:
+        cp = self._cp
+        stream = cp.cuda.get_current_stream()
+        events = [cp.cuda.Event() for _ in range(len(self.program) + 1)]
+        events[0].record(stream)
+        i = 0
+        try:
+            for i, op in enumerate(self.program):
+                if isinstance(op, Launch):
+                    self._functions[i](op.grid, op.block, args[i], shared_mem=op.shared)
+                else:
+                    self._copy(op, arenas, ext, stream)
+                events[i + 1].record(stream)
+        except Exception as exc:
+            raise self._failure(i, exc) from exc
+        events[-1].synchronize()
+        for i, op in enumerate(self.program):
+            local = self._step_local.get(op.step)
+            if local is not None and local < len(timings):
+                timings[local] += cp.cuda.get_elapsed_time(events[i], events[i + 1]) / 1000.0
 
     def _failure(self, i: int, exc: Exception) -> RuntimeKernelError:
         op = self.program[i]

@@ -7,6 +7,7 @@ output planned over a dying input is safe: the kernel has finished reading befor
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -75,9 +76,15 @@ class ReferencePartition:
 
         return move
 
-    def run(self, arenas: dict[str, Any], ext: dict[str, np.ndarray]) -> None:
+    def run(self, arenas: dict[str, Any], ext: dict[str, np.ndarray],
+            timings: np.ndarray | None = None) -> None:
+        """Run every step; with ``timings`` (float64, one per step) store each step's wall time
+        (for a device space, after synchronizing the device so the time is the kernel's)."""
         xp = self.xp
-        for name, kind, kernel, attrs, ins, outs, specs in self.steps:
+        sync = _synchronizer(xp) if timings is not None else None
+        for local, (name, kind, kernel, attrs, ins, outs, specs) in enumerate(self.steps):
+            if timings is not None:
+                t0 = time.perf_counter()
             args = [v(arenas, ext) if v is not None else None for v in ins]
             try:
                 results = kernel(xp, args, attrs, specs)
@@ -89,3 +96,16 @@ class ReferencePartition:
                     np.copyto(target, np.asarray(result), casting="unsafe")
                 else:
                     target[...] = result
+            if timings is not None:
+                if sync is not None:
+                    sync()
+                timings[local] = time.perf_counter() - t0
+
+
+def _synchronizer(xp: Any) -> Callable[[], None] | None:
+    if xp is np:
+        return None
+    cuda = getattr(xp, "cuda", None)
+    if cuda is None:
+        return None
+    return lambda: cuda.get_current_stream().synchronize()

@@ -1,0 +1,148 @@
+"""I/O binding (onnxruntime's ``IOBinding``): inputs and outputs bound once, runs copy nothing.
+
+Graph inputs and outputs never live in the arena: kernels read inputs where the caller's arrays
+are and write outputs straight into the caller's arrays. ``bind_input`` / ``bind_output`` check
+an array once (name, dtype, shape, contiguity, writability) and ``Session.run_with_iobinding``
+then passes the bound arrays' addresses to the kernels directly: no feed checks, no output
+allocation, no copies. An input that is not C-contiguous or aligned is copied once, at bind time.
+An output bound without an array is allocated once by the binding and reused by every run.
+
+Device arrays (cupy) can be bound to a CUDA artifact's inputs and outputs when only CUDA
+partitions touch them (the plan's host <-> device transfer then becomes one device-to-device
+copy); a value read or written on the host needs a numpy array, and the error says so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runtime.errors import InputError
+
+if TYPE_CHECKING:
+    from runtime.session import Session
+
+__all__ = ["IOBinding"]
+
+
+def _is_numpy(array: Any) -> bool:
+    return isinstance(array, np.ndarray)
+
+
+def _device_module(array: Any) -> Any:
+    """cupy, when ``array`` is a cupy array (cupy is imported only if the caller already has)."""
+    import sys
+
+    cp = sys.modules.get("cupy")
+    if cp is not None and isinstance(array, cp.ndarray):
+        return cp
+    return None
+
+
+class IOBinding:
+    """Arrays bound to a session's inputs and outputs; run with ``session.run_with_iobinding``."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._inputs: dict[str, Any] = {}
+        self._outputs: dict[str, Any] = {}
+        self._specs_in = {s.name: s for s in session.inputs}
+        self._specs_out = {s.name: s for s in session.outputs}
+        self._value_of = dict(zip((s.name for s in session.outputs), session._output_values, strict=True))
+        self._ext: dict[str, Any] | None = None
+
+    # -- binding -------------------------------------------------------------------------------
+    def bind_input(self, name: str, array: Any) -> None:
+        """Bind ``array`` (numpy; cupy for a CUDA artifact) to input ``name``; runs read it in place."""
+        spec = self._specs_in.get(name)
+        if spec is None:
+            raise InputError(f"bind_input: unknown input {name!r}; the model's inputs are "
+                             f"{', '.join(map(repr, self._specs_in))}")
+        array = self._check(f"input {name!r}", spec, array, name, output=False)
+        if _is_numpy(array) and (not array.flags.c_contiguous or not array.flags.aligned):
+            array = np.array(array, order="C", copy=True)
+        elif not _is_numpy(array) and not array.flags.c_contiguous:
+            array = _device_module(array).ascontiguousarray(array)
+        self._inputs[name] = array
+        self._ext = None
+
+    bind_cpu_input = bind_input
+
+    def bind_output(self, name: str, array: Any = None) -> None:
+        """Bind ``array`` to output ``name`` (kernels write into it); without an array, one is
+        allocated now and reused by every run (``get_outputs()``)."""
+        spec = self._specs_out.get(name)
+        if spec is None:
+            raise InputError(f"bind_output: unknown output {name!r}; the model's outputs are "
+                             f"{', '.join(map(repr, self._specs_out))}")
+        if array is None:
+            array = np.empty(spec.shape, spec.dtype)
+        array = self._check(f"output {name!r}", spec, array, self._value_of[name], output=True)
+        if not array.flags.c_contiguous:
+            raise InputError(f"bind_output: output {name!r}: the array must be C-contiguous "
+                             f"(kernels write it in place)")
+        if _is_numpy(array) and (not array.flags.writeable or not array.flags.aligned):
+            raise InputError(f"bind_output: output {name!r}: the array must be writable and aligned")
+        self._outputs[name] = array
+        self._ext = None
+
+    def _check(self, what: str, spec: Any, array: Any, value: str, *, output: bool) -> Any:
+        if not _is_numpy(array):
+            if _device_module(array) is None:
+                if output:
+                    raise InputError(f"bind_output: {what}: expected a numpy or cupy array, "
+                                     f"got {type(array).__name__}")
+                array = np.asarray(array)
+            elif value not in self._session._device_values:
+                raise InputError(f"{what}: a device (cupy) array, but this value is read or written on "
+                                 f"the host in {self._session.path}; bind a numpy array")
+        if np.dtype(array.dtype) != spec.dtype:
+            raise InputError(f"{what}: dtype {array.dtype}, expected {spec.dtype}")
+        if tuple(array.shape) != spec.shape:
+            raise InputError(f"{what}: shape {tuple(array.shape)}, expected {spec.shape}")
+        return array
+
+    def clear_binding_inputs(self) -> None:
+        self._inputs.clear()
+        self._ext = None
+
+    def clear_binding_outputs(self) -> None:
+        self._outputs.clear()
+        self._ext = None
+
+    # -- results -------------------------------------------------------------------------------
+    def get_outputs(self) -> list[Any]:
+        """The output arrays in the model's output order (bound, or allocated by the last run)."""
+        missing = [n for n in self._specs_out if n not in self._outputs]
+        if missing:
+            raise InputError(f"output(s) {', '.join(map(repr, missing))} are not bound and no run has "
+                             f"produced them yet")
+        return [self._outputs[n] for n in self._specs_out]
+
+    def copy_outputs_to_cpu(self) -> list[np.ndarray]:
+        """The outputs as numpy arrays (device arrays copied to the host)."""
+        return [a if _is_numpy(a) else _device_module(a).asnumpy(a) for a in self.get_outputs()]
+
+    # -- used by Session.run_with_iobinding ------------------------------------------------------
+    def _ext_for(self, session: Session) -> dict[str, Any]:
+        if session is not self._session:
+            raise InputError("this IOBinding belongs to another session")
+        ext = self._ext
+        if ext is not None:
+            return ext
+        missing = [n for n in self._specs_in if n not in self._inputs]
+        if missing:
+            raise InputError(f"run_with_iobinding: input(s) {', '.join(map(repr, missing))} are not bound")
+        for name, spec in self._specs_out.items():  # unbound outputs: allocated once, then reused
+            if name not in self._outputs:
+                self._outputs[name] = np.empty(spec.shape, spec.dtype)
+        for out_name, out in self._outputs.items():
+            for in_name, arr in self._inputs.items():
+                if _is_numpy(out) and _is_numpy(arr) and np.may_share_memory(out, arr):
+                    raise InputError(f"run_with_iobinding: output {out_name!r} overlaps input {in_name!r}")
+        ext = dict(self._inputs)
+        for name, array in self._outputs.items():
+            ext[self._value_of[name]] = array
+        self._ext = ext
+        return ext
