@@ -1,17 +1,33 @@
-"""Compile-time resource limits: ``--max-arena-bytes``.
+"""Compile-time resource limits: ``--max-arena-bytes``, and the largest tensor the compiler accepts.
 
 A deployment that must fit a memory budget says so at compile time; a plan whose arenas need
-more fails there, with the bytes each memory space needs, instead of on the device.
+more fails there, with the bytes each memory space needs, instead of on the device. Independent
+of any budget, a tensor over ``MAX_TENSOR_BYTES`` (1 TiB) is a ``ShapeError`` where the frontend
+first gives it a static shape: such a model cannot run anywhere, and sizes that large would
+overflow the int64 arithmetic of shapes and offsets further down.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from compiler.memory import MemoryPlan
-from runtime.errors import CompileError
+from runtime.errors import CompileError, ShapeError
 
-__all__ = ["ArenaLimitError", "check_arena_limit"]
+__all__ = ["MAX_TENSOR_BYTES", "ArenaLimitError", "check_arena_limit", "check_tensor_size"]
+
+MAX_TENSOR_BYTES = 1 << 40
+
+
+def check_tensor_size(what: str, dtype: np.dtype, dims: Sequence[int]) -> None:
+    """``ShapeError`` naming ``what`` when a tensor of ``dims`` x ``dtype`` exceeds 1 TiB."""
+    nbytes = math.prod(int(d) for d in dims) * np.dtype(dtype).itemsize
+    if nbytes > MAX_TENSOR_BYTES:
+        raise ShapeError(f"{what} has shape {list(dims)} ({nbytes:,} bytes), over the "
+                         f"{MAX_TENSOR_BYTES:,}-byte limit for one tensor")
 
 
 class ArenaLimitError(CompileError):

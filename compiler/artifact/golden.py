@@ -7,15 +7,17 @@ as raw little-endian bytes (``golden.bin``) with a JSON index (``golden.json``: 
 tensor name, dtype, shape, offset, nbytes; per output the tolerance), both hashed in the manifest
 like every other file. ``runtime/verify.py`` reruns them on the deploy machine.
 
-Kept small: at most ``cases`` cases and ``max_bytes`` of inputs plus outputs in all; a model whose
-one case is bigger, whose graph draws random numbers, or whose reference run fails on every input
-tried gets a ``golden.json`` that says why it has no cases. Everything is seeded and ordered, so
+Kept small: at most ``cases`` cases and ``max_bytes`` (4 MiB) of inputs plus outputs in all; a
+model whose one case is bigger, with an intermediate value over 256 MiB, whose graph draws random
+numbers, or whose reference run fails on every input tried gets a ``golden.json`` that says why
+it has no cases (``verify`` then reports that and passes). Everything is seeded and ordered, so
 two compiles stay byte-identical.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,7 @@ GOLDEN_JSON = "golden.json"
 GOLDEN_BIN = "golden.bin"
 DEFAULT_CASES = 2
 DEFAULT_MAX_BYTES = 4 << 20
+MAX_VALUE_BYTES = 256 << 20
 GOLDEN_FORMAT = 1
 _ALIGN = 64
 
@@ -112,8 +115,14 @@ def _case(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], list[np.ndarr
     return _Failure(f"the reference run failed on seeded inputs ({last[:300]})")
 
 
-def _nbytes(graph: Graph) -> int:
-    return sum(v.nbytes for v in (*graph.inputs, *graph.outputs))
+def _nbytes(value: Value) -> int:
+    assert value.dtype is not None and value.shape is not None
+    return math.prod(value.shape) * value.dtype.itemsize  # Python ints: no overflow
+
+
+def _largest(graph: Graph) -> int:
+    return max((_nbytes(v) for node in graph.nodes for v in node.outputs if v.shape is not None),
+               default=0)
 
 
 def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: int = DEFAULT_CASES,
@@ -123,7 +132,7 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
                              "max|got-ref| / max|ref| per output (exact for integers and bools)",
                              "cases": []}
     blob = bytearray()
-    per_case = _nbytes(graph)
+    per_case = sum(_nbytes(v) for v in (*graph.inputs, *graph.outputs))
     skip = None
     if cases <= 0:
         skip = "disabled at compile time"
@@ -132,6 +141,9 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
             sorted({n.op_type for n in graph.nodes if n.op_type in NONDETERMINISTIC})) + ")"
     elif per_case > max_bytes:
         skip = f"one case's inputs and outputs take {per_case} bytes, over the {max_bytes}-byte cap"
+    elif _largest(graph) > MAX_VALUE_BYTES:
+        skip = (f"an intermediate value takes {_largest(graph)} bytes, over the {MAX_VALUE_BYTES}-byte "
+                "cap for the compile-time reference run")
     if skip is None:
         count = max(1, min(cases, max_bytes // max(per_case, 1)))
         for k in range(count):

@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 from compiler.frontend.canonical import CanonContext, canonicalize, np_dtype_of, onnx_attrs
 from compiler.frontend.loader import bind_input_shapes, bind_input_values, infer_shapes, load_model, opset_of
 from compiler.ir.graph import Graph, Node, Value
+from compiler.limits import check_tensor_size
 from runtime.errors import ModelError, OnnxAotError, ShapeError, UnsupportedOpError
 
 __all__ = ["import_model", "graph_from_proto"]
@@ -162,6 +163,7 @@ def _static_type(types: dict[str, onnx.TypeProto], name: str,
         if not dim.HasField("dim_value") or dim.dim_value < 0:
             raise ShapeError(f"{what} has a non-static dim {k} ({dim.dim_param or '?'})")
         dims.append(int(dim.dim_value))
+    check_tensor_size(what, dtype, dims)
     return dtype, tuple(dims)
 
 
@@ -340,7 +342,8 @@ def _evaluate(nodes: list[Node], where: str) -> list[np.ndarray] | None:
             elif value.const is not None:
                 args.append(value.const)
             elif node.op_type == "Shape":
-                args.append(np.empty(value.shape or (), value.dtype))
+                # only the shape is read: a broadcast view costs no memory whatever the size
+                args.append(np.broadcast_to(np.zeros((), value.dtype), value.shape or ()))
             else:
                 return None
         try:

@@ -53,6 +53,7 @@ def load_model(
         if not proto.graph.node and not proto.graph.output:
             raise ModelError(f"{path}: not a valid ONNX model (no graph)")
         _load_external_data(proto, path)
+    _check_names(proto.graph, where)
     if large_out is not None:
         proto = _split_large_initializers(proto, large_out)
     try:
@@ -71,6 +72,27 @@ def load_model(
     elif opset > MAX_OPSET:
         raise ModelError(f"{where}: opset {opset} is newer than the newest supported ({MAX_OPSET})")
     return proto
+
+
+def _check_names(graph: onnx.GraphProto, where: str) -> None:
+    """Every name is text: protobuf hands back ``bytes`` for a string field that is not UTF-8."""
+    def bad(what: str, name: object) -> None:
+        if not isinstance(name, str):
+            raise ModelError(f"{where}: {what} {name!r} is not valid UTF-8 text")
+
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        bad("value name", info.name)
+    for tensor in graph.initializer:
+        bad("initializer name", tensor.name)
+    for node in graph.node:
+        for what, name in (("node name", node.name), ("op type", node.op_type), ("domain", node.domain)):
+            bad(what, name)
+        for name in (*node.input, *node.output):
+            bad(f"node {node.name!r}: value name", name)
+        for attr in node.attribute:
+            bad(f"node {node.name!r}: attribute name", attr.name)
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                _check_names(sub, where)
 
 
 SKELETON_LIMIT = 1 << 16

@@ -81,6 +81,9 @@ class PadContext:
     parallel: bool
 
 
+MAX_TABLE = 1 << 22  # longest per-axis index table the C kernel carries
+
+
 def pad_tables(xs: Sequence[int], pads: Sequence[int], mode: str) -> list[np.ndarray]:
     """Per axis, the input index each output index reads (-1: the constant), as the reference pads.
 
@@ -94,6 +97,8 @@ def pad_tables(xs: Sequence[int], pads: Sequence[int], mode: str) -> list[np.nda
     tables = []
     for d in range(rank):
         b, e = int(pads[d]), int(pads[d + rank])
+        if int(xs[d]) + b + e > MAX_TABLE:  # the tables are C arrays: the reference pads these
+            raise ValueError(f"Pad output axis {d} of {int(xs[d]) + b + e} elements")
         index = np.arange(max(0, -b), max(max(0, -b), int(xs[d]) - max(0, -e)), dtype=np.int64)
         widths = (max(0, b), max(0, e))
         if mode == "constant":

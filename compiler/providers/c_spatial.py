@@ -91,8 +91,8 @@ def _table(taps: ResizeTaps) -> AxisTable:
 def _resize_tables(node: Node) -> tuple[int, int, int, ResizeTaps, ResizeTaps] | None:
     """(outer, h, w, H taps, W taps) when only the last two axes change, else None."""
     xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
-    if not xs or len(xs) != len(ys) or min(xs + ys) < 1:
-        return None
+    if not xs or len(xs) != len(ys) or min(xs + ys) < 1 or max(ys) > MAX_RESIZE_TAPS:
+        return None  # (the tables have an entry per output index: too many, leave it to the reference)
     try:
         plan = resize_plan(xs, ys, node.attrs)
     except (KeyError, TypeError, ValueError, RuntimeKernelError):
