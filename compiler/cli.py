@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -131,11 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
 
-    p = sub.add_parser("bench", help="median latency of an artifact")
+    p = sub.add_parser("bench", help="median latency of an artifact, optionally against onnxruntime "
+                                     "(alternating runs), cold start, peak RSS, runtime overhead")
     p.add_argument("artifact")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--compare", metavar="MODEL.onnx", default=None,
+                   help="also run onnxruntime on MODEL.onnx in this process, runs alternating, same "
+                        "feeds and threads: latency ratio onnx-aot / onnxruntime and max errors")
+    p.add_argument("--cold-reps", type=_count, default=5, metavar="N",
+                   help="session creation, creation + first run and peak RSS, each measured in N fresh "
+                        "processes per engine (engines alternating; medians; 0: skip; default 5)")
+    p.add_argument("--overhead", action="store_true",
+                   help="the runtime's own time per run: Session.run minus the kernels' step times")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
 
     p = sub.add_parser("inspect", help="the memory plan: arenas, peak step, largest buffers, live bytes")
     p.add_argument("artifact")
@@ -240,22 +249,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from runtime import Session
+    from compiler.bench import bench, format_report
 
-    start = time.perf_counter()
-    session = Session(args.artifact, threads=args.threads)
-    load_s = time.perf_counter() - start
-    feeds = random_feeds(session)
-    for _ in range(max(args.warmup, 0)):
-        session.run(None, feeds)
-    times = []
-    for _ in range(max(args.runs, 1)):
-        t0 = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - t0)
-    print(f"{args.artifact}: threads {session.threads}, load {load_s * 1000:.2f} ms, "
-          f"median {statistics.median(times) * 1000:.3f} ms over {len(times)} runs "
-          f"(min {min(times) * 1000:.3f}, max {max(times) * 1000:.3f})")
+    result = bench(args.artifact, compare=args.compare, threads=args.threads, runs=args.runs,
+                   warmup=args.warmup, cold_reps=args.cold_reps, overhead=args.overhead)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        sys.stdout.write(format_report(result))
     return 0
 
 

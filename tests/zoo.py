@@ -4,7 +4,8 @@ The shipped models build their weights with ConstantOfShape (every weight 0.02),
 outputs ignore the input. ``random_weight_model`` replaces every weight with seeded random data
 scaled so deep nets stay finite: He (fan-in) scaled Conv/Gemm weights, BatchNorm scale < 1 and
 variance > 0, small biases. ``strip_softmax`` cuts the final Softmax (it saturates) so tests
-compare logits. Models with IR version < 4 must list initializers as graph inputs; we keep that.
+compare logits. Models with IR version < 4 must list initializers as graph inputs; we keep that
+(``for_onnxruntime``, from ``compiler.bench``, removes them for onnxruntime).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from compiler.bench import for_onnxruntime
+
 __all__ = ["LIGHT_DIR", "ZOO", "light_model_path", "random_weight_model", "strip_softmax",
-           "zoo_model", "dummy_input"]
+           "zoo_model", "dummy_input", "for_onnxruntime"]
 
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 ZOO = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
@@ -153,20 +156,3 @@ def dummy_input(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
         shape = tuple(d.dim_value for d in inp.type.tensor_type.shape.dim)
         feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
     return feeds
-
-
-def for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same model in the form onnxruntime optimizes best.
-
-    IR-3 models list initializers as graph inputs; onnxruntime then treats them as overridable
-    inputs (no constant folding, no Conv+BatchNorm fusion), which would make it look slower than
-    it is. Comparisons drop those inputs and declare IR version 4+ (it accepts up to 10 here).
-    """
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    inits = {t.name for t in out.graph.initializer}
-    keep = [i for i in out.graph.input if i.name not in inits]
-    del out.graph.input[:]
-    out.graph.input.extend(keep)
-    out.ir_version = min(max(out.ir_version, 4), 10)
-    return out
