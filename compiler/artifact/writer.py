@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler.artifact.atomic import make_temp_dir, replace_dir, sweep_leftovers
+from compiler.artifact.c_header import write_c_header
 from compiler.artifact.cpu_target import cpu_target
 from compiler.artifact.report import render_memory_html
 from compiler.plan import CompiledPlan
@@ -112,6 +113,9 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
                 record["library"] = f"{rel_dir}/{library}"
         if library:
             say(f"built {rel_dir}/{library}")
+    if options.get("target", "cpu") == "cpu" or any(p.get("runner", p["provider"]) == "c"
+                                                    for p in plan["partitions"]):
+        write_c_header(tmp / KERNEL_DIRS["host"], plan)  # run from C without Python (docs/deploy.md)
     (tmp / PLAN).write_bytes(dump_json(plan))
     report_dir = tmp / "report"
     report_dir.mkdir()

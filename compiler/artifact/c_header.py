@@ -1,0 +1,148 @@
+"""``kernels/cpu/model.h``: the header a C program includes to run an artifact without Python.
+
+Rendered from ``templates/c/model.h.j2`` out of plan.json alone (deterministic, like every other
+artifact file): the ABI version, the host arena's size and alignment, the weights' size, every
+graph input's and output's name, dtype and shape, the partitions' entry functions and an
+``onnx_aot_run`` that calls them in order with each partition's ``ext`` array built from the
+caller's input and output pointers. An artifact where some step is not C (the reference
+provider, or any device partition) cannot run from C: its header says why in
+``ONNX_AOT_NOT_RUNNABLE_REASON`` and stops the build with ``#error`` unless the includer defines
+``ONNX_AOT_ALLOW_PARTIAL`` (then only the declarations are usable).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler.codegen.env import render
+from compiler.providers.c import ABI_VERSION
+from runtime.errors import CompileError
+
+__all__ = ["HEADER_NAME", "HeaderContext", "header_context", "write_c_header"]
+
+HEADER_NAME = "model.h"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    index: int
+    name: str  # a C string literal's contents (escaped)
+    comment: str  # safe inside /* */
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    shape_name: str
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    symbol: str
+    first_step: int
+    last_step: int
+    slots: tuple[str, ...]  # C expressions for ext[k]: "(void*)inputs[i]" or "outputs[j]"
+
+
+@dataclass(frozen=True)
+class HeaderContext:
+    model: str
+    guard: str
+    abi_version: int
+    runnable: bool
+    reason: str
+    arena_nbytes: int
+    arena_alignment: int
+    weights_nbytes: int
+    num_steps: int
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    entries: tuple[EntryInfo, ...]
+
+
+def _c_string(text: str) -> str:
+    """``text`` as the inside of a C string literal: printable ASCII kept, the rest octal-escaped."""
+    out = []
+    for byte in text.encode("utf-8"):
+        char = chr(byte)
+        if 32 <= byte < 127 and char not in '"\\?':
+            out.append(char)
+        else:
+            out.append(f"\\{byte:03o}")
+    return "".join(out)
+
+
+def _comment(text: str) -> str:
+    return _c_string(text).replace("*/", "* /")
+
+
+def _tensor(index: int, record: dict[str, Any], kind: str) -> TensorInfo:
+    dtype = np.dtype(record["dtype"])
+    shape = tuple(int(d) for d in record["shape"])
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    dims = "x".join(map(str, shape)) or "scalar"
+    return TensorInfo(index, _c_string(str(record["name"])),
+                      _comment(f"{record['name']}: {dtype.name} {dims}"), dtype.name, shape, nbytes,
+                      f"onnx_aot_{kind}_shape_{index}")
+
+
+def _not_runnable(plan: dict[str, Any]) -> str:
+    """Why a C program cannot run this plan ("" when it can)."""
+    others = [p for p in plan["partitions"] if p.get("runner", p["provider"]) != "c"]
+    if not plan["partitions"]:
+        return "the plan has no steps"
+    if others:
+        steps = [s for p in others for s in plan["steps"][int(p["first_step"]):int(p["last_step"]) + 1]]
+        names = ", ".join(f"{s['name']} ({s['op_type']})" for s in steps[:3])
+        more = f" and {len(steps) - 3} more" if len(steps) > 3 else ""
+        providers = sorted({str(p.get("runner", p["provider"])) for p in others})
+        return _c_string(f"{len(steps)} step(s) run on the {'/'.join(providers)} provider: {names}{more}")
+    spaces = sorted({a["memory_space"] for a in plan["arenas"]} - {"host"})
+    if spaces:
+        return _c_string(f"the plan has arenas in {', '.join(spaces)}")
+    return ""
+
+
+def header_context(plan: dict[str, Any]) -> HeaderContext:
+    inputs = tuple(_tensor(i, r, "input") for i, r in enumerate(plan["inputs"]))
+    outputs = tuple(_tensor(i, r, "output") for i, r in enumerate(plan["outputs"]))
+    slot_of = {r["name"]: f"(void*)inputs[{i}]" for i, r in enumerate(plan["inputs"])}
+    slot_of.update({r["value"]: f"outputs[{i}]" for i, r in enumerate(plan["outputs"])})
+    entries = []
+    for part in plan["partitions"]:
+        if part.get("runner", part["provider"]) != "c":
+            continue
+        missing = [name for name in part["ext"] if name not in slot_of]
+        if missing:
+            raise CompileError(f"C partition {part['index']}: ext value(s) {missing} are not graph "
+                               f"inputs or outputs")
+        entries.append(EntryInfo(str(part["entry"]), int(part["first_step"]), int(part["last_step"]),
+                                 tuple(slot_of[name] for name in part["ext"])))
+    host = [a for a in plan["arenas"] if a["memory_space"] == "host"]
+    reason = _not_runnable(plan)
+    guard = "ONNX_AOT_MODEL_" + re.sub(r"[^A-Za-z0-9]", "_", str(plan.get("name", "model"))).upper() + "_H"
+    return HeaderContext(
+        model=_comment(str(plan.get("name", "model"))),
+        guard=guard,
+        abi_version=ABI_VERSION,
+        runnable=not reason,
+        reason=reason,
+        arena_nbytes=int(host[0]["nbytes"]) if host else 0,
+        arena_alignment=max(64, int(host[0]["alignment"])) if host else 64,
+        weights_nbytes=int(plan["weights_nbytes"]),
+        num_steps=len(plan["steps"]),
+        inputs=inputs,
+        outputs=outputs,
+        entries=tuple(entries),
+    )
+
+
+def write_c_header(kernels_dir: Path, plan: dict[str, Any]) -> Path:
+    """Render ``kernels_dir/model.h`` for ``plan`` (plan.json's content) and return its path."""
+    kernels_dir.mkdir(parents=True, exist_ok=True)
+    path = kernels_dir / HEADER_NAME
+    path.write_text(render("c/model.h.j2", header_context(plan)), encoding="utf-8")
+    return path
