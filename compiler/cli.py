@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="save each output as NAME.npy in this folder")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    p.add_argument("--profile", metavar="OUT.json", default=None,
+                   help="record every step's wall time, write Chrome-trace JSON (chrome://tracing, "
+                        "Perfetto) to OUT.json and print the ten slowest steps")
+    p.add_argument("--runs", type=int, default=1, metavar="N",
+                   help="run N times (default 1; with --profile every run is recorded)")
 
     p = sub.add_parser("bench", help="median latency of an artifact, optionally against onnxruntime "
                                      "(alternating runs), cold start, peak RSS, runtime overhead")
@@ -220,7 +225,7 @@ def random_feeds(session, seed: int = 0) -> dict[str, np.ndarray]:  # type: igno
 def _run(args: argparse.Namespace) -> int:
     from runtime import Session
 
-    session = Session(args.artifact, threads=args.threads)
+    session = Session(args.artifact, threads=args.threads, profile=args.profile is not None)
     feeds = random_feeds(session, args.seed)
     names = {s.name for s in session.inputs}
     for name, path in args.input:
@@ -230,14 +235,23 @@ def _run(args: argparse.Namespace) -> int:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise InputError(f"--input {name}: cannot read {path}: {exc}") from None
+    if args.runs < 1:
+        raise InputError(f"--runs must be >= 1, got {args.runs}")
     start = time.perf_counter()
-    outputs = session.run(None, feeds)
-    elapsed = time.perf_counter() - start
+    for _ in range(args.runs):
+        outputs = session.run(None, feeds)
+    elapsed = (time.perf_counter() - start) / args.runs
     for spec, array in zip(session.outputs, outputs, strict=True):
         flat = array.reshape(-1)
         head = np.array2string(flat[:5], precision=5, separator=", ")
         print(f"{spec.name}: {array.dtype} {list(array.shape)} first values {head}")
-    print(f"ran in {elapsed * 1000:.2f} ms")
+    print(f"ran in {elapsed * 1000:.2f} ms" + (f" (mean of {args.runs} runs)" if args.runs > 1 else ""))
+    if args.profile is not None:
+        from runtime.profiling import format_slowest, load_trace
+
+        trace = session.end_profiling(args.profile)
+        print(f"profile: {trace} (Chrome-trace JSON); the ten slowest steps:")
+        sys.stdout.write(format_slowest(load_trace(trace), 10))
     if args.output_dir:
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
