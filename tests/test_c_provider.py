@@ -339,6 +339,22 @@ def test_fused_conv(activation: str, bias: bool, residual: bool, kind: str, tmp_
     check_case(case, tmp_path)
 
 
+@pytest.mark.parametrize("activation", ["", "Relu", "Clip", "LeakyRelu"])
+def test_fused_conv_many_panels_with_nan_and_inf(activation: str, tmp_path: Path) -> None:
+    # enough output pixels for many panels on any target (each packed just before its tiles run),
+    # 7 output channels (a tail row block), and NaN/Inf flowing through the in-register epilogue
+    case = fused_conv_case(activation, bias=True, residual=True)
+    x = rand(1, 4, 23, 29)
+    x[0, 1, 5, 7], x[0, 2, 11, 3], x[0, 0, 20, 28] = np.nan, np.inf, -np.inf
+    w = rand(7, 4, 3, 3, scale=0.3)
+    z = rand(1, 7, 23, 29)
+    z[0, 3, 0, 0] = np.nan
+    case.inputs = [("x", x, False), ("w", w, True), ("b", rand(7), True), ("z", z, False)]
+    built = check_case(case, tmp_path)
+    (out,) = built.run({"x": x, "z": z})
+    assert np.isnan(out).any() and np.isfinite(out).any()
+
+
 KERNEL_DEF = re.compile(r"^void (k_[0-9a-f]{16})\(", re.M)
 
 
@@ -357,7 +373,9 @@ def test_fused_conv_epilogue_is_inside_the_conv_function(tmp_path: Path) -> None
     assert len(KERNEL_DEF.findall(source)) == 1  # one kernel for conv + bias + ReLU
     body = step_function(source)
     tile_loop = body[body.index("for (int k = 0;") :]
-    assert "v += biasp[" in tile_loop  # bias in the tile epilogue, after the k loop
+    assert "v += biasp[" in tile_loop  # bias in the tile epilogue, after the k loop (tail tiles)
+    # full tiles add the bias and apply ReLU to the accumulator registers and store them once
+    assert "v += bm;" in tile_loop and "vstore(crow + 0, vselect(v < vbcast(0.0f)" in tile_loop
     assert "crow[j] = (v < 0.0f ? 0.0f : v);" in tile_loop  # ReLU applied on the store
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "program_supported",
     "emit_program",
     "activation_expr",
+    "vector_activation_expr",
     "broadcast_strides",
     "contiguous_strides",
     "coalesce",
@@ -306,6 +307,30 @@ def _variadic(op: str, vals: list[str]) -> str:
     for v in vals[1:]:
         acc = _BINARY[op](acc, v)
     return acc
+
+
+def vector_activation_expr(activation: str, act_min: float, act_max: float, act_alpha: float, var: str) -> str:
+    """``activation_expr`` on a whole vector ``var`` (type ``vf``), lane for lane the same values.
+
+    Uses the ``vbcast`` / ``vselect`` helpers of templates/c/model.c.j2; NaN passes through as in
+    the scalar form, since every comparison with NaN is false.
+    """
+    if activation == "":
+        return var
+    if activation == "Relu":
+        return f"vselect({var} < vbcast(0.0f), vbcast(0.0f), {var})"
+    if activation == "Clip":
+        expr = var
+        if not math.isinf(act_max) or act_max < 0:
+            hi = f"vbcast({_f(act_max)})"
+            expr = f"vselect({var} > {hi}, {hi}, {expr})"
+        if not math.isinf(act_min) or act_min > 0:
+            lo = f"vbcast({_f(act_min)})"
+            expr = f"vselect({var} < {lo}, {lo}, {expr})"
+        return expr
+    if activation == "LeakyRelu":
+        return f"vselect({var} < vbcast(0.0f), {var} * vbcast({_f(act_alpha)}), {var})"
+    raise KeyError(f"activation {activation!r} not supported")
 
 
 def activation_expr(activation: str, act_min: float, act_max: float, act_alpha: float, var: str) -> str:

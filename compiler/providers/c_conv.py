@@ -190,7 +190,7 @@ class ConvKernel:
         assert g is not None, node.describe()
         has_bias, has_res = node.input(2) is not None, node.input(3) is not None
         mg = g.m // g.groups
-        e = Epilogue("", has_bias, "", 1, 0, has_res, activation(node))
+        e = Epilogue("", has_bias, "", 1, 0, has_res, activation(node), activation(node, vector=True))
         ins = input_args(step)
         names = ["x", "w"] + (["bias"] if has_bias else []) + (["z"] if has_res else [])
         restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else [])

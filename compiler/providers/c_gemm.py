@@ -20,7 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.codegen.elementwise import ACTIVATIONS, activation_expr, broadcast_strides, literal
+from compiler.codegen.elementwise import (
+    ACTIVATIONS,
+    activation_expr,
+    broadcast_strides,
+    literal,
+    vector_activation_expr,
+)
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
@@ -81,6 +87,7 @@ class Epilogue:
     bias_sn: int
     residual: bool
     act: str  # C expression over v
+    vact: str = "v"  # the same over a vector v (type vf): applied in registers by full tiles
 
 
 @dataclass(frozen=True)
@@ -133,10 +140,12 @@ def packed_nbytes(k: int, n: int) -> int:
     return 4 * k * (n + MAX_PANEL)
 
 
-def activation(node: Node) -> str:
+def activation(node: Node, vector: bool = False) -> str:
+    """The node's fused activation as a C expression over ``v`` (a float, or a ``vf`` vector)."""
     if node.domain != "onnx_aot":
         return "v"
-    return activation_expr(
+    make = vector_activation_expr if vector else activation_expr
+    return make(
         str(node.attrs["activation"]),
         float(node.attrs["act_min"]),
         float(node.attrs["act_max"]),
@@ -271,6 +280,7 @@ class GemmKernel:
             bias_sn=sn,
             residual=False,
             act=activation(node),
+            vact=activation(node, vector=True),
         )
         ins = input_args(step)
         scratch = scratch_arg(step, self.scratch_nbytes(node))
