@@ -309,7 +309,9 @@ def _variadic(op: str, vals: list[str]) -> str:
     return acc
 
 
-def vector_activation_expr(activation: str, act_min: float, act_max: float, act_alpha: float, var: str) -> str:
+def vector_activation_expr(
+    activation: str, act_min: float, act_max: float, act_alpha: float, var: str
+) -> str:
     """``activation_expr`` on a whole vector ``var`` (type ``vf``), lane for lane the same values.
 
     Uses the ``vbcast`` / ``vselect`` helpers of templates/c/model.c.j2; NaN passes through as in
