@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from runtime.address import data_address
 from runtime.artifact import Artifact, load_artifact
 from runtime.caller_memory import ExclusiveUse, arena_for_space
 from runtime.errors import ArtifactError, InputError
@@ -295,7 +296,7 @@ class Session:
             if kind == "c":
                 pointers = ctx.ext_arrays[index]
                 for slot, name in enumerate(part.ext):
-                    pointers[slot] = ext[name].ctypes.data
+                    pointers[slot] = data_address(ext[name])  # ~0.2 us; .ctypes.data ~1.6 us
                 part.entry(pointers, ctx.arena_addr, self._weights_addr, 0)
             else:
                 part.run(ctx.arenas, ext)
