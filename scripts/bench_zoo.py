@@ -52,6 +52,7 @@ from zoo import ZOO, zoo_model  # noqa: E402
 
 from compiler import compile_model  # noqa: E402
 from compiler.bench import bench, import_onnxruntime  # noqa: E402
+from runtime.errors import CompileError, OnnxAotError  # noqa: E402
 
 COMPUTE_BOUND = ("densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet")
 BANDWIDTH_BOUND = ("bvlc_alexnet", "zfnet512", "vgg19")
@@ -76,7 +77,7 @@ def cold_compile(onnx_path: Path, out: Path, cache: Path) -> dict[str, float]:
                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     wall = time.perf_counter() - start
     if result.returncode != 0:
-        raise SystemExit(f"compiling {onnx_path} failed:\n{result.stderr[-3000:]}")
+        raise CompileError(f"onnx-aot compile {onnx_path} failed:\n{result.stderr[-3000:]}")
     found = re.search(r" in ([0-9.]+) s", result.stdout)
     return {"compile_s": float(found.group(1)) if found else wall, "process_wall_s": wall}
 
@@ -215,12 +216,16 @@ def main() -> int:
             model_path = tmp / f"{name}.onnx"
             onnx.save(zoo_model(name), str(model_path))
             artifact = tmp / name
-            if name == "resnet50" and not args.smoke:
-                extra["compile"] = cold_compile(model_path, artifact, tmp / "fresh-cache")
-            else:
-                compile_model(str(model_path), artifact)
-            r = bench(artifact, compare=model_path, threads=args.threads, runs=args.runs,
-                      cold_reps=args.cold_reps, overhead=name == "resnet50")
+            try:
+                if name == "resnet50" and not args.smoke:
+                    extra["compile"] = cold_compile(model_path, artifact, tmp / "fresh-cache")
+                else:
+                    compile_model(str(model_path), artifact)
+                r = bench(artifact, compare=model_path, threads=args.threads, runs=args.runs,
+                          cold_reps=args.cold_reps, overhead=name == "resnet50")
+            except OnnxAotError as exc:  # one model's failure must not lose the others' figures
+                print(f"{name:<14}failed: {exc}", flush=True)
+                continue
             rows[name] = r
             lat, cold = r["latency"], r.get("cold", {})
             rss = (f"{cold['onnx-aot']['peak_rss'] / 2**20:>9.0f}"
