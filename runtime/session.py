@@ -362,7 +362,7 @@ class Session:
             if kind == "c":
                 pointers = ctx.ext_arrays[index]
                 for slot, name in enumerate(part.ext):
-                    pointers[slot] = ext[name].ctypes.data
+                    pointers[slot] = data_address(ext[name])
                 part.entry(pointers, ctx.arena_addr, self._weights_addr, timings.ctypes.data)
             else:
                 part.run(ctx.arenas, ext, timings)
