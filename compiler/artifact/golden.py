@@ -170,7 +170,7 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
 
 def _put(blob: bytearray, name: str, array: np.ndarray) -> dict[str, Any]:
     blob.extend(b"\0" * (-len(blob) % _ALIGN))
-    data = np.ascontiguousarray(array)
+    data = np.array(array, order="C", copy=True)  # (ascontiguousarray would make 0-d arrays 1-d)
     little = data.astype(data.dtype.newbyteorder("<"), copy=False)
     offset = len(blob)
     blob.extend(little.tobytes())

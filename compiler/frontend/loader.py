@@ -80,6 +80,7 @@ def _check_names(graph: onnx.GraphProto, where: str) -> None:
         if not isinstance(name, str):
             raise ModelError(f"{where}: {what} {name!r} is not valid UTF-8 text")
 
+    bad("graph name", graph.name)
     for info in (*graph.input, *graph.output, *graph.value_info):
         bad("value name", info.name)
     for tensor in graph.initializer:

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from runtime.dlopen import open_library
 from runtime.errors import ArtifactError, RuntimeKernelError
 
 __all__ = ["ABI_VERSION", "CLibrary", "CEntry"]
@@ -60,7 +61,7 @@ class CLibrary:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
-            self._lib = ctypes.CDLL(str(self.path))
+            self._lib = open_library(self.path)  # never a stale library from the same path
         except OSError as exc:
             raise ArtifactError(f"cannot load C kernel library {self.path}: {exc}") from exc
         try:

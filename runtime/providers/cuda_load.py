@@ -22,6 +22,7 @@ from runtime.providers.cuda_module import (
     DEFAULT_NVRTC_OPTIONS,
     DeviceInfo,
     ModuleChoice,
+    arch_mismatch,
     module_candidates,
     nvrtc_cache_dir,
     nvrtc_cache_key,
@@ -82,10 +83,12 @@ def load_module(cp: Any, artifact: Any, record: dict[str, Any], names: list[str]
         path = _listed(artifact, choice.path)
         if choice.kind == "nvrtc":
             options = tuple(module.get("nvrtc_options") or DEFAULT_NVRTC_OPTIONS)
+            mismatch = arch_mismatch(module, _cuda_facts(artifact.manifest, module), device)
             try:
                 raw, path, hit = _nvrtc_module(cp, artifact, choice, options, names)
-            except ArtifactError as exc:
-                raise ArtifactError(f"{exc}" + "".join(f"\n(also failed: {n})" for n in notes)) from None
+            except (ArtifactError, ImportError) as exc:
+                lead = f"{artifact.path}: {mismatch}\n(NVRTC: {exc})" if mismatch else f"{exc}"
+                raise ArtifactError(lead + "".join(f"\n(also failed: {n})" for n in notes)) from None
             return LoadedModule("nvrtc", path, choice, _functions(raw, names), raw, notes, hit)
         try:
             raw = cp.RawModule(path=str(path))

@@ -36,6 +36,7 @@ __all__ = [
     "parse_arch",
     "module_candidates",
     "choose_module",
+    "arch_mismatch",
     "nvrtc_cache_dir",
     "nvrtc_cache_key",
     "nvrtc_cache_path",
@@ -131,6 +132,39 @@ def module_candidates(module: Mapping[str, Any], facts: Mapping[str, Any],
 def choose_module(module: Mapping[str, Any], facts: Mapping[str, Any], device: DeviceInfo) -> ModuleChoice:
     """The first candidate: what a device like ``device`` loads when nothing fails."""
     return module_candidates(module, facts, device)[0]
+
+
+def arch_mismatch(module: Mapping[str, Any], facts: Mapping[str, Any], device: DeviceInfo) -> str | None:
+    """Why no prebuilt binary (cubin or PTX) of ``module`` can run on ``device``; None when one can.
+
+    Then only NVRTC on the shipped source is left; when that is missing or fails, this sentence
+    is the error the user sees, saying what the artifact was built for and what would be needed.
+    """
+    choices = module_candidates(module, facts, device)
+    if any(c.kind != "nvrtc" for c in choices):
+        return None
+    cc = device.compute_capability
+    cubins = sorted(str(a) for a in (module.get("cubins") or {}))
+    built = ", ".join(cubins) if cubins else "no cubins"
+    ptx = module.get("ptx")
+    ptx_arch = str(facts.get("ptx_arch") or _ptx_arch_from_name(str(ptx or ""))) if ptx else ""
+    toolkit = parse_cuda_version(facts.get("cuda_version"))
+    if ptx:
+        built += f", PTX {ptx_arch or '?'}"
+    if toolkit is not None:
+        built += f" (CUDA {_fmt(toolkit)})"
+    why = [f"no cubin runs on sm_{cc}"] if cubins else ["no cubins were built (no nvcc at compile time)"]
+    if ptx:
+        parsed = parse_arch(ptx_arch) if ptx_arch else None
+        if parsed is not None and parsed[0] > cc:
+            why.append(f"the PTX needs compute capability {parsed[0] // 10}.{parsed[0] % 10} or newer")
+        elif toolkit is None or device.driver_version < toolkit:
+            why.append(f"the PTX needs a driver for CUDA {_fmt(toolkit)} or newer, this one is "
+                       f"{_fmt(device.driver_version)}")
+    return (f"the CUDA kernels were built for {built}; this device is sm_{cc} (compute capability "
+            f"{cc // 10}.{cc % 10}, driver {_fmt(device.driver_version)}): {'; '.join(why)}. Recompile with "
+            f"--target cuda for sm_{cc}, or make NVRTC available so the shipped source is compiled "
+            f"for this device at load")
 
 
 def _ptx_arch_from_name(path: str) -> str:

@@ -1,0 +1,286 @@
+"""Artifacts that cannot be tampered with: every damaged, truncated, missing or foreign file is the
+project's ArtifactError naming the file, raised before any kernel library is loaded; a newer
+format, another CPU's ISA or another GPU arch say what is needed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_runtime_api import small_model
+
+from compiler import compile_model
+from runtime import Session
+from runtime.errors import ArtifactError
+from runtime.integrity import sampled_sha256, sha256_file
+from runtime.isa import MARCH_FEATURES, check_cpu_target, host_cpu_flags, missing_features, required_features
+from runtime.providers.cuda_module import DeviceInfo, arch_mismatch
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compile_model(small_model(), tmp_path_factory.mktemp("integrity") / "art")
+
+
+@pytest.fixture
+def art(pristine: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "art"
+    shutil.copytree(pristine, copy)
+    return copy
+
+
+@pytest.fixture
+def no_library_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any attempt to dlopen a kernel library fails the test: checks must come first."""
+    import runtime.providers.c as c
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a kernel library was loaded before the artifact was verified")
+
+    monkeypatch.setattr(c.CLibrary, "__init__", refuse)
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset % len(data)] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def _manifest(art: Path) -> dict:
+    return json.loads((art / "manifest.json").read_text())
+
+
+def _write_manifest(art: Path, manifest: dict) -> None:
+    (art / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+# Every way a file can be damaged, for every file: (file, damage) -> the error must name the file.
+FILES = [
+    "plan.json",
+    "kernels/cpu/model.so",
+    "kernels/cpu/model.c",
+    "weights.bin",
+    "golden.json",
+    "golden.bin",
+    "report/memory.json",
+    "report/memory.html",
+]
+DAMAGE = ["flip_first", "flip_middle", "flip_last", "truncate", "append", "missing", "empty"]
+
+
+@pytest.mark.parametrize("rel", FILES)
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damaged_file_is_detected_before_loading(
+    art: Path, rel: str, damage: str, no_library_loads: None
+) -> None:
+    path = art / rel
+    size = path.stat().st_size
+    if damage.startswith("flip"):
+        _flip(path, {"flip_first": 0, "flip_middle": size // 2, "flip_last": size - 1}[damage])
+    elif damage == "truncate":
+        path.write_bytes(path.read_bytes()[: size // 2])
+    elif damage == "append":
+        path.write_bytes(path.read_bytes() + b"\0")
+    elif damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(b"")
+    with pytest.raises(ArtifactError) as info:
+        Session(art)
+    assert str(path) in str(info.value)
+
+
+def test_weights_flip_outside_the_sample_needs_the_full_hash(tmp_path: Path) -> None:
+    # Weights over 256 KiB are sampled (64 blocks of 4 KiB) at load; the full hash is on request.
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512])],
+        initializer=[w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    art = compile_model(model, tmp_path / "big")
+    weights = art / "weights.bin"
+    assert weights.stat().st_size == 512 * 512 * 4
+    entry = _manifest(art)["files"]["weights.bin"]
+    assert entry["sample_sha256"] == sampled_sha256(weights)
+    Session(art, verify_weights=True)
+    _flip(weights, 4096 * 3 + 100)  # inside a sampled block (block 0 starts at 0, blocks are spread)
+    _flip(weights, 0)
+    with pytest.raises(ArtifactError, match="sampled"):
+        Session(art)
+    _flip(weights, 0)
+    _flip(weights, 4096 * 3 + 100)
+    # a byte no sampled block covers: the fast check passes, the full hash does not
+    spacing = (weights.stat().st_size - 4096) // 63
+    _flip(weights, spacing // 2 + 4096)
+    Session(art)
+    with pytest.raises(ArtifactError, match="weights.bin: contents do not match"):
+        Session(art, verify_weights=True)
+
+
+def test_manifest_damage(art: Path, no_library_loads: None) -> None:
+    good = _manifest(art)
+    cases = {
+        "not json": b"{ nope",
+        "not an object": b"[1, 2]",
+        "no files": json.dumps({**good, "files": None}).encode(),
+        "plan not listed": json.dumps(
+            {**good, "files": {k: v for k, v in good["files"].items() if k != "plan.json"}}
+        ).encode(),
+        "entry not an object": json.dumps({**good, "files": {**good["files"], "plan.json": 5}}).encode(),
+        "size not a number": json.dumps(
+            {
+                **good,
+                "files": {
+                    **good["files"],
+                    "plan.json": {"size": "12", "sha256": good["files"]["plan.json"]["sha256"]},
+                },
+            }
+        ).encode(),
+        "escapes the folder": json.dumps(
+            {**good, "files": {**good["files"], "../secret": {"size": 1, "sha256": "0" * 64}}}
+        ).encode(),
+        "absolute path": json.dumps(
+            {**good, "files": {**good["files"], "/etc/passwd": {"size": 1, "sha256": "0" * 64}}}
+        ).encode(),
+        "listed but missing": json.dumps(
+            {**good, "files": {**good["files"], "extra.bin": {"size": 1, "sha256": "0" * 64}}}
+        ).encode(),
+    }
+    for what, data in cases.items():
+        (art / "manifest.json").write_bytes(data)
+        with pytest.raises(ArtifactError) as info:
+            Session(art)
+        assert "manifest.json" in str(info.value) or "extra.bin" in str(info.value), what
+    (art / "manifest.json").unlink()
+    with pytest.raises(ArtifactError, match="manifest.json"):
+        Session(art)
+
+
+def test_newer_format_version_says_what_is_needed(art: Path, no_library_loads: None) -> None:
+    manifest = _manifest(art)
+    _write_manifest(art, {**manifest, "format_version": 2, "compiler": {"version": "9.0"}})
+    with pytest.raises(
+        ArtifactError, match=r"format version 2 \(written by onnx-aot 9.0\) is newer.*upgrade"
+    ):
+        Session(art)
+    _write_manifest(art, {**manifest, "format_version": "one"})
+    with pytest.raises(ArtifactError, match="format version 'one'"):
+        Session(art)
+
+
+def test_manifest_records_the_cpu_target(pristine: Path) -> None:
+    cpu = _manifest(pristine)["target"]["cpu"]
+    assert cpu["march"] and isinstance(cpu["features"], list)
+    flags = host_cpu_flags()
+    if flags is not None:  # built with -march=native here: this host has every feature
+        assert not missing_features(cpu["features"], flags)
+
+
+def test_another_cpu_isa_is_refused_before_loading(art: Path, no_library_loads: None) -> None:
+    manifest = _manifest(art)
+    manifest["target"]["cpu"]["features"] = [*manifest["target"]["cpu"]["features"], "avx9_imaginary"]
+    manifest["target"]["cpu"]["march"] = "future-cpu"
+    _write_manifest(art, manifest)
+    with pytest.raises(ArtifactError, match=r"-march=future-cpu.*avx9_imaginary.*recompile"):
+        Session(art)
+    manifest["target"]["cpu"]["machine"] = "riscv64"
+    _write_manifest(art, manifest)
+    with pytest.raises(ArtifactError, match="built for riscv64"):
+        Session(art)
+
+
+AVX2_HOST = frozenset(
+    {
+        "sse",
+        "sse2",
+        "pni",
+        "ssse3",
+        "sse4_1",
+        "sse4_2",
+        "popcnt",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "bmi1",
+        "bmi2",
+        "abm",
+        "movbe",
+    }
+)
+
+
+@pytest.mark.parametrize(
+    "cpu, missing",
+    [
+        (
+            {"machine": "x86_64", "march": "x86-64-v4"},
+            ["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"],
+        ),
+        ({"machine": "x86_64", "march": "sapphirerapids+0123abcd"}, ["avx512f"]),
+        ({"machine": "x86_64", "march": "x86-64-v3"}, []),
+        ({"machine": "x86_64", "march": "x86-64-v2"}, []),
+        ({"machine": "x86_64", "march": "native", "features": ["avx2", "fma", "avx512f"]}, ["avx512f"]),
+        ({"machine": "x86_64", "march": "unknown-name"}, []),  # nothing known to check: accepted
+    ],
+)
+def test_isa_check_is_a_pure_function_of_the_flags(cpu: dict, missing: list[str]) -> None:
+    if missing:
+        with pytest.raises(ArtifactError) as info:
+            check_cpu_target(cpu, where="m.json", machine="x86_64", flags=AVX2_HOST)
+        for feature in missing:
+            assert feature in str(info.value)
+        assert "lower target" in str(info.value)
+    else:
+        check_cpu_target(cpu, where="m.json", machine="x86_64", flags=AVX2_HOST)
+    assert set(MARCH_FEATURES["x86-64-v3"]) <= AVX2_HOST
+    assert required_features({"march": "x86-64-v4+abc"})[-1] == "avx512vl"
+
+
+def test_cpu_flags_parse_x86_and_arm() -> None:
+    assert host_cpu_flags("processor: 0\nflags\t\t: fpu sse avx2\n") == {"fpu", "sse", "avx2"}
+    assert host_cpu_flags("Features\t: fp asimd sve\n") == {"fp", "asimd", "sve"}
+    assert host_cpu_flags("nothing here") is None
+    check_cpu_target(
+        {"machine": "aarch64", "march": "armv8.2-a", "features": ["asimd", "sve"]},
+        where="m",
+        machine="arm64",
+        flags={"fp", "asimd", "sve"},
+    )
+
+
+MODULE = {
+    "source": "kernels/cuda/model.cu",
+    "cubins": {"sm_80": "a.cubin", "sm_90": "b.cubin"},
+    "ptx": "kernels/cuda/model.ptx",
+}
+FACTS = {"cuda_version": "12.4", "ptx_arch": "compute_80"}
+
+
+def test_gpu_arch_mismatch_is_a_clear_message() -> None:
+    assert arch_mismatch(MODULE, FACTS, DeviceInfo(90, 12040)) is None  # its cubin
+    assert arch_mismatch(MODULE, FACTS, DeviceInfo(86, 12040)) is None  # sm_80 runs on 8.6
+    assert arch_mismatch(MODULE, FACTS, DeviceInfo(100, 12080)) is None  # PTX, driver new enough
+    old = arch_mismatch(MODULE, FACTS, DeviceInfo(75, 12040))
+    assert old is not None and "sm_80, sm_90" in old and "sm_75" in old
+    assert "compute capability 8.0 or newer" in old and "Recompile with --target cuda for sm_75" in old
+    stale = arch_mismatch(MODULE, FACTS, DeviceInfo(100, 12020))
+    assert stale is not None and "driver for CUDA 12.4 or newer, this one is 12.2" in stale
+    bare = arch_mismatch(
+        {"source": "kernels/cuda/model.cu", "cubins": {}, "ptx": None}, {}, DeviceInfo(90, 12040)
+    )
+    assert bare is not None and "no cubins were built" in bare and "NVRTC" in bare
+
+
+def test_sha256_helpers_agree(pristine: Path) -> None:
+    entry = _manifest(pristine)["files"]["plan.json"]
+    assert sha256_file(pristine / "plan.json") == entry["sha256"]
