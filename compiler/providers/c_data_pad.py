@@ -81,7 +81,7 @@ class PadContext:
     parallel: bool
 
 
-MAX_TABLE = 1 << 22  # longest per-axis index table the C kernel carries
+MAX_TABLE = 1 << 16  # longest per-axis index table the C kernel carries (a C array literal)
 
 
 def pad_tables(xs: Sequence[int], pads: Sequence[int], mode: str) -> list[np.ndarray]:
