@@ -89,6 +89,10 @@ def _budget(text: str) -> float:
     return value
 
 
+REBUILD_HELP = ("compile the shipped C source for this CPU (-march=native; needs cc) into "
+                "~/.cache/onnx-aot/runtime ($ONNX_AOT_RUNTIME_CACHE_DIR) and run that library")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onnx-aot",
@@ -120,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the error gives the need per memory space)")
     p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
                    help="seeded self-test cases stored for 'onnx-aot verify' (default 2, 0: none)")
+    p.add_argument("--cpu", default=None, choices=["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"],
+                   help="the C kernels' target (default: this machine's x86-64 level; 'native' "
+                        "elsewhere); x86-64 artifacts also carry a portable x86-64-v2 build, which "
+                        "the runtime falls back to on a CPU that lacks the target's features")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
     p = sub.add_parser("run", help="run an artifact once and print its outputs")
@@ -134,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "Perfetto) to OUT.json and print the ten slowest steps")
     p.add_argument("--runs", type=int, default=1, metavar="N",
                    help="run N times (default 1; with --profile every run is recorded)")
+    p.add_argument("--rebuild", action="store_true", help=REBUILD_HELP)
 
     p = sub.add_parser("bench", help="median latency of an artifact, optionally against onnxruntime "
                                      "(alternating runs), cold start, peak RSS, runtime overhead")
@@ -150,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead", action="store_true",
                    help="the runtime's own time per run: Session.run minus the kernels' step times")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--rebuild", action="store_true", help=REBUILD_HELP + " (the in-process runs)")
 
     p = sub.add_parser("inspect", help="the memory plan: arenas, peak step, largest buffers, live bytes")
     p.add_argument("artifact")
@@ -203,7 +213,7 @@ def _compile(args: argparse.Namespace) -> int:
                         shapes=shapes, binds=dict(args.bind),
                         progress=None if args.quiet else stderr_progress,
                         plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
-                        golden_cases=args.golden_cases)
+                        golden_cases=args.golden_cases, cpu=args.cpu)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0
@@ -225,7 +235,8 @@ def random_feeds(session, seed: int = 0) -> dict[str, np.ndarray]:  # type: igno
 def _run(args: argparse.Namespace) -> int:
     from runtime import Session
 
-    session = Session(args.artifact, threads=args.threads, profile=args.profile is not None)
+    session = Session(args.artifact, threads=args.threads, profile=args.profile is not None,
+                      rebuild=args.rebuild)
     feeds = random_feeds(session, args.seed)
     names = {s.name for s in session.inputs}
     for name, path in args.input:
@@ -266,7 +277,8 @@ def _bench(args: argparse.Namespace) -> int:
     from compiler.bench import bench, format_report
 
     result = bench(args.artifact, compare=args.compare, threads=args.threads, runs=args.runs,
-                   warmup=args.warmup, cold_reps=args.cold_reps, overhead=args.overhead)
+                   warmup=args.warmup, cold_reps=args.cold_reps, overhead=args.overhead,
+                   rebuild=args.rebuild)
     if args.json:
         print(json.dumps(result, indent=1))
     else:

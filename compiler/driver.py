@@ -7,8 +7,10 @@ so a failed or interrupted compile never leaves a half-written folder where one 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import platform
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -30,10 +32,13 @@ from compiler.plan import build_plan
 from compiler.providers.base import BuildOptions, Provider
 from compiler.providers.reference import ReferenceProvider
 from runtime.errors import CompileError
+from runtime.isa import X86_LEVELS, host_x86_level
 
-__all__ = ["compile_model", "TARGETS", "default_providers"]
+__all__ = ["compile_model", "TARGETS", "CPU_TARGETS", "default_providers", "resolve_cpu"]
 
 TARGETS = ("cpu", "cuda")
+CPU_TARGETS = ("native", *X86_LEVELS)  # --cpu; None: the build machine's level
+PORTABLE_CPU = "x86-64-v2"  # the second build every x86-64 artifact carries
 
 Progress = Callable[[str], None]
 
@@ -67,6 +72,7 @@ def compile_model(
     plan_budget_ms: float | None = None,
     max_arena_bytes: int | None = None,
     golden_cases: int = DEFAULT_CASES,
+    cpu: str | None = None,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -74,12 +80,15 @@ def compile_model(
     the given values (``--bind``), for inputs that carry shapes, axes or sizes.
     ``max_arena_bytes`` fails the compile (``ArenaLimitError``) when an arena needs more;
     ``golden_cases`` seeded self-test cases are stored for ``Session.verify()`` (0: none).
+    ``cpu`` picks the C kernels' target (``--cpu``: "native", "x86-64-v2/v3/v4"); None takes
+    ``build.isa`` when ``build`` is given, else the build machine's level (``resolve_cpu``). On
+    x86-64 a portable x86-64-v2 build is shipped too unless the target already is x86-64-v2.
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
         raise CompileError(f"optimization level must be 0-3, got {opt_level}")
     providers = providers if providers is not None else default_providers(target)
-    build = build or BuildOptions()
+    build = _cpu_build_options(build, cpu)
     out = Path(out_dir)
 
     say("loading model")
@@ -123,12 +132,32 @@ def compile_model(
         "plan_budget_ms": plan_budget_ms,
         **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),
         "golden_cases": golden_cases,
+        "cpu": build.isa,
     }
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
     final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say,
                            extra_files=golden)
     say(f"wrote {final}")
     return final
+
+
+def resolve_cpu(cpu: str | None) -> str:
+    """The ``-march`` value for ``--cpu``: None is the build machine's level, the highest
+    x86-64-vN whose features this CPU has ("native" off x86-64 or when the flags are unknown)."""
+    if cpu is None:
+        return host_x86_level() or "native"
+    if cpu not in CPU_TARGETS:
+        raise CompileError(f"unknown CPU target {cpu!r} (supported: {', '.join(CPU_TARGETS)})")
+    return cpu
+
+
+def _cpu_build_options(build: BuildOptions | None, cpu: str | None) -> BuildOptions:
+    if build is None or cpu is not None:
+        build = dataclasses.replace(build or BuildOptions(), isa=resolve_cpu(cpu))
+    portable = None
+    if build.isa != PORTABLE_CPU and platform.machine().lower() in ("x86_64", "amd64"):
+        portable = PORTABLE_CPU
+    return dataclasses.replace(build, portable_isa=portable)
 
 
 def materialize_outputs(graph: Graph) -> None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from runtime.cpu_builds import CpuBuild, select_cpu_build
 from runtime.errors import ArtifactError
 from runtime.integrity import check_format_version, sha256_file, verify_files
-from runtime.isa import check_cpu_target
 
 __all__ = [
     "FORMAT_VERSION",
@@ -43,9 +43,23 @@ class Artifact:
     manifest: dict[str, Any]
     plan: dict[str, Any]
     weights: np.ndarray  # uint8, read-only (memory-mapped when non-empty)
+    cpu_build: CpuBuild | None = None  # the C build this CPU runs (runtime/cpu_builds.py)
 
     def file(self, rel: str) -> Path:
         return self.path / rel
+
+    def library_file(self, rel: str) -> Path:
+        """The file to load for the plan's C library ``rel``: the chosen CPU build's library (a
+        rebuilt one when there is one) in place of the preferred build's."""
+        build = self.cpu_build
+        if build is not None and build.library is not None and rel == self._preferred_library():
+            return build.rebuilt if build.rebuilt is not None else self.path / build.library
+        return self.path / rel
+
+    def _preferred_library(self) -> str | None:
+        builds = self.manifest.get("target", {}).get("cpu", {}).get("builds") or [{}]
+        library = builds[0].get("library")
+        return str(library) if library else None
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -72,12 +86,12 @@ def load_artifact(path: str | os.PathLike[str], *, verify_weights: bool = False)
     verify_files(root, manifest, (PLAN, WEIGHTS), WEIGHTS, verify_weights=verify_weights)
     target = manifest.get("target")
     cpu = target.get("cpu") if isinstance(target, dict) else None
-    check_cpu_target(cpu if isinstance(cpu, dict) else None, where=str(root / MANIFEST))
+    cpu_build = select_cpu_build(cpu if isinstance(cpu, dict) else None, where=str(root / MANIFEST))
     plan = _read_json(root / PLAN, "plan.json")
     if plan.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{root / PLAN}: unexpected plan format version")
     weights = _map_weights(root / WEIGHTS)
-    return Artifact(root, manifest, plan, weights)
+    return Artifact(root, manifest, plan, weights, cpu_build)
 
 
 def _map_weights(path: Path) -> np.ndarray:

@@ -17,6 +17,7 @@ __all__ = [
     "UnsupportedOpError",
     "CompileError",
     "ShapeError",
+    "CpuFallbackWarning",
 ]
 
 
@@ -58,3 +59,7 @@ class UnsupportedOpError(ModelError):
 
 class CompileError(OnnxAotError):
     """Code generation or the native toolchain failed."""
+
+
+class CpuFallbackWarning(RuntimeWarning):
+    """This CPU lacks features the artifact's preferred C build needs; a slower build runs."""

@@ -11,10 +11,15 @@ An artifact written before features were recorded has only the ``-march`` name; 
 levels (``x86-64-v2/v3/v4``) and a few common CPU names map to their features here. The functions
 take the flags as an argument so tests (and a later multi-build loader choosing the best build)
 can ask "would this run on a CPU with these flags?" without that CPU.
+
+``ONNX_AOT_TEST_CPU_FLAGS`` (test-only: comma- or space-separated flags) replaces what
+``host_cpu_flags()`` reads from ``/proc/cpuinfo``, so tests can load an artifact as on another
+CPU (an AVX2-only host for an AVX-512 build); never set it in production.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,7 +29,10 @@ from runtime.errors import ArtifactError
 __all__ = [
     "MACRO_FEATURES",
     "MARCH_FEATURES",
+    "X86_LEVELS",
+    "TEST_FLAGS_ENV",
     "host_cpu_flags",
+    "host_x86_level",
     "required_features",
     "missing_features",
     "check_cpu_target",
@@ -64,9 +72,19 @@ MARCH_FEATURES: dict[str, tuple[str, ...]] = {
 }
 
 
+X86_LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")  # the levels ``--cpu`` accepts, lowest first
+TEST_FLAGS_ENV = "ONNX_AOT_TEST_CPU_FLAGS"
+
+
 def host_cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
-    """The host's CPU flags from ``/proc/cpuinfo`` (or the given text); None when unknown."""
+    """The host's CPU flags from ``/proc/cpuinfo`` (or the given text); None when unknown.
+
+    Without ``cpuinfo``, ``$ONNX_AOT_TEST_CPU_FLAGS`` (test-only) overrides the real flags.
+    """
     if cpuinfo is None:
+        fake = os.environ.get(TEST_FLAGS_ENV)
+        if fake is not None:
+            return frozenset(fake.replace(",", " ").split())
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
                 cpuinfo = f.read()
@@ -77,6 +95,21 @@ def host_cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
         if sep and key.strip().lower() in ("flags", "features"):
             return frozenset(rest.split())
     return None
+
+
+def host_x86_level(flags: Iterable[str] | None = None, machine: str | None = None) -> str | None:
+    """The highest x86-64-vN level (``X86_LEVELS``) whose features ``flags`` has; None on a
+    machine that is not x86-64 or whose flags are unknown (or below v2)."""
+    if not _same_machine(machine if machine is not None else platform.machine(), "x86_64"):
+        return None
+    have = frozenset(flags) if flags is not None else host_cpu_flags()
+    if have is None:
+        return None
+    best = None
+    for level in X86_LEVELS:
+        if not missing_features(MARCH_FEATURES[level], have):
+            best = level
+    return best
 
 
 def required_features(cpu: Mapping[str, Any]) -> tuple[str, ...]:

@@ -75,16 +75,26 @@ class Session:
     device memory this session may use for weights and arenas, checked against the plan before
     anything is allocated; concurrent runs wait for an arena rather than exceed it) and
     ``cuda_graph`` (capture each CUDA partition's launches on its first run and replay them).
+    ``cpu_build`` is the C build this CPU runs (``runtime.cpu_builds.CpuBuild``: the preferred
+    one, or a portable one with a ``CpuFallbackWarning``); ``rebuild`` compiles that build's
+    shipped source for this CPU (``-march=native``) into a cache outside the artifact and runs
+    that library instead (``runtime/rebuild.py``; needs a C compiler).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, threads: int | None = None,
                  verify_weights: bool = False, cuda_graph: bool = False, arena: Any = None,
                  arenas: Mapping[str, Any] | None = None, shared_arena: SharedArena | None = None,
                  profile: bool = False, device_id: int | None = None,
-                 memory_limit: int | None = None) -> None:
+                 memory_limit: int | None = None, rebuild: bool = False) -> None:
         self.path = Path(path)
         self.cuda_graph = cuda_graph
         self._artifact: Artifact = load_artifact(self.path, verify_weights=verify_weights)
+        if rebuild and self._artifact.cpu_build is not None:
+            from runtime.rebuild import rebuild_library
+
+            self._artifact.cpu_build = rebuild_library(self.path, self._artifact.manifest,
+                                                       self._artifact.cpu_build)
+        self.cpu_build = self._artifact.cpu_build
         plan = self._artifact.plan
         self.plan = plan
         self.inputs = [tensor_spec(r) for r in plan["inputs"]]
@@ -182,7 +192,7 @@ class Session:
             if rel not in self._artifact.manifest["files"]:
                 raise ArtifactError(f"{self.path / rel}: library not listed in the manifest")
             if rel not in self._libraries:
-                self._libraries[rel] = CLibrary(self._artifact.file(rel))
+                self._libraries[rel] = CLibrary(self._artifact.library_file(rel))
             entry = self._libraries[rel].entry(record["entry"])
             nsteps = int(record["last_step"]) - int(record["first_step"]) + 1
             return ("c", _CPartition(entry, list(record["ext"]), nsteps))

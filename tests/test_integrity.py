@@ -5,6 +5,7 @@ format, another CPU's ISA or another GPU arch say what is needed."""
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 from pathlib import Path
 
@@ -187,8 +188,18 @@ def test_manifest_records_the_cpu_target(pristine: Path) -> None:
 
 def test_another_cpu_isa_is_refused_before_loading(art: Path, no_library_loads: None) -> None:
     manifest = _manifest(art)
-    manifest["target"]["cpu"]["features"] = [*manifest["target"]["cpu"]["features"], "avx9_imaginary"]
-    manifest["target"]["cpu"]["march"] = "future-cpu"
+    cpu = manifest["target"]["cpu"]
+    if platform.machine() == "x86_64":
+        assert [b["march"] for b in cpu["builds"]][1:] == ["x86-64-v2"]  # the portable build
+    for build in cpu["builds"]:  # no build fits: refused, naming every build's missing features
+        build["features"] = [*build["features"], "avx9_imaginary"]
+        build["march"] = "future-cpu"
+    _write_manifest(art, manifest)
+    with pytest.raises(ArtifactError, match=r"-march=future-cpu\) needs avx9_imaginary.*recompile"):
+        Session(art)
+    del cpu["builds"]  # a manifest from before the portable build: target.cpu alone is checked
+    cpu["features"] = [*cpu["features"], "avx9_imaginary"]
+    cpu["march"] = "future-cpu"
     _write_manifest(art, manifest)
     with pytest.raises(ArtifactError, match=r"-march=future-cpu.*avx9_imaginary.*recompile"):
         Session(art)

@@ -131,7 +131,15 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
     target: dict[str, Any] = {"machine": platform.machine(), "providers": provider_facts}
     for facts in provider_facts.values():
         if "isa" in facts and "flags" in facts and "library" in facts:  # a native CPU build
-            target["cpu"] = cpu_target(str(facts["cc"]), list(facts["flags"]), str(facts["isa"]))
+            cpu = cpu_target(str(facts["cc"]), list(facts["flags"]), str(facts["isa"]))
+            if facts.get("builds"):  # every build, preferred first (runtime/cpu_builds.py)
+                rel_dir = KERNEL_DIRS["host"]
+                cpu["builds"] = [
+                    {"library": f"{rel_dir}/{b['library']}", "source": f"{rel_dir}/{b['source']}",
+                     "march": str(b["isa"]), "flags": list(b["flags"]),
+                     "features": cpu_target(str(facts["cc"]), list(b["flags"]), str(b["isa"]))["features"]}
+                    for b in facts["builds"]]
+            target["cpu"] = cpu
     manifest = {
         "format_version": FORMAT_VERSION,
         "compiler": {"name": "onnx-aot", "version": __version__},

@@ -21,6 +21,7 @@ The library's ABI (version 1), which ``runtime/providers/c.py`` relies on:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import re
@@ -95,6 +96,13 @@ class CSource:
 
     model: str
     units: tuple[str, ...]  # one per kernel function, then the entries
+    entries: tuple[EntryContext, ...] = ()
+
+    def calls(self) -> list[tuple[str, list[tuple[int, int, bool, tuple[Arg, ...]]]]]:
+        """The entries' call sequences without kernel names: what must not differ between the
+        builds of one plan (entries, steps, ext slots, arena / weights / scratch offsets)."""
+        return [(e.symbol, [(c.index, c.local, c.fn is None, c.args) for c in e.steps])
+                for e in self.entries]
 
 
 _PLACEHOLDER = "onnx_aot_kernel_fn"
@@ -187,17 +195,47 @@ class CProvider:
                  for t in texts]
         units.append(render("c/model.c.j2", dataclasses.replace(whole, functions=(), prototypes=prototypes,
                                                                  mode="entries")))
-        return CSource(render("c/model.c.j2", whole), tuple(units))
+        return CSource(render("c/model.c.j2", whole), tuple(units), tuple(entries))
 
     def generate(
         self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
     ) -> dict[str, object]:
-        """Render ``kernels_dir/model.c`` for all partitions and build ``kernels_dir/model.so``."""
+        """Render and build the model's C kernels under ``kernels_dir``, once per build.
+
+        The primary build (``options.isa``) is ``model.c`` + ``model.so``; with
+        ``options.portable_isa`` (a different ``-march``) a portable build of the same partitions
+        goes to ``<portable_isa>/model.c`` + ``model.so``, built with ``portable_opt_flags``.
+        Each build's source is rendered with its own ``TargetInfo`` (vector width, registers);
+        their entries must make the same calls with the same operands (checked here), so either
+        library runs the one plan. The builds run in parallel. Returns the primary build's facts
+        plus ``builds``: every build's ``isa``, ``flags``, ``source`` and ``library`` (relative
+        to ``kernels_dir``), preferred first.
+        """
         kernels_dir = Path(kernels_dir)
-        source = self.render_source(list(partitions), target_info(options))
-        kernels_dir.mkdir(parents=True, exist_ok=True)
-        (kernels_dir / SOURCE_NAME).write_text(source.model)
-        facts = build_units(source.units, kernels_dir / LIBRARY_NAME, options, SOURCE_NAME)
+        plans: list[tuple[BuildOptions, str]] = [(options, "")]
+        if options.portable_isa and options.portable_isa != options.isa:
+            portable = dataclasses.replace(options, isa=options.portable_isa, portable_isa=None,
+                                           opt_flags=options.portable_opt_flags)
+            plans.append((portable, f"{options.portable_isa}/"))
+        sources = [self.render_source(list(partitions), target_info(opts)) for opts, _ in plans]
+        for (opts, _), source in zip(plans[1:], sources[1:], strict=True):
+            if source.calls() != sources[0].calls():
+                raise CompileError(f"the -march={opts.isa} build of the C kernels differs from the "
+                                   f"-march={options.isa} build in its entries' calls or operands")
+        for (_, sub), source in zip(plans, sources, strict=True):
+            (kernels_dir / sub).mkdir(parents=True, exist_ok=True)
+            (kernels_dir / sub / SOURCE_NAME).write_text(source.model)
+
+        def build(k: int) -> dict[str, object]:
+            opts, sub = plans[k]
+            return build_units(sources[k].units, kernels_dir / sub / LIBRARY_NAME, opts, sub + SOURCE_NAME)
+
+        if len(plans) == 1:
+            all_facts = [build(0)]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(len(plans)) as pool:
+                all_facts = list(pool.map(build, range(len(plans))))
+        facts = all_facts[0]
         return {
             "cc": facts["cc"],
             "cc_version": facts["cc_version"],
@@ -205,4 +243,7 @@ class CProvider:
             "isa": facts["isa"],
             "sources": [SOURCE_NAME],
             "library": LIBRARY_NAME,
+            "builds": [{"isa": f["isa"], "flags": f["flags"], "source": sub + SOURCE_NAME,
+                        "library": sub + LIBRARY_NAME}
+                       for (_, sub), f in zip(plans, all_facts, strict=True)],
         }
