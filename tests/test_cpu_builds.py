@@ -179,3 +179,18 @@ def test_cli_cpu_and_rebuild(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert main(["run", str(tmp_path / "art"), "--rebuild"]) == 0
     assert "ran in" in capsys.readouterr().out
     assert len(list((tmp_path / "cache").glob("*.so"))) == 1
+
+
+def test_build_choice_and_rebuild_need_no_compiler_packages() -> None:
+    import ast
+
+    import runtime.cpu_builds
+    import runtime.rebuild
+
+    banned = {"onnx", "onnxruntime", "networkx", "jinja2", "compiler"}
+    for module in (runtime.cpu_builds, runtime.rebuild):
+        assert module.__file__ is not None
+        for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            assert not {n.split(".")[0] for n in names} & banned, (module.__name__, names)
