@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-arena-bytes", type=_count, default=None, metavar="N",
                    help="fail the compile when the memory plan needs more than N arena bytes "
                         "(the error gives the need per memory space)")
+    p.add_argument("--no-winograd", dest="winograd", action="store_false",
+                   help="run 3x3 stride-1 convolutions directly, not as Winograd F(2x2, 3x3) "
+                        "(which at -O2 and up is faster; with Inf inputs it can give NaN where the "
+                        "direct sum is +-Inf)")
     p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
                    help="seeded self-test cases stored for 'onnx-aot verify' (default 2, 0: none)")
     p.add_argument("--cpu", default=None, choices=["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"],
@@ -213,7 +217,7 @@ def _compile(args: argparse.Namespace) -> int:
                         shapes=shapes, binds=dict(args.bind),
                         progress=None if args.quiet else stderr_progress,
                         plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
-                        golden_cases=args.golden_cases, cpu=args.cpu)
+                        golden_cases=args.golden_cases, cpu=args.cpu, winograd=args.winograd)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0

@@ -73,6 +73,7 @@ def compile_model(
     max_arena_bytes: int | None = None,
     golden_cases: int = DEFAULT_CASES,
     cpu: str | None = None,
+    winograd: bool = True,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -83,6 +84,8 @@ def compile_model(
     ``cpu`` picks the C kernels' target (``--cpu``: "native", "x86-64-v2/v3/v4"); None takes
     ``build.isa`` when ``build`` is given, else the build machine's level (``resolve_cpu``). On
     x86-64 a portable x86-64-v2 build is shipped too unless the target already is x86-64-v2.
+    ``winograd`` (level 2 and up, CPU target) runs 3x3 stride-1 convolutions as Winograd
+    F(2x2, 3x3); ``--no-winograd`` turns it off (see docs/ops.md for its numerics).
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
@@ -96,7 +99,7 @@ def compile_model(
     graph = import_model(model, shapes, binds)
     n_onnx = len(graph) + len(graph.eliminated)
     say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes")
-    graph = optimize(graph, opt_level)
+    graph = optimize(graph, opt_level, target=target if winograd else None)
     materialize_outputs(graph)
     graph.verify()
     say("computing golden self-test outputs with the reference kernels")
@@ -132,6 +135,7 @@ def compile_model(
         "plan_budget_ms": plan_budget_ms,
         **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),
         "golden_cases": golden_cases,
+        "winograd": winograd,
         "cpu": build.isa,
     }
     say(f"generating kernels for {len(plan.partitions)} partition(s)")

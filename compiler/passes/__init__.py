@@ -3,7 +3,9 @@
 Level 0 runs nothing; level 1 the basic passes (identity elimination, constant folding, common
 subexpression elimination, dead code elimination); level 2 adds the fusions (Conv+BatchNorm,
 MatMul+Add -> Gemm, Conv/Gemm + residual + activation, elementwise chains); level 3 is level 2
-until the layout pass lands. Every pass changes the graph only through the IR's methods.
+until the layout pass lands. After them, ``optimize(..., target="cpu")`` lowers 3x3 stride-1
+convolutions to Winograd F(2x2, 3x3) for the C provider. Every pass changes the graph only
+through the IR's methods.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
-from compiler.passes.manager import MAX_LEVEL, PassManager, optimize, passes_for_level
+from compiler.passes.manager import MAX_LEVEL, PassManager, lowerings_for, optimize, passes_for_level
+from compiler.passes.use_winograd import UseWinograd
 
 __all__ = [
     "MAX_LEVEL",
@@ -34,4 +37,6 @@ __all__ = [
     "PassResult",
     "optimize",
     "passes_for_level",
+    "lowerings_for",
+    "UseWinograd",
 ]

@@ -3,7 +3,8 @@
 ``PassManager`` runs a list of passes over and over until none of them changes the graph (at
 most ``max_iterations`` rounds), verifying the graph after every pass so that a pass that breaks
 the IR is named in a :class:`~runtime.errors.CompileError`. ``passes_for_level`` maps the
-``--opt-level`` option to the pass list: 0 none, 1 basic, 2 basic + fusions, 3 as 2 for now.
+``--opt-level`` option to the pass list: 0 none, 1 basic, 2 basic + fusions, 3 as 2 for now;
+``lowerings_for`` adds a target's lowerings (Winograd convolutions for the C target).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
+from compiler.passes.use_winograd import UseWinograd
 from runtime.errors import CompileError, ModelError
 
-__all__ = ["MAX_LEVEL", "PassManager", "optimize", "passes_for_level"]
+__all__ = ["MAX_LEVEL", "PassManager", "lowerings_for", "optimize", "passes_for_level"]
 
 MAX_LEVEL = 3
 
@@ -94,6 +96,24 @@ def passes_for_level(level: int) -> list[Pass]:
     return basic + extended
 
 
-def optimize(graph: Graph, level: int, verify: bool = True) -> Graph:
-    """Run the passes of ``level`` over ``graph`` (changed in place) and return it."""
-    return PassManager(passes_for_level(level), verify=verify).run(graph).graph
+def lowerings_for(level: int, target: str) -> list[Pass]:
+    """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
+
+    For the C target at level 2 and up: 3x3 stride-1 convolutions as Winograd F(2x2, 3x3)
+    (``use_winograd``; it must see the convolutions with BatchNorm and epilogues already folded in).
+    """
+    if level >= 2 and target == "cpu":
+        return [UseWinograd()]
+    return []
+
+
+def optimize(graph: Graph, level: int, verify: bool = True, target: str | None = None) -> Graph:
+    """Run the passes of ``level`` over ``graph`` (changed in place) and return it.
+
+    ``target`` ("cpu", "cuda") adds that target's lowerings (``lowerings_for``); None adds none.
+    """
+    graph = PassManager(passes_for_level(level), verify=verify).run(graph).graph
+    lowerings = lowerings_for(level, target) if target is not None else []
+    if lowerings:
+        graph = PassManager(lowerings, verify=verify, max_iterations=1).run(graph).graph
+    return graph

@@ -41,6 +41,7 @@ from compiler.providers import (  # noqa: F401  (imported to fill the registry)
     c_reduce,
     c_simple,
     c_spatial,
+    c_winograd,
 )
 from compiler.providers.base import BuildOptions, PartitionPlan
 from compiler.providers.c_common import REGISTRY, Arg, StepCode, comment

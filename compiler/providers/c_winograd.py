@@ -1,0 +1,165 @@
+"""C kernel for ``onnx_aot.WinogradConv``: a 3x3, stride-1 conv as Winograd F(2x2, 3x3).
+
+The node comes from ``compiler/passes/use_winograd.py`` with its weights already transformed
+(``U``: 16 x M x C). Per image, ``templates/c/winograd.c.j2`` transforms every 4x4 input patch into
+16 matrices (C x tiles), runs the 16 products U_k V_k on the GEMM tile (``c_gemm``, B read in
+place), and transforms each tile's 16 values back into its 2x2 outputs with bias, residual and
+activation applied as they are stored. Both transforms work a row of tiles at a time on
+contiguous runs (even and odd input columns split first) so the compiler vectorizes them.
+Scratch holds the transformed input and the 16 products.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import (
+    PARALLEL_MIN_WORK,
+    Param,
+    StepCode,
+    all_float32,
+    comment,
+    fn_name,
+    input_args,
+    output_args,
+    params,
+    register,
+    scratch_arg,
+    shape_of,
+)
+from compiler.providers.c_gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok
+
+__all__ = ["WinogradContext", "WinogradKernel"]
+
+
+@dataclass(frozen=True)
+class WinogradContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    t: Tiling  # one of the 16 products: M x tiles x C
+    e: Epilogue  # applied by the output transform
+    plain: Epilogue  # the products' tiles store plain sums
+    batch: int
+    c: int
+    h: int
+    w: int
+    m: int
+    oh: int
+    ow: int
+    th: int  # rows of tiles (2 output rows each)
+    tw: int  # tiles per row (2 output columns each)
+    rowpad: int  # floats in one zero-padded input row: the 2 * tw + 2 columns the tiles read
+    tp: int  # row stride of the transformed input: tiles rounded up to ROW_ALIGN
+    pt: int
+    pl: int
+    parallel: bool
+
+
+# Rows of the transformed input are padded to a multiple of the widest vector (16 floats on any
+# target), so the GEMM tile reads its last panel as whole vectors without a bounds copy.
+ROW_ALIGN = 16
+
+
+def _padded(tiles: int) -> int:
+    return -(-tiles // ROW_ALIGN) * ROW_ALIGN
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    batch: int
+    c: int
+    h: int
+    w: int
+    m: int
+    oh: int
+    ow: int
+    pt: int
+    pl: int
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.oh // 2) * -(-self.ow // 2)
+
+
+def _geometry(node: Node) -> _Geometry | None:
+    x, u = node.input(0), node.input(1)
+    if x is None or u is None or len(node.outputs) != 1:
+        return None
+    xs, us, ys = shape_of(x), shape_of(u), shape_of(node.outputs[0])
+    try:
+        pads = [int(p) for p in node.attrs["pads"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if len(xs) != 4 or len(us) != 3 or len(ys) != 4 or len(pads) != 4 or min(pads) < 0 or max(pads) > 2:
+        return None
+    n, c, h, w = xs
+    m = us[1]
+    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    if us != (16, m, c) or ys != (n, m, oh, ow) or oh < 1 or ow < 1:
+        return None
+    return _Geometry(n, c, h, w, m, oh, ow, pads[0], pads[1])
+
+
+class WinogradKernel:
+    kinds: tuple[str, ...] = ("onnx_aot.WinogradConv",)
+
+    def supports(self, node: Node) -> bool:
+        g = _geometry(node)
+        if g is None or not all_float32(node) or not fused_ok(node) or len(node.inputs) > 4:
+            return False
+        b, z = node.input(2), node.input(3)
+        if b is not None and shape_of(b) != (g.m,):
+            return False
+        return z is None or shape_of(z) == shape_of(node.outputs[0])
+
+    def scratch_nbytes(self, node: Node) -> int:
+        g = _geometry(node)
+        assert g is not None, node.describe()
+        # transformed input (16 x C x padded tiles) and the 16 products (16 x M x tiles)
+        return 4 * 16 * (g.c * _padded(g.tiles) + g.m * g.tiles)
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        g = _geometry(node)
+        assert g is not None, node.describe()
+        has_bias, has_res = node.input(2) is not None, node.input(3) is not None
+        e = Epilogue("", has_bias, "", 1, 0, has_res, activation(node), activation(node, vector=True))
+        plain = Epilogue("", False, "", 0, 0, False, "v", "v")
+        ins = input_args(step)
+        names = ["x", "u"] + (["bias"] if has_bias else []) + (["z"] if has_res else [])
+        restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else [])
+        scratch = scratch_arg(step, self.scratch_nbytes(node))
+        args = [*ins, *output_args(step), *scratch]
+        names += ["y", "scratch"]
+        restrict += [False, True]
+        t = choose_tiling(g.m, g.tiles, g.c, target)
+        ctx = WinogradContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(names, args, restrict),
+            t=t,
+            e=e,
+            plain=plain,
+            batch=g.batch,
+            c=g.c,
+            h=g.h,
+            w=g.w,
+            m=g.m,
+            oh=g.oh,
+            ow=g.ow,
+            th=-(-g.oh // 2),
+            tw=-(-g.ow // 2),
+            rowpad=max(2 * -(-g.ow // 2) + 2, g.pl + g.w),
+            tp=_padded(g.tiles),
+            pt=g.pt,
+            pl=g.pl,
+            parallel=2 * 16 * g.batch * g.m * g.c * g.tiles >= PARALLEL_MIN_WORK,
+        )
+        return StepCode("c/winograd.c.j2", ctx, ctx.fn, tuple(args))
+
+
+register(WinogradKernel())
