@@ -488,6 +488,24 @@ POOL_CASES = {
         (1, 2, 12, 11),
         pool_attrs([2, 3], [2, 2], [0, 0, 0, 0], 1, count_include_pad=0),
     ),
+    # stride 1 with long interior runs (Inception's branch pools), both count modes
+    "avg_s1_exclude_wide": (
+        "AveragePool",
+        (1, 3, 9, 37),
+        pool_attrs([3, 3], [1, 1], [1, 1, 1, 1], 0, count_include_pad=0),
+    ),
+    "avg_s1_include_asym": (
+        "AveragePool",
+        (2, 3, 8, 29),
+        pool_attrs([3, 5], [1, 1], [1, 2, 0, 1], 0, count_include_pad=1),
+    ),
+    "max_s1_wide": ("MaxPool", (1, 4, 7, 41), pool_attrs([3, 3], [1, 1], [1, 1, 1, 1], 0, dilations=[1, 1])),
+    # the window wider than the padded row: no interior columns at all
+    "avg_no_interior": (
+        "AveragePool",
+        (1, 2, 6, 3),
+        pool_attrs([3, 5], [1, 1], [1, 1, 1, 1], 0, count_include_pad=0),
+    ),
 }
 
 

@@ -61,6 +61,16 @@ class PoolContext:
     dw: int
     count_include_pad: bool
     parallel: bool
+    ow_lo: int  # output columns [ow_lo, ow_hi) have every window tap inside the input row
+    ow_hi: int
+
+
+def _interior(g: dict[str, int]) -> tuple[int, int]:
+    """The output columns whose windows lie wholly inside the input row."""
+    lo = min(-(-g["pl"] // g["sw"]), g["ow"])
+    last = g["w"] - 1 + g["pl"] - (g["kw"] - 1) * g["dw"]  # ow * sw <= last
+    hi = min(last // g["sw"] + 1, g["ow"]) if last >= 0 else 0
+    return lo, max(lo, hi)
 
 
 def _pool_geometry(node: Node) -> dict[str, int] | None:
@@ -120,6 +130,8 @@ class PoolKernel:
             nc=xs[0] * xs[1],
             count_include_pad=node.op_type == "AveragePool" and bool(int(node.attrs["count_include_pad"])),
             parallel=xs[0] * xs[1] * g["oh"] * g["ow"] * g["kh"] * g["kw"] >= PARALLEL_MIN_WORK,
+            ow_lo=_interior(g)[0],
+            ow_hi=_interior(g)[1],
             **g,
         )
         return StepCode("c/pool.c.j2", ctx, ctx.fn, tuple(args))
