@@ -5,8 +5,10 @@ What it measures (docs/performance.md explains the method and its fairness setti
 * **latency**: ``runs`` runs after ``warmup`` runs, medians. With ``--compare MODEL.onnx`` the runs
   alternate in this one process -- onnx-aot, onnxruntime, onnx-aot, ... -- on identical feeds and
   thread counts, so both see the same machine phases; the ratio is onnx-aot / onnxruntime (< 1 is
-  faster). onnxruntime's intra-op spinning is off and OpenMP waits passively (OMP_WAIT_POLICY=
-  PASSIVE, set before any kernel library loads): a spinning pool steals the other's core.
+  faster). Both thread pools spin within a run and stop after it, so neither steals the other's
+  core: onnxruntime with ``session.force_spinning_stop`` (its spinning ends when ``run`` returns),
+  onnx-aot with the runtime's bounded OpenMP spin (~0.3 ms, ``runtime/providers/c.py``), and a
+  ``PAUSE_S`` pause after every run covers that tail.
 * **accuracy** (with ``--compare``): max abs and max relative error of every output against
   onnxruntime's on the same feeds, and whether they agree within rtol 1e-3 / atol 1e-4 (the zoo
   tests' tolerance).
@@ -55,9 +57,14 @@ class BenchError(OnnxAotError):
     """A benchmark cannot run: onnxruntime missing, a model that does not match the artifact..."""
 
 
+# A pause after every timed run, longer than the runtime's OpenMP spin tail (~0.3 ms), so the
+# next run -- of either runtime -- starts on idle cores.
+PAUSE_S = 0.002
+
+
 def prepare_environment() -> None:
-    """Passive OpenMP waiting, before any kernel library (and libgomp with it) is loaded."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """The runtime's bounded OpenMP spinning, set before any kernel library loads libgomp."""
+    from runtime.providers import c as _c  # noqa: F401  (importing it bounds the spinning)
 
 
 def import_onnxruntime() -> Any:
@@ -124,12 +131,14 @@ def alternate(first: Callable[[], object], second: Callable[[], object] | None, 
         t1 = time.perf_counter()
         if i >= warmup:
             a.append(t1 - t0)
+        time.sleep(PAUSE_S)
         if second is not None:
             t0 = time.perf_counter()
             second()
             t1 = time.perf_counter()
             if i >= warmup:
                 b.append(t1 - t0)
+            time.sleep(PAUSE_S)
     return a, b
 
 

@@ -13,10 +13,11 @@ model (microseconds) and on ResNet-50 (share of its latency).
 Usage: python scripts/bench_zoo.py [--runs N] [--threads N] [--cold-reps N] [--smoke]
                                    [--write-docs docs/performance.md] [--json FILE] [MODEL ...]
 
-Fairness (docs/performance.md): both runtimes' thread pools spin after a run and, when runs
-alternate on a 2-core machine, steal the other's core (measured on ResNet-50: onnx-aot 55 ms alone,
-116 ms right after an onnxruntime run). So onnxruntime's intra-op spinning is turned off and OpenMP
-waits passively (OMP_WAIT_POLICY=PASSIVE, set before any kernel library loads). onnxruntime gets the
+Fairness (docs/performance.md): a thread pool that keeps spinning after a run steals the other
+runtime's core when runs alternate on a 2-core machine (measured on ResNet-50: onnx-aot 55 ms
+alone, 116 ms right after an onnxruntime run with its default spinning). So both spin only within
+a run: onnxruntime with session.force_spinning_stop, onnx-aot with the runtime's bounded OpenMP
+spin (~0.3 ms), and every timed run is followed by a 2 ms pause. onnxruntime gets the
 model with initializers removed from the graph inputs (``compiler.bench.for_onnxruntime``), so it
 can fold and fuse its weights. Slow (minutes) and it loads the machine: not part of CI, except
 ``--smoke`` (SqueezeNet, 2 runs, one cold repetition).
@@ -40,11 +41,13 @@ from typing import Any
 
 import numpy as np
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before libgomp loads
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from compiler.bench import prepare_environment  # noqa: E402
+
+prepare_environment()  # before any kernel library loads libgomp
 
 import onnx  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
