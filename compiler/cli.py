@@ -123,9 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fail the compile when the memory plan needs more than N arena bytes "
                         "(the error gives the need per memory space)")
     p.add_argument("--no-winograd", dest="winograd", action="store_false",
-                   help="run 3x3 stride-1 convolutions directly, not as Winograd F(2x2, 3x3) "
-                        "(which at -O2 and up is faster; with Inf inputs it can give NaN where the "
-                        "direct sum is +-Inf)")
+                   help="run 3x3 stride-1 convolutions directly, not as Winograd F(4x4/2x2, 3x3) "
+                        "(which at -O2 and up is faster; a NaN or Inf input can turn the other "
+                        "outputs of its tile NaN)")
     p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
                    help="seeded self-test cases stored for 'onnx-aot verify' (default 2, 0: none)")
     p.add_argument("--cpu", default=None, choices=["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"],

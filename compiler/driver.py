@@ -85,7 +85,7 @@ def compile_model(
     ``build.isa`` when ``build`` is given, else the build machine's level (``resolve_cpu``). On
     x86-64 a portable x86-64-v2 build is shipped too unless the target already is x86-64-v2.
     ``winograd`` (level 2 and up, CPU target) runs 3x3 stride-1 convolutions as Winograd
-    F(2x2, 3x3); ``--no-winograd`` turns it off (see docs/ops.md for its numerics).
+    F(4x4 or 2x2, 3x3); ``--no-winograd`` turns it off (see docs/ops.md for its numerics).
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):

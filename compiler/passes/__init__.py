@@ -4,7 +4,7 @@ Level 0 runs nothing; level 1 the basic passes (identity elimination, constant f
 subexpression elimination, dead code elimination); level 2 adds the fusions (Conv+BatchNorm,
 MatMul+Add -> Gemm, Conv/Gemm + residual + activation, elementwise chains); level 3 is level 2
 until the layout pass lands. After them, ``optimize(..., target="cpu")`` lowers 3x3 stride-1
-convolutions to Winograd F(2x2, 3x3) for the C provider. Every pass changes the graph only
+convolutions to Winograd F(4x4 / 2x2, 3x3) for the C provider. Every pass changes the graph only
 through the IR's methods.
 """
 

@@ -99,7 +99,7 @@ def passes_for_level(level: int) -> list[Pass]:
 def lowerings_for(level: int, target: str) -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
-    For the C target at level 2 and up: 3x3 stride-1 convolutions as Winograd F(2x2, 3x3)
+    For the C target at level 2 and up: 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``; it must see the convolutions with BatchNorm and epilogues already folded in).
     """
     if level >= 2 and target == "cpu":

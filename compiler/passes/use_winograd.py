@@ -1,20 +1,23 @@
-"""Lower 3x3 stride-1 convolutions to Winograd F(2x2, 3x3): 2.25x fewer multiplications.
+"""Lower 3x3 stride-1 convolutions to Winograd F(4x4, 3x3) or F(2x2, 3x3): 4x / 2.25x fewer
+multiplications.
 
 A Conv / FusedConv with a 3x3 kernel, stride 1, dilation 1, one group, float32, constant weights,
 pads of at most 2 and at least ``MIN_CHANNELS`` input and output channels becomes
 ``onnx_aot.WinogradConv(X, U, B?, Z?)`` with the conv's attributes (and the fused epilogue's).
-``U`` holds the weights already transformed, ``U[xi * 4 + nu, m, c] = (G g[m, c] G^T)[xi, nu]``,
-computed here in float64, once, ahead of time. Each 2x2 block of output pixels is then
-``A^T [sum_c U[:, :, m, c] * (B^T d_c B)] A`` over the 4x4 input patches ``d_c``: the products
-over channels are 16 matrix products (M x C by C x tiles), which the C provider runs on its GEMM
-tile, and the transforms around them are a few additions per value (Lavin & Gray, "Fast
-Algorithms for Convolutional Neural Networks", 2015).
+``U`` holds the weights already transformed, ``U[xi * a + nu, m, c] = (G g[m, c] G^T)[xi, nu]``
+(a = tile + 2; the tile size is implied by U's first dimension, a^2), computed here in float64,
+once, ahead of time. Each tile x tile block of output pixels is then
+``A^T [sum_c U[:, :, m, c] * (B^T d_c B)] A`` over the a x a input patches ``d_c``: the products
+over channels are a^2 matrix products (M x C by C x tiles), which the C provider runs on its GEMM
+tile, and the transforms around them are a few multiply-adds per value (runtime/kernels/
+winograd.py has the matrices; Lavin & Gray, "Fast Algorithms for Convolutional Neural
+Networks", 2015). 4x4 tiles where the output has at least 16 of them, else 2x2.
 
 This is a lowering for the C target, not an optimization every provider understands: it runs
 once, after the fusions of level 2 have reached their fixed point (BatchNorm folding and epilogue
 fusion need the plain conv), and only for ``target="cpu"`` (``compiler.passes.optimize``). The
-reference provider runs the same algorithm (``runtime/kernels/fused.py``), so results agree with
-the direct convolution to float32 rounding (relative errors ~1e-6).
+reference provider runs the same algorithm (``runtime/kernels/winograd.py``). Against the direct
+convolution in float64 the error is ~1e-7 (2x2 tiles) and ~5e-6 (4x4 tiles) of the output's scale.
 """
 
 from __future__ import annotations
@@ -23,19 +26,32 @@ import numpy as np
 
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node
 from compiler.passes.base import NO_ACTIVATION, Pass, PassResult, add_constant, replace_nodes
+from runtime.kernels.winograd import MATRICES
 
-__all__ = ["MIN_CHANNELS", "UseWinograd", "winograd_weights"]
+__all__ = ["MIN_CHANNELS", "TILE4_MIN", "UseWinograd", "tile_for", "winograd_weights"]
 
 # Below this many input (or output) channels the transforms cost more than the saved products.
 MIN_CHANNELS = 16
 
-_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+# Output tiles of 4x4 (F(4x4, 3x3): 36 products per tile and channel pair instead of 144) where
+# they give at least TILE4_MIN tiles, else 2x2 (16 products instead of 36). The tiles are the
+# columns of the products: fewer than one panel of the GEMM tile (16 columns on AVX2) wastes
+# more than the smaller tiles save (ResNet-50's 7x7 stage: 4 tiles of 4x4 took 2x as long as
+# 16 tiles of 2x2; at 14x14, 16 tiles of 4x4 vs 49 of 2x2: 0.9x).
+TILE4_MIN = 16
 
 
-def winograd_weights(w: np.ndarray) -> np.ndarray:
-    """(M, C, 3, 3) weights -> (16, M, C) transformed weights ``G g G^T``, in ``w``'s dtype."""
-    u = np.einsum("ik,mckl,jl->ijmc", _G, w.astype(np.float64), _G)
-    return np.ascontiguousarray(u.reshape(16, w.shape[0], w.shape[1])).astype(w.dtype)
+def tile_for(out_h: int, out_w: int) -> int:
+    """The output tile size the lowering picks for an ``out_h`` x ``out_w`` output."""
+    return 4 if -(-out_h // 4) * -(-out_w // 4) >= TILE4_MIN else 2
+
+
+def winograd_weights(w: np.ndarray, tile: int = 2) -> np.ndarray:
+    """(M, C, 3, 3) weights -> ((tile + 2)^2, M, C) transformed weights ``G g G^T``, in ``w``'s dtype."""
+    g = np.asarray(MATRICES[tile][1], dtype=np.float64)
+    a = tile + 2
+    u = np.einsum("ik,mckl,jl->ijmc", g, w.astype(np.float64), g)
+    return np.ascontiguousarray(u.reshape(a * a, w.shape[0], w.shape[1])).astype(w.dtype)
 
 
 def _eligible(node: Node) -> bool:
@@ -80,7 +96,10 @@ class UseWinograd(Pass):
     def _lower(graph: Graph, conv: Node) -> Node:
         w = conv.input(1)
         assert w is not None and w.const is not None
-        u = add_constant(graph, f"{w.name}_winograd", winograd_weights(w.const))
+        y = conv.outputs[0]
+        assert y.shape is not None
+        tile = tile_for(int(y.shape[2]), int(y.shape[3]))
+        u = add_constant(graph, f"{w.name}_winograd{tile}", winograd_weights(w.const, tile))
         attrs = dict(conv.attrs) if conv.domain == AOT_DOMAIN else {**conv.attrs, **NO_ACTIVATION}
         lowered = Node(
             "WinogradConv",

@@ -1,10 +1,11 @@
-"""C kernel for ``onnx_aot.WinogradConv``: a 3x3, stride-1 conv as Winograd F(2x2, 3x3).
+"""C kernel for ``onnx_aot.WinogradConv``: a 3x3, stride-1 conv as Winograd F(m x m, 3x3), m = 2 or 4.
 
 The node comes from ``compiler/passes/use_winograd.py`` with its weights already transformed
-(``U``: 16 x M x C). Per image, ``templates/c/winograd.c.j2`` transforms every 4x4 input patch into
-16 matrices (C x tiles), runs the 16 products U_k V_k on the GEMM tile (``c_gemm``, B read in
-place), and transforms each tile's 16 values back into its 2x2 outputs with bias, residual and
-activation applied as they are stored. Both transforms work a row of tiles at a time on
+(``U``: a^2 x M x C, a = m + 2). Per image, ``templates/c/winograd.c.j2`` transforms every a x a
+input patch into a^2 matrices (C x tiles), runs the a^2 products U_k V_k on the GEMM tile
+(``c_gemm``, B read in place), and transforms each tile's a^2 values back into its m x m outputs
+with bias, residual and activation applied as they are stored. The transforms are unrolled from
+the matrices in ``runtime/kernels/winograd.py``. Both transforms work a row of tiles at a time on
 contiguous runs (even and odd input columns split first) so the compiler vectorizes them.
 Scratch holds the transformed input and the 16 products.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
@@ -31,6 +33,7 @@ from compiler.providers.c_common import (
     shape_of,
 )
 from compiler.providers.c_gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok
+from runtime.kernels.winograd import MATRICES
 
 __all__ = ["WinogradContext", "WinogradKernel"]
 
@@ -50,9 +53,12 @@ class WinogradContext:
     m: int
     oh: int
     ow: int
-    th: int  # rows of tiles (2 output rows each)
-    tw: int  # tiles per row (2 output columns each)
-    rowpad: int  # floats in one zero-padded input row: the 2 * tw + 2 columns the tiles read
+    tile: int  # outputs per tile side (m); input patches are (m + 2) x (m + 2)
+    bt: tuple[tuple[tuple[int, str], ...], ...]  # B^T: per entry (sign, literal of |value|, "" for 1)
+    at: tuple[tuple[tuple[int, str], ...], ...]  # A^T, the same way
+    th: int  # rows of tiles
+    tw: int  # tiles per row
+    rowpad: int  # floats in one zero-padded input row: the m * (tw + 1) columns the phases read
     tp: int  # row stride of the transformed input: tiles rounded up to ROW_ALIGN
     pt: int
     pl: int
@@ -68,6 +74,15 @@ def _padded(tiles: int) -> int:
     return -(-tiles // ROW_ALIGN) * ROW_ALIGN
 
 
+def _signed(matrix: tuple[tuple[float, ...], ...]) -> tuple[tuple[tuple[int, str], ...], ...]:
+    """Each entry as (sign, C literal of its magnitude; "" when the magnitude is 1)."""
+    def entry(v: float) -> tuple[int, str]:
+        sign = (v > 0) - (v < 0)
+        return sign, "" if abs(v) == 1.0 else literal(abs(v))
+
+    return tuple(tuple(entry(v) for v in row) for row in matrix)
+
+
 @dataclass(frozen=True)
 class _Geometry:
     batch: int
@@ -79,10 +94,19 @@ class _Geometry:
     ow: int
     pt: int
     pl: int
+    tile: int  # m
+
+    @property
+    def th(self) -> int:
+        return -(-self.oh // self.tile)
+
+    @property
+    def tw(self) -> int:
+        return -(-self.ow // self.tile)
 
     @property
     def tiles(self) -> int:
-        return -(-self.oh // 2) * -(-self.ow // 2)
+        return self.th * self.tw
 
 
 def _geometry(node: Node) -> _Geometry | None:
@@ -98,10 +122,11 @@ def _geometry(node: Node) -> _Geometry | None:
         return None
     n, c, h, w = xs
     m = us[1]
+    tile = next((t for t in MATRICES if (t + 2) ** 2 == us[0]), None)
     oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
-    if us != (16, m, c) or ys != (n, m, oh, ow) or oh < 1 or ow < 1:
+    if tile is None or us[1:] != (m, c) or ys != (n, m, oh, ow) or oh < 1 or ow < 1:
         return None
-    return _Geometry(n, c, h, w, m, oh, ow, pads[0], pads[1])
+    return _Geometry(n, c, h, w, m, oh, ow, pads[0], pads[1], tile)
 
 
 class WinogradKernel:
@@ -119,8 +144,8 @@ class WinogradKernel:
     def scratch_nbytes(self, node: Node) -> int:
         g = _geometry(node)
         assert g is not None, node.describe()
-        # transformed input (16 x C x padded tiles) and the 16 products (16 x M x tiles)
-        return 4 * 16 * (g.c * _padded(g.tiles) + g.m * g.tiles)
+        # transformed input (a^2 x C x padded tiles) and the a^2 products (a^2 x M x tiles)
+        return 4 * (g.tile + 2) ** 2 * (g.c * _padded(g.tiles) + g.m * g.tiles)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -151,13 +176,16 @@ class WinogradKernel:
             m=g.m,
             oh=g.oh,
             ow=g.ow,
-            th=-(-g.oh // 2),
-            tw=-(-g.ow // 2),
-            rowpad=max(2 * -(-g.ow // 2) + 2, g.pl + g.w),
+            tile=g.tile,
+            bt=_signed(MATRICES[g.tile][0]),
+            at=_signed(MATRICES[g.tile][2]),
+            th=g.th,
+            tw=g.tw,
+            rowpad=max(g.tile * (g.tw + 1), g.pl + g.w),
             tp=_padded(g.tiles),
             pt=g.pt,
             pl=g.pl,
-            parallel=2 * 16 * g.batch * g.m * g.c * g.tiles >= PARALLEL_MIN_WORK,
+            parallel=2 * (g.tile + 2) ** 2 * g.batch * g.m * g.c * g.tiles >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/winograd.c.j2", ctx, ctx.fn, tuple(args))
 

@@ -28,6 +28,7 @@ from runtime.kernels import (  # noqa: F401  (imported to register their kernels
     sequence,
     spatial,
     tensor,
+    winograd,
 )
 from runtime.kernels.registry import REGISTRY, Kernel, OutputSpec, get_kernel, register, supported_kinds
 

@@ -1,4 +1,4 @@
-"""Reference kernels for onnx-aot's own fused ops: FusedConv, WinogradConv, FusedGemm, FusedElementwise.
+"""Reference kernels for onnx-aot's own fused ops: FusedConv, FusedGemm, FusedElementwise.
 
 Each is the composition of the plain kernels' functions it replaces, so the reference provider
 checks a fusion pass by running the same numbers both ways. The activation epilogue (""/Relu/
@@ -16,7 +16,7 @@ from runtime.kernels.elementwise import apply_elementwise
 from runtime.kernels.linalg import gemm
 from runtime.kernels.registry import OutputSpec, register
 
-__all__ = ["apply_activation", "run_program", "winograd_conv"]
+__all__ = ["apply_activation", "run_program"]
 
 
 def apply_activation(xp: Any, y: Any, attrs: dict[str, Any]) -> Any:
@@ -45,54 +45,6 @@ def fused_conv_kernel(
     if z is not None:
         y = y + z
     return finish(xp, "onnx_aot.FusedConv", [apply_activation(xp, y, attrs)], outputs)
-
-
-# Winograd F(2x2, 3x3): input transform B^T d B, output transform A^T m A (Lavin & Gray 2015).
-_BT = ((1.0, 0.0, -1.0, 0.0), (0.0, 1.0, 1.0, 0.0), (0.0, -1.0, 1.0, 0.0), (0.0, 1.0, 0.0, -1.0))
-_AT = ((1.0, 1.0, 1.0, 0.0), (0.0, 1.0, -1.0, -1.0))
-
-
-def winograd_conv(xp: Any, x: Any, u: Any, attrs: dict[str, Any]) -> Any:
-    """The 3x3, stride-1 convolution of ``x`` (N, C, H, W) with transformed weights ``u`` (16, M, C).
-
-    Every 2x2 block of outputs is ``A^T [sum_c U_c * (B^T d_c B)] A`` over its 4x4 input patches
-    ``d_c`` (zero outside the padded input), as the C kernel computes it.
-    """
-    n, c, h, w = (int(d) for d in x.shape)
-    m = int(u.shape[1])
-    pt, pl, pb, pr = (int(p) for p in attrs["pads"])
-    oh, ow = h + pt + pb - 2, w + pl + pr - 2
-    if u.shape != (16, m, c) or oh < 1 or ow < 1:
-        raise RuntimeKernelError(
-            f"WinogradConv: X {tuple(x.shape)}, U {tuple(u.shape)}, pads {attrs['pads']}"
-        )
-    th, tw = -(-oh // 2), -(-ow // 2)
-    padded = xp.zeros((n, c, 2 * th + 2, 2 * tw + 2), dtype=x.dtype)
-    padded[:, :, pt : pt + h, pl : pl + w] = x
-    d = xp.stack([xp.stack([padded[:, :, i : i + 2 * th : 2, j : j + 2 * tw : 2] for j in range(4)], -1)
-                  for i in range(4)], -2)  # (n, c, th, tw, 4, 4)
-    bt = xp.asarray(_BT, dtype=x.dtype)
-    at = xp.asarray(_AT, dtype=x.dtype)
-    v = xp.einsum("ai,ncyxij,bj->abncyx", bt, d, bt)
-    prod = xp.einsum("abmc,abncyx->abnmyx", u.reshape(4, 4, m, c), v)
-    y = xp.einsum("pa,abnmyx,qb->nmypxq", at, prod, at).reshape(n, m, 2 * th, 2 * tw)
-    return y[:, :, :oh, :ow]
-
-
-@register("onnx_aot.WinogradConv")
-def winograd_conv_kernel(
-    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
-) -> list[Any]:
-    """FusedConv of a 3x3, stride-1 conv whose weights are Winograd-transformed: act(conv + B + Z)."""
-    x, u, *rest = inputs
-    b = rest[0] if len(rest) > 0 else None
-    z = rest[1] if len(rest) > 1 else None
-    y = winograd_conv(xp, x, u, attrs)
-    if b is not None:
-        y = y + b.reshape(1, -1, 1, 1)
-    if z is not None:
-        y = y + z
-    return finish(xp, "onnx_aot.WinogradConv", [apply_activation(xp, y, attrs)], outputs)
 
 
 @register("onnx_aot.FusedGemm")
