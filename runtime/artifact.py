@@ -20,6 +20,7 @@ import numpy as np
 from runtime.cpu_builds import CpuBuild, select_cpu_build
 from runtime.errors import ArtifactError
 from runtime.integrity import check_format_version, sha256_file, verify_files
+from runtime.plan_check import check_plan
 
 __all__ = [
     "FORMAT_VERSION",
@@ -90,6 +91,7 @@ def load_artifact(path: str | os.PathLike[str], *, verify_weights: bool = False)
     plan = _read_json(root / PLAN, "plan.json")
     if plan.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{root / PLAN}: unexpected plan format version")
+    check_plan(plan, root / PLAN)
     weights = _map_weights(root / WEIGHTS)
     return Artifact(root, manifest, plan, weights, cpu_build)
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from runtime.artifact import FORMAT_VERSION, MANIFEST, PLAN
 from runtime.errors import ArtifactError
+from runtime.plan_check import check_plan
 
 __all__ = ["TensorSpec", "PlanInfo", "load_plan", "tensor_spec"]
 
@@ -106,6 +107,7 @@ def load_plan(path: str | os.PathLike[str]) -> PlanInfo:
         raise ArtifactError(f"{root / PLAN}: contents do not match the manifest's sha256")
     if plan.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{root / PLAN}: unexpected plan format version")
+    check_plan(plan, root / PLAN)
     try:
         arenas = {str(a["memory_space"]): int(a["nbytes"]) for a in plan["arenas"]}
         alignments = {str(a["memory_space"]): max(64, int(a["alignment"])) for a in plan["arenas"]}

@@ -4,10 +4,12 @@ format, another CPU's ISA or another GPU arch say what is needed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -295,3 +297,38 @@ def test_gpu_arch_mismatch_is_a_clear_message() -> None:
 def test_sha256_helpers_agree(pristine: Path) -> None:
     entry = _manifest(pristine)["files"]["plan.json"]
     assert sha256_file(pristine / "plan.json") == entry["sha256"]
+
+
+# A plan rewritten and re-hashed into the manifest (a broken pipeline, not damage) must still end
+# in ArtifactError naming plan.json and the field, never a KeyError/TypeError, before any load.
+_PLAN_MUTATIONS = [
+    ("inputs", lambda p: p.pop("inputs"), "'inputs' must be a list"),
+    ("input shape", lambda p: p["inputs"][0].update(shape="1x3"), r"inputs\[0\]\.shape"),
+    ("output dtype", lambda p: p["outputs"][0].update(dtype="float33"), r"outputs\[0\]\.dtype"),
+    ("output value", lambda p: p["outputs"][0].pop("value"), r"outputs\[0\]\.value"),
+    ("arena size", lambda p: p["arenas"][0].update(nbytes=-1), r"arenas\[0\]"),
+    ("entry", lambda p: p["partitions"][0].pop("entry"), r"partitions\[0\]\.entry"),
+    ("ext", lambda p: p["partitions"][0].update(ext="x"), r"partitions\[0\]\.ext"),
+    ("step partition", lambda p: p["steps"][0].update(partition=7), r"steps\[0\]\.partition"),
+    ("values", lambda p: p.update(values=[]), "'values' must be an object"),
+]
+
+
+@pytest.mark.parametrize("what,mutate,message", _PLAN_MUTATIONS, ids=[m[0] for m in _PLAN_MUTATIONS])
+def test_malformed_but_rehashed_plan_is_an_artifact_error(
+    art: Path, no_library_loads: None, what: str, mutate: Any, message: str
+) -> None:
+    from runtime import load_plan
+
+    plan = json.loads((art / "plan.json").read_text())
+    mutate(plan)
+    data = json.dumps(plan).encode()
+    (art / "plan.json").write_bytes(data)
+    manifest = _manifest(art)
+    manifest["files"]["plan.json"] = {**manifest["files"]["plan.json"], "size": len(data),
+                                      "sha256": hashlib.sha256(data).hexdigest()}
+    _write_manifest(art, manifest)
+    for load in (Session, load_plan):
+        with pytest.raises(ArtifactError, match=message) as info:
+            load(art)
+        assert "plan.json" in str(info.value)
