@@ -18,6 +18,7 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c_common import (
     PARALLEL_MIN_WORK,
+    Arg,
     Param,
     StepCode,
     all_float32,
@@ -32,7 +33,7 @@ from compiler.providers.c_common import (
 )
 from compiler.providers.c_gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok, packed_nbytes
 
-__all__ = ["ConvContext", "DepthwiseContext", "ConvKernel"]
+__all__ = ["ConvContext", "DepthwiseContext", "ConvKernel", "conv_operands"]
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,23 @@ def conv_geometry(node: Node) -> _ConvGeometry | None:
     )  # fmt: skip
 
 
+def conv_operands(
+    step: StepPlan, weights: str, scratch_nbytes: int
+) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
+    """A (Fused)Conv-like step's epilogue, arguments and parameters: x, ``weights``, bias?, z?, y,
+    scratch? (inputs X, W, B?, Z? as FusedConv has them; z may alias y, so it is not restrict)."""
+    node = step.node
+    has_bias, has_res = node.input(2) is not None, node.input(3) is not None
+    e = Epilogue("", has_bias, "", 1, 0, has_res, activation(node), activation(node, vector=True))
+    names = ["x", weights] + (["bias"] if has_bias else []) + (["z"] if has_res else [])
+    restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else [])
+    scratch = scratch_arg(step, scratch_nbytes)
+    args = [*input_args(step), *output_args(step), *scratch]
+    names += ["y"] + (["scratch"] if scratch else [])
+    restrict += [False] + ([True] if scratch else [])
+    return e, args, params(names, args, restrict)
+
+
 class ConvKernel:
     kinds: tuple[str, ...] = ("Conv", "onnx_aot.FusedConv")
 
@@ -188,21 +206,13 @@ class ConvKernel:
         node = step.node
         g = conv_geometry(node)
         assert g is not None, node.describe()
-        has_bias, has_res = node.input(2) is not None, node.input(3) is not None
         mg = g.m // g.groups
-        e = Epilogue("", has_bias, "", 1, 0, has_res, activation(node), activation(node, vector=True))
-        ins = input_args(step)
-        names = ["x", "w"] + (["bias"] if has_bias else []) + (["z"] if has_res else [])
-        restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else [])
-        scratch = scratch_arg(step, self.scratch_nbytes(node))
-        args = [*ins, *output_args(step), *scratch]
-        names += ["y"] + (["scratch"] if scratch else [])
-        restrict += [False] + ([True] if scratch else [])
+        e, args, step_params = conv_operands(step, "w", self.scratch_nbytes(node))
         if g.method == "depthwise":
             dctx = DepthwiseContext(
                 fn=fn_name(step),
                 comment=comment(node),
-                params=params(names, args, restrict),
+                params=step_params,
                 e=e,
                 batch=g.batch,
                 c=g.c,
@@ -228,7 +238,7 @@ class ConvKernel:
         ctx = ConvContext(
             fn=fn_name(step),
             comment=comment(node),
-            params=params(names, args, restrict),
+            params=step_params,
             t=t,
             e=e,
             batch=g.batch,

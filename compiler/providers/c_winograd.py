@@ -25,14 +25,11 @@ from compiler.providers.c_common import (
     all_float32,
     comment,
     fn_name,
-    input_args,
-    output_args,
-    params,
     register,
-    scratch_arg,
     shape_of,
 )
-from compiler.providers.c_gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok
+from compiler.providers.c_conv import conv_operands
+from compiler.providers.c_gemm import Epilogue, Tiling, choose_tiling, fused_ok
 from runtime.kernels.winograd import MATRICES
 
 __all__ = ["WinogradContext", "WinogradKernel"]
@@ -151,21 +148,13 @@ class WinogradKernel:
         node = step.node
         g = _geometry(node)
         assert g is not None, node.describe()
-        has_bias, has_res = node.input(2) is not None, node.input(3) is not None
-        e = Epilogue("", has_bias, "", 1, 0, has_res, activation(node), activation(node, vector=True))
+        e, args, step_params = conv_operands(step, "u", self.scratch_nbytes(node))
         plain = Epilogue("", False, "", 0, 0, False, "v", "v")
-        ins = input_args(step)
-        names = ["x", "u"] + (["bias"] if has_bias else []) + (["z"] if has_res else [])
-        restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else [])
-        scratch = scratch_arg(step, self.scratch_nbytes(node))
-        args = [*ins, *output_args(step), *scratch]
-        names += ["y", "scratch"]
-        restrict += [False, True]
         t = choose_tiling(g.m, g.tiles, g.c, target)
         ctx = WinogradContext(
             fn=fn_name(step),
             comment=comment(node),
-            params=params(names, args, restrict),
+            params=step_params,
             t=t,
             e=e,
             plain=plain,
