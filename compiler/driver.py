@@ -34,7 +34,7 @@ from compiler.providers.reference import ReferenceProvider
 from runtime.errors import CompileError
 from runtime.isa import X86_LEVELS, host_x86_level
 
-__all__ = ["compile_model", "TARGETS", "CPU_TARGETS", "default_providers", "resolve_cpu"]
+__all__ = ["compile_model", "compile_graph", "TARGETS", "CPU_TARGETS", "default_providers", "resolve_cpu"]
 
 TARGETS = ("cpu", "cuda")
 CPU_TARGETS = ("native", *X86_LEVELS)  # --cpu; None: the build machine's level
@@ -100,6 +100,49 @@ def compile_model(
     n_onnx = len(graph) + len(graph.eliminated)
     say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes")
     graph = optimize(graph, opt_level, target=target if winograd else None)
+    options = {
+        "opt_level": opt_level,
+        "target": target,
+        "shapes": {k: list(v) for k, v in sorted((shapes or {}).items())},
+        "binds": {k: np.asarray(v).tolist() for k, v in sorted((binds or {}).items())},
+        "plan_budget_ms": plan_budget_ms,
+        **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),
+        "golden_cases": golden_cases,
+        "winograd": winograd,
+        "cpu": build.isa,
+    }
+    return compile_graph(graph, out, providers=providers, build=build, progress=say,
+                         plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
+                         golden_cases=golden_cases, source=(source_name, source_sha), options=options)
+
+
+def compile_graph(
+    graph: Graph,
+    out_dir: str | os.PathLike[str],
+    *,
+    providers: list[Provider] | None = None,
+    build: BuildOptions | None = None,
+    progress: Progress | None = None,
+    plan_budget_ms: float | None = None,
+    max_arena_bytes: int | None = None,
+    golden_cases: int = DEFAULT_CASES,
+    source: tuple[str, str] | None = None,
+    options: dict[str, Any] | None = None,
+) -> Path:
+    """Compile an already imported and optimized IR ``graph`` (changed in place) into ``out_dir``.
+
+    The back half of :func:`compile_model` (partition, memory plan, kernels, artifact), for graphs
+    built directly, e.g. tests of onnx-aot's own ops; CPU providers unless ``providers`` is given.
+    ``source`` is the (name, sha256) recorded as the model's source, ``options`` the compile
+    options recorded in the manifest.
+    """
+    say = progress or (lambda _msg: None)
+    providers = providers if providers is not None else default_providers("cpu")
+    if build is None:
+        build = _cpu_build_options(None, None)
+    out = Path(out_dir)
+    source_name, source_sha = source or (graph.name or "graph", "")
+    options = dict(options) if options is not None else {"target": "cpu", "cpu": build.isa}
     materialize_outputs(graph)
     graph.verify()
     say("computing golden self-test outputs with the reference kernels")
@@ -127,17 +170,6 @@ def compile_model(
     check_arena_limit(source_name, mem_plans, max_arena_bytes)
 
     plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name)
-    options = {
-        "opt_level": opt_level,
-        "target": target,
-        "shapes": {k: list(v) for k, v in sorted((shapes or {}).items())},
-        "binds": {k: np.asarray(v).tolist() for k, v in sorted((binds or {}).items())},
-        "plan_budget_ms": plan_budget_ms,
-        **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),
-        "golden_cases": golden_cases,
-        "winograd": winograd,
-        "cpu": build.isa,
-    }
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
     final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say,
                            extra_files=golden)

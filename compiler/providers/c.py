@@ -34,14 +34,17 @@ from compiler.codegen.toolchain import TargetInfo, build_units, target_info
 from compiler.ir.graph import Graph, Node
 from compiler.providers import (  # noqa: F401  (imported to fill the registry)
     c_conv,
+    c_conv_nhwc,
     c_data,
     c_eltwise,
     c_gemm,
     c_move,
+    c_pool_nhwc,
     c_reduce,
     c_simple,
     c_spatial,
     c_winograd,
+    c_winograd_nhwc,
 )
 from compiler.providers.base import BuildOptions, PartitionPlan
 from compiler.providers.c_common import REGISTRY, Arg, StepCode, comment

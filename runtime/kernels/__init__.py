@@ -23,6 +23,7 @@ from runtime.kernels import (  # noqa: F401  (imported to register their kernels
     math_ops,
     nn,
     nn_ext,
+    nhwc,
     pool,
     reduce,
     sequence,

@@ -1,0 +1,179 @@
+"""Channels-last (NHWC) ops of the layout pass and their weight layouts; reference kernels.
+
+The layout pass (``compiler/passes/layout_nhwc.py``, optimization level 3, CPU target) keeps the
+activations of a region of convolutions, pools and elementwise ops in NHWC, with Transposes only
+at the region's edges. Inside, these ops read and write ``(N, H, W, C)`` tensors:
+
+- ``onnx_aot.ConvNhwc(X, W, B?, Z?)``: FusedConv's attributes and epilogue (bias, residual Z with
+  the output's shape, activation); ``W`` packed by :func:`pack_conv_weights`.
+- ``onnx_aot.WinogradConvNhwc(X, U, B?, Z?)``: WinogradConv's, ``U`` packed by
+  :func:`pack_winograd_weights`.
+- ``onnx_aot.MaxPoolNhwc(X)``, ``onnx_aot.AveragePoolNhwc(X)``: MaxPool (one output) / AveragePool
+  with the ONNX attributes; ``onnx_aot.GlobalAveragePoolNhwc(X)`` -> (N, 1, 1, C);
+  ``onnx_aot.LRNNhwc(X)``: LRN across the last axis.
+
+Weights are packed ahead of time into panels of ``PANEL`` output channels, the column width of
+the C kernels' register tile on every x86 level (2 AVX2 vectors, 1 AVX-512 vector, 4 SSE ones),
+so one weights.bin serves every CPU build of an artifact. The last panel is zero-padded. Each
+reference kernel here is the NCHW kernel between two transposes, so the C kernels are checked
+against the same numbers as their NCHW counterparts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import RuntimeKernelError
+from runtime.kernels.common import finish
+from runtime.kernels.fused import apply_activation
+from runtime.kernels.conv import conv
+from runtime.kernels.nn import lrn_kernel
+from runtime.kernels.pool import average_pool, max_pool
+from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.winograd import winograd_conv
+
+__all__ = [
+    "PANEL",
+    "TO_NCHW",
+    "TO_NHWC",
+    "pack_conv_weights",
+    "pack_winograd_weights",
+    "unpack_conv_weights",
+    "unpack_winograd_weights",
+]
+
+PANEL = 16
+TO_NHWC = (0, 2, 3, 1)
+TO_NCHW = (0, 3, 1, 2)
+
+
+def _panels(m: int) -> int:
+    return -(-m // PANEL)
+
+
+def pack_conv_weights(w: np.ndarray, group: int) -> np.ndarray:
+    """(M, C/g, KH, KW) ONNX weights -> (g, P, KH, KW, C/g, PANEL), P = ceil(M/g / PANEL).
+
+    ``packed[gi, p, kh, kw, c, j]`` is the weight of output channel ``gi * M/g + p * PANEL + j``
+    (zero past M/g), so a panel is read front to back by the tile's k loop (k = (kh, kw, c)).
+    """
+    m, cg, kh, kw = (int(d) for d in w.shape)
+    if group < 1 or m % group:
+        raise ValueError(f"{m} output channels do not split into {group} groups")
+    mg = m // group
+    p = _panels(mg)
+    padded = np.zeros((group, p * PANEL, cg, kh, kw), dtype=w.dtype)
+    padded[:, :mg] = w.reshape(group, mg, cg, kh, kw)
+    panels = padded.reshape(group, p, PANEL, cg, kh, kw)
+    return np.ascontiguousarray(panels.transpose(0, 1, 4, 5, 3, 2))
+
+
+def unpack_conv_weights(packed: Any, m: int) -> Any:
+    """The inverse of :func:`pack_conv_weights` for ``m`` output channels (numpy or cupy)."""
+    group, p, kh, kw, cg, panel = (int(d) for d in packed.shape)
+    if panel != PANEL or m % group or _panels(m // group) != p:
+        raise RuntimeKernelError(f"ConvNhwc: packed weights {tuple(packed.shape)} do not hold {m} channels")
+    mg = m // group
+    w = packed.transpose(0, 1, 5, 4, 2, 3).reshape(group, p * PANEL, cg, kh, kw)[:, :mg]
+    return w.reshape(m, cg, kh, kw)
+
+
+def pack_winograd_weights(u: np.ndarray) -> np.ndarray:
+    """(a^2, M, C) transformed weights (``use_winograd``) -> (a^2, P, C, PANEL), P = ceil(M / PANEL)."""
+    aa, m, c = (int(d) for d in u.shape)
+    p = _panels(m)
+    padded = np.zeros((aa, p * PANEL, c), dtype=u.dtype)
+    padded[:, :m] = u
+    return np.ascontiguousarray(padded.reshape(aa, p, PANEL, c).transpose(0, 1, 3, 2))
+
+
+def unpack_winograd_weights(packed: Any, m: int) -> Any:
+    """The inverse of :func:`pack_winograd_weights` for ``m`` output channels (numpy or cupy)."""
+    aa, p, c, panel = (int(d) for d in packed.shape)
+    if panel != PANEL or _panels(m) != p:
+        raise RuntimeKernelError(
+            f"WinogradConvNhwc: packed weights {tuple(packed.shape)} do not hold {m} channels"
+        )
+    return packed.transpose(0, 1, 3, 2).reshape(aa, p * PANEL, c)[:, :m]
+
+
+def _nchw(xp: Any, x: Any, kind: str) -> Any:
+    if x.ndim != 4:
+        raise RuntimeKernelError(f"{kind}: expected a 4-D NHWC input, got shape {tuple(x.shape)}")
+    return xp.ascontiguousarray(x.transpose(TO_NCHW))
+
+
+def _nhwc(xp: Any, y: Any) -> Any:
+    return xp.ascontiguousarray(y.transpose(TO_NHWC))
+
+
+def _epilogue(xp: Any, y: Any, rest: list[Any], attrs: dict[str, Any]) -> Any:
+    """NCHW ``y`` + bias + NHWC residual, activation; returns NHWC."""
+    b = rest[0] if len(rest) > 0 else None
+    z = rest[1] if len(rest) > 1 else None
+    if b is not None:
+        y = y + b.reshape(1, -1, 1, 1)
+    y = _nhwc(xp, y)
+    if z is not None:
+        y = y + z
+    return apply_activation(xp, y, attrs)
+
+
+@register("onnx_aot.ConvNhwc")
+def conv_nhwc_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+    """act(conv(X, W) + B + Z) in NHWC, W packed (:func:`pack_conv_weights`)."""
+    x, wp, *rest = inputs
+    m = int(outputs[0][0][3])
+    w = unpack_conv_weights(wp, m)
+    y = conv(xp, _nchw(xp, x, "ConvNhwc"), w, None, attrs)
+    return finish(xp, "onnx_aot.ConvNhwc", [_epilogue(xp, y, rest, attrs)], outputs)
+
+
+@register("onnx_aot.WinogradConvNhwc")
+def winograd_conv_nhwc_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """WinogradConv in NHWC, U packed (:func:`pack_winograd_weights`)."""
+    x, up, *rest = inputs
+    m = int(outputs[0][0][3])
+    u = unpack_winograd_weights(up, m)
+    y = winograd_conv(xp, _nchw(xp, x, "WinogradConvNhwc"), xp.ascontiguousarray(u), attrs)
+    return finish(xp, "onnx_aot.WinogradConvNhwc", [_epilogue(xp, y, rest, attrs)], outputs)
+
+
+@register("onnx_aot.MaxPoolNhwc")
+def max_pool_nhwc_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+    """MaxPool (one output) over the H and W axes of an NHWC tensor."""
+    y = max_pool(xp, _nchw(xp, inputs[0], "MaxPoolNhwc"), attrs)
+    return finish(xp, "onnx_aot.MaxPoolNhwc", [_nhwc(xp, y)], outputs)
+
+
+@register("onnx_aot.AveragePoolNhwc")
+def average_pool_nhwc_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """AveragePool over the H and W axes of an NHWC tensor."""
+    y = average_pool(xp, _nchw(xp, inputs[0], "AveragePoolNhwc"), attrs)
+    return finish(xp, "onnx_aot.AveragePoolNhwc", [_nhwc(xp, y)], outputs)
+
+
+@register("onnx_aot.GlobalAveragePoolNhwc")
+def global_average_pool_nhwc_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """Mean over H and W of an NHWC tensor -> (N, 1, 1, C)."""
+    x = inputs[0]
+    if x.ndim != 4:
+        raise RuntimeKernelError(f"GlobalAveragePoolNhwc: expected a 4-D input, got {tuple(x.shape)}")
+    return finish(xp, "onnx_aot.GlobalAveragePoolNhwc", [xp.mean(x, axis=(1, 2), keepdims=True)], outputs)
+
+
+@register("onnx_aot.LRNNhwc")
+def lrn_nhwc_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+    """LRN across the channels (last axis) of an NHWC tensor."""
+    shape, dtype = outputs[0]
+    nchw_shape = tuple(int(shape[i]) for i in TO_NCHW)
+    (y,) = lrn_kernel(xp, [_nchw(xp, inputs[0], "LRNNhwc")], attrs, [(nchw_shape, dtype)])
+    return finish(xp, "onnx_aot.LRNNhwc", [_nhwc(xp, y)], outputs)
