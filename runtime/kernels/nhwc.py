@@ -38,6 +38,7 @@ __all__ = [
     "PANEL",
     "TO_NCHW",
     "TO_NHWC",
+    "is_depthwise",
     "pack_conv_weights",
     "pack_winograd_weights",
     "unpack_conv_weights",
@@ -53,15 +54,24 @@ def _panels(m: int) -> int:
     return -(-m // PANEL)
 
 
+def is_depthwise(w_shape: tuple[int, ...], group: int) -> bool:
+    """Whether ONNX conv weights of ``w_shape`` with ``group`` groups are depthwise: one input
+    and one output channel per group (M = C = group)."""
+    return group > 1 and int(w_shape[0]) == group and int(w_shape[1]) == 1
+
+
 def pack_conv_weights(w: np.ndarray, group: int) -> np.ndarray:
     """(M, C/g, KH, KW) ONNX weights -> (g, P, KH, KW, C/g, PANEL), P = ceil(M/g / PANEL).
 
     ``packed[gi, p, kh, kw, c, j]`` is the weight of output channel ``gi * M/g + p * PANEL + j``
     (zero past M/g), so a panel is read front to back by the tile's k loop (k = (kh, kw, c)).
+    Depthwise weights (:func:`is_depthwise`) are (KH, KW, M) instead: a vector of channels per tap.
     """
     m, cg, kh, kw = (int(d) for d in w.shape)
     if group < 1 or m % group:
         raise ValueError(f"{m} output channels do not split into {group} groups")
+    if is_depthwise(w.shape, group):
+        return np.ascontiguousarray(w.reshape(m, kh, kw).transpose(1, 2, 0))
     mg = m // group
     p = _panels(mg)
     padded = np.zeros((group, p * PANEL, cg, kh, kw), dtype=w.dtype)
@@ -72,6 +82,11 @@ def pack_conv_weights(w: np.ndarray, group: int) -> np.ndarray:
 
 def unpack_conv_weights(packed: Any, m: int) -> Any:
     """The inverse of :func:`pack_conv_weights` for ``m`` output channels (numpy or cupy)."""
+    if packed.ndim == 3:
+        kh, kw, channels = (int(d) for d in packed.shape)
+        if channels != m:
+            raise RuntimeKernelError(f"ConvNhwc: depthwise weights {tuple(packed.shape)} do not hold {m} channels")
+        return packed.transpose(2, 0, 1).reshape(m, 1, kh, kw)
     group, p, kh, kw, cg, panel = (int(d) for d in packed.shape)
     if panel != PANEL or m % group or _panels(m // group) != p:
         raise RuntimeKernelError(f"ConvNhwc: packed weights {tuple(packed.shape)} do not hold {m} channels")
