@@ -99,7 +99,7 @@ def compile_model(
     graph = import_model(model, shapes, binds)
     n_onnx = len(graph) + len(graph.eliminated)
     say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes")
-    graph = optimize(graph, opt_level, target=target if winograd else None)
+    graph = optimize(graph, opt_level, target=target, winograd=winograd)
     options = {
         "opt_level": opt_level,
         "target": target,

@@ -2,10 +2,10 @@
 
 Level 0 runs nothing; level 1 the basic passes (identity elimination, constant folding, common
 subexpression elimination, dead code elimination); level 2 adds the fusions (Conv+BatchNorm,
-MatMul+Add -> Gemm, Conv/Gemm + residual + activation, elementwise chains); level 3 is level 2
-until the layout pass lands. After them, ``optimize(..., target="cpu")`` lowers 3x3 stride-1
-convolutions to Winograd F(4x4 / 2x2, 3x3) for the C provider. Every pass changes the graph only
-through the IR's methods.
+MatMul+Add -> Gemm, Conv/Gemm + residual + activation, elementwise chains); level 3 is level 2.
+After them, ``optimize(..., target="cpu")`` lowers 3x3 stride-1 convolutions to Winograd
+F(4x4 / 2x2, 3x3) for the C provider, and at level 3 puts convolution regions in NHWC. Every
+pass changes the graph only through the IR's methods.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
+from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.manager import MAX_LEVEL, PassManager, lowerings_for, optimize, passes_for_level
 from compiler.passes.use_winograd import UseWinograd
 
@@ -32,6 +33,7 @@ __all__ = [
     "FuseConvBatchNorm",
     "FuseElementwise",
     "FuseMatMulAdd",
+    "LayoutNhwc",
     "Pass",
     "PassManager",
     "PassResult",

@@ -3,8 +3,9 @@
 ``PassManager`` runs a list of passes over and over until none of them changes the graph (at
 most ``max_iterations`` rounds), verifying the graph after every pass so that a pass that breaks
 the IR is named in a :class:`~runtime.errors.CompileError`. ``passes_for_level`` maps the
-``--opt-level`` option to the pass list: 0 none, 1 basic, 2 basic + fusions, 3 as 2 for now;
-``lowerings_for`` adds a target's lowerings (Winograd convolutions for the C target).
+``--opt-level`` option to the pass list: 0 none, 1 basic, 2 basic + fusions, 3 as 2;
+``lowerings_for`` adds a target's lowerings (for the C target: Winograd convolutions from level
+2, the NHWC layout of convolution regions at level 3).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
+from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.use_winograd import UseWinograd
 from runtime.errors import CompileError, ModelError
 
@@ -96,24 +98,31 @@ def passes_for_level(level: int) -> list[Pass]:
     return basic + extended
 
 
-def lowerings_for(level: int, target: str) -> list[Pass]:
+def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
     For the C target at level 2 and up: 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
-    (``use_winograd``; it must see the convolutions with BatchNorm and epilogues already folded in).
+    (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
+    and epilogues already folded in). At level 3 the convolution regions then go NHWC
+    (``layout_nhwc``), and elementwise fusion runs once more over what it produced.
     """
-    if level >= 2 and target == "cpu":
-        return [UseWinograd()]
-    return []
+    passes: list[Pass] = []
+    if level >= 2 and target == "cpu" and winograd:
+        passes.append(UseWinograd())
+    if level >= 3 and target == "cpu":
+        passes += [LayoutNhwc(), FuseElementwise()]
+    return passes
 
 
-def optimize(graph: Graph, level: int, verify: bool = True, target: str | None = None) -> Graph:
+def optimize(
+    graph: Graph, level: int, verify: bool = True, target: str | None = None, winograd: bool = True
+) -> Graph:
     """Run the passes of ``level`` over ``graph`` (changed in place) and return it.
 
     ``target`` ("cpu", "cuda") adds that target's lowerings (``lowerings_for``); None adds none.
     """
     graph = PassManager(passes_for_level(level), verify=verify).run(graph).graph
-    lowerings = lowerings_for(level, target) if target is not None else []
+    lowerings = lowerings_for(level, target, winograd) if target is not None else []
     if lowerings:
         graph = PassManager(lowerings, verify=verify, max_iterations=1).run(graph).graph
     return graph

@@ -27,8 +27,8 @@ import numpy as np
 
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import finish
-from runtime.kernels.fused import apply_activation
 from runtime.kernels.conv import conv
+from runtime.kernels.fused import apply_activation
 from runtime.kernels.nn import lrn_kernel
 from runtime.kernels.pool import average_pool, max_pool
 from runtime.kernels.registry import OutputSpec, register
@@ -85,7 +85,9 @@ def unpack_conv_weights(packed: Any, m: int) -> Any:
     if packed.ndim == 3:
         kh, kw, channels = (int(d) for d in packed.shape)
         if channels != m:
-            raise RuntimeKernelError(f"ConvNhwc: depthwise weights {tuple(packed.shape)} do not hold {m} channels")
+            raise RuntimeKernelError(
+                f"ConvNhwc: depthwise weights {tuple(packed.shape)} do not hold {m} channels"
+            )
         return packed.transpose(2, 0, 1).reshape(m, 1, kh, kw)
     group, p, kh, kw, cg, panel = (int(d) for d in packed.shape)
     if panel != PANEL or m % group or _panels(m // group) != p:
@@ -137,7 +139,9 @@ def _epilogue(xp: Any, y: Any, rest: list[Any], attrs: dict[str, Any]) -> Any:
 
 
 @register("onnx_aot.ConvNhwc")
-def conv_nhwc_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+def conv_nhwc_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
     """act(conv(X, W) + B + Z) in NHWC, W packed (:func:`pack_conv_weights`)."""
     x, wp, *rest = inputs
     m = int(outputs[0][0][3])
@@ -159,7 +163,9 @@ def winograd_conv_nhwc_kernel(
 
 
 @register("onnx_aot.MaxPoolNhwc")
-def max_pool_nhwc_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+def max_pool_nhwc_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
     """MaxPool (one output) over the H and W axes of an NHWC tensor."""
     y = max_pool(xp, _nchw(xp, inputs[0], "MaxPoolNhwc"), attrs)
     return finish(xp, "onnx_aot.MaxPoolNhwc", [_nhwc(xp, y)], outputs)
@@ -186,7 +192,9 @@ def global_average_pool_nhwc_kernel(
 
 
 @register("onnx_aot.LRNNhwc")
-def lrn_nhwc_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+def lrn_nhwc_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
     """LRN across the channels (last axis) of an NHWC tensor."""
     shape, dtype = outputs[0]
     nchw_shape = tuple(int(shape[i]) for i in TO_NCHW)
