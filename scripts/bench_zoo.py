@@ -72,11 +72,13 @@ def tiny_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-def cold_compile(onnx_path: Path, out: Path, cache: Path) -> dict[str, float]:
+def cold_compile(onnx_path: Path, out: Path, cache: Path, opt_level: int | None = None) -> dict[str, float]:
     """``onnx-aot compile`` in its own process with an empty build cache; its own figure and wall."""
     env = dict(os.environ, ONNX_AOT_CACHE_DIR=str(cache))
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "compiler", "compile", str(onnx_path), "-o", str(out)],
+    command = [sys.executable, "-m", "compiler", "compile", str(onnx_path), "-o", str(out)]
+    command += [] if opt_level is None else [f"-O{opt_level}"]
+    result = subprocess.run(command,
                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     wall = time.perf_counter() - start
     if result.returncode != 0:
@@ -195,6 +197,8 @@ def main() -> int:
     parser.add_argument("models", nargs="*", default=list(ZOO))
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("-O", "--opt-level", type=int, default=None, choices=[0, 1, 2, 3],
+                        help="compile at this optimization level (default: compile_model's)")
     parser.add_argument("--cold-reps", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="squeezenet only, 2 runs, 1 cold repetition")
     parser.add_argument("--write-docs", type=Path, default=None, metavar="FILE",
@@ -208,6 +212,7 @@ def main() -> int:
           f"{args.threads} threads", flush=True)
     rows: dict[str, dict[str, Any]] = {}
     extra: dict[str, Any] = {}
+    level = {} if args.opt_level is None else {"opt_level": args.opt_level}
     with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp_name:
         tmp = Path(tmp_name)
         tiny = compile_model(tiny_model(), tmp / "tiny", golden_cases=0)
@@ -221,9 +226,9 @@ def main() -> int:
             artifact = tmp / name
             try:
                 if name == "resnet50" and not args.smoke:
-                    extra["compile"] = cold_compile(model_path, artifact, tmp / "fresh-cache")
+                    extra["compile"] = cold_compile(model_path, artifact, tmp / "fresh-cache", args.opt_level)
                 else:
-                    compile_model(str(model_path), artifact)
+                    compile_model(str(model_path), artifact, **level)
                 r = bench(artifact, compare=model_path, threads=args.threads, runs=args.runs,
                           cold_reps=args.cold_reps, overhead=name == "resnet50")
             except OnnxAotError as exc:  # one model's failure must not lose the others' figures
