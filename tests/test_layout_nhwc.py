@@ -212,6 +212,22 @@ def test_only_level_3_on_the_cpu_target_changes_the_layout() -> None:
     assert kinds(optimize(build(), 3, target="cpu")) == ["Transpose", "onnx_aot.ConvNhwc", "Transpose"]
 
 
+def test_a_channel_shuffle_stays_inside_the_region() -> None:
+    b = Builder()
+    x = b.input("x", (1, 12, 5, 6))
+    y = _conv(b, x, 12, "c1", kernel_shape=[1, 1], pads=[0, 0, 0, 0], group=4)
+    y = b.op("Reshape", y, out_shape=(1, 4, 3, 5, 6), shape=[1, 4, 3, 5, 6])
+    y = b.op("Transpose", y, out_shape=(1, 3, 4, 5, 6), perm=[0, 2, 1, 3, 4])
+    y = b.op("Reshape", y, out_shape=(1, 12, 5, 6), shape=[1, 12, 5, 6])
+    graph = b.output(_conv(b, y, 12, "c2", group=12))  # depthwise
+    check(graph, LayoutNhwc().run)
+    assert kinds(graph) == ["Transpose", "onnx_aot.ConvNhwc", "Reshape", "Transpose", "Reshape",
+                            "onnx_aot.ConvNhwc", "Transpose"]
+    split, swap, merge = graph.nodes[2:5]
+    assert split.attrs["shape"] == [1, 5, 6, 4, 3] and swap.attrs["perm"] == [0, 1, 2, 4, 3]
+    assert merge.outputs[0].shape == (1, 5, 6, 12)
+
+
 def test_depthwise_weights_are_a_vector_of_channels_per_tap() -> None:
     w = np.arange(6 * 9, dtype=np.float32).reshape(6, 1, 3, 3)
     packed = pack_conv_weights(w, 6)

@@ -10,8 +10,10 @@ of ../shared/notes/cpu-speed-findings.md), so this pass converts whole regions:
 
 1. Candidates are the nodes that have an NHWC form: 2-D convolutions (Conv, FusedConv,
    WinogradConv) with constant weights, MaxPool (one output) / AveragePool / GlobalAveragePool,
-   LRN, inference BatchNormalization with constant parameters, Concat along the channels and the
-   elementwise ops (FusedElementwise included) whose non-constant operands are all 4-D.
+   LRN, inference BatchNormalization with constant parameters, Concat along the channels, the
+   elementwise ops (FusedElementwise included) whose non-constant operands are all 4-D, and
+   ShuffleNet's channel shuffle (Reshape to (N, g, C/g, H, W), Transpose, Reshape back), which in
+   NHWC is a Reshape to (N, H, W, g, C/g), the last two axes swapped and a Reshape back.
 2. A region is a connected set of candidates linked by the 4-D tensors between them; only
    regions with at least one convolution are converted.
 3. Inside a region every 4-D tensor is (N, H, W, C). A tensor entering from outside gets one
@@ -28,6 +30,7 @@ It is a lowering for the C target (optimization level 3), run after ``use_winogr
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -55,10 +58,61 @@ def _float32(value: Value | None) -> bool:
     return value is not None and value.dtype == np.float32
 
 
+def _sole_user(value: Value, kind: str) -> Node | None:
+    user = value.uses[0].node if len(value.uses) == 1 else None
+    graph = user.graph if user is not None else None
+    if user is None or user.kind != kind or graph is None or graph.is_graph_output(value):
+        return None
+    return user
+
+
+def _shuffle_chain(node: Node) -> tuple[Node, Node, Node] | None:
+    """The channel shuffle ``node`` belongs to (ShuffleNet): Reshape (N, C, H, W) -> (N, g, C/g, H, W),
+    Transpose (0, 2, 1, 3, 4), Reshape back to (N, C, H, W); each read only by the next."""
+    head = node
+    if node.kind == "Transpose" and node.input(0) is not None:
+        head = node.input(0).producer  # type: ignore[union-attr,assignment]
+    elif node.kind == "Reshape" and node.input(0) is not None and node.input(0).producer is not None:
+        mid_candidate = node.input(0).producer  # type: ignore[union-attr]
+        if mid_candidate.kind == "Transpose" and mid_candidate.input(0) is not None:
+            head = mid_candidate.input(0).producer or node
+    if head is None or head.kind != "Reshape":
+        return None
+    x, split = head.input(0), head.outputs[0]
+    if not _rank4(x) or not _float32(x) or split.shape is None or len(split.shape) != 5:
+        return None
+    assert x is not None and x.shape is not None
+    n, c, h, w = x.shape
+    if split.shape[0] != n or split.shape[3:] != (h, w) or split.shape[1] * split.shape[2] != c:
+        return None
+    mid = _sole_user(split, "Transpose")
+    if mid is None or list(mid.attrs.get("perm", ())) != [0, 2, 1, 3, 4]:
+        return None
+    tail = _sole_user(mid.outputs[0], "Reshape")
+    if tail is None or tail.outputs[0].shape != x.shape:
+        return None
+    return (head, mid, tail) if node in (head, mid, tail) else None
+
+
+def _shuffle_nhwc(node: Node) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """The output shape and attributes of one node of a channel shuffle in NHWC: (N, H, W, g, C/g),
+    the last two axes swapped, merged back to (N, H, W, C)."""
+    chain = _shuffle_chain(node)
+    assert chain is not None and chain[0].outputs[0].shape is not None
+    n, g, cg, h, w = chain[0].outputs[0].shape
+    if node is chain[0]:
+        return (n, h, w, g, cg), {"shape": [n, h, w, g, cg]}
+    if node is chain[1]:
+        return (n, h, w, cg, g), {"perm": [0, 1, 2, 4, 3]}
+    return (n, h, w, g * cg), {"shape": [n, h, w, g * cg]}
+
+
 def _layout_inputs(node: Node) -> list[int] | None:
     """The input positions of ``node`` that carry activations in the region's layout, or None
     when the node has no NHWC form."""
     kind = node.kind
+    if kind in ("Reshape", "Transpose"):
+        return [0] if _shuffle_chain(node) is not None else None
     if len(node.outputs) != 1 or not _rank4(node.outputs[0]) or not _float32(node.outputs[0]):
         return None
     x = node.input(0)
@@ -223,7 +277,9 @@ class _Rewrite:
         assert positions is not None
         inputs = self._inputs(node, positions)
         y = node.outputs[0]
-        out = self.graph.make_value(f"{y.name}_nhwc", y.dtype, _permuted(y.shape, TO_NHWC))
+        assert y.shape is not None
+        shape = _permuted(y.shape, TO_NHWC) if len(y.shape) == 4 else y.shape  # a shuffle's: _shuffle
+        out = self.graph.make_value(f"{y.name}_nhwc", y.dtype, shape)
         kind = node.kind
         attrs = dict(node.attrs)
         op, domain = node.op_type, node.domain
@@ -244,6 +300,8 @@ class _Rewrite:
             op, domain, inputs, attrs = self._batch_norm(node, inputs[0])
         elif kind == "Concat":
             attrs["axis"] = 3
+        elif kind in ("Reshape", "Transpose"):
+            out.shape, attrs = _shuffle_nhwc(node)
         else:
             for i, v in enumerate(inputs):
                 if v is not None and v.const is not None and i not in positions:
