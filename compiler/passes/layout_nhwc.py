@@ -69,13 +69,15 @@ def _sole_user(value: Value, kind: str) -> Node | None:
 def _shuffle_chain(node: Node) -> tuple[Node, Node, Node] | None:
     """The channel shuffle ``node`` belongs to (ShuffleNet): Reshape (N, C, H, W) -> (N, g, C/g, H, W),
     Transpose (0, 2, 1, 3, 4), Reshape back to (N, C, H, W); each read only by the next."""
-    head = node
-    if node.kind == "Transpose" and node.input(0) is not None:
-        head = node.input(0).producer  # type: ignore[union-attr,assignment]
-    elif node.kind == "Reshape" and node.input(0) is not None and node.input(0).producer is not None:
-        mid_candidate = node.input(0).producer  # type: ignore[union-attr]
-        if mid_candidate.kind == "Transpose" and mid_candidate.input(0) is not None:
-            head = mid_candidate.input(0).producer or node
+    def producer(n: Node | None) -> Node | None:
+        v = n.input(0) if n is not None else None
+        return v.producer if v is not None else None
+
+    head: Node | None = node
+    if node.kind == "Transpose":
+        head = producer(node)
+    elif node.kind == "Reshape" and (before := producer(node)) is not None and before.kind == "Transpose":
+        head = producer(before)
     if head is None or head.kind != "Reshape":
         return None
     x, split = head.input(0), head.outputs[0]
