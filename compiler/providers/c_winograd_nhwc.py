@@ -1,1 +1,334 @@
-"""C kernels for onnx_aot.winograd_nhwc ops (NHWC layout; see runtime/kernels/nhwc.py)."""
+"""C kernel for ``onnx_aot.WinogradConvNhwc``: a 3x3, stride-1 conv on NHWC tensors as Winograd
+F(m x m, 3x3), m = 2 or 4, vectorized over channels.
+
+The tiles of all images (in raster order, image by image) are processed in blocks. For a block,
+``templates/c/winograd_nhwc.c.j2``
+
+1. transforms each tile's a x a input patch (a = m + 2; zero outside the image) a vector of
+   channels at a time into ``V[tile][xi][c]``, the a^2 values of B^T d B per channel;
+2. runs, per xi, the product ``V[xi]`` (tiles x C) ``U[xi]`` (C x M; the weights packed in
+   panels of 16 output channels by ``runtime.kernels.nhwc.pack_winograd_weights``) on the shared
+   GEMM tile (``gemm_tile.c.j2``: rows are tiles, the panel's 16 columns one or more vectors)
+   into ``S[tile][xi][m]``;
+3. transforms each tile's a^2 products back, a vector of output channels at a time, into its
+   m x m output pixels with bias, residual and activation applied as the NHWC rows are stored
+   (tiles overhanging the output's bottom and right edges store only their pixels inside).
+
+Blocks are sized so that a block's V and S stay in the L2 cache, but big enough that the
+weights (read once per block) are amortized. With many blocks each thread runs whole blocks in
+its own slot of scratch ("blocks" mode); with few, the threads share one block at a time, each
+phase split between them ("shared" mode: the products by xi and panel).
+
+The transforms are unrolled from the matrices of ``runtime/kernels/winograd.py`` as short
+programs (:func:`transform_program`) that share sums and differences of rows and columns
+(e.g. F(4x4, 3x3)'s B^T rows 1 and 2 are E + O and E - O), so they take about half the
+operations of the plain matrix products.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.codegen.elementwise import literal
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import (
+    PARALLEL_MIN_WORK,
+    Param,
+    StepCode,
+    all_float32,
+    comment,
+    fn_name,
+    register,
+    shape_of,
+)
+from compiler.providers.c_conv import conv_operands
+from compiler.providers.c_gemm import Epilogue, Tiling, fused_ok
+from runtime.kernels.nhwc import PANEL
+from runtime.kernels.winograd import MATRICES
+
+__all__ = ["Term", "Program", "transform_program", "WinogradNhwcContext", "WinogradNhwcKernel"]
+
+# Block sizing. A tile's V and S take a^2 (C + M) floats; a block holds as many tiles as fit
+# L2_BUDGET bytes, but at least MIN_BLOCK (the weights, a^2 C M floats, are read once per block:
+# fewer tiles per block would make the products wait on them) and at most all tiles.
+L2_BUDGET = 384 * 1024
+MIN_BLOCK = 48
+ROW_ROUND = 12  # block rows are rounded up to this (a multiple of every target's tile height)
+MAX_SLOTS = 16  # "blocks" mode runs at most this many threads (one scratch slot each)
+SKEW = 16  # floats added to V's and S's per-tile strides so tiles do not alias in the L1 sets
+
+
+@dataclass(frozen=True)
+class Term:
+    """``sign * lit * value[src]`` (``lit`` "" for 1); values are a program's inputs, then its temps."""
+
+    sign: int
+    lit: str
+    src: int
+
+
+@dataclass(frozen=True)
+class Program:
+    """A 1-D transform ``y = T x`` as straight-line code: temps (each a sum of terms over the
+    inputs and earlier temps), then the outputs, each a sum of terms."""
+
+    n_in: int
+    temps: tuple[tuple[Term, ...], ...]
+    outs: tuple[tuple[Term, ...], ...]
+
+
+def _term(coef: float, src: int) -> Term:
+    sign = 1 if coef > 0 else -1
+    return Term(sign, "" if abs(coef) == 1.0 else literal(abs(coef)), src)
+
+
+def transform_program(matrix: tuple[tuple[float, ...], ...]) -> Program:
+    """``matrix`` (rows x inputs) as a :class:`Program` sharing common sums and differences.
+
+    Two columns of equal magnitudes (in at least two rows) become their sum and difference,
+    which the rows then use; then two rows on the same values whose coefficients are equal on
+    some (E) and opposite on the others (O) become E + O and E - O.
+    """
+    n_in = len(matrix[0])
+    temps: list[tuple[Term, ...]] = []
+    rows: list[dict[int, float]] = [{k: v for k, v in enumerate(row) if v != 0.0} for row in matrix]
+
+    def new_temp(terms: tuple[Term, ...]) -> int:
+        temps.append(terms)
+        return n_in + len(temps) - 1
+
+    for k in range(n_in):
+        for k2 in range(k + 1, n_in):
+            users = [r for r in rows if k in r or k2 in r]
+            if len(users) < 2 or any(abs(r.get(k, 0.0)) != abs(r.get(k2, 0.0)) for r in users):
+                continue
+            same = [r[k] == r[k2] for r in users]
+            plus = new_temp((Term(1, "", k), Term(1, "", k2))) if any(same) else -1
+            minus = new_temp((Term(1, "", k), Term(-1, "", k2))) if not all(same) else -1
+            for r, is_same in zip(users, same, strict=True):
+                coef = r.pop(k)
+                r.pop(k2)
+                r[plus if is_same else minus] = coef
+    outs: list[tuple[Term, ...] | None] = [None] * len(rows)
+    for i, row in enumerate(rows):
+        for i2 in range(i + 1, len(rows)):
+            other = rows[i2]
+            if outs[i] is not None or outs[i2] is not None or set(row) != set(other) or len(row) < 2:
+                continue
+            even = {k: v for k, v in row.items() if other[k] == v}
+            odd = {k: v for k, v in row.items() if other[k] == -v}
+            if not even or not odd or len(even) + len(odd) != len(row):
+                continue
+            e = new_temp(tuple(_term(v, k) for k, v in sorted(even.items())))
+            o = new_temp(tuple(_term(v, k) for k, v in sorted(odd.items())))
+            outs[i] = (Term(1, "", e), Term(1, "", o))
+            outs[i2] = (Term(1, "", e), Term(-1, "", o))
+    done = tuple(out if out is not None else tuple(_term(v, k) for k, v in sorted(row.items()))
+                 for out, row in zip(outs, rows, strict=True))
+    if any(not out for out in done):
+        raise ValueError("a transform matrix has a zero row")
+    return Program(n_in, tuple(temps), done)
+
+
+@dataclass(frozen=True)
+class WinogradNhwcContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    t: Tiling  # the GEMM tile: k = C, vw
+    e: Epilogue  # applied by the output transform
+    plain: Epilogue  # the products' tiles store plain sums
+    vw: int  # floats per vector
+    mr: int  # rows (tiles) per register tile
+    nv: int  # vectors per register tile row
+    nr: int  # columns per register tile (nv * vw; PANEL is a multiple)
+    batch: int
+    c: int
+    h: int
+    w: int
+    m: int
+    oh: int
+    ow: int
+    pt: int
+    pl: int
+    tile: int  # outputs per tile side (m); input patches are a x a, a = m + 2
+    bt: Program  # B^T
+    at: Program  # A^T
+    th: int  # rows of tiles
+    tw: int  # tiles per row
+    tiles: int  # all images' tiles
+    block: int  # tiles per block
+    nblocks: int
+    rows: int  # a block's rows of V and S (block rounded up to ROW_ROUND)
+    cs: int  # floats per xi in V (C, at least a vector of the widest target)
+    panels: int
+    vt: int  # floats per tile in V
+    st: int  # floats per tile in S
+    slot: int  # floats per scratch slot (V then S)
+    slots: int
+    mode: str  # "blocks" | "shared" | "serial"
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    batch: int
+    c: int
+    h: int
+    w: int
+    m: int
+    oh: int
+    ow: int
+    pt: int
+    pl: int
+    tile: int
+
+    @property
+    def a2(self) -> int:
+        return (self.tile + 2) ** 2
+
+    @property
+    def th(self) -> int:
+        return -(-self.oh // self.tile)
+
+    @property
+    def tw(self) -> int:
+        return -(-self.ow // self.tile)
+
+    @property
+    def tiles(self) -> int:
+        return self.batch * self.th * self.tw
+
+    @property
+    def panels(self) -> int:
+        return -(-self.m // PANEL)
+
+    @property
+    def cs(self) -> int:
+        return max(self.c, PANEL)
+
+    @property
+    def vt(self) -> int:
+        return self.a2 * self.cs + SKEW
+
+    @property
+    def st(self) -> int:
+        return self.a2 * self.panels * PANEL + SKEW
+
+    @property
+    def block(self) -> int:
+        fit = L2_BUDGET // (4 * (self.vt + self.st))
+        return min(self.tiles, max(MIN_BLOCK, fit // ROW_ROUND * ROW_ROUND))
+
+    @property
+    def nblocks(self) -> int:
+        return -(-self.tiles // self.block)
+
+    @property
+    def rows(self) -> int:
+        return -(-self.block // ROW_ROUND) * ROW_ROUND
+
+    @property
+    def slots(self) -> int:
+        return min(self.nblocks, MAX_SLOTS)
+
+
+def _geometry(node: Node) -> _Geometry | None:
+    x, u = node.input(0), node.input(1)
+    if x is None or u is None or len(node.outputs) != 1:
+        return None
+    xs, us, ys = shape_of(x), shape_of(u), shape_of(node.outputs[0])
+    try:
+        pads = [int(p) for p in node.attrs["pads"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if len(xs) != 4 or len(us) != 4 or len(ys) != 4 or len(pads) != 4 or min(pads) < 0 or max(pads) > 2:
+        return None
+    n, h, w, c = xs
+    m = ys[3]
+    tile = next((t for t in MATRICES if (t + 2) ** 2 == us[0]), None)
+    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    if tile is None or us[1:] != (-(-m // PANEL), c, PANEL) or ys != (n, oh, ow, m) or oh < 1 or ow < 1:
+        return None
+    if min(n, c, m) < 1:
+        return None
+    return _Geometry(n, c, h, w, m, oh, ow, pads[0], pads[1], tile)
+
+
+class WinogradNhwcKernel:
+    kinds: tuple[str, ...] = ("onnx_aot.WinogradConvNhwc",)
+
+    def supports(self, node: Node) -> bool:
+        g = _geometry(node)
+        if g is None or not all_float32(node) or not fused_ok(node) or len(node.inputs) > 4:
+            return False
+        b, z = node.input(2), node.input(3)
+        if b is not None and shape_of(b) != (g.m,):
+            return False
+        return z is None or shape_of(z) == shape_of(node.outputs[0])
+
+    def scratch_nbytes(self, node: Node) -> int:
+        g = _geometry(node)
+        assert g is not None, node.describe()
+        return 4 * g.slots * g.rows * (g.vt + g.st)
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        g = _geometry(node)
+        assert g is not None, node.describe()
+        e, args, step_params = conv_operands(step, "u", self.scratch_nbytes(node))
+        plain = Epilogue("", False, "", 0, 0, False, "v", "v")
+        vw = target.vector_bytes // 4
+        wide = target.vector_registers >= 32
+        nv = min(2, PANEL // vw)  # SSE: two of a panel's four vectors per tile, 6 rows
+        mr = min(12, (24 if wide else 12) // nv)
+        t = Tiling(vw=vw, nv=nv, mr=mr, nr=nv * vw, m=g.tiles, n=g.panels * PANEL, k=g.c,
+                   nmb=-(-g.rows // mr), mfull=g.rows // mr, mrt=g.rows % mr, np=g.panels,
+                   nfull=g.panels, nt=0, nvt=0, rows_outer=False)
+        work = 2 * g.a2 * g.tiles * g.c * g.m
+        if work < PARALLEL_MIN_WORK:
+            mode = "serial"
+        else:
+            mode = "blocks" if g.nblocks >= 2 else "shared"
+        ctx = WinogradNhwcContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=step_params,
+            t=t,
+            e=e,
+            plain=plain,
+            vw=vw,
+            mr=mr,
+            nv=nv,
+            nr=nv * vw,
+            batch=g.batch,
+            c=g.c,
+            h=g.h,
+            w=g.w,
+            m=g.m,
+            oh=g.oh,
+            ow=g.ow,
+            pt=g.pt,
+            pl=g.pl,
+            tile=g.tile,
+            bt=transform_program(MATRICES[g.tile][0]),
+            at=transform_program(MATRICES[g.tile][2]),
+            th=g.th,
+            tw=g.tw,
+            tiles=g.tiles,
+            block=g.block,
+            nblocks=g.nblocks,
+            rows=g.rows,
+            cs=g.cs,
+            panels=g.panels,
+            vt=g.vt,
+            st=g.st,
+            slot=g.rows * (g.vt + g.st),
+            slots=g.slots,
+            mode=mode,
+        )
+        return StepCode("c/winograd_nhwc.c.j2", ctx, ctx.fn, tuple(args))
+
+
+register(WinogradNhwcKernel())
