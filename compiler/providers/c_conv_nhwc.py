@@ -1,1 +1,353 @@
-"""C kernels for onnx_aot.conv_nhwc ops (NHWC layout; see runtime/kernels/nhwc.py)."""
+"""C kernel for ``onnx_aot.ConvNhwc``: a channels-last convolution on weights packed ahead of time.
+
+The conv is a GEMM per group: rows are output pixels (all images, flattened), columns the
+group's output channels, K = (kh, kw, c). ``templates/c/conv_nhwc.c.j2`` keeps a register tile
+of ``mr`` pixels x one panel of 16 output channels (``runtime/kernels/nhwc.py: PANEL``; 2 AVX2
+vectors, 1 AVX-512 vector, 4 SSE ones), loads the weights straight from their packed panel
+(contiguous along K) and broadcasts the input from each pixel's own row pointer: a pixel's
+channels are contiguous in NHWC, so the input needs no packing at all. K is walked in
+*segments* that are contiguous in the input: one tap's ``C/g`` channels, or, for one group and
+dilation 1 along W, a whole kernel row's ``KW * C`` values. Padding is handled one of two ways:
+
+- "check": a tap that falls in the padding reads from a static block of zeros instead of the
+  input (one bounds test per pixel and tap, no copy); used where a tap has at least
+  ``COPY_MAX_CHANNELS`` channels;
+- "copy": the input is copied once into a zero-padded image in scratch, so kernel rows are
+  contiguous segments with no tests at all (the 3-channel stems: 7x7 rows of 21 values).
+
+Unpadded convs ("direct") read the input in place. Pixels are split into tiles of balanced sizes
+(``mr`` or ``mr - 1`` rows where possible, never a 1-pixel tail), tiles into blocks whose input
+rows fit in L2; a tile runs over the whole K with bias and residual as the accumulators' start
+values and the activation on the store (blocking K, with partial sums through the output, measured
+0.9-0.97x slower on ResNet-50's K = 1024..4608 convs here). Threads split (group, pixel block,
+panel) items statically. A partial last panel computes only the vectors holding its channels and
+never writes past them.
+
+Depthwise convs (one channel per group, weights (KH, KW, C)) take a separate path, vectorized
+over channels: each output pixel sums its taps' channel vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import (
+    PARALLEL_MIN_WORK,
+    Param,
+    StepCode,
+    all_float32,
+    comment,
+    fn_name,
+    register,
+    shape_of,
+)
+from compiler.providers.c_conv import conv_operands
+from compiler.providers.c_gemm import Epilogue, fused_ok
+from runtime.kernels.nhwc import PANEL
+
+__all__ = ["ConvNhwcContext", "DepthwiseNhwcContext", "ConvNhwcKernel", "nhwc_geometry"]
+
+BLOCK_BYTES = 256 * 1024  # input rows of one pixel block (L2)
+MIN_ITEMS = 32  # work items to aim for, so threads get balanced shares
+COPY_MAX_CHANNELS = 16  # padded convs with fewer channels per tap copy the input into scratch
+MAX_ROWS = 8  # pixel rows per tile: each holds a row pointer (general-purpose registers)
+DW_VECTORS = 4  # channel vectors per step of the depthwise path
+
+
+@dataclass(frozen=True)
+class NhwcGeometry:
+    """A ConvNhwc as sizes: input (N, H, W, C), output (N, OH, OW, M)."""
+
+    batch: int
+    h: int
+    w: int
+    c: int
+    m: int
+    oh: int
+    ow: int
+    groups: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    depthwise: bool
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def mg(self) -> int:
+        return self.m // self.groups
+
+    @property
+    def k(self) -> int:
+        return self.kh * self.kw * self.cg
+
+    @property
+    def padded(self) -> bool:
+        """Whether some tap of some output pixel falls outside the input."""
+        last_h = (self.oh - 1) * self.sh + (self.kh - 1) * self.dh - self.pt
+        last_w = (self.ow - 1) * self.sw + (self.kw - 1) * self.dw - self.pl
+        return self.pt > 0 or self.pl > 0 or last_h >= self.h or last_w >= self.w
+
+    @property
+    def mode(self) -> str:
+        """How taps in the padding are read: "direct" (none are), "check" or "copy"."""
+        if not self.padded:
+            return "direct"
+        return "check" if self.cg >= COPY_MAX_CHANNELS else "copy"
+
+    @property
+    def xh(self) -> int:
+        """Rows of the image the kernel addresses (the zero-padded copy's in "copy" mode)."""
+        if self.mode != "copy":
+            return self.h
+        return max(self.pt + self.h, (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1)
+
+    @property
+    def xw(self) -> int:
+        if self.mode != "copy":
+            return self.w
+        return max(self.pl + self.w, (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1)
+
+    @property
+    def row_segments(self) -> bool:
+        """K segments are whole kernel rows (KW * C contiguous values) rather than single taps."""
+        return self.kw > 1 and self.groups == 1 and self.dw == 1 and self.mode != "check"
+
+
+def nhwc_geometry(node: Node) -> NhwcGeometry | None:
+    """The node's conv as sizes, or None when its shapes, weights or attributes do not fit."""
+    x, wv = node.input(0), node.input(1)
+    if x is None or wv is None or len(node.outputs) != 1:
+        return None
+    xs, ws, ys = shape_of(x), shape_of(wv), shape_of(node.outputs[0])
+    a = node.attrs
+    try:
+        ks = [int(v) for v in a["kernel_shape"]]
+        strides = [int(v) for v in a["strides"]]
+        pads = [int(v) for v in a["pads"]]
+        dil = [int(v) for v in a["dilations"]]
+        group = int(a["group"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if len(xs) != 4 or len(ys) != 4 or len(ks) != 2 or len(strides) != 2 or len(dil) != 2 or len(pads) != 4:
+        return None
+    if group < 1 or min(strides) < 1 or min(dil) < 1 or min(pads) < 0 or min(ks) < 1:
+        return None
+    n, h, w, c = xs
+    m = ys[3]
+    if ys[0] != n or c % group or m % group:
+        return None
+    for d, size in enumerate((h, w)):
+        span = (ks[d] - 1) * dil[d] + 1
+        if ys[1 + d] != (size + pads[d] + pads[2 + d] - span) // strides[d] + 1 or ys[1 + d] < 1:
+            return None
+    depthwise = len(ws) == 3
+    if depthwise:
+        if group != c or m != c or ws != (ks[0], ks[1], m) or group < 2:
+            return None
+    elif ws != (group, -(-(m // group) // PANEL), ks[0], ks[1], c // group, PANEL):
+        return None
+    return NhwcGeometry(n, h, w, c, m, ys[1], ys[2], group, ks[0], ks[1], strides[0], strides[1],
+                        pads[0], pads[1], dil[0], dil[1], depthwise)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ConvNhwcContext:
+    """The GEMM path. Pixel tiles: ``ntiles`` of them, the first ``rem`` with ``q + 1`` rows, the
+    rest ``q``; ``tb`` tiles per pixel block, ``nb`` blocks. K: ``nseg`` segments of ``seglen``
+    values."""
+
+    method: str  # "gemm"
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    e: Epilogue
+    vw: int
+    nv: int  # vectors per panel
+    nvt: int  # vectors holding the partial panel's channels
+    batch: int
+    h: int
+    w: int
+    c: int
+    m: int
+    oh: int
+    ow: int
+    groups: int
+    cg: int
+    mg: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    mode: str  # "direct" | "check" | "copy"
+    xh: int  # rows / columns of the image the kernel addresses
+    xw: int
+    flat: bool  # 1x1, stride 1, unpadded: pixel p's row is x + p * C
+    row_segments: bool
+    nseg: int
+    seglen: int
+    np: int  # panels per group
+    npf: int  # full panels (the last one holds mg % 16 channels when npf < np)
+    mt: int  # channels in the partial panel
+    pixels: int
+    ntiles: int
+    q: int
+    rem: int
+    tb: int
+    nb: int
+    panels_outer: bool  # work items ordered (group, panel, block) rather than (group, block, panel)
+    parallel: bool
+
+
+@dataclass(frozen=True)
+class DepthwiseNhwcContext:
+    method: str  # "depthwise"
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    e: Epilogue
+    vw: int
+    cbv: int  # channel vectors per step
+    batch: int
+    h: int
+    w: int
+    c: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    parallel: bool
+
+
+def tile_rows(target: TargetInfo) -> int:
+    """Pixel rows per tile: accumulators for a panel per row, plus the panel's vectors and a broadcast."""
+    nv = PANEL // (target.vector_bytes // 4)
+    return max(1, min(MAX_ROWS, (target.vector_registers - nv - 2) // nv))
+
+
+def _pixel_tiling(pixels: int, k: int, panels: int, mr: int) -> tuple[int, int, int, int, int]:
+    """(tiles, q, rem, tiles per block, blocks): tiles of q + 1 or q rows, blocks of balanced size
+    whose input rows (k floats a pixel) fit in BLOCK_BYTES, split further until there are
+    MIN_ITEMS work items where blocks of two tiles allow."""
+    ntiles = math.ceil(pixels / mr)
+    q, rem = divmod(pixels, ntiles)
+    tb_max = max(2, BLOCK_BYTES // (4 * k * mr))
+    nb = math.ceil(ntiles / tb_max)
+    while nb * panels < MIN_ITEMS and math.ceil(ntiles / (nb + 1)) >= 2 and nb < ntiles:
+        nb += 1
+    tb = math.ceil(ntiles / nb)
+    return ntiles, q, rem, tb, math.ceil(ntiles / tb)
+
+
+class ConvNhwcKernel:
+    kinds: tuple[str, ...] = ("onnx_aot.ConvNhwc",)
+
+    def supports(self, node: Node) -> bool:
+        g = nhwc_geometry(node)
+        if g is None or not all_float32(node) or not fused_ok(node) or len(node.inputs) > 4:
+            return False
+        b, z = node.input(2), node.input(3)
+        if b is not None and shape_of(b) != (g.m,):
+            return False
+        return z is None or shape_of(z) == shape_of(node.outputs[0])
+
+    def scratch_nbytes(self, node: Node) -> int:
+        g = nhwc_geometry(node)
+        assert g is not None, node.describe()
+        return 4 * g.batch * g.xh * g.xw * g.c if not g.depthwise and g.mode == "copy" else 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        g = nhwc_geometry(node)
+        assert g is not None, node.describe()
+        e, args, step_params = conv_operands(step, "w", self.scratch_nbytes(node))
+        vw = target.vector_bytes // 4
+        work = 2 * g.batch * g.oh * g.ow * g.m * g.kh * g.kw * g.cg
+        if g.depthwise:
+            dctx = DepthwiseNhwcContext(
+                method="depthwise", fn=fn_name(step), comment=comment(node), params=step_params, e=e, vw=vw,
+                cbv=DW_VECTORS, batch=g.batch, h=g.h, w=g.w, c=g.c, oh=g.oh, ow=g.ow, kh=g.kh,
+                kw=g.kw, sh=g.sh, sw=g.sw, pt=g.pt, pl=g.pl, dh=g.dh, dw=g.dw,
+                parallel=work >= PARALLEL_MIN_WORK,
+            )  # fmt: skip
+            return StepCode("c/conv_nhwc.c.j2", dctx, dctx.fn, tuple(args))
+        mr = tile_rows(target)
+        if g.row_segments:
+            nseg, seglen = g.kh, g.kw * g.cg
+        else:
+            nseg, seglen = g.kh * g.kw, g.cg
+        np_ = -(-g.mg // PANEL)
+        pixels = g.batch * g.oh * g.ow
+        ntiles, q, rem, tb, nb = _pixel_tiling(pixels, g.k, g.groups * np_, mr)
+        weights_bytes = 4 * g.groups * np_ * PANEL * g.k
+        ctx = ConvNhwcContext(
+            method="gemm",
+            fn=fn_name(step),
+            comment=comment(node),
+            params=step_params,
+            e=e,
+            vw=vw,
+            nv=PANEL // vw,
+            nvt=-(-(g.mg % PANEL) // vw),
+            batch=g.batch,
+            h=g.h,
+            w=g.w,
+            c=g.c,
+            m=g.m,
+            oh=g.oh,
+            ow=g.ow,
+            groups=g.groups,
+            cg=g.cg,
+            mg=g.mg,
+            kh=g.kh,
+            kw=g.kw,
+            sh=g.sh,
+            sw=g.sw,
+            pt=g.pt,
+            pl=g.pl,
+            dh=g.dh,
+            dw=g.dw,
+            mode=g.mode,
+            xh=g.xh,
+            xw=g.xw,
+            flat=g.kh == g.kw == g.sh == g.sw == 1 and g.mode == "direct",
+            row_segments=g.row_segments,
+            nseg=nseg,
+            seglen=seglen,
+            np=np_,
+            npf=g.mg // PANEL,
+            mt=g.mg % PANEL,
+            pixels=pixels,
+            ntiles=ntiles,
+            q=q,
+            rem=rem,
+            tb=tb,
+            nb=nb,
+            panels_outer=weights_bytes > 4 * g.batch * g.h * g.w * g.c,
+            parallel=work >= PARALLEL_MIN_WORK,
+        )
+        return StepCode("c/conv_nhwc.c.j2", ctx, ctx.fn, tuple(args))
+
+
+register(ConvNhwcKernel())
