@@ -15,13 +15,14 @@ dilation 1 along W, a whole kernel row's ``KW * C`` values. Padding is handled o
 - "copy": the input is copied once into a zero-padded image in scratch, so kernel rows are
   contiguous segments with no tests at all (the 3-channel stems: 7x7 rows of 21 values).
 
-Unpadded convs ("direct") read the input in place. Pixels are split into tiles of balanced sizes
-(``ceil(P / mr)`` tiles of ``q`` or ``q + 1`` pixels, not full tiles and a 1-pixel tail), tiles into blocks whose input
-rows fit in L2; a tile runs over the whole K with bias and residual as the accumulators' start
-values and the activation on the store (blocking K, with partial sums through the output, measured
-0.9-0.97x slower on ResNet-50's K = 1024..4608 convs here). Threads split (group, pixel block,
-panel) items statically. A partial last panel computes only the vectors holding its channels and
-never writes past them.
+Unpadded convs ("direct") read the input in place. The P pixels are split into ``ceil(P / mr)``
+tiles of balanced sizes (``q`` or ``q + 1`` pixels: 49 = 4 x 6 + 5 x 5, not 8 x 6 + 1), tiles into
+blocks whose input rows fit in L2. A tile runs over the whole K with bias and residual as its
+accumulators' start values and the activation applied as they are stored (blocking K, partial sums
+through the output, took 1.03-1.1x as long on ResNet-50's K = 1024..4608 convs here). Threads
+split (group, pixel block, panel) items statically, panels outermost where the weights outweigh
+the input. A partial last panel computes only the vectors holding its channels and never writes
+past them.
 
 Depthwise convs (one channel per group, weights (KH, KW, C)) take a separate path, vectorized
 over channels: each output pixel sums its taps' channel vectors. Where a kernel row's taps all
