@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from test_passes import CONV_ATTRS, Builder
 
+import compiler.providers.c_winograd_nhwc as K
 from compiler.driver import compile_graph
 from compiler.ir.graph import AOT_DOMAIN, Graph
 from compiler.passes.use_winograd import winograd_weights
@@ -129,14 +130,18 @@ def _compile(graph: Graph, path: Path, build: BuildOptions | None = None) -> Pat
     return art
 
 
+# Modes: "serial" (too little work for threads); otherwise 1 and 2 threads take a share of the
+# tiles each when there are at least MIN_SHARE = 24 per thread ("blocks"), else share the phases
+# of each block ("shared"); 3 threads share them below 72 tiles.
 CASES = [
     # n, c, (h, w), m, pads, tile, bias, residual, activation, mode
     (1, 16, (7, 7), 16, [1, 1, 1, 1], 4, True, False, "Relu", "shared"),
     (2, 17, (9, 6), 20, [0, 1, 2, 0], 4, True, True, "", "shared"),  # C, M: vector tails
     (1, 5, (8, 9), 3, [2, 1, 0, 2], 2, True, True, "Clip", "serial"),  # C, M below a vector
-    (2, 40, (20, 18), 24, [1, 1, 1, 1], 4, True, True, "LeakyRelu", "blocks"),  # 50 tiles: 48 + 2
+    # 50 tiles, at most 24 a block: 3 blocks (1 thread), 2 of 12-13 each (2), 3 shared blocks (3)
+    (2, 40, (20, 18), 24, [1, 1, 1, 1], 4, True, True, "LeakyRelu", "blocks"),
     (1, 24, (3, 5), 40, [2, 2, 2, 1], 4, False, False, "", "shared"),  # 5 x 6 output, 2 x 2 tiles
-    (1, 33, (15, 13), 35, [0, 2, 1, 0], 2, False, True, "Relu", "shared"),
+    (1, 33, (15, 13), 35, [0, 2, 1, 0], 2, False, True, "Relu", "blocks"),  # 56 tiles
     (2, 16, (4, 4), 16, [0, 0, 0, 0], 2, True, False, "Relu", "serial"),  # one tile per image
 ]
 
@@ -149,24 +154,30 @@ def test_c_kernel_matches_the_direct_convolution(n: int, c: int, hw: tuple[int, 
     graph, weights = _graph(n, c, hw, m, pads, tile, bias, residual, act, rng)
     art = _compile(graph, tmp_path / "a")
     source = (art / "kernels" / "cpu" / "model.c").read_text()
-    assert ("omp_get_thread_num()" in source) == (mode == "blocks")
     assert ("#pragma omp" in source) == (mode != "serial")
     feeds = _feeds(graph, rng)
     got = Session(art, threads=2).run(None, feeds)[0]
     _check(got, graph, weights, feeds, tile)
     if mode != "serial":  # every tile and product is computed alike whichever thread runs it
-        np.testing.assert_array_equal(Session(art, threads=1).run(None, feeds)[0], got)
+        for threads in (1, 3):
+            np.testing.assert_array_equal(Session(art, threads=threads).run(None, feeds)[0], got)
 
 
 def test_blocks_are_sized_to_the_cache_and_the_weights() -> None:
-    small, _ = _graph(2, 40, (20, 18), 24, [1, 1, 1, 1], 4, True, False, "", np.random.default_rng(0))
-    g = _geometry(small.nodes[0])
-    assert g is not None and (g.tiles, g.block, g.nblocks, g.rows) == (50, 48, 2, 48)
-    assert 4 * g.block * (g.vt + g.st) > 384 * 1024  # at least 48 tiles, though over L2_BUDGET
-    big, _ = _graph(1, 16, (58, 58), 16, [0, 0, 0, 0], 4, False, False, "", np.random.default_rng(0))
-    g = _geometry(big.nodes[0])
-    assert g is not None and g.tiles == 196 and g.block % 12 == 0 and g.block > 48
-    assert 4 * g.block * (g.vt + g.st) <= 384 * 1024 < 4 * (g.block + 12) * (g.vt + g.st)
+    rng = np.random.default_rng(0)
+    for c, m, hw in [(40, 24, (20, 18)), (16, 16, (58, 58)), (512, 512, (30, 30)), (64, 64, (6, 6))]:
+        graph, _ = _graph(1, c, hw, m, [0, 0, 0, 0], 4, False, False, "", rng)
+        g = _geometry(graph.nodes[0])
+        assert g is not None
+        per_tile = 4 * (g.vt + g.st)  # bytes of V and S
+        if g.tiles <= K.MIN_BLOCK:
+            assert g.block == g.tiles
+        else:  # the most whole rounds of tiles that fit the budget, at least MIN_BLOCK
+            assert g.block % K.BLOCK_ROUND == 0 and g.block >= K.MIN_BLOCK
+            assert g.block == K.MIN_BLOCK or g.block * per_tile <= K.L2_BUDGET
+            assert (g.block + K.BLOCK_ROUND) * per_tile > K.L2_BUDGET
+        assert g.nblocks == -(-g.tiles // g.block)
+        assert g.slots == max(1, min(K.MAX_SLOTS, g.tiles // K.MIN_SHARE))
 
 
 def test_portable_build_of_a_v4_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,7 +205,8 @@ def test_products_on_the_tile_and_epilogue_in_the_output_transform(tmp_path: Pat
     products = source[source.index(f"void {name}_products(") :]
     products = products[: products.index("\n}\n")]
     assert "for (int k = 0; k < 24; ++k)" in products  # the tile's loop over the C = 24 channels
-    assert "vbcast(a0[" in products and "vload(bk" in products  # V broadcast, U's panel loaded
+    assert "vbcast(a0[k])" in products and "vload(bk" in products  # V broadcast, U's panel loaded
+    assert "__builtin_prefetch(bk + 512)" in products  # 32 lines ahead
     output = source[source.index(f"void {name}_output(") :]
     output = output[: output.index("\n}\n")]
     assert "vload(bias + m0)" in output and "vload(zt + " in output and "vselect(v < vbcast(0.0f)" in output

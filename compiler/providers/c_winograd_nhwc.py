@@ -7,9 +7,9 @@ The tiles of all images (in raster order, image by image) are processed in block
 1. transforms each tile's a x a input patch (a = m + 2; zero outside the image) a vector of
    channels at a time into ``V[tile][xi][c]``, the a^2 values of B^T d B per channel;
 2. runs, per xi, the product ``V[xi]`` (tiles x C) ``U[xi]`` (C x M; the weights packed in
-   panels of 16 output channels by ``runtime.kernels.nhwc.pack_winograd_weights``) on the shared
-   GEMM tile (``gemm_tile.c.j2``: rows are tiles, the panel's 16 columns one or more vectors)
-   into ``S[tile][xi][m]``;
+   panels of 16 output channels by ``runtime.kernels.nhwc.pack_winograd_weights``) on a register
+   tile (rows are tiles, the panel's 16 columns one or more vectors; ``gemm_tile.c.j2``'s loop
+   with a software prefetch of the weights' stream) into ``S[tile][xi][m]``;
 3. transforms each tile's a^2 products back, a vector of output channels at a time, into its
    m x m output pixels with bias, residual and activation applied as the NHWC rows are stored
    (tiles overhanging the output's bottom and right edges store only their pixels inside).
@@ -44,7 +44,7 @@ from compiler.providers.c_common import (
     shape_of,
 )
 from compiler.providers.c_conv import conv_operands
-from compiler.providers.c_gemm import Epilogue, Tiling, fused_ok
+from compiler.providers.c_gemm import Epilogue, fused_ok
 from runtime.kernels.nhwc import PANEL
 from runtime.kernels.winograd import MATRICES
 
@@ -53,10 +53,14 @@ __all__ = ["Term", "Program", "transform_program", "WinogradNhwcContext", "Winog
 # Block sizing. A tile's V and S take a^2 (C + M) floats; a block holds as many tiles as fit
 # L2_BUDGET bytes, but at least MIN_BLOCK (the weights, a^2 C M floats, are read once per block:
 # fewer tiles per block would make the products wait on them) and at most all tiles.
-L2_BUDGET = 384 * 1024
-MIN_BLOCK = 48
-ROW_ROUND = 12  # block rows are rounded up to this (a multiple of every target's tile height)
-MAX_SLOTS = 16  # "blocks" mode runs at most this many threads (one scratch slot each)
+L2_BUDGET = 256 * 1024
+MIN_BLOCK = 24
+BLOCK_ROUND = 12  # blocks are a multiple of this many tiles (of every target's tile height)
+# With at least MIN_SHARE tiles per thread (and at most MAX_SLOTS threads: one scratch slot each)
+# each thread runs its share of the tiles alone; otherwise the threads share each block's phases.
+MIN_SHARE = 24
+MAX_SLOTS = 8
+PREFETCH = 32  # lines (2 KiB) ahead in U's stream: 2-15% off the big-C convs (the weights come from memory)
 SKEW = 16  # floats added to V's and S's per-tile strides so tiles do not alias in the L1 sets
 
 
@@ -137,13 +141,12 @@ class WinogradNhwcContext:
     fn: str
     comment: str
     params: tuple[Param, ...]
-    t: Tiling  # the GEMM tile: k = C, vw
     e: Epilogue  # applied by the output transform
-    plain: Epilogue  # the products' tiles store plain sums
     vw: int  # floats per vector
     mr: int  # rows (tiles) per register tile
     nv: int  # vectors per register tile row
     nr: int  # columns per register tile (nv * vw; PANEL is a multiple)
+    prefetch: int  # lines of U the products prefetch ahead
     batch: int
     c: int
     h: int
@@ -159,16 +162,16 @@ class WinogradNhwcContext:
     th: int  # rows of tiles
     tw: int  # tiles per row
     tiles: int  # all images' tiles
-    block: int  # tiles per block
-    nblocks: int
-    rows: int  # a block's rows of V and S (block rounded up to ROW_ROUND)
+    block: int  # most tiles per block
+    nblocks: int  # blocks when the threads share them
     cs: int  # floats per xi in V (C, at least a vector of the widest target)
     panels: int
     vt: int  # floats per tile in V
     st: int  # floats per tile in S
     slot: int  # floats per scratch slot (V then S)
-    slots: int
-    mode: str  # "blocks" | "shared" | "serial"
+    slots: int  # threads that can run their share of the tiles alone
+    min_share: int  # tiles per thread they need for it
+    serial: bool  # too little work for threads
 
 
 @dataclass(frozen=True)
@@ -219,19 +222,19 @@ class _Geometry:
     @property
     def block(self) -> int:
         fit = L2_BUDGET // (4 * (self.vt + self.st))
-        return min(self.tiles, max(MIN_BLOCK, fit // ROW_ROUND * ROW_ROUND))
+        return min(self.tiles, max(MIN_BLOCK, fit // BLOCK_ROUND * BLOCK_ROUND))
 
     @property
     def nblocks(self) -> int:
         return -(-self.tiles // self.block)
 
     @property
-    def rows(self) -> int:
-        return -(-self.block // ROW_ROUND) * ROW_ROUND
+    def slots(self) -> int:
+        return max(1, min(MAX_SLOTS, self.tiles // MIN_SHARE))
 
     @property
-    def slots(self) -> int:
-        return min(self.nblocks, MAX_SLOTS)
+    def serial(self) -> bool:
+        return 2 * self.a2 * self.tiles * self.c * self.m < PARALLEL_MIN_WORK
 
 
 def _geometry(node: Node) -> _Geometry | None:
@@ -271,37 +274,27 @@ class WinogradNhwcKernel:
     def scratch_nbytes(self, node: Node) -> int:
         g = _geometry(node)
         assert g is not None, node.describe()
-        return 4 * g.slots * g.rows * (g.vt + g.st)
+        return 4 * (1 if g.serial else g.slots) * g.block * (g.vt + g.st)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         g = _geometry(node)
         assert g is not None, node.describe()
         e, args, step_params = conv_operands(step, "u", self.scratch_nbytes(node))
-        plain = Epilogue("", False, "", 0, 0, False, "v", "v")
         vw = target.vector_bytes // 4
         wide = target.vector_registers >= 32
         nv = min(2, PANEL // vw)  # SSE: two of a panel's four vectors per tile, 6 rows
         mr = min(12, (24 if wide else 12) // nv)
-        t = Tiling(vw=vw, nv=nv, mr=mr, nr=nv * vw, m=g.tiles, n=g.panels * PANEL, k=g.c,
-                   nmb=-(-g.rows // mr), mfull=g.rows // mr, mrt=g.rows % mr, np=g.panels,
-                   nfull=g.panels, nt=0, nvt=0, rows_outer=False)
-        work = 2 * g.a2 * g.tiles * g.c * g.m
-        if work < PARALLEL_MIN_WORK:
-            mode = "serial"
-        else:
-            mode = "blocks" if g.nblocks >= 2 else "shared"
         ctx = WinogradNhwcContext(
             fn=fn_name(step),
             comment=comment(node),
             params=step_params,
-            t=t,
             e=e,
-            plain=plain,
             vw=vw,
             mr=mr,
             nv=nv,
             nr=nv * vw,
+            prefetch=PREFETCH,
             batch=g.batch,
             c=g.c,
             h=g.h,
@@ -319,14 +312,14 @@ class WinogradNhwcKernel:
             tiles=g.tiles,
             block=g.block,
             nblocks=g.nblocks,
-            rows=g.rows,
             cs=g.cs,
             panels=g.panels,
             vt=g.vt,
             st=g.st,
-            slot=g.rows * (g.vt + g.st),
+            slot=g.block * (g.vt + g.st),
             slots=g.slots,
-            mode=mode,
+            min_share=MIN_SHARE,
+            serial=g.serial,
         )
         return StepCode("c/winograd_nhwc.c.j2", ctx, ctx.fn, tuple(args))
 
