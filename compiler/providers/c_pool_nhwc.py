@@ -1,1 +1,296 @@
-"""C kernels for onnx_aot.pool_nhwc ops (NHWC layout; see runtime/kernels/nhwc.py)."""
+"""C kernels for the channels-last pools of the layout pass (semantics: runtime/kernels/nhwc.py).
+
+``onnx_aot.MaxPoolNhwc`` / ``AveragePoolNhwc`` (``templates/c/pool_nhwc.c.j2``): one output pixel
+at a time, vectors over its contiguous channels held in registers while the window's taps are
+folded in. Output pixels whose windows lie wholly inside the input (a rectangle known at compile
+time) unroll the taps at constant offsets with no bounds checks; the border pixels clip their
+window to the input rows and columns at run time. Both paths fold the taps in the reference's
+order (row-major over the window), skipping padding, so AveragePool sums are the reference's to
+the bit; divisors come from per-axis count tables computed here the way the reference counts
+(``count_include_pad``, ceil-mode windows reaching past the declared padding, dilations). MaxPool
+propagates NaN like ``numpy.maximum``.
+
+``onnx_aot.GlobalAveragePoolNhwc`` and ``onnx_aot.LRNNhwc`` (``templates/c/channel_nhwc.c.j2``):
+channel-chunk accumulators summed pixel by pixel; LRN per pixel from a zero-padded row of squares
+(beta 0.75 / 0.5 / 1 with square roots and a division, vectorized; other betas call ``powf``).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+from compiler.codegen.elementwise import literal
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c_common import (
+    PARALLEL_MIN_WORK,
+    Param,
+    StepCode,
+    all_float32,
+    comment,
+    fn_name,
+    input_args,
+    output_args,
+    params,
+    register,
+    shape_of,
+)
+from runtime.kernels.common import pool_out_size
+
+__all__ = [
+    "Channels",
+    "PoolNhwcContext",
+    "ChannelNhwcContext",
+    "PoolNhwcKernel",
+    "ChannelNhwcKernel",
+    "channel_walk",
+    "pool_geometry",
+]
+
+UNROLL = 4  # vectors of channels a pool keeps in registers per pass over a window
+CHUNK = 256  # channels GlobalAveragePool accumulates per pass over the pixels
+
+
+@dataclass(frozen=True)
+class Channels:
+    """How a kernel walks ``c`` contiguous channels with vectors of ``vw`` floats.
+
+    ``blocks`` blocks of ``unroll`` vectors from channel 0, then single vectors at ``singles``
+    (the last one may overlap the one before it, which is harmless for kernels whose channels
+    are independent), then ``scalar`` channels one at a time (only when ``c < vw``).
+    """
+
+    c: int
+    vw: int
+    unroll: int
+    blocks: int
+    singles: tuple[int, ...]
+    scalar: int
+
+
+def channel_walk(c: int, vw: int, unroll: int = UNROLL) -> Channels:
+    if c < vw:
+        return Channels(c, vw, unroll, 0, (), c)
+    block = unroll * vw
+    blocks = c // block
+    done = blocks * block
+    singles = [done + k * vw for k in range((c - done) // vw)]
+    if (c - done) % vw:
+        singles.append(c - vw)
+    return Channels(c, vw, unroll, blocks, tuple(singles), 0)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    n: int
+    h: int
+    w: int
+    c: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    pb: int
+    pr: int
+    dh: int
+    dw: int
+
+
+def _ints(value: object, length: int) -> list[int] | None:
+    if not isinstance(value, (list, tuple)) or len(value) != length:
+        return None
+    try:
+        return [operator.index(v) for v in value]
+    except TypeError:
+        return None
+
+
+def pool_geometry(node: Node) -> Geometry | None:
+    """The 2-D window geometry of an NHWC pool node, or None when the C kernel cannot run it
+    (attributes missing or malformed, not 4-D, an output shape other than ONNX's)."""
+    xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
+    a = node.attrs
+    if len(xs) != 4 or len(ys) != 4 or ys[0] != xs[0] or ys[3] != xs[3]:
+        return None
+    ks, st = _ints(a.get("kernel_shape"), 2), _ints(a.get("strides"), 2)
+    pads = _ints(a.get("pads"), 4)
+    dil = _ints(a.get("dilations"), 2) if "dilations" in a else [1, 1]
+    ceil = a.get("ceil_mode")
+    if ks is None or st is None or pads is None or dil is None or ceil not in (0, 1):
+        return None
+    if min(ks) < 1 or min(st) < 1 or min(dil) < 1 or min(pads) < 0:
+        return None
+    for d in range(2):
+        out = pool_out_size(xs[1 + d], ks[d], st[d], dil[d], pads[d], pads[2 + d], int(ceil))
+        if out < 1 or ys[1 + d] != out:
+            return None
+    return Geometry(n=xs[0], h=xs[1], w=xs[2], c=xs[3], oh=ys[1], ow=ys[2], kh=ks[0], kw=ks[1],
+                    sh=st[0], sw=st[1], pt=pads[0], pl=pads[1], pb=pads[2], pr=pads[3], dh=dil[0],
+                    dw=dil[1])  # fmt: skip
+
+
+def _inside(size: int, kernel: int, stride: int, dilation: int, begin: int, out: int) -> tuple[int, int]:
+    """The outputs [lo, hi) along one axis whose windows lie wholly inside the input."""
+    lo = min(-(-begin // stride), out)
+    last = size - 1 + begin - (kernel - 1) * dilation  # o * stride <= last
+    hi = min(last // stride + 1, out) if last >= 0 else 0
+    return lo, max(lo, hi)
+
+
+def _counts(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int, out: int,
+            include_pad: bool) -> tuple[int, ...]:  # fmt: skip
+    """How many taps of each window along one axis AveragePool counts: the real elements, or with
+    ``include_pad`` those plus the declared padding (never the extra end padding of ceil mode)."""
+    lo, hi = (-begin, size + end) if include_pad else (0, size)
+    return tuple(
+        sum(1 for j in range(kernel) if lo <= o * stride - begin + j * dilation < hi) for o in range(out)
+    )
+
+
+# -- MaxPool / AveragePool -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolNhwcContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    op: str  # "max" | "avg"
+    g: Geometry
+    ch: Channels
+    oh_lo: int  # output rows [oh_lo, oh_hi) and columns [ow_lo, ow_hi): windows inside the input
+    oh_hi: int
+    ow_lo: int
+    ow_hi: int
+    taps: tuple[int, ...]  # element offsets of the window's taps from its first, row-major
+    count_h: tuple[int, ...]  # avg: counted taps per output row / column
+    count_w: tuple[int, ...]
+    parallel: bool
+
+
+class PoolNhwcKernel:
+    kinds: tuple[str, ...] = ("onnx_aot.MaxPoolNhwc", "onnx_aot.AveragePoolNhwc")
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+            return False
+        if node.kind == "onnx_aot.AveragePoolNhwc" and node.attrs.get("count_include_pad") not in (0, 1):
+            return False
+        return pool_geometry(node) is not None
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        g = pool_geometry(node)
+        assert g is not None, node.describe()
+        avg = node.kind == "onnx_aot.AveragePoolNhwc"
+        include = avg and bool(int(node.attrs["count_include_pad"]))
+        args = [*input_args(step), *output_args(step)]
+        oh_lo, oh_hi = _inside(g.h, g.kh, g.sh, g.dh, g.pt, g.oh)
+        ow_lo, ow_hi = _inside(g.w, g.kw, g.sw, g.dw, g.pl, g.ow)
+        ctx = PoolNhwcContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [True, True]),
+            op="avg" if avg else "max",
+            g=g,
+            ch=channel_walk(g.c, target.vector_bytes // 4),
+            oh_lo=oh_lo,
+            oh_hi=oh_hi,
+            ow_lo=ow_lo,
+            ow_hi=ow_hi,
+            taps=tuple((i * g.dh * g.w + j * g.dw) * g.c for i in range(g.kh) for j in range(g.kw)),
+            count_h=_counts(g.h, g.kh, g.sh, g.dh, g.pt, g.pb, g.oh, include) if avg else (),
+            count_w=_counts(g.w, g.kw, g.sw, g.dw, g.pl, g.pr, g.ow, include) if avg else (),
+            parallel=g.n * g.oh * g.ow * g.c * g.kh * g.kw >= PARALLEL_MIN_WORK and g.n * g.oh > 1,
+        )
+        return StepCode("c/pool_nhwc.c.j2", ctx, ctx.fn, tuple(args))
+
+
+# -- GlobalAveragePool, LRN ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChannelNhwcContext:
+    fn: str
+    comment: str
+    params: tuple[Param, ...]
+    op: str  # "global_avg" | "lrn"
+    n: int
+    s: int  # pixels per image
+    c: int
+    chunk: int  # global_avg: channels per accumulator chunk
+    lrn_lo: int  # lrn: channels below / above c in the window
+    lrn_hi: int
+    lrn_alpha: str  # alpha / size
+    lrn_beta: str
+    lrn_bias: str
+    lrn_power: str  # "sqrt3/4" (beta 0.75) | "sqrt" (0.5) | "one" (1) | "pow"
+    parallel: bool
+
+
+_POWERS = {0.75: "sqrt3/4", 0.5: "sqrt", 1.0: "one"}
+
+
+class ChannelNhwcKernel:
+    kinds: tuple[str, ...] = ("onnx_aot.GlobalAveragePoolNhwc", "onnx_aot.LRNNhwc")
+
+    def supports(self, node: Node) -> bool:
+        if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+            return False
+        xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
+        if len(xs) != 4:
+            return False
+        if node.kind == "onnx_aot.GlobalAveragePoolNhwc":
+            return ys == (xs[0], 1, 1, xs[3])
+        a = node.attrs
+        size = a.get("size")
+        numbers = all(isinstance(a.get(k), (int, float)) for k in ("alpha", "beta", "bias"))
+        return ys == xs and numbers and isinstance(size, int) and size >= 1
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return 0
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        n, h, w, c = shape_of(node.input(0))
+        lrn = node.kind == "onnx_aot.LRNNhwc"
+        a = node.attrs
+        size = int(a["size"]) if lrn else 1
+        beta = float(a["beta"]) if lrn else 1.0
+        args = [*input_args(step), *output_args(step)]
+        chunk = min(CHUNK, c)
+        ctx = ChannelNhwcContext(
+            fn=fn_name(step),
+            comment=comment(node),
+            params=params(["x", "y"], args, [True, True]),
+            op="lrn" if lrn else "global_avg",
+            n=n,
+            s=h * w,
+            c=c,
+            chunk=chunk,
+            lrn_lo=(size - 1) // 2,
+            lrn_hi=size - 1 - (size - 1) // 2,
+            lrn_alpha=literal(float(a["alpha"]) / size) if lrn else "0.0f",
+            lrn_beta=literal(beta),
+            lrn_bias=literal(float(a["bias"])) if lrn else "0.0f",
+            lrn_power=_POWERS.get(beta, "pow"),
+            parallel=(
+                n * h * w * c * size >= PARALLEL_MIN_WORK
+                and (n * h * w > 1 if lrn else n * math.ceil(c / chunk) > 1)
+            ),
+        )
+        return StepCode("c/channel_nhwc.c.j2", ctx, ctx.fn, tuple(args))
+
+
+for _kernel in (PoolNhwcKernel(), ChannelNhwcKernel()):
+    register(_kernel)
