@@ -206,7 +206,7 @@ def test_products_on_the_tile_and_epilogue_in_the_output_transform(tmp_path: Pat
     products = products[: products.index("\n}\n")]
     assert "for (int k = 0; k < 24; ++k)" in products  # the tile's loop over the C = 24 channels
     assert "vbcast(a0[k])" in products and "vload(bk" in products  # V broadcast, U's panel loaded
-    assert "__builtin_prefetch(bk + 512)" in products  # 32 lines ahead
+    assert "__builtin_prefetch(bk + 384)" in products  # the next panel: 24 lines of 16 floats ahead
     output = source[source.index(f"void {name}_output(") :]
     output = output[: output.index("\n}\n")]
     assert "vload(bias + m0)" in output and "vload(zt + " in output and "vselect(v < vbcast(0.0f)" in output

@@ -9,7 +9,7 @@ The tiles of all images (in raster order, image by image) are processed in block
 2. runs, per xi, the product ``V[xi]`` (tiles x C) ``U[xi]`` (C x M; the weights packed in
    panels of 16 output channels by ``runtime.kernels.nhwc.pack_winograd_weights``) on a register
    tile (rows are tiles, the panel's 16 columns one or more vectors; ``gemm_tile.c.j2``'s loop
-   with a software prefetch of the weights' stream) into ``S[tile][xi][m]``;
+   with a software prefetch of the next panel) into ``S[tile][xi][m]``;
 3. transforms each tile's a^2 products back, a vector of output channels at a time, into its
    m x m output pixels with bias, residual and activation applied as the NHWC rows are stored
    (tiles overhanging the output's bottom and right edges store only their pixels inside).
@@ -59,8 +59,7 @@ BLOCK_ROUND = 12  # blocks are a multiple of this many tiles (of every target's 
 # With at least MIN_SHARE tiles per thread (and at most MAX_SLOTS threads: one scratch slot each)
 # each thread runs its share of the tiles alone; otherwise the threads share each block's phases.
 MIN_SHARE = 24
-MAX_SLOTS = 8
-PREFETCH = 32  # lines (2 KiB) ahead in U's stream: 2-15% off the big-C convs (the weights come from memory)
+MAX_SLOTS = 4
 SKEW = 16  # floats added to V's and S's per-tile strides so tiles do not alias in the L1 sets
 
 
@@ -294,7 +293,7 @@ class WinogradNhwcKernel:
             mr=mr,
             nv=nv,
             nr=nv * vw,
-            prefetch=PREFETCH,
+            prefetch=g.c,  # one panel ahead: the next panel streams in while this one is used
             batch=g.batch,
             c=g.c,
             h=g.h,
