@@ -41,6 +41,7 @@ POOLS: list[tuple[str, tuple[int, int, int, int], list[int], list[int], list[int
     ("k3s2p1_c64", (1, 15, 15, 64), [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 0),
     ("k5x3_c70_asym", (2, 8, 9, 70), [5, 3], [2, 1], [2, 0, 1, 1], [1, 1], 1),
     ("k7_whole", (1, 7, 7, 36), [7, 7], [1, 1], [0, 0, 0, 0], [1, 1], 0),
+    ("k9_taps_in_loops", (1, 12, 11, 12), [9, 9], [1, 2], [1, 2, 0, 1], [1, 1], 0),  # 81 taps
 ]
 
 
@@ -133,6 +134,7 @@ def test_pools_match_the_reference_to_the_bit(kind: str, include_pad: int, tmp_p
     # the interior of k3s2p1_c64 (15x15x64 -> 8x8): taps unrolled at constant offsets from the
     # window's first element, e.g. (row 2, column 2) at (2 * 15 + 2) * 64, no bounds checks
     assert f"vload(p + c + {(2 * 15 + 2) * 64})" in source
+    assert "for (int i = 0; i < 9; ++i) {" in source  # k9_taps_in_loops: 81 taps, not unrolled
     if kind == "MaxPoolNhwc":
         assert re.search(r"#define k_[0-9a-f]{16}_max\(a, b\) __builtin_ia32_maxps256", source)
 

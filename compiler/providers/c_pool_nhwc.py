@@ -3,7 +3,7 @@
 ``onnx_aot.MaxPoolNhwc`` / ``AveragePoolNhwc`` (``templates/c/pool_nhwc.c.j2``): one output pixel
 at a time, vectors over its contiguous channels held in registers while the window's taps are
 folded in. Output pixels whose windows lie wholly inside the input (a rectangle known at compile
-time) unroll the taps at constant offsets with no bounds checks; the border pixels clip their
+time) unroll the taps (up to 64) at constant offsets with no bounds checks; the border pixels clip their
 window to the input rows and columns at run time. Both paths fold the taps in the reference's
 order (row-major over the window), skipping padding, so AveragePool sums are the reference's to
 the bit; divisors come from per-axis count tables computed here the way the reference counts
@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 UNROLL = 4  # vectors of channels a pool keeps in registers per pass over a window
+MAX_UNROLLED_TAPS = 64  # larger windows loop over their taps
 CHUNK = 256  # channels GlobalAveragePool accumulates per pass over the pixels
 
 
@@ -169,7 +170,8 @@ class PoolNhwcContext:
     oh_hi: int
     ow_lo: int
     ow_hi: int
-    taps: tuple[int, ...]  # element offsets of the window's taps from its first, row-major
+    taps: tuple[int, ...]  # element offsets of the window's taps from its first, row-major; () when
+    # the window is too big to unroll
     count_h: tuple[int, ...]  # avg: counted taps per output row / column
     count_w: tuple[int, ...]
     parallel: bool
@@ -208,7 +210,9 @@ class PoolNhwcKernel:
             oh_hi=oh_hi,
             ow_lo=ow_lo,
             ow_hi=ow_hi,
-            taps=tuple((i * g.dh * g.w + j * g.dw) * g.c for i in range(g.kh) for j in range(g.kw)),
+            taps=tuple((i * g.dh * g.w + j * g.dw) * g.c for i in range(g.kh) for j in range(g.kw))
+            if g.kh * g.kw <= MAX_UNROLLED_TAPS
+            else (),
             count_h=_counts(g.h, g.kh, g.sh, g.dh, g.pt, g.pb, g.oh, include) if avg else (),
             count_w=_counts(g.w, g.kw, g.sw, g.dw, g.pl, g.pr, g.ow, include) if avg else (),
             parallel=g.n * g.oh * g.ow * g.c * g.kh * g.kw >= PARALLEL_MIN_WORK and g.n * g.oh > 1,
