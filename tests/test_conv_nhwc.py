@@ -85,6 +85,8 @@ CASES = {
     # no bias, a residual; a long K (600) and a strided 1x1 with groups (K = 1000 per group)
     "residual_only": Case(2, 40, 6, 6, 64, bias=False, res=True),
     "long_k": Case(1, 600, 4, 5, 17, res=True, act="Relu"),
+    # a 7x7 kernel over the whole 7x7 input: one output pixel per image, one tile
+    "one_pixel": Case(2, 12, 7, 7, 10, k=(7, 7), act="LeakyRelu"),
     "strided_1x1": Case(1, 2000, 3, 3, 40, s=(2, 2), g=2),
     # depthwise: stride 2 and asymmetric pads; interior pixels with a channel tail; dilation
     "depthwise_s2": Case(2, 24, 9, 11, 24, k=(3, 3), s=(2, 2), p=(1, 0, 1, 2), g=24, res=True, act="Relu"),
