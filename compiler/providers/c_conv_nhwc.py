@@ -21,8 +21,9 @@ blocks whose input rows fit in L2. A tile runs over the whole K with bias and re
 accumulators' start values and the activation applied as they are stored (blocking K, partial sums
 through the output, took 1.03-1.1x as long on ResNet-50's K = 1024..4608 convs here). Threads
 split (group, pixel block, panel) items statically, panels outermost where the weights outweigh
-the input. A partial last panel computes only the vectors holding its channels and never writes
-past them.
+the input. A partial last panel computes only the vectors holding its channels (with a second set of
+accumulators for odd k when that leaves too few to hide the FMA latency) and never writes past
+them.
 
 Depthwise convs (one channel per group, weights (KH, KW, C)) take a separate path, vectorized
 over channels: each output pixel sums its taps' channel vectors. Where a kernel row's taps all
