@@ -27,9 +27,10 @@ them.
 
 Depthwise convs (one channel per group, weights (KH, KW, C)) take a separate path, vectorized
 over channels: each output pixel sums its taps' channel vectors. Where a kernel row's taps all
-lie inside the input, ``DW_PIXELS`` neighbouring pixels run at once with the taps unrolled, so
-each weight vector is loaded once for all of them (and, at stride 1, each input vector once for
-the taps that share it); the border pixels loop over their taps inside the input.
+lie inside the input, ``DW_PIXELS`` neighbouring pixels run at once, a vector of channels at a
+time, with the taps unrolled: each weight vector and each input column they read is loaded once
+for all of them (a 3x3 stride-1 row: 3 + 8 loads for 18 products, where gcc does not merge the
+loads itself); the border pixels loop over their taps inside the input.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ class DepthwiseNhwcContext:
     e: Epilogue
     vw: int
     cbv: int  # channel vectors per step
-    px: int  # pixels per step where every tap lies inside the input
+    px: int  # pixels per step where every tap lies inside the input (one vector of channels)
+    columns: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # see dw_interior in the template
     ow_lo: int  # output columns ow_lo .. ow_hi - 1 have every tap inside the input row
     ow_hi: int
     batch: int
@@ -269,6 +271,16 @@ def _pixel_tiling(pixels: int, k: int, panels: int, mr: int) -> tuple[int, int, 
     return ntiles, q, rem, tb, math.ceil(ntiles / tb)
 
 
+def _columns(px: int, kw: int, sw: int, dw: int) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """The input columns (offsets from the first pixel's first tap) that ``px`` neighbouring
+    pixels' taps read along a kernel row, each with the (pixel, tap) pairs reading it."""
+    readers: dict[int, list[tuple[int, int]]] = {}
+    for q in range(px):
+        for t in range(kw):
+            readers.setdefault(q * sw + t * dw, []).append((q, t))
+    return tuple((col, tuple(readers[col])) for col in sorted(readers))
+
+
 class ConvNhwcKernel:
     kinds: tuple[str, ...] = ("onnx_aot.ConvNhwc",)
 
@@ -296,6 +308,7 @@ class ConvNhwcKernel:
         if g.depthwise:
             ow_lo = -(-g.pl // g.sw)
             ow_hi = min(g.ow, (g.w - 1 - (g.kw - 1) * g.dw + g.pl) // g.sw + 1)
+            px = max(1, min(DW_PIXELS, ow_hi - ow_lo))
             dctx = DepthwiseNhwcContext(
                 method="depthwise",
                 fn=fn_name(step),
@@ -304,7 +317,8 @@ class ConvNhwcKernel:
                 e=e,
                 vw=vw,
                 cbv=DW_VECTORS,
-                px=max(1, min(DW_PIXELS, ow_hi - ow_lo)),
+                px=px,
+                columns=_columns(px, g.kw, g.sw, g.dw),
                 ow_lo=ow_lo,
                 ow_hi=max(ow_lo, ow_hi),
                 batch=g.batch,
