@@ -25,7 +25,8 @@ from test_passes import Builder
 from compiler.driver import compile_graph
 from compiler.ir.graph import AOT_DOMAIN, Graph
 from compiler.providers.base import BuildOptions
-from compiler.providers.c_pool_nhwc import channel_walk
+from compiler.providers.c import CProvider
+from compiler.providers.c_pool_nhwc import MAX_LRN_CHANNELS, channel_walk
 from runtime import Session
 from runtime.kernels import get_kernel
 from runtime.kernels.common import pool_out_size
@@ -194,6 +195,15 @@ def test_unsupported_nodes_run_on_the_reference(tmp_path: Path) -> None:
     got, _ = _run(graph, tmp_path / "a", feeds, provider="reference")
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_array_equal(g, e)
+
+
+def test_lrn_with_more_channels_than_the_stack_row_holds_is_declined() -> None:
+    b = Builder()
+    attrs = {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}
+    for c in (MAX_LRN_CHANNELS, MAX_LRN_CHANNELS + 1):
+        x = b.input(f"x{c}", (1, 1, 2, c))
+        b.op("LRNNhwc", x, out_shape=(1, 1, 2, c), name=f"lrn{c}", domain=AOT_DOMAIN, **attrs)
+    assert [CProvider().supports(node) for node in b.graph.nodes] == [True, False]
 
 
 def test_channel_walk() -> None:

@@ -53,6 +53,7 @@ __all__ = [
 UNROLL = 4  # vectors of channels a pool keeps in registers per pass over a window
 MAX_UNROLLED_TAPS = 64  # larger windows loop over their taps
 CHUNK = 256  # channels GlobalAveragePool accumulates per pass over the pixels
+MAX_LRN_CHANNELS = 16384  # LRN keeps a pixel's squares on the (thread's) stack: 64 KiB at most
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,8 @@ class ChannelNhwcKernel:
         a = node.attrs
         size = a.get("size")
         numbers = all(isinstance(a.get(k), (int, float)) for k in ("alpha", "beta", "bias"))
-        return ys == xs and numbers and isinstance(size, int) and size >= 1
+        fits = xs[3] <= MAX_LRN_CHANNELS
+        return ys == xs and numbers and isinstance(size, int) and size >= 1 and fits
 
     def scratch_nbytes(self, node: Node) -> int:
         return 0
