@@ -59,6 +59,10 @@ BLOCK_ROUND = 12  # blocks are a multiple of this many tiles (of every target's 
 # With at least MIN_SHARE tiles per thread (and at most MAX_SLOTS threads: one scratch slot each)
 # each thread runs its share of the tiles alone; otherwise the threads share each block's phases.
 MIN_SHARE = 24
+# A thread takes a share of the tiles left, at least MIN_CHUNK (MIN_BLOCK when the weights are
+# over BIG_WEIGHTS bytes: they come from memory, not the L3 cache, for every block).
+MIN_CHUNK = 12
+BIG_WEIGHTS = 8 << 20
 MAX_SLOTS = 4
 SKEW = 16  # floats added to V's and S's per-tile strides so tiles do not alias in the L1 sets
 
@@ -170,6 +174,7 @@ class WinogradNhwcContext:
     slot: int  # floats per scratch slot (V then S)
     slots: int  # threads that can run their share of the tiles alone
     min_share: int  # tiles per thread they need for it
+    min_chunk: int  # fewest tiles a thread takes at once
     serial: bool  # too little work for threads
 
 
@@ -230,6 +235,11 @@ class _Geometry:
     @property
     def slots(self) -> int:
         return max(1, min(MAX_SLOTS, self.tiles // MIN_SHARE))
+
+    @property
+    def min_chunk(self) -> int:
+        weights = 4 * self.a2 * self.c * self.panels * PANEL
+        return min(self.block, MIN_CHUNK if weights <= BIG_WEIGHTS else MIN_BLOCK)
 
     @property
     def serial(self) -> bool:
@@ -318,6 +328,7 @@ class WinogradNhwcKernel:
             slot=g.block * (g.vt + g.st),
             slots=g.slots,
             min_share=MIN_SHARE,
+            min_chunk=g.min_chunk,
             serial=g.serial,
         )
         return StepCode("c/winograd_nhwc.c.j2", ctx, ctx.fn, tuple(args))
