@@ -9,7 +9,8 @@ The tiles of all images (in raster order, image by image) are processed in block
 2. runs, per xi, the product ``V[xi]`` (tiles x C) ``U[xi]`` (C x M; the weights packed in
    panels of 16 output channels by ``runtime.kernels.nhwc.pack_winograd_weights``) on a register
    tile (rows are tiles, the panel's 16 columns one or more vectors; ``gemm_tile.c.j2``'s loop
-   with a software prefetch of the next panel) into ``S[tile][xi][m]``;
+   with a software prefetch of the next panel, spread over the row tiles for big weights) into
+   ``S[tile][xi][m]``;
 3. transforms each tile's a^2 products back, a vector of output channels at a time, into its
    m x m output pixels with bias, residual and activation applied as the NHWC rows are stored
    (tiles overhanging the output's bottom and right edges store only their pixels inside).
@@ -64,6 +65,7 @@ MIN_SHARE = 24
 MIN_CHUNK = 12
 BIG_WEIGHTS = 8 << 20
 MAX_SLOTS = 4
+SPREAD_WEIGHTS = 4 << 20  # weights over this many bytes: prefetched across all row tiles
 SKEW = 16  # floats added to V's and S's per-tile strides so tiles do not alias in the L1 sets
 
 
@@ -149,7 +151,7 @@ class WinogradNhwcContext:
     mr: int  # rows (tiles) per register tile
     nv: int  # vectors per register tile row
     nr: int  # columns per register tile (nv * vw; PANEL is a multiple)
-    prefetch: int  # lines of U the products prefetch ahead
+    spread: bool  # the products' row tiles prefetch a share of the next panel each (big weights)
     batch: int
     c: int
     h: int
@@ -237,9 +239,12 @@ class _Geometry:
         return max(1, min(MAX_SLOTS, self.tiles // MIN_SHARE))
 
     @property
+    def weights_nbytes(self) -> int:
+        return 4 * self.a2 * self.c * self.panels * PANEL
+
+    @property
     def min_chunk(self) -> int:
-        weights = 4 * self.a2 * self.c * self.panels * PANEL
-        return min(self.block, MIN_CHUNK if weights <= BIG_WEIGHTS else MIN_BLOCK)
+        return min(self.block, MIN_CHUNK if self.weights_nbytes <= BIG_WEIGHTS else MIN_BLOCK)
 
     @property
     def serial(self) -> bool:
@@ -303,7 +308,7 @@ class WinogradNhwcKernel:
             mr=mr,
             nv=nv,
             nr=nv * vw,
-            prefetch=g.c,  # one panel ahead: the next panel streams in while this one is used
+            spread=g.weights_nbytes > SPREAD_WEIGHTS,
             batch=g.batch,
             c=g.c,
             h=g.h,
