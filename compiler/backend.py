@@ -74,7 +74,7 @@ def _static_shape(value_info: onnx.ValueInfoProto) -> bool:
 class OnnxAotRep(BackendRep):
     """A prepared model: one compiled artifact, or one per binding of its compile-time inputs."""
 
-    def __init__(self, model: onnx.ModelProto, target: str, *, opt_level: int = 2,
+    def __init__(self, model: onnx.ModelProto, target: str, *, opt_level: int = 3,
                  threads: int | None = None) -> None:
         self.model = model
         self.target = target
@@ -172,7 +172,7 @@ class OnnxAotBackend(Backend):
             raise ModelError(f"device {device!r} is not available here")
         # unsupported ops fail here, before any compile-time input is known
         reject_unknown_ops(model)
-        return OnnxAotRep(model, target, opt_level=int(kwargs.get("opt_level", 2)),
+        return OnnxAotRep(model, target, opt_level=int(kwargs.get("opt_level", 3)),
                           threads=kwargs.get("threads"))
 
     @classmethod

@@ -105,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile MODEL.onnx into an artifact folder")
     p.add_argument("model", help="path to the .onnx file")
     p.add_argument("-o", "--output", required=True, help="artifact folder to write")
-    p.add_argument("-O", dest="opt_level", type=int, choices=[0, 1, 2, 3], default=2,
-                   help="optimization level (default 2)")
+    p.add_argument("-O", dest="opt_level", type=int, choices=[0, 1, 2, 3], default=3,
+                   help="optimization level (default 3: level 2 plus the NHWC layout on the CPU target)")
     p.add_argument("--target", default="cpu", choices=["cpu", "cuda"],
                    help="cpu: C kernels (default); cuda: generated CUDA kernels built with nvcc when "
                         "present (run with cupy), reference kernels on the device for the rest")

@@ -62,7 +62,7 @@ def compile_model(
     model: str | os.PathLike[str] | onnx.ModelProto,
     out_dir: str | os.PathLike[str],
     *,
-    opt_level: int = 2,
+    opt_level: int = 3,
     target: str = "cpu",
     shapes: dict[str, tuple[int, ...]] | None = None,
     binds: Mapping[str, Any] | None = None,

@@ -94,7 +94,7 @@ def test_profile_zoo_model_accounts_for_every_onnx_node(zoo, tmp_path: Path) -> 
         assert name in profiled or session.plan["onnx_nodes"][name].get("eliminated"), name
     top = slowest_steps(load_trace(tmp_path / "sq.json"), 10)
     assert len(top) == 10 and top[0].total_us >= top[-1].total_us
-    assert top[0].op_type in ("FusedConv", "Conv", "MaxPool")
+    assert top[0].op_type in ("FusedConv", "Conv", "MaxPool", "ConvNhwc", "WinogradConvNhwc", "MaxPoolNhwc")
 
 
 def test_cli_run_profile_prints_the_slowest_steps(zoo, tmp_path: Path,

@@ -4,7 +4,8 @@ The pass is shown before/after on IR graphs through the reference kernels (STYLE
 kernel against onnxruntime's direct convolution on shapes the zoo does not have (odd sizes,
 asymmetric pads up to 2, batch 2, channel counts that fill no tile, residual and activations,
 NaN and Inf), and textually: the lowered conv is one kernel function with the 16 products on
-the GEMM tile and the epilogue in the output transform.
+the GEMM tile and the epilogue in the output transform. Models compile at -O2: at -O3 the convs
+become WinogradConvNhwc (tests/test_winograd_nhwc.py).
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def test_c_kernel_matches_onnxruntime(c: int, m: int, shape: tuple[int, int, int
                                       residual: bool, tmp_path: Path) -> None:
     rng = np.random.default_rng(c * 100 + m)
     model = _model(c, m, shape, pads, act, residual, rng)
-    art = compile_model(model, tmp_path / "a")
+    art = compile_model(model, tmp_path / "a", opt_level=2)
     plan = json.loads((art / "plan.json").read_text())
     assert [(s["op_type"], s["provider"]) for s in plan["steps"]] == [("WinogradConv", "c")]
     n, h, w = shape
@@ -179,14 +180,14 @@ def test_inf_input_gives_inf_or_nan_and_no_winograd_is_exact(tmp_path: Path) -> 
     x = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
     x[0, 3, 4, 4] = np.inf
     (expected,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
-    (got,) = Session(compile_model(model, tmp_path / "w")).run(None, {"x": x})
+    (got,) = Session(compile_model(model, tmp_path / "w", opt_level=2)).run(None, {"x": x})
     finite = np.isfinite(expected) & np.isfinite(got)
     np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-4)
     inf = ~np.isfinite(expected)
     assert np.all(np.isnan(got[inf]) | (got[inf] == expected[inf]))
     bad = np.argwhere(~np.isfinite(got))[:, 2:]
     assert (bad >= 0).all() and (bad <= 7).all()  # only in the tiles whose patches hold the Inf
-    direct = compile_model(model, tmp_path / "d", winograd=False)
+    direct = compile_model(model, tmp_path / "d", winograd=False, opt_level=2)
     plan = json.loads((direct / "plan.json").read_text())
     assert [s["op_type"] for s in plan["steps"]] == ["Conv"]
     assert json.loads((direct / "manifest.json").read_text())["options"]["winograd"] is False
@@ -196,7 +197,7 @@ def test_inf_input_gives_inf_or_nan_and_no_winograd_is_exact(tmp_path: Path) -> 
 
 def test_lowered_conv_is_one_kernel_with_products_on_the_tile(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    art = compile_model(_model(24, 16, (1, 8, 8), [1, 1, 1, 1], "Relu", True, rng), tmp_path / "a")
+    art = compile_model(_model(24, 16, (1, 8, 8), [1, 1, 1, 1], "Relu", True, rng), tmp_path / "a", opt_level=2)
     source = (art / "kernels" / "cpu" / "model.c").read_text()
     (name,) = set(re.findall(r"^void (k_[0-9a-f]{16})\(", source, re.M))
     body = source[source.index(f"void {name}(") :]

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.passes.base import NO_ACTIVATION, Pass, PassResult, add_constant
+from compiler.passes.base import NO_ACTIVATION, Pass, PassResult, add_constant, merged_origin
 from runtime.kernels.elementwise import ELEMENTWISE_OPS
 from runtime.kernels.nhwc import TO_NCHW, TO_NHWC, pack_conv_weights, pack_winograd_weights
 
@@ -224,6 +224,8 @@ class _Rewrite:
             self._exit(node, new)
         for node in reversed(self.nodes):
             self.graph.remove_node(node)
+        for node, new in converted:  # the NHWC node takes its predecessor's name (profiles, reports)
+            new.name = node.name
 
     # -- edges ------------------------------------------------------------------------------------
 
@@ -285,6 +287,7 @@ class _Rewrite:
         kind = node.kind
         attrs = dict(node.attrs)
         op, domain = node.op_type, node.domain
+        absorbed = [self.absorbed[id(v)] for v in node.inputs if v is not None and id(v) in self.absorbed]
         if kind in CONVS:
             w = node.input(1)
             assert w is not None and w.const is not None
@@ -317,7 +320,7 @@ class _Rewrite:
             attrs,
             name=self.graph.unique_name(f"{node.name}_nhwc"),
             domain=domain,
-            origin=node.origin,
+            origin=merged_origin([*absorbed, node]),
         )
 
     def _absorb(
