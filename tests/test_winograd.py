@@ -197,7 +197,8 @@ def test_inf_input_gives_inf_or_nan_and_no_winograd_is_exact(tmp_path: Path) -> 
 
 def test_lowered_conv_is_one_kernel_with_products_on_the_tile(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    art = compile_model(_model(24, 16, (1, 8, 8), [1, 1, 1, 1], "Relu", True, rng), tmp_path / "a", opt_level=2)
+    model = _model(24, 16, (1, 8, 8), [1, 1, 1, 1], "Relu", True, rng)
+    art = compile_model(model, tmp_path / "a", opt_level=2)
     source = (art / "kernels" / "cpu" / "model.c").read_text()
     (name,) = set(re.findall(r"^void (k_[0-9a-f]{16})\(", source, re.M))
     body = source[source.index(f"void {name}(") :]
