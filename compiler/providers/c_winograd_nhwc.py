@@ -16,14 +16,21 @@ The tiles of all images (in raster order, image by image) are processed in block
    (tiles overhanging the output's bottom and right edges store only their pixels inside).
 
 Blocks are sized so that a block's V and S stay in the L2 cache, but big enough that the
-weights (read once per block) are amortized. With many blocks each thread runs whole blocks in
-its own slot of scratch ("blocks" mode); with few, the threads share one block at a time, each
-phase split between them ("shared" mode: the products by xi and panel).
+weights (all read once per block) are amortized. With at least ``MIN_SHARE`` tiles per thread,
+each thread takes blocks in turn into its own slot of scratch (guided: a shrinking share of the
+tiles left, so a thread slowed by another process takes fewer); with fewer, the threads share
+one block at a time, each phase split between them (the products by xi and panel: each thread
+streams its part of the weights). Every tile is computed the same way whichever thread or block
+runs it, so the result does not depend on the thread count.
 
 The transforms are unrolled from the matrices of ``runtime/kernels/winograd.py`` as short
 programs (:func:`transform_program`) that share sums and differences of rows and columns
-(e.g. F(4x4, 3x3)'s B^T rows 1 and 2 are E + O and E - O), so they take about half the
-operations of the plain matrix products.
+(e.g. F(4x4, 3x3)'s B^T rows 1 and 2 are E + O and E - O): 12 and 10 vector operations per
+1-D transform of F(4x4, 3x3) instead of 16 and 14.
+
+Measured on the Zen 3 build machine (1 thread, quiet): 0.45-0.65x the time of the NCHW
+``WinogradConv`` kernel for 16-128 channels, 0.6-0.9x for 256-512 channels (their transformed
+weights stream from memory), 0.3-0.5x onnxruntime's direct convolution.
 """
 
 from __future__ import annotations
