@@ -159,7 +159,6 @@ class WinogradNhwcContext:
     nv: int  # vectors per register tile row
     nr: int  # columns per register tile (nv * vw; PANEL is a multiple)
     spread: bool  # the products' row tiles prefetch a share of the next panel each (big weights)
-    batch: int
     c: int
     h: int
     w: int
@@ -316,7 +315,6 @@ class WinogradNhwcKernel:
             nv=nv,
             nr=nv * vw,
             spread=g.weights_nbytes > SPREAD_WEIGHTS,
-            batch=g.batch,
             c=g.c,
             h=g.h,
             w=g.w,
