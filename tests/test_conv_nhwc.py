@@ -88,9 +88,9 @@ CASES = {
     # a 7x7 kernel over the whole 7x7 input: one output pixel per image, one tile
     "one_pixel": Case(2, 12, 7, 7, 10, k=(7, 7), act="LeakyRelu"),
     "strided_1x1": Case(1, 2000, 3, 3, 40, s=(2, 2), g=2),
-    # panels in chunks of 2 (128 KiB of weights at K = 700): 3 panels per group = a chunk of 2
+    # panels in chunks of 2 (128 KiB of weights at K = 700): 5 panels per group = two chunks of 2
     # and one of the last, partial panel, with groups and a residual
-    "chunked": Case(1, 1400, 4, 5, 80, g=2, res=True, act="Relu"),
+    "chunked": Case(1, 1400, 4, 5, 144, g=2, res=True, act="Relu"),
     # depthwise: stride 2 and asymmetric pads; interior pixels with a channel tail; dilation
     "depthwise_s2": Case(2, 24, 9, 11, 24, k=(3, 3), s=(2, 2), p=(1, 0, 1, 2), g=24, res=True, act="Relu"),
     "depthwise_tail": Case(2, 20, 9, 21, 20, k=(3, 3), p=(1, 1, 1, 1), g=20, res=True, act="Clip"),
@@ -229,9 +229,10 @@ def test_epilogue_in_the_tile(compiled: Compiled) -> None:
 def test_tiles_run_over_a_chunk_of_panels(compiled: Compiled) -> None:
     # a tile runs over its chunk's panels before the next tile; the last chunk stops at the last panel
     body = _kernel_of(compiled, "chunked")
-    assert "const int p1 = ch * 2 + 2 < 3 ? ch * 2 + 2 : 3;" in body
+    assert "const int p1 = ch * 2 + 2 < 5 ? ch * 2 + 2 : 5;" in body
     assert re.search(r"for \(int t = .*?\n\s*/\*.*?\*/\n\s*for \(int p = ch \* 2; p < p1; \+\+p\)", body)
-    assert "const int p1 = ch * 2 + 2;" in _kernel_of(compiled, "long_k")  # both panels, one chunk
+    # fewer than CHUNK_MIN_PANELS panels: each runs over the block's tiles, a chunk of its own
+    assert "const int p1 = ch * 1 + 1;" in _kernel_of(compiled, "long_k")
 
 
 def test_unsupported_dtype_falls_back_to_the_reference(tmp_path: Path) -> None:

@@ -23,14 +23,17 @@ through the output, took 1.03-1.1x as long on ResNet-50's K = 1024..4608 convs h
 grouped in *chunks* whose weights fit in ``CHUNK_BYTES`` (L2): a tile runs over its chunk's panels
 before the next tile, so it writes its pixels' output rows (and reads their residual rows) 64
 bytes after 64 bytes rather than one line per 4*M-byte row per panel pass. On ResNet-50's
-expanding 1x1 convs with a residual (64->256 @56 .. 512->2048 @7) that took them from 1.10-1.42x
-onnxruntime's time to 1.00-1.05x at 2 threads (0.82-0.95x their old time at 1 thread), the model
-0.988x (2 threads) and 0.975x (1 thread); chunks of 64 KiB were the same, 256 KiB and 2 panels
+expanding 1x1 convs with a residual (64->256 @56 .. 512->2048 @7) that took 0.81-0.97x their old
+time at 2 threads (alternating A/B, per-step minima; 0.82-0.95x at 1 thread), 1.00-1.05x
+onnxruntime's per-node time (up to 1.18x in a noisier run), the model 0.984-0.988x (2 threads) and
+0.975x (1 thread); chunks of 64 KiB were the same, 256 KiB and 2 panels
 slower, all panels (4 MiB of weights at 7x7) 1.11x; prefetching the residual, finer items and
-dynamic schedules changed nothing measurable. Threads split (group, pixel block, chunk) items
-statically, chunks outermost where the weights outweigh the input. A partial last panel computes
-only the vectors holding its channels (with a second set of accumulators for odd k when that
-leaves too few to hide the FMA latency) and never writes past them.
+dynamic schedules changed nothing measurable. Groups of fewer than ``CHUNK_MIN_PANELS`` panels
+keep one panel per item over the block's tiles: chunks made ShuffleNet's grouped 1x1 convs (4
+groups of 34 channels, K = 34) 1.07-1.12x as long, the model 1.02x. Threads split (group, pixel
+block, chunk) items statically, chunks outermost where the weights outweigh the input. A partial
+last panel computes only the vectors holding its channels (with a second set of accumulators for
+odd k when that leaves too few to hide the FMA latency) and never writes past them.
 
 Depthwise convs (one channel per group, weights (KH, KW, C)) take a separate path, vectorized
 over channels: each output pixel sums its taps' channel vectors. Where a kernel row's taps all
@@ -67,6 +70,7 @@ __all__ = ["ConvNhwcContext", "DepthwiseNhwcContext", "ConvNhwcKernel", "nhwc_ge
 BLOCK_BYTES = 256 * 1024  # input rows of one pixel block (L2)
 MIN_ITEMS = 32  # work items to aim for, so threads get balanced shares
 CHUNK_BYTES = 128 * 1024  # weights of the panels a pixel tile runs over before the next tile (L2)
+CHUNK_MIN_PANELS = 4  # groups with fewer panels run a panel over the block's tiles (no chunks)
 COPY_MAX_CHANNELS = 16  # padded convs with fewer channels per tap copy the input into scratch
 MAX_ROWS = 8  # pixel rows per tile: each holds a row pointer (general-purpose registers)
 DW_VECTORS = 2  # channel vectors per step of the depthwise path
@@ -355,7 +359,7 @@ class ConvNhwcKernel:
             nseg, seglen = g.kh * g.kw, g.cg
         np_ = -(-g.mg // PANEL)
         pixels = g.batch * g.oh * g.ow
-        pc = max(1, min(np_, CHUNK_BYTES // (4 * PANEL * g.k)))
+        pc = max(1, min(np_, CHUNK_BYTES // (4 * PANEL * g.k))) if np_ >= CHUNK_MIN_PANELS else 1
         nch = -(-np_ // pc)
         pc = -(-np_ // nch)
         ntiles, q, rem, tb, nb = _pixel_tiling(pixels, g.k, g.groups * nch, mr)
