@@ -33,7 +33,7 @@ from compiler.providers.c_common import (
 )
 from compiler.providers.c_gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok, packed_nbytes
 
-__all__ = ["ConvContext", "DepthwiseContext", "ConvKernel", "conv_operands"]
+__all__ = ["ConvContext", "DepthwiseContext", "ConvKernel", "conv_operands", "epilogue_operands_ok"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,18 @@ def conv_geometry(node: Node) -> _ConvGeometry | None:
         xs[0], xs[1], xs[2], xs[3], ws[0], ys[2], ys[3], group, ks[0], ks[1],
         strides[0], strides[1], pads[0], pads[1], dil[0], dil[1],
     )  # fmt: skip
+
+
+def epilogue_operands_ok(node: Node, m: int) -> bool:
+    """Whether a FusedConv-like node (X, W, B?, Z?) with ``m`` output channels is float32 with an
+    epilogue the C kernels have (``fused_ok``), a bias of shape (m,) and a residual of the
+    output's shape."""
+    if not all_float32(node) or not fused_ok(node) or len(node.inputs) > 4:
+        return False
+    b, z = node.input(2), node.input(3)
+    if b is not None and shape_of(b) != (m,):
+        return False
+    return z is None or shape_of(z) == shape_of(node.outputs[0])
 
 
 def conv_operands(

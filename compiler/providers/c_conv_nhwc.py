@@ -55,14 +55,13 @@ from compiler.providers.c_common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,
-    all_float32,
     comment,
     fn_name,
     register,
     shape_of,
 )
-from compiler.providers.c_conv import conv_operands
-from compiler.providers.c_gemm import Epilogue, fused_ok
+from compiler.providers.c_conv import conv_operands, epilogue_operands_ok
+from compiler.providers.c_gemm import Epilogue
 from runtime.kernels.nhwc import PANEL
 
 __all__ = ["ConvNhwcContext", "DepthwiseNhwcContext", "ConvNhwcKernel", "nhwc_geometry"]
@@ -300,12 +299,7 @@ class ConvNhwcKernel:
 
     def supports(self, node: Node) -> bool:
         g = nhwc_geometry(node)
-        if g is None or not all_float32(node) or not fused_ok(node) or len(node.inputs) > 4:
-            return False
-        b, z = node.input(2), node.input(3)
-        if b is not None and shape_of(b) != (g.m,):
-            return False
-        return z is None or shape_of(z) == shape_of(node.outputs[0])
+        return g is not None and epilogue_operands_ok(node, g.m)
 
     def scratch_nbytes(self, node: Node) -> int:
         g = nhwc_geometry(node)

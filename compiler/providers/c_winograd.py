@@ -22,14 +22,13 @@ from compiler.providers.c_common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,
-    all_float32,
     comment,
     fn_name,
     register,
     shape_of,
 )
-from compiler.providers.c_conv import conv_operands
-from compiler.providers.c_gemm import Epilogue, Tiling, choose_tiling, fused_ok
+from compiler.providers.c_conv import conv_operands, epilogue_operands_ok
+from compiler.providers.c_gemm import Epilogue, Tiling, choose_tiling
 from runtime.kernels.winograd import MATRICES
 
 __all__ = ["WinogradContext", "WinogradKernel"]
@@ -131,12 +130,7 @@ class WinogradKernel:
 
     def supports(self, node: Node) -> bool:
         g = _geometry(node)
-        if g is None or not all_float32(node) or not fused_ok(node) or len(node.inputs) > 4:
-            return False
-        b, z = node.input(2), node.input(3)
-        if b is not None and shape_of(b) != (g.m,):
-            return False
-        return z is None or shape_of(z) == shape_of(node.outputs[0])
+        return g is not None and epilogue_operands_ok(node, g.m)
 
     def scratch_nbytes(self, node: Node) -> int:
         g = _geometry(node)
