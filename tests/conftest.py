@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,34 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from cpu_targets import LEVELS, features_of  # noqa: E402
 from zoo import dummy_input, zoo_model  # noqa: E402
+
+from runtime.isa import TEST_FLAGS_ENV, host_x86_level  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--host-cpu",
+        choices=LEVELS,
+        default=None,
+        help="run the suite as on a host of this x86-64 level (at most the real one): default "
+        "builds, the runtime's choice of build and the tests' run/compile-only choices all "
+        "follow it (sets the test-only $ONNX_AOT_TEST_CPU_FLAGS, subprocesses included)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    level = config.getoption("--host-cpu")
+    if level is None:
+        return
+    real = host_x86_level()
+    if real is None or LEVELS.index(level) > LEVELS.index(real):
+        raise pytest.UsageError(
+            f"--host-cpu {level}: this host is {real or 'not x86-64'}; "
+            "a level above the real one would run instructions it lacks"
+        )
+    os.environ[TEST_FLAGS_ENV] = features_of(level)
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

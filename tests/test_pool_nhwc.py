@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cpu_targets import level_params
 from test_passes import Builder
 
 from compiler.driver import compile_graph
@@ -125,24 +126,38 @@ def test_pools_match_the_reference_to_the_bit(kind: str, include_pad: int, tmp_p
     graph = _graph(_pool_nodes(kind, include_pad))
     feeds = _feeds(graph, 1, specials=kind == "MaxPoolNhwc")
     expected = _expected(graph, feeds)
-    got, art = _run(graph, tmp_path / "a", feeds)
+    got, _ = _run(graph, tmp_path / "a", feeds)
     for node, g, e in zip(graph.nodes, got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == np.float32, node.name
         np.testing.assert_array_equal(g, e, err_msg=node.name)
     if kind == "MaxPoolNhwc":
         assert any(np.isnan(e).any() for e in expected) and any(np.isneginf(e).any() for e in expected)
+
+
+MAX_BUILTIN = {  # the machine's max instruction per level (NaN handled around it)
+    "x86-64-v2": "__builtin_ia32_maxps(",
+    "x86-64-v3": "__builtin_ia32_maxps256(",
+    "x86-64-v4": "__builtin_ia32_maxps512_mask(",
+}
+
+
+@pytest.mark.parametrize("isa", level_params())
+def test_pool_source_for_each_vector_width(isa: str, tmp_path: Path) -> None:
+    """The generated text at each x86-64 level (compiled, not run: checks that hold on any host)."""
+    nodes = _pool_nodes("MaxPoolNhwc", 0) + _pool_nodes("AveragePoolNhwc", 1)
+    art = compile_graph(_graph(nodes), tmp_path / "a", build=BuildOptions(isa=isa))
     source = (art / "kernels" / "cpu" / "model.c").read_text()
     # the interior of k3s2p1_c64 (15x15x64 -> 8x8): taps unrolled at constant offsets from the
     # window's first element, e.g. (row 2, column 2) at (2 * 15 + 2) * 64, no bounds checks
     assert f"vload(p + c + {(2 * 15 + 2) * 64})" in source
     assert "for (int i = 0; i < 9; ++i) {" in source  # k9_taps_in_loops: 81 taps, not unrolled
-    if kind == "MaxPoolNhwc":
-        assert re.search(r"#define k_[0-9a-f]{16}_max\(a, b\) __builtin_ia32_maxps256", source)
+    assert re.search(r"#define k_[0-9a-f]{16}_max\(a, b\) " + re.escape(MAX_BUILTIN[isa]), source)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # LRN of inf: NaN
 def test_pools_on_other_vector_widths(tmp_path: Path) -> None:
-    """x86-64-v2 (4-float vectors) runs every pool and channel kernel; the AVX-512 build compiles."""
+    """x86-64-v2 (4-float vectors) runs every pool and channel kernel; the AVX-512 build compiles
+    (its global pool and LRN too: the text test above has only the window pools)."""
     nodes = _pool_nodes("MaxPoolNhwc", 0)[:4] + _pool_nodes("AveragePoolNhwc", 1)[:4]
     nodes += [
         ("gap", "GlobalAveragePoolNhwc", (2, 5, 3, 9), (2, 1, 1, 9), {}),
@@ -155,7 +170,7 @@ def test_pools_on_other_vector_widths(tmp_path: Path) -> None:
     for node, g, e in zip(graph.nodes, got, expected, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=node.name)
     art = compile_graph(_graph(nodes), tmp_path / "v4", build=BuildOptions(isa="x86-64-v4"))
-    assert "__builtin_ia32_maxps512_mask" in (art / "kernels" / "cpu" / "model.c").read_text()
+    assert MAX_BUILTIN["x86-64-v4"] in (art / "kernels" / "cpu" / "model.c").read_text()
 
 
 def test_global_average_pool_and_lrn(tmp_path: Path) -> None:

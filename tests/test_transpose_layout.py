@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cpu_targets import level_params
 from test_passes import Builder
 
 from compiler.driver import compile_graph
@@ -53,7 +54,7 @@ CASES: list[tuple[tuple[int, ...], tuple[int, ...], Any, str]] = [
 ]
 
 
-def _run(path: Path, isa: str | None) -> tuple[list[np.ndarray], list[np.ndarray], str]:
+def _compile(path: Path, isa: str | None) -> tuple[Path, dict[str, np.ndarray], list[np.ndarray]]:
     b = Builder("layout_transposes")
     rng = np.random.default_rng(0)
     feeds, expected, outs = {}, [], []
@@ -67,18 +68,38 @@ def _run(path: Path, isa: str | None) -> tuple[list[np.ndarray], list[np.ndarray
     art = compile_graph(graph, path, build=BuildOptions(isa=isa) if isa else None)
     plan = json.loads((art / "plan.json").read_text())
     assert {s["provider"] for s in plan["steps"]} == {"c"}
-    return Session(art).run(None, feeds), expected, (art / "kernels" / "cpu" / "model.c").read_text()
+    return art, feeds, expected
 
 
 @pytest.mark.parametrize("isa", [None, "x86-64-v2"])
 def test_transposes_match_numpy(isa: str | None, tmp_path: Path) -> None:
-    got, expected, source = _run(tmp_path / "a", isa)
+    art, feeds, expected = _compile(tmp_path / "a", isa)
+    got = Session(art).run(None, feeds)
     for case, g, e in zip(CASES, got, expected, strict=True):
         assert g.dtype == e.dtype and g.shape == e.shape, case
         np.testing.assert_array_equal(g, e, err_msg=str(case))
+
+
+def _path_at(vw: int, shape: tuple[int, ...], perm: tuple[int, ...], dtype: Any, path: str) -> str:
+    """The path a case takes with ``vw``-float vectors: blocks need a vector of rows and columns."""
+    if path not in ("blocks", "planes"):
+        return path
+    b2 = batched_2d(shape, list(perm))
+    assert b2 is not None
+    return "blocks" if np.dtype(dtype).itemsize == 4 and min(b2[1:]) >= vw else "planes"
+
+
+@pytest.mark.parametrize("isa", level_params())
+def test_transpose_paths_for_each_vector_width(isa: str, tmp_path: Path) -> None:
+    """Which cases run as register blocks, as planes, with threads: the generated text at each
+    x86-64 level (compiled on any host; the values are checked above)."""
+    vw = {"x86-64-v2": 4, "x86-64-v3": 8, "x86-64-v4": 16}[isa]
+    art, _, _ = _compile(tmp_path / "a", isa)
+    source = (art / "kernels" / "cpu" / "model.c").read_text()
     bodies = source.split("\nvoid k_")[1:]  # one per distinct kernel
     for path, marker in (("blocks", "_shuffle(r0, r1, "), ("planes", "for (long job = 0; ")):
-        wanted = {(shape, perm, np.dtype(dtype).itemsize) for shape, perm, dtype, p in CASES if p == path}
+        wanted = {(shape, perm, np.dtype(dtype).itemsize) for shape, perm, dtype, p in CASES
+                  if _path_at(vw, shape, perm, dtype, p) == path}
         assert sum(marker in body for body in bodies) == len(wanted), path
     # threads from 32768 elements in two pieces or more: 3 x 128 x 352, 64 x 48 x 48, 300 x 150
     assert source.count("#pragma omp parallel for") == 3
