@@ -12,8 +12,9 @@ What it measures (docs/performance.md explains the method and its fairness setti
 * **accuracy** (with ``--compare``): max abs and max relative error of every output against
   onnxruntime's on the same feeds, and whether they agree within rtol 1e-3 / atol 1e-4 (the zoo
   tests' tolerance).
-* **cold start** (``compiler/bench_cold.py``): session creation, creation + first run and peak RSS,
-  each in a fresh process per repetition, engines alternating; medians.
+* **cold start** (``cold_start``; the worker process is ``compiler/bench_cold.py``): session
+  creation, creation + first run and peak RSS, each in a fresh process per repetition, engines
+  alternating; medians.
 * **runtime overhead** (``--overhead``): per run, ``Session.run``'s wall time minus the time the
   kernels themselves report (the C entry's per-step ``omp_get_wtime`` buffer, the reference
   provider's per-step ``perf_counter``), split into the Python side (outside the entry calls:
@@ -28,8 +29,11 @@ onnxruntime stays optional: ``--compare`` without it is a ``BenchError``.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from compiler.bench_cold import cold_start, ort_session
+from compiler.bench_cold import ort_session
 from runtime.errors import OnnxAotError
 
 if TYPE_CHECKING:
@@ -47,7 +51,8 @@ if TYPE_CHECKING:
     from runtime import Session
 
 __all__ = ["BenchError", "bench", "for_onnxruntime", "format_report", "import_onnxruntime",
-           "initializers_as_inputs", "measure_overhead", "prepare_environment", "RTOL", "ATOL"]
+           "initializers_as_inputs", "measure_overhead", "prepare_environment", "random_feeds", "cold_start",
+           "RTOL", "ATOL"]
 
 RTOL = 1e-3
 ATOL = 1e-4
@@ -229,10 +234,18 @@ def measure_overhead(session: Session, feeds: dict[str, np.ndarray], runs: int,
             "call_boundary_s": statistics.median(boundary), "overhead_fraction": median / run_median}
 
 
-def _random_feeds(session: Session, seed: int) -> dict[str, np.ndarray]:
-    from compiler.cli import random_feeds
-
-    return random_feeds(session, seed)
+def random_feeds(session: Session, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs for ``session``: normal floats, random bools, integers in [0, 10)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in session.inputs:
+        if spec.dtype.kind == "f":
+            feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+        elif spec.dtype.kind == "b":
+            feeds[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
+        else:
+            feeds[spec.name] = rng.integers(0, 10, spec.shape).astype(spec.dtype)
+    return feeds
 
 
 def _ort_model(compare: Path, tmp: Path) -> tuple[Path, list[str]]:
@@ -262,6 +275,43 @@ def _check_io(session: Session, ref: Any, compare: Path) -> None:
         raise BenchError(f"--compare {compare}: has no output(s) {missing} that the artifact has")
 
 
+def _one(engine: str, path: Path, feeds_path: Path, threads: int) -> dict[str, Any]:
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "compiler.bench_cold", engine, str(path), str(feeds_path), str(threads)]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if result.returncode != 0:
+        raise BenchError(f"cold-start worker for {engine} on {path} failed (exit {result.returncode}): "
+                         f"{result.stderr.strip()[-2000:]}")
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise BenchError(f"cold-start worker for {engine} on {path} printed no result: "
+                         f"{result.stdout[-500:]}")
+    record: dict[str, Any] = json.loads(lines[-1])
+    return record
+
+
+def cold_start(artifact: Path, ort_model: Path | None, feeds_path: Path, threads: int,
+               reps: int) -> dict[str, Any]:
+    """Medians over ``reps`` fresh processes per engine, engines alternating; ratios when both ran."""
+    samples: dict[str, list[dict[str, Any]]] = {"onnx-aot": []}
+    if ort_model is not None:
+        samples["onnxruntime"] = []
+    for _ in range(reps):
+        samples["onnx-aot"].append(_one("onnx-aot", artifact, feeds_path, threads))
+        if ort_model is not None:
+            samples["onnxruntime"].append(_one("onnxruntime", ort_model, feeds_path, threads))
+    out: dict[str, Any] = {"reps": reps}
+    keys = ("import_s", "load_s", "first_run_s", "load_first_s", "base_rss", "peak_rss")
+    for engine, records in samples.items():
+        out[engine] = {key: statistics.median(r[key] for r in records) for key in keys}
+    if ort_model is not None:
+        ours, theirs = out["onnx-aot"], out["onnxruntime"]
+        out["load_ratio"] = ours["load_s"] / theirs["load_s"]
+        out["load_first_ratio"] = ours["load_first_s"] / theirs["load_first_s"]
+        out["peak_rss_ratio"] = ours["peak_rss"] / theirs["peak_rss"]
+    return out
+
+
 def bench(artifact: str | os.PathLike[str], *, compare: str | os.PathLike[str] | None = None,
           threads: int | None = None, runs: int = 20, warmup: int = 3, cold_reps: int = 5,
           overhead: bool = False, seed: int = 0, rebuild: bool = False) -> dict[str, Any]:
@@ -281,7 +331,7 @@ def bench(artifact: str | os.PathLike[str], *, compare: str | os.PathLike[str] |
     session = Session(artifact, threads=threads, rebuild=rebuild)
     result: dict[str, Any] = {"artifact": str(artifact), "threads": session.threads, "runs": max(runs, 1),
                               "warmup": max(warmup, 0), "load_in_process_s": time.perf_counter() - start}
-    feeds = _random_feeds(session, seed)
+    feeds = random_feeds(session, seed)
     with tempfile.TemporaryDirectory(prefix="onnx-aot-bench-") as tmp_name:
         tmp = Path(tmp_name)
         ort_path: Path | None = None

@@ -1,4 +1,5 @@
-"""Cold-start measurements for ``onnx-aot bench``: load time, load + first run, peak RSS.
+"""The worker process of ``onnx-aot bench``'s cold-start measurements: load time, load + first run,
+peak RSS.
 
 Each measurement runs in a fresh Python process (``python -m compiler.bench_cold``), so nothing the
 first contender warmed up in the interpreter (imports, the loaded library, allocator pools, ORT's
@@ -10,22 +11,19 @@ A worker imports numpy and only the runtime it measures (``runtime`` for onnx-ao
 for ORT; never the compiler or onnx), loads the feeds, reads VmRSS (the baseline), then times
 session creation and the first run with ``perf_counter``, runs twice more and reads VmHWM (peak
 resident set, from /proc/self/status; ``resource.getrusage`` where /proc is missing). It prints one
-JSON line. ``cold_start`` runs the workers alternately (onnx-aot, ORT, onnx-aot, ...) ``reps``
-times and reports medians.
+JSON line. ``compiler.bench.cold_start`` runs the workers alternately (onnx-aot, ORT, onnx-aot,
+...) ``reps`` times and reports medians. This module imports nothing of the compiler (nor, at
+module level, of the runtime), so a worker's import time is the measured runtime's own.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-__all__ = ["cold_start", "ort_session", "worker_main"]
+__all__ = ["ort_session", "worker_main"]
 
 _KIB = 1024
 
@@ -95,45 +93,6 @@ def worker_main(argv: list[str]) -> int:
     print(json.dumps({"engine": engine, "import_s": import_s, "load_s": t1 - t0, "first_run_s": t2 - t1,
                       "load_first_s": t2 - t0, "base_rss": base_rss, "peak_rss": peak}))
     return 0
-
-
-def _one(engine: str, path: Path, feeds_path: Path, threads: int) -> dict[str, Any]:
-    from compiler.bench import BenchError
-
-    env = dict(os.environ)
-    cmd = [sys.executable, "-m", "compiler.bench_cold", engine, str(path), str(feeds_path), str(threads)]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    if result.returncode != 0:
-        raise BenchError(f"cold-start worker for {engine} on {path} failed (exit {result.returncode}): "
-                         f"{result.stderr.strip()[-2000:]}")
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise BenchError(f"cold-start worker for {engine} on {path} printed no result: "
-                         f"{result.stdout[-500:]}")
-    record: dict[str, Any] = json.loads(lines[-1])
-    return record
-
-
-def cold_start(artifact: Path, ort_model: Path | None, feeds_path: Path, threads: int,
-               reps: int) -> dict[str, Any]:
-    """Medians over ``reps`` fresh processes per engine, engines alternating; ratios when both ran."""
-    samples: dict[str, list[dict[str, Any]]] = {"onnx-aot": []}
-    if ort_model is not None:
-        samples["onnxruntime"] = []
-    for _ in range(reps):
-        samples["onnx-aot"].append(_one("onnx-aot", artifact, feeds_path, threads))
-        if ort_model is not None:
-            samples["onnxruntime"].append(_one("onnxruntime", ort_model, feeds_path, threads))
-    out: dict[str, Any] = {"reps": reps}
-    keys = ("import_s", "load_s", "first_run_s", "load_first_s", "base_rss", "peak_rss")
-    for engine, records in samples.items():
-        out[engine] = {key: statistics.median(r[key] for r in records) for key in keys}
-    if ort_model is not None:
-        ours, theirs = out["onnx-aot"], out["onnxruntime"]
-        out["load_ratio"] = ours["load_s"] / theirs["load_s"]
-        out["load_first_ratio"] = ours["load_first_s"] / theirs["load_first_s"]
-        out["peak_rss_ratio"] = ours["peak_rss"] / theirs["peak_rss"]
-    return out
 
 
 if __name__ == "__main__":

@@ -101,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"onnx-aot {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_compile, _add_run, _add_bench, _add_inspect, _add_verify):
+        add(sub)
+    return parser
 
+
+def _add_compile(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compile", help="compile MODEL.onnx into an artifact folder")
     p.add_argument("model", help="path to the .onnx file")
     p.add_argument("-o", "--output", required=True, help="artifact folder to write")
@@ -134,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the runtime falls back to on a CPU that lacks the target's features")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run an artifact once and print its outputs")
     p.add_argument("artifact")
     p.add_argument("--input", action="append", type=_parse_input, default=[], metavar="NAME=FILE.npy",
@@ -148,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run N times (default 1; with --profile every run is recorded)")
     p.add_argument("--rebuild", action="store_true", help=REBUILD_HELP)
 
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="median latency of an artifact, optionally against onnxruntime "
                                      "(alternating runs), cold start, peak RSS, runtime overhead")
     p.add_argument("artifact")
@@ -165,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--rebuild", action="store_true", help=REBUILD_HELP + " (the in-process runs)")
 
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="the memory plan: arenas, peak step, largest buffers, live bytes")
     p.add_argument("artifact")
     p.add_argument("--top", type=_count, default=10, metavar="N",
@@ -176,12 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="FILE",
                    help="also write the memory page (as report/memory.html) to FILE")
 
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="rerun the artifact's golden self-test cases on this machine "
                                       "(exit 1 on a mismatch)")
     p.add_argument("artifact")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--verify-weights", action="store_true", help="hash weights.bin fully first")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,20 +235,8 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def random_feeds(session, seed: int = 0) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in session.inputs:
-        if spec.dtype.kind == "f":
-            feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
-        elif spec.dtype.kind == "b":
-            feeds[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
-        else:
-            feeds[spec.name] = rng.integers(0, 10, spec.shape).astype(spec.dtype)
-    return feeds
-
-
 def _run(args: argparse.Namespace) -> int:
+    from compiler.bench import random_feeds
     from runtime import Session
 
     session = Session(args.artifact, threads=args.threads, profile=args.profile is not None,

@@ -43,6 +43,29 @@ class Storage:
     concats: list[tuple[str, str, int]] = field(default_factory=list)  # (input, concat output, offset)
 
 
+@dataclass
+class _Places:
+    """Where each value of one schedule lives, and the aliases decided so far (a union-find whose
+    links carry byte offsets: ``parent[v] = (value v lives in, offset of v there)``)."""
+
+    kind: dict[str, str]  # value name -> "ext" | "weights" | "arena" (before aliasing)
+    space: dict[str, str]  # produced value -> memory space
+    parent: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def find(self, name: str) -> tuple[str, int]:
+        offset = 0
+        while name in self.parent:
+            name, delta = self.parent[name]
+            offset += delta
+        return name, offset
+
+    def root(self, name: str) -> str:
+        return self.find(name)[0]
+
+    def is_arena(self, name: str) -> bool:
+        return self.kind[name] == "arena"
+
+
 def assign_storage(
     graph: Graph,
     steps: list,
@@ -60,18 +83,26 @@ def assign_storage(
     dims before the axis are all 1 so every input is one contiguous run of the output), then
     elementwise in place (which needs the lifetimes the first two produce).
     """
-    parent: dict[str, tuple[str, int]] = {}  # value -> (value it lives in, byte offset there)
+    places = _places(graph, steps, step_space)
+    storage = Storage(root={}, kind={}, space={})
+    _alias_views(steps, places, storage)
+    if concat_inplace:
+        for node in steps:
+            if node.kind == "Concat":
+                _concat_in_place(node, places, storage)
+    first_def, last_use = _lifetimes(steps, places)
+    if inplace:
+        _alias_in_place(steps, places, first_def, last_use, storage)
+    for value in graph.values():
+        storage.root[value.name], storage.offset[value.name] = places.find(value.name)
+    for name, k in places.kind.items():
+        if name not in places.parent:
+            storage.kind[name] = k
+    _add_buffers(steps, step_space, scratch, places, (first_def, last_use), storage)
+    return storage
 
-    def find(name: str) -> tuple[str, int]:
-        offset = 0
-        while name in parent:
-            name, delta = parent[name]
-            offset += delta
-        return name, offset
 
-    def root_of(name: str) -> str:
-        return find(name)[0]
-
+def _places(graph: Graph, steps: list, step_space: list[str]) -> _Places:
     kind: dict[str, str] = {}
     for value in graph.inputs:
         kind[value.name] = "ext"
@@ -79,77 +110,79 @@ def assign_storage(
         kind[value.name] = "ext"
     for value in graph.constants.values():
         kind.setdefault(value.name, "weights")
-    step_of: dict[str, int] = {}
-    vspace: dict[str, str] = {}  # memory space of each produced value
+    space: dict[str, str] = {}
     for t, node in enumerate(steps):
         for value in node.outputs:
-            step_of[value.name] = t
             kind.setdefault(value.name, "arena")
-            vspace[value.name] = str(node.attrs["to"]) if node.kind == TRANSFER else step_space[t]
+            space[value.name] = str(node.attrs["to"]) if node.kind == TRANSFER else step_space[t]
+    return _Places(kind, space)
 
-    storage = Storage(root={}, kind={}, space={})
+
+def _alias_views(steps: list, places: _Places, storage: Storage) -> None:
+    """A view's output lives in its input (unless that is in another memory space's arena)."""
     for node in steps:
         src = node.input(0)
         out = node.outputs[0] if node.outputs else None
-        if node.kind in VIEW_KINDS and src is not None and out is not None and kind[out.name] == "arena":
-            r = root_of(src.name)
-            if kind[r] != "arena" or vspace[r] == vspace[out.name]:
-                parent[out.name] = (src.name, 0)
+        if node.kind in VIEW_KINDS and src is not None and out is not None and places.is_arena(out.name):
+            r = places.root(src.name)
+            if not places.is_arena(r) or places.space[r] == places.space[out.name]:
+                places.parent[out.name] = (src.name, 0)
                 storage.views.append((out.name, src.name))
 
-    if concat_inplace:
-        for node in steps:
-            if node.kind == "Concat":
-                _concat_in_place(node, kind, vspace, parent, storage)
 
+def _lifetimes(steps: list, places: _Places) -> tuple[dict[str, int], dict[str, int]]:
+    """(first step that writes, last step that touches) each root."""
     last_use: dict[str, int] = {}
     first_def: dict[str, int] = {}
     for t, node in enumerate(steps):
         for value in node.outputs:
-            r = root_of(value.name)
+            r = places.root(value.name)
             first_def[r] = min(first_def.get(r, t), t)
             last_use[r] = max(last_use.get(r, t), t)
         for value in node.inputs:
             if value is not None:
-                r = root_of(value.name)
+                r = places.root(value.name)
                 last_use[r] = max(last_use.get(r, t), t)
+    return first_def, last_use
 
-    if inplace:
-        for t, node in enumerate(steps):
-            if node.kind not in INPLACE_KINDS or len(node.outputs) != 1:
+
+def _alias_in_place(steps: list, places: _Places, first_def: dict[str, int], last_use: dict[str, int],
+                    storage: Storage) -> None:
+    """An elementwise step writes over an input of its output's layout that dies at that step."""
+    for t, node in enumerate(steps):
+        if node.kind not in INPLACE_KINDS or len(node.outputs) != 1:
+            continue
+        out = node.outputs[0]
+        if not places.is_arena(out.name) or places.root(out.name) != out.name:
+            continue
+        for value in node.inputs:
+            if value is None or not _same_layout(value, out):
                 continue
-            out = node.outputs[0]
-            if kind[out.name] != "arena" or root_of(out.name) != out.name:
+            r = places.root(value.name)
+            if not places.is_arena(r) or last_use[r] != t or places.space[r] != places.space[out.name]:
                 continue
-            for value in node.inputs:
-                if value is None or not _same_layout(value, out):
-                    continue
-                r = root_of(value.name)
-                if kind[r] != "arena" or last_use[r] != t or vspace[r] != vspace[out.name]:
-                    continue
-                others = [v for v in node.inputs if v is not None and v is not value]
-                if any(root_of(v.name) == r for v in others):
-                    continue  # another operand reads the same memory through a view
-                parent[out.name] = (value.name, 0)
-                last_use[r] = max(last_use[r], last_use.get(out.name, t))
-                first_def[r] = min(first_def[r], first_def.get(out.name, t))
-                storage.inplace.append((out.name, value.name))
-                break
+            others = [v for v in node.inputs if v is not None and v is not value]
+            if any(places.root(v.name) == r for v in others):
+                continue  # another operand reads the same memory through a view
+            places.parent[out.name] = (value.name, 0)
+            last_use[r] = max(last_use[r], last_use.get(out.name, t))
+            first_def[r] = min(first_def[r], first_def.get(out.name, t))
+            storage.inplace.append((out.name, value.name))
+            break
 
-    for value in graph.values():
-        storage.root[value.name], storage.offset[value.name] = find(value.name)
-    for name, k in kind.items():
-        if name not in parent:
-            storage.kind[name] = k
 
+def _add_buffers(steps: list, step_space: list[str], scratch: list[int], places: _Places,
+                 lifetimes: tuple[dict[str, int], dict[str, int]], storage: Storage) -> None:
+    """One buffer per arena root (in step order of its producer) and one per step's scratch."""
+    first_def, last_use = lifetimes
     for t, node in enumerate(steps):
         for value in node.outputs:
-            r = root_of(value.name)
-            if kind[r] != "arena":
+            r = places.root(value.name)
+            if not places.is_arena(r):
                 continue
             storage.tensors.setdefault(r, []).append(value.name)
             if r == value.name:
-                space = vspace[r]
+                space = places.space[r]
                 storage.space[r] = space
                 storage.buffers.setdefault(space, []).append(
                     Buffer(r, value.nbytes, first_def[r], last_use[r]))
@@ -157,16 +190,14 @@ def assign_storage(
             bid = f"scratch/{t}"
             storage.buffers.setdefault(step_space[t], []).append(Buffer(bid, scratch[t], t, t))
             storage.tensors[bid] = []
-    return storage
 
 
-def _concat_in_place(node: Node, kind: dict[str, str], vspace: dict[str, str],
-                     parent: dict[str, tuple[str, int]], storage: Storage) -> None:
+def _concat_in_place(node: Node, places: _Places, storage: Storage) -> None:
     """Let the inputs of Concat ``node`` live in their slices of its output, where allowed."""
     out = node.outputs[0]
     axis = int(node.attrs["axis"])
     assert out.shape is not None
-    if kind[out.name] != "arena" or out.name in parent or int(np.prod(out.shape[:axis])) != 1:
+    if not places.is_arena(out.name) or out.name in places.parent or int(np.prod(out.shape[:axis])) != 1:
         return
     seen: set[str] = set()
     offset = 0
@@ -174,9 +205,9 @@ def _concat_in_place(node: Node, kind: dict[str, str], vspace: dict[str, str],
         assert value is not None
         nbytes = value.nbytes
         r = value.name
-        if (r not in parent and kind[r] == "arena" and r not in seen and value.dtype == out.dtype
-                and vspace[r] == vspace[out.name]):
-            parent[r] = (out.name, offset)
+        if (r not in places.parent and places.is_arena(r) and r not in seen and value.dtype == out.dtype
+                and places.space[r] == places.space[out.name]):
+            places.parent[r] = (out.name, offset)
             storage.concats.append((r, out.name, offset))
         seen.add(value.name)
         offset += nbytes

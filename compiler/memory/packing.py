@@ -18,8 +18,8 @@ import operator
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from compiler.memory import search
 from compiler.memory.greedy import MORE_STRATEGIES, STRATEGIES, Problem, place_fresh
+from compiler.memory.search import Solution, improve
 
 __all__ = ["DEFAULT_BUDGET_MS", "Buffer", "MemoryPlan", "lower_bound", "plan_offsets", "verify_plan"]
 
@@ -90,7 +90,7 @@ def plan_offsets(
     if best.arena > problem.lower_bound and budget_ms > 0:
         more = [(name, *STRATEGIES[name]) for name in STRATEGIES if name not in tried]
         more += [(name, *strategy) for name, strategy in MORE_STRATEGIES.items()]
-        best = search.improve(problem, best, int(budget_ms * WORK_PER_MS), more)
+        best = improve(problem, best, int(budget_ms * WORK_PER_MS), more)
     return _plan(bufs, problem, best)
 
 
@@ -162,13 +162,13 @@ def _problem(bufs: Sequence[Buffer], alignment: int) -> Problem:
     return Problem(nbytes, [b.first_step for b in bufs], [b.last_step for b in bufs], alignment)
 
 
-def _greedy(problem: Problem, strategies: Sequence[str], work: int) -> tuple[search.Solution, list[str]]:
+def _greedy(problem: Problem, strategies: Sequence[str], work: int) -> tuple[Solution, list[str]]:
     """Run the named strategies in order while within ``work`` units (the first always runs).
 
     Returns the first smallest plan and the names of the strategies that ran.
     """
     bound = problem.lower_bound
-    best: search.Solution | None = None
+    best: Solution | None = None
     spent = 0
     tried = []
     for name in strategies:
@@ -181,7 +181,7 @@ def _greedy(problem: Problem, strategies: Sequence[str], work: int) -> tuple[sea
         offsets, arena = place_fresh(problem, order, fit, -1 if best is None else best.arena - 1)
         spent += cost
         if best is None or 0 <= arena < best.arena:
-            best = search.Solution(name, offsets, arena, order, fit)
+            best = Solution(name, offsets, arena, order, fit)
         if best.arena == bound:
             break  # nothing beats the lower bound, and later strategies lose ties
     if best is None:
@@ -189,7 +189,7 @@ def _greedy(problem: Problem, strategies: Sequence[str], work: int) -> tuple[sea
     return best, tried
 
 
-def _plan(bufs: Sequence[Buffer], problem: Problem, best: search.Solution) -> MemoryPlan:
+def _plan(bufs: Sequence[Buffer], problem: Problem, best: Solution) -> MemoryPlan:
     return MemoryPlan(
         offsets={b.id: best.offsets[i] for i, b in enumerate(bufs)},
         arena_nbytes=best.arena,
