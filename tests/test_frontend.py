@@ -924,3 +924,16 @@ def test_imported_graph_verifies_and_errors_are_project_errors() -> None:
     graph.verify()
     with pytest.raises(OnnxAotError):
         import_model(b"not a model path or proto".decode())  # a path that does not exist
+
+
+def test_every_canonical_family_module_is_listed() -> None:
+    # The registry is filled by importing the families named in FAMILIES (a list, not a scan):
+    # a new module left out of it would silently register nothing.
+    import compiler.frontend.canonical as canonical
+    from compiler.frontend.canonical import registry
+
+    machinery = {"__init__", "context", "registry"}
+    modules = {p.stem for p in Path(canonical.__file__).parent.glob("*.py")} - machinery
+    assert {m.__name__.rpartition(".")[2] for m in canonical.FAMILIES} == modules
+    owners = {fn.__module__ for fn in registry._REGISTRY.values()}
+    assert owners == {m.__name__ for m in canonical.FAMILIES}, "a family registers nothing"

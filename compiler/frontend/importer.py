@@ -116,7 +116,7 @@ def reject_unknown_ops(proto: onnx.ModelProto) -> None:
 
     # Constant and Size become constants at import; canonicalized ops are checked once rewritten
     kinds = supported_kinds() | {"Constant", "Size"} | canonical_op_types()
-    from compiler.frontend.canonical_index import DATA_DEPENDENT_OPS
+    from compiler.frontend.canonical.index import DATA_DEPENDENT_OPS
 
     dynamic = [(node.name or f"{node.op_type}_{k}", node.op_type) for k, node in enumerate(proto.graph.node)
                if node.domain in ("", "ai.onnx") and node.op_type in DATA_DEPENDENT_OPS]

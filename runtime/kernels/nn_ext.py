@@ -1,7 +1,7 @@
 """Reference kernels of the transformer ops (see runtime/kernels/__init__.py for the contract).
 
-Attention here is the canonical 4-D core (compiler/frontend/canonical_nn.py splits and merges heads
-and concatenates the KV cache around it); FlexAttention (domain ai.onnx.preview) has no
+Attention here is the canonical 4-D core (compiler/frontend/canonical/transformer.py splits and
+merges heads and concatenates the KV cache around it); FlexAttention (domain ai.onnx.preview) has no
 canonicalizer and reads its ONNX attributes. Everything computes in float32 (float64 for double
 inputs or where the canonical ``compute_dtype`` says so) and casts to the output types at the end.
 """

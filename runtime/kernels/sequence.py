@@ -1,5 +1,5 @@
 """Reference kernels of the recurrent ops: RNN, GRU and LSTM (canonical forms in
-compiler/frontend/canonical_seq.py); the quantization, signal and sampling kernels live in
+compiler/frontend/canonical/recurrent.py); the quantization, signal and sampling kernels live in
 sequence_quant.py and sequence_signal.py, imported at the end.
 
 Every direction runs the same forward loop over time. A reverse direction first reverses each

@@ -1,5 +1,5 @@
 """Reference kernels of the quantization ops (canonical forms in
-compiler/frontend/canonical_seq_quant.py).
+compiler/frontend/canonical/quantize.py).
 
 Integer products are computed in float64, which is exact for every product of 8/16-bit values and
 every sum of up to 2**21 of them, and lets matmul use BLAS. Rounding is half to even (``rint``)

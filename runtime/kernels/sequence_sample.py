@@ -1,5 +1,5 @@
 """Reference kernels of the ops that sample their input at computed positions: DeformConv and
-RoiAlign (canonical forms in compiler/frontend/canonical_seq_sample.py).
+RoiAlign (canonical forms in compiler/frontend/canonical/sampling.py).
 
 DeformConv gathers, for every kernel tap and output position, the input interpolated
 (multi-)linearly at the tap's offset position -- a corner outside the input counts as zero, as in

@@ -1,5 +1,5 @@
 """Reference kernels of the signal ops: DFT, STFT, HannWindow, HammingWindow, BlackmanWindow and
-MelWeightMatrix (canonical forms in compiler/frontend/canonical_seq_signal.py).
+MelWeightMatrix (canonical forms in compiler/frontend/canonical/spectral.py).
 
 Signals are real (last dimension 1) or complex (last dimension 2: real, imaginary); transforms
 run through ``xp.fft`` in the signal's precision (complex64, or complex128 for float64) and are

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from compiler.frontend.canonical import CanonContext, register
+from compiler.frontend.canonical.context import CanonContext, flat_ints
+from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node, Value
 from runtime.errors import UnsupportedOpError
 
@@ -37,10 +38,6 @@ def _shape(value: Value | None) -> tuple[int, ...]:
 
 def _floats(values: Any) -> list[float]:
     return [float(v) for v in np.asarray(values).reshape(-1)]
-
-
-def _ints(values: Any) -> list[int]:
-    return [int(v) for v in np.asarray(values).reshape(-1)]
 
 
 def _optional(ctx: CanonContext, i: int, what: str) -> np.ndarray | None:
@@ -84,7 +81,7 @@ def _scales_and_sizes(ctx: CanonContext, in_shape: tuple[int, ...], out_shape: t
             scales[a] = s
         return scales
     sizes = list(in_shape)
-    for a, s in zip(axes, _ints(sizes_in), strict=True):
+    for a, s in zip(axes, flat_ints(sizes_in), strict=True):
         if s <= 0:
             raise ctx.error(f"size {s} for axis {a} is not positive")
         sizes[a] = s
@@ -242,7 +239,7 @@ def _grid_sample(ctx: CanonContext) -> list[Node]:
 @register("AffineGrid")
 def _affine_grid(ctx: CanonContext) -> list[Node]:
     theta_shape = _shape(ctx.inputs[0])
-    size = _ints(ctx.const_input(1, "size"))
+    size = flat_ints(ctx.const_input(1, "size"))
     nd = len(size) - 2
     if nd not in (2, 3) or theta_shape != (size[0], nd, nd + 1) or min(size) < 1:
         raise ctx.error(f"size {size} does not fit theta {theta_shape}")

@@ -1,6 +1,6 @@
 """Canonical forms of the losses and normalizations: NegativeLogLikelihoodLoss,
 SoftmaxCrossEntropyLoss, LayerNormalization, BatchNormalization, GroupNormalization,
-InstanceNormalization, and MaxUnpool (see canonical.py and docs/ops.md).
+InstanceNormalization, and MaxUnpool (see docs/ops.md).
 
 SoftmaxCrossEntropyLoss becomes LogSoftmax (axis 1) + NegativeLogLikelihoodLoss, the op's own
 function body. InstanceNormalization becomes GroupNormalization with one group per channel, so one
@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.frontend.canonical import CanonContext, register
+from compiler.frontend.canonical.context import CanonContext, shape_of
+from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node, Value
 from runtime.errors import UnsupportedOpError
 
 __all__: list[str] = []
 
 _REDUCTIONS = ("none", "sum", "mean")
-
-
-def _shape(value: Value | None) -> tuple[int, ...]:
-    assert value is not None and value.shape is not None
-    return value.shape
 
 
 def _dtype(value: Value | None) -> np.dtype:
@@ -58,7 +54,7 @@ def _loss_attrs(ctx: CanonContext) -> dict[str, object]:
     if reduction not in _REDUCTIONS:
         raise ctx.error(f"reduction {reduction!r} is not one of {', '.join(_REDUCTIONS)}")
     if ctx.rank() < 2:
-        raise ctx.error(f"input needs rank >= 2 (N, C, ...), got shape {_shape(ctx.inputs[0])}")
+        raise ctx.error(f"input needs rank >= 2 (N, C, ...), got shape {shape_of(ctx.inputs[0])}")
     ignore = int(ctx.attrs["ignore_index"]) if "ignore_index" in ctx.attrs else None
     return {"reduction": reduction, "ignore_index": ignore}
 
@@ -72,9 +68,9 @@ def _nll_loss(ctx: CanonContext) -> list[Node]:
 def _softmax_cross_entropy(ctx: CanonContext) -> list[Node]:
     attrs = _loss_attrs(ctx)
     x = ctx.inputs[0]
-    log_prob = _stat_outputs(ctx, 1, [(_dtype(x), _shape(x))])
+    log_prob = _stat_outputs(ctx, 1, [(_dtype(x), shape_of(x))])
     if not log_prob:
-        log_prob = [ctx.graph.make_value(f"{ctx.name}/log_prob", _dtype(x), _shape(x))]
+        log_prob = [ctx.graph.make_value(f"{ctx.name}/log_prob", _dtype(x), shape_of(x))]
     return [
         ctx.node("LogSoftmax", [x], {"axis": 1}, outputs=log_prob,
                  name=ctx.graph.unique_name(ctx.name + "/log_softmax")),
@@ -88,7 +84,7 @@ def _softmax_cross_entropy(ctx: CanonContext) -> list[Node]:
 def _layernorm(ctx: CanonContext) -> list[Node]:
     rank = ctx.rank()
     axis = ctx.axis(int(ctx.attr("axis", -1)), rank)
-    stat = (np.dtype(np.float32), _shape(ctx.inputs[0])[:axis] + (1,) * (rank - axis))
+    stat = (np.dtype(np.float32), shape_of(ctx.inputs[0])[:axis] + (1,) * (rank - axis))
     stats = _stat_outputs(ctx, 1, [stat, stat])
     return [ctx.node("LayerNormalization", ctx.inputs[:3],
                      {"axis": axis, "epsilon": float(ctx.attr("epsilon", 1e-5))},
@@ -106,7 +102,7 @@ def _batchnorm(ctx: CanonContext) -> list[Node]:
             raise UnsupportedOpError(f"{ctx.describe()}: the training outputs (running and saved mean / "
                                      "variance) are only supported with training_mode=1 (opset 14+)")
         return [ctx.node("BatchNormalization", ctx.inputs[:5], {"epsilon": epsilon}, outputs=ctx.outputs[:1])]
-    running = _stat_outputs(ctx, 1, [(_dtype(v), _shape(v)) for v in ctx.inputs[3:5]])
+    running = _stat_outputs(ctx, 1, [(_dtype(v), shape_of(v)) for v in ctx.inputs[3:5]])
     return [ctx.node("BatchNormTraining", ctx.inputs[:5],
                      {"epsilon": epsilon, "momentum": float(ctx.attr("momentum", 0.9))},
                      outputs=ctx.outputs[:1] + running, domain="onnx_aot")]
@@ -115,7 +111,7 @@ def _batchnorm(ctx: CanonContext) -> list[Node]:
 @register("GroupNormalization")
 def _group_norm(ctx: CanonContext) -> list[Node]:
     x, scale, bias = ctx.inputs[:3]
-    shape = _shape(x)
+    shape = shape_of(x)
     if len(shape) < 2:
         raise ctx.error(f"input needs rank >= 2 (N, C, ...), got shape {shape}")
     if "num_groups" not in ctx.attrs:
@@ -124,15 +120,15 @@ def _group_norm(ctx: CanonContext) -> list[Node]:
     if groups <= 0 or channels % groups:
         raise ctx.error(f"num_groups {groups} does not divide the {channels} channels")
     for value in (scale, bias):  # per channel (opset 21; the checker rejects opset 18's per-group form)
-        if _shape(value) != (channels,):
-            raise ctx.error(f"scale / bias have shape {_shape(value)}, expected ({channels},)")
+        if shape_of(value) != (channels,):
+            raise ctx.error(f"scale / bias have shape {shape_of(value)}, expected ({channels},)")
     return [ctx.node("GroupNormalization", [x, scale, bias],
                      {"num_groups": groups, "epsilon": float(ctx.attr("epsilon", 1e-5))})]
 
 
 @register("InstanceNormalization")
 def _instance_norm(ctx: CanonContext) -> list[Node]:
-    shape = _shape(ctx.inputs[0])
+    shape = shape_of(ctx.inputs[0])
     if len(shape) < 3:
         raise ctx.error(f"input needs rank >= 3 (N, C, spatial...), got shape {shape}")
     return [ctx.node("GroupNormalization", ctx.inputs[:3],
@@ -142,7 +138,7 @@ def _instance_norm(ctx: CanonContext) -> list[Node]:
 # -- MaxUnpool -------------------------------------------------------------------------------
 @register("MaxUnpool")
 def _max_unpool(ctx: CanonContext) -> list[Node]:
-    shape = _shape(ctx.inputs[0])
+    shape = shape_of(ctx.inputs[0])
     if len(shape) < 3:
         raise ctx.error(f"input needs rank >= 3 (N, C, spatial...), got shape {shape}")
     if "kernel_shape" not in ctx.attrs:
@@ -155,7 +151,7 @@ def _max_unpool(ctx: CanonContext) -> list[Node]:
         raise ctx.error("kernel_shape/strides/pads do not match the input's spatial rank")
     unpooled = list(shape[:2]) + [(shape[2 + i] - 1) * strides[i] - pads[i] - pads[i + n] + kernel[i]
                                   for i in range(n)]
-    out = _shape(ctx.outputs[0])
+    out = shape_of(ctx.outputs[0])
     if len(out) != len(unpooled) or any(o < u for o, u in zip(out, unpooled, strict=True)):
         raise UnsupportedOpError(f"{ctx.describe()}: output_shape {list(out)} smaller than the unpooled "
                                  f"shape {unpooled} is not supported")

@@ -1,5 +1,4 @@
-"""Canonical forms of the recurrent ops (RNN, GRU, LSTM); the quantization, signal and sampling
-ops live in canonical_seq_quant.py and canonical_seq_signal.py, imported at the end.
+"""Canonical forms of the recurrent ops (RNN, GRU, LSTM).
 
 A recurrent node keeps its inputs (X, W, R, B?, sequence_lens?, initial_h?[, initial_c?, P?]) and
 always produces every output (Y, Y_h[, Y_c]): an output the model leaves out gets a fresh value of
@@ -14,7 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from compiler.frontend.canonical import CanonContext, register
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node, Value
 
 __all__: list[str] = []
@@ -110,7 +110,3 @@ def _recurrent(ctx: CanonContext) -> list[Node]:
     outputs = [_output(ctx, 0, y_shape, x.dtype)]
     outputs += [_output(ctx, i, state, x.dtype) for i in range(1, n_outputs)]
     return [ctx.node(ctx.op_type, ctx.inputs, attrs, outputs=outputs)]
-
-
-# The quantization, signal and sampling ops register their canonical forms on import.
-from compiler.frontend import canonical_seq_quant, canonical_seq_sample, canonical_seq_signal  # noqa: E402,F401

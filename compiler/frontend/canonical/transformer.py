@@ -1,5 +1,5 @@
 """Canonical forms of the transformer ops: Attention, RotaryEmbedding, RMSNormalization, SwiGLU,
-LinearAttention and CausalConvWithState (see canonical.py and docs/ops.md).
+LinearAttention and CausalConvWithState (see docs/ops.md).
 
 Attention is rewritten into its 4-D core: 3-D Q/K/V are split into heads by Reshape + Transpose
 nodes, an internal KV cache (past_key / past_value) becomes Concat nodes that produce present_key /
@@ -15,7 +15,8 @@ import math
 import numpy as np
 import onnx
 
-from compiler.frontend.canonical import CanonContext, register
+from compiler.frontend.canonical.context import CanonContext, shape_of
+from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node, Value
 from runtime.errors import UnsupportedOpError
 
@@ -25,11 +26,6 @@ __all__: list[str] = []
 # least as precise as float16 / bfloat16, so those requests are met by computing in float32).
 _SOFTMAX_PRECISION: dict[int, str] = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float32",
                       onnx.TensorProto.BFLOAT16: "float32", onnx.TensorProto.DOUBLE: "float64"}
-
-
-def _shape(value: Value | None) -> tuple[int, ...]:
-    assert value is not None and value.shape is not None
-    return value.shape
 
 
 def _dtype(value: Value | None) -> np.dtype:
@@ -64,7 +60,7 @@ class _Builder:
 
     def split_heads(self, x: Value | None, heads: int, suffix: str) -> Value:
         """(B, S, heads * D) -> (B, heads, S, D)."""
-        b, s, hidden = _shape(x)
+        b, s, hidden = shape_of(x)
         if hidden % heads:
             raise self.ctx.error(f"{suffix}: hidden size {hidden} is not a multiple of {heads} heads")
         d = hidden // heads
@@ -92,23 +88,23 @@ def _attention(ctx: CanonContext) -> list[Node]:
         q = build.split_heads(q, q_heads, "Q")
         k = build.split_heads(k, kv_heads, "K")
         v = build.split_heads(v, kv_heads, "V")
-    (batch, q_heads, q_len, _), kv_heads = _shape(q), _shape(k)[1]
-    if _shape(v)[1] != kv_heads or q_heads % kv_heads:
-        raise ctx.error(f"{q_heads} query heads cannot share {kv_heads} key / {_shape(v)[1]} value heads")
-    past_length = 0 if past_key is None else _shape(past_key)[2]
+    (batch, q_heads, q_len, _), kv_heads = shape_of(q), shape_of(k)[1]
+    if shape_of(v)[1] != kv_heads or q_heads % kv_heads:
+        raise ctx.error(f"{q_heads} query heads cannot share {kv_heads} key / {shape_of(v)[1]} value heads")
+    past_length = 0 if past_key is None else shape_of(past_key)[2]
     k = _cache(build, past_key, k, 1, "present_key")
     v = _cache(build, past_value, v, 2, "present_value")
     y = ctx.outputs[0]
-    core_y = y if rank == 4 else build.value("Y_heads", _dtype(y), (batch, q_heads, q_len, _shape(v)[3]))
+    core_y = y if rank == 4 else build.value("Y_heads", _dtype(y), (batch, q_heads, q_len, shape_of(v)[3]))
     outputs = [core_y]
     if len(ctx.outputs) > 3 and ctx.outputs[3].name in ctx.used:
         outputs.append(ctx.outputs[3])
     build.nodes.append(ctx.node("Attention", [q, k, v, mask, nonpad],
                                 _attention_attrs(ctx, q, past_length), outputs=outputs))
     if rank == 3:
-        merged = build.value("Y_merge", _dtype(y), (batch, q_len, q_heads, _shape(v)[3]))
+        merged = build.value("Y_merge", _dtype(y), (batch, q_len, q_heads, shape_of(v)[3]))
         build.add("Transpose", [core_y], {"perm": [0, 2, 1, 3]}, merged, "Y_merge")
-        build.add("Reshape", [merged], {"shape": list(_shape(y))}, y, "Y")
+        build.add("Reshape", [merged], {"shape": list(shape_of(y))}, y, "Y")
     return build.nodes
 
 
@@ -120,9 +116,9 @@ def _cache(build: _Builder, past: Value | None, new: Value, slot: int, what: str
         if out is not None:
             build.add("Identity", [new], {}, out, what)
         return new
-    b, h, p, d = _shape(past)
+    b, h, p, d = shape_of(past)
     if out is None:
-        out = build.value(what, _dtype(new), (b, h, p + _shape(new)[2], d))
+        out = build.value(what, _dtype(new), (b, h, p + shape_of(new)[2], d))
     return build.add("Concat", [past, new], {"axis": 2}, out, what)
 
 
@@ -142,7 +138,7 @@ def _attention_attrs(ctx: CanonContext, q: Value, past_length: int) -> dict[str,
             raise UnsupportedOpError(f"{ctx.describe()}: softmax_precision {precision} is not supported")
         if _SOFTMAX_PRECISION[precision] == "float64":
             compute = "float64"
-    scale = float(ctx.attrs["scale"]) if "scale" in ctx.attrs else 1.0 / math.sqrt(_shape(q)[3])
+    scale = float(ctx.attrs["scale"]) if "scale" in ctx.attrs else 1.0 / math.sqrt(shape_of(q)[3])
     return {"scale": scale, "is_causal": int(ctx.attr("is_causal", 0)),
             "softcap": float(ctx.attr("softcap", 0.0)), "qk_matmul_output_mode": mode,
             "past_length": past_length, **windows, "compute_dtype": compute}
@@ -162,7 +158,7 @@ def _rms_normalization(ctx: CanonContext) -> list[Node]:
 
 @register("RotaryEmbedding")
 def _rotary_embedding(ctx: CanonContext) -> list[Node]:
-    shape = _shape(ctx.inputs[0])
+    shape = shape_of(ctx.inputs[0])
     if len(shape) == 4:
         heads = shape[1]
     elif len(shape) == 3:
@@ -175,7 +171,7 @@ def _rotary_embedding(ctx: CanonContext) -> list[Node]:
     dim = int(ctx.attr("rotary_embedding_dim", 0)) or head_size
     if dim % 2 or dim > head_size:
         raise ctx.error(f"rotary_embedding_dim {dim} must be even and at most head_size {head_size}")
-    half = _shape(ctx.inputs[1])[-1]
+    half = shape_of(ctx.inputs[1])[-1]
     if half != dim // 2:
         raise ctx.error(f"cos_cache's last dim {half} is not rotary_embedding_dim / 2 = {dim // 2}")
     return [ctx.node("RotaryEmbedding", ctx.inputs[:4], {
@@ -184,7 +180,7 @@ def _rotary_embedding(ctx: CanonContext) -> list[Node]:
 
 @register("SwiGLU")
 def _swiglu(ctx: CanonContext) -> list[Node]:
-    if _shape(ctx.inputs[0]) != _shape(ctx.inputs[1]):
+    if shape_of(ctx.inputs[0]) != shape_of(ctx.inputs[1]):
         raise ctx.error("A and B must have the same shape")
     return [ctx.node("SwiGLU", ctx.inputs[:2], {"alpha": float(ctx.attr("alpha", 1.0))})]
 
@@ -194,14 +190,14 @@ def _causal_conv_with_state(ctx: CanonContext) -> list[Node]:
     activation = str(ctx.attr("activation", "none"))
     if activation not in ("none", "silu", "swish"):
         raise ctx.error(f"activation must be 'none', 'silu' or 'swish', got {activation!r}")
-    x_shape, w_shape = _shape(ctx.inputs[0]), _shape(ctx.inputs[1])
+    x_shape, w_shape = shape_of(ctx.inputs[0]), shape_of(ctx.inputs[1])
     if len(x_shape) != 3 or len(w_shape) != 3 or w_shape[:2] != (x_shape[1], 1):
         raise ctx.error(f"input {x_shape} / weight {w_shape} are not (B, C, L) / (C, 1, k)")
     bias, past = (list(ctx.inputs) + [None] * 4)[2:4]
-    if bias is not None and _shape(bias) != (x_shape[1],):
-        raise ctx.error(f"bias {_shape(bias)} is not ({x_shape[1]},)")
-    if past is not None and _shape(past) != (x_shape[0], x_shape[1], w_shape[2] - 1):
-        raise ctx.error(f"past_state {_shape(past)} is not {(x_shape[0], x_shape[1], w_shape[2] - 1)}")
+    if bias is not None and shape_of(bias) != (x_shape[1],):
+        raise ctx.error(f"bias {shape_of(bias)} is not ({x_shape[1]},)")
+    if past is not None and shape_of(past) != (x_shape[0], x_shape[1], w_shape[2] - 1):
+        raise ctx.error(f"past_state {shape_of(past)} is not {(x_shape[0], x_shape[1], w_shape[2] - 1)}")
     outputs = ctx.outputs[:2] if len(ctx.outputs) > 1 and ctx.outputs[1].name in ctx.used else ctx.outputs[:1]
     return [ctx.node("CausalConvWithState", ctx.inputs[:4],
                      {"activation": "silu" if activation == "swish" else activation}, outputs=outputs)]
@@ -227,7 +223,7 @@ def _linear_attention(ctx: CanonContext) -> list[Node]:
     if any(ctx.rank(i) != 3 for i in range(3)):
         raise ctx.error("query, key and value must be 3-D (B, T, H*D)")
     _check_linear_attention_shapes(ctx, inputs, q_heads, kv_heads)
-    d_k = _shape(inputs[0])[2] // q_heads
+    d_k = shape_of(inputs[0])[2] // q_heads
     scale = float(ctx.attr("scale", 0.0))
     if scale == 0.0:  # the spec's "derive it" value
         scale = 1.0 / math.sqrt(d_k)
@@ -239,7 +235,7 @@ def _linear_attention(ctx: CanonContext) -> list[Node]:
 
 def _check_linear_attention_shapes(ctx: CanonContext, inputs: list[Value | None], q_heads: int,
                                    kv_heads: int) -> None:
-    (b, t, q_hidden), (_, _, k_hidden), (_, _, v_hidden) = (_shape(x) for x in inputs[:3])
+    (b, t, q_hidden), (_, _, k_hidden), (_, _, v_hidden) = (shape_of(x) for x in inputs[:3])
     if (q_hidden % q_heads or k_hidden % kv_heads or v_hidden % kv_heads
             or q_hidden // q_heads != k_hidden // kv_heads):
         raise ctx.error(f"query / key / value widths {q_hidden} / {k_hidden} / {v_hidden} do not split into "
@@ -248,5 +244,6 @@ def _check_linear_attention_shapes(ctx: CanonContext, inputs: list[Value | None]
     expected = {3: ((b, kv_heads, d_k, d_v),), 4: ((b, t, kv_heads), (b, t, kv_heads * d_k)),
                 5: ((b, t, kv_heads), (b, t, 1))}
     for slot, shapes in expected.items():
-        if inputs[slot] is not None and _shape(inputs[slot]) not in shapes:
-            raise ctx.error(f"input {slot} has shape {_shape(inputs[slot])}, expected one of {list(shapes)}")
+        if inputs[slot] is not None and shape_of(inputs[slot]) not in shapes:
+            raise ctx.error(f"input {slot} has shape {shape_of(inputs[slot])}, "
+                            f"expected one of {list(shapes)}")

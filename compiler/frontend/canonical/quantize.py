@@ -1,5 +1,5 @@
 """Canonical forms of the quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
-QLinearMatMul, QLinearConv, ConvInteger and MatMulInteger (see canonical.py and docs/ops.md).
+QLinearMatMul, QLinearConv, ConvInteger and MatMulInteger (see docs/ops.md).
 
 onnx-aot quantizes to the integer types numpy has (int8, uint8, int16, uint16); 2- and 4-bit and
 float8 / float4 types are rejected as unsupported. (De)QuantizeLinear resolve their granularity
@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-# (_resolve_pads / _spatial: Conv's own pad and shape helpers, shared so the convolutions agree)
-from compiler.frontend.canonical import CanonContext, _resolve_pads, _spatial, np_dtype_of, register
+from compiler.frontend.canonical.context import CanonContext, np_dtype_of, shape_of
+from compiler.frontend.canonical.conv import resolve_pads, spatial_dims
+from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node, Value
 from runtime.errors import UnsupportedOpError
 
@@ -23,11 +24,6 @@ __all__: list[str] = []
 
 # Element types onnx-aot quantizes to / dequantizes from.
 _QUANT_TYPES = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
-
-
-def _shape(value: Value | None) -> tuple[int, ...]:
-    assert value is not None and value.shape is not None
-    return value.shape
 
 
 def _dtype(value: Value | None) -> np.dtype:
@@ -38,9 +34,9 @@ def _dtype(value: Value | None) -> np.dtype:
 def _granularity(ctx: CanonContext, x: Value | None, scale: Value | None,
                  zero: Value | None) -> dict[str, int]:
     """``axis`` and ``block_size`` of a (de)quantization, checked against the scale's shape."""
-    x_shape, s_shape = _shape(x), _shape(scale)
-    if zero is not None and _shape(zero) != s_shape:
-        raise ctx.error(f"zero point shape {_shape(zero)} differs from the scale's {s_shape}")
+    x_shape, s_shape = shape_of(x), shape_of(scale)
+    if zero is not None and shape_of(zero) != s_shape:
+        raise ctx.error(f"zero point shape {shape_of(zero)} differs from the scale's {s_shape}")
     block = int(ctx.attr("block_size", 0))
     if block < 0:
         raise ctx.error(f"block_size must be positive, got {block}")
@@ -109,15 +105,15 @@ def _quant_matmul(ctx: CanonContext) -> list[Node]:
 
 def _conv_attrs(ctx: CanonContext, w: Value | None) -> dict[str, Any]:
     """Conv's canonical attributes (kernel_shape, strides, pads, dilations, group) for weights ``w``."""
-    spatial = _spatial(ctx)
+    spatial = spatial_dims(ctx)
     n = len(spatial)
-    kernel = [int(k) for k in ctx.attr("kernel_shape", _shape(w)[2:])]
+    kernel = [int(k) for k in ctx.attr("kernel_shape", shape_of(w)[2:])]
     strides = [int(s) for s in ctx.attr("strides", [1] * n)]
     dilations = [int(d) for d in ctx.attr("dilations", [1] * n)]
     if len(kernel) != n or len(strides) != n or len(dilations) != n:
         raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
     return {"kernel_shape": kernel, "strides": strides,
-            "pads": _resolve_pads(ctx, spatial, kernel, strides, dilations),
+            "pads": resolve_pads(ctx, spatial, kernel, strides, dilations),
             "dilations": dilations, "group": int(ctx.attr("group", 1))}
 
 

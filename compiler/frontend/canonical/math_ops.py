@@ -1,15 +1,16 @@
 """Canonical forms of the math ops: activations with attributes, Mod, BitShift, IsInf, CastLike,
-BitCast, the scans (CumSum, CumProd), Trilu, Det, Einsum and the normalizations.
+BitCast, the scans (CumSum, CumProd), Trilu, Gemm, Det, Einsum and the normalizations (Lp, MeanVariance).
 
 Attribute defaults are filled in, axes normalized and the compile-time inputs (a scan's axis,
-Trilu's k) moved into attributes; see canonical.py and docs/ops.md.
+Trilu's k) moved into attributes; see docs/ops.md.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from compiler.frontend.canonical import CanonContext, np_dtype_of, register
+from compiler.frontend.canonical.context import CanonContext, np_dtype_of
+from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 
 __all__: list[str] = []
@@ -138,3 +139,11 @@ def _mvn(ctx: CanonContext) -> list[Node]:
     rank = ctx.rank()
     axes = sorted({ctx.axis(int(a), rank) for a in ctx.attr("axes", [0, 2, 3])})
     return [ctx.node("MeanVarianceNormalization", ctx.inputs[:1], {"axes": axes})]
+
+
+@register("Gemm")
+def _gemm(ctx: CanonContext) -> list[Node]:
+    return [ctx.node("Gemm", ctx.inputs[:3], {"alpha": float(ctx.attr("alpha", 1.0)),
+                                              "beta": float(ctx.attr("beta", 1.0)),
+                                              "transA": int(ctx.attr("transA", 0)),
+                                              "transB": int(ctx.attr("transB", 0))})]

@@ -1,5 +1,5 @@
 """Canonical forms of the ops that sample their input at computed positions: DeformConv and
-RoiAlign (see canonical.py and docs/ops.md).
+RoiAlign (see docs/ops.md).
 
 DeformConv gets Conv's attributes (kernel_shape, strides, pads, dilations, group) plus
 ``offset_group``. RoiAlign gets every attribute with its default, ``mode`` and
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 
-from compiler.frontend.canonical import CanonContext, _spatial, register
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.conv import spatial_dims
+from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 
 __all__: list[str] = []
@@ -29,7 +31,7 @@ def _deform_conv(ctx: CanonContext) -> list[Node]:
     x, w, offset = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2]
     assert x is not None and x.shape is not None and w is not None and w.shape is not None
     assert offset is not None and offset.shape is not None
-    spatial = _spatial(ctx)
+    spatial = spatial_dims(ctx)
     n = len(spatial)
     kernel = _ints(ctx, "kernel_shape", list(w.shape[2:]), n)
     strides = _ints(ctx, "strides", [1] * n, n)

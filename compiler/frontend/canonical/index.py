@@ -4,18 +4,16 @@ ReverseSequence, TensorScatter, Col2Im, and the rearrangements that become exist
 
 Ops whose output shape depends on input values (Compress, NonZero, Unique, NonMaxSuppression)
 cannot be compiled ahead of time; their canonicalizers say so with an UnsupportedOpError.
-See canonical.py and docs/ops.md.
+See docs/ops.md.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
-import numpy as np
-
-from compiler.frontend.canonical import CanonContext, register
-from compiler.ir.graph import Node, Value
+from compiler.frontend.canonical.context import CanonContext, flat_ints, shape_of
+from compiler.frontend.canonical.registry import register
+from compiler.ir.graph import Node
 from runtime.errors import UnsupportedOpError
 
 __all__ = ["DATA_DEPENDENT_OPS"]
@@ -24,15 +22,6 @@ __all__ = ["DATA_DEPENDENT_OPS"]
 DATA_DEPENDENT_OPS = ("Compress", "NonZero", "Unique", "NonMaxSuppression")
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
-
-
-def _ints(values: Any) -> list[int]:
-    return [int(v) for v in np.asarray(values).reshape(-1)]
-
-
-def _shape(value: Value | None) -> tuple[int, ...]:
-    assert value is not None and value.shape is not None
-    return value.shape
 
 
 def _reduction(ctx: CanonContext) -> str:
@@ -52,7 +41,7 @@ def _gather_elements(ctx: CanonContext) -> list[Node]:
 @register("GatherND")
 def _gather_nd(ctx: CanonContext) -> list[Node]:
     batch_dims = int(ctx.attr("batch_dims", 0))
-    k = _shape(ctx.inputs[1])[-1] if ctx.rank(1) else 0
+    k = shape_of(ctx.inputs[1])[-1] if ctx.rank(1) else 0
     if not 0 <= batch_dims < min(ctx.rank(0), ctx.rank(1)) or batch_dims + k > ctx.rank(0):
         raise ctx.error(f"batch_dims {batch_dims} with index length {k} does not fit data of rank "
                         f"{ctx.rank(0)} and indices of rank {ctx.rank(1)}")
@@ -68,9 +57,9 @@ def _scatter_elements(ctx: CanonContext) -> list[Node]:
 
 @register("ScatterND")
 def _scatter_nd(ctx: CanonContext) -> list[Node]:
-    k = _shape(ctx.inputs[1])[-1] if ctx.rank(1) else -1
+    k = shape_of(ctx.inputs[1])[-1] if ctx.rank(1) else -1
     if not 0 <= k <= ctx.rank(0):
-        raise ctx.error(f"indices of shape {_shape(ctx.inputs[1])} do not index data of rank {ctx.rank(0)}")
+        raise ctx.error(f"indices of shape {shape_of(ctx.inputs[1])} do not index data of rank {ctx.rank(0)}")
     return [ctx.node("ScatterND", ctx.inputs[:3], {"reduction": _reduction(ctx)})]
 
 
@@ -113,8 +102,8 @@ def _top_k(ctx: CanonContext) -> list[Node]:
         if k_c.size != 1:
             raise ctx.error(f"k must hold one value, got shape {k_c.shape}")
         k = int(k_c.reshape(-1)[0])
-    if not 0 <= k <= _shape(ctx.inputs[0])[axis]:
-        raise ctx.error(f"k = {k} is out of range for axis {axis} of size {_shape(ctx.inputs[0])[axis]}")
+    if not 0 <= k <= shape_of(ctx.inputs[0])[axis]:
+        raise ctx.error(f"k = {k} is out of range for axis {axis} of size {shape_of(ctx.inputs[0])[axis]}")
     attrs = {"axis": axis, "k": k, "largest": int(ctx.attr("largest", 1)),
              "sorted": int(ctx.attr("sorted", 1))}
     return [ctx.node("TopK", ctx.inputs[:1], attrs, outputs=ctx.outputs[:2])]
@@ -123,7 +112,7 @@ def _top_k(ctx: CanonContext) -> list[Node]:
 @register("EyeLike")
 def _eye_like(ctx: CanonContext) -> list[Node]:
     # Only the input's shape matters: the node keeps no inputs.
-    shape = _shape(ctx.inputs[0])
+    shape = shape_of(ctx.inputs[0])
     if len(shape) != 2:
         raise ctx.error(f"the input must be 2-D, got shape {shape}")
     out = ctx.outputs[0]
@@ -147,18 +136,18 @@ def _reverse_sequence(ctx: CanonContext) -> list[Node]:
 
 @register("Col2Im")
 def _col2im(ctx: CanonContext) -> list[Node]:
-    image = _ints(ctx.const_input(1, "image_shape"))
-    block = _ints(ctx.const_input(2, "block_shape"))
+    image = flat_ints(ctx.const_input(1, "image_shape"))
+    block = flat_ints(ctx.const_input(2, "block_shape"))
     n = len(image)
-    strides = _ints(ctx.attr("strides", [1] * n))
-    dilations = _ints(ctx.attr("dilations", [1] * n))
-    pads = _ints(ctx.attr("pads", [0] * (2 * n)))
+    strides = flat_ints(ctx.attr("strides", [1] * n))
+    dilations = flat_ints(ctx.attr("dilations", [1] * n))
+    pads = flat_ints(ctx.attr("pads", [0] * (2 * n)))
     if not n or len(block) != n or len(strides) != n or len(dilations) != n or len(pads) != 2 * n:
         raise ctx.error("image_shape, block_shape, strides, dilations and pads disagree on the "
                         "number of spatial axes")
     if min(block + strides + dilations) < 1:
         raise ctx.error(f"block_shape {block}, strides {strides} and dilations {dilations} must be positive")
-    x = _shape(ctx.inputs[0])
+    x = shape_of(ctx.inputs[0])
     blocks = [(size + pads[i] + pads[i + n] - d * (kk - 1) - 1) // s + 1
               for i, (size, kk, s, d) in enumerate(zip(image, block, strides, dilations, strict=True))]
     if len(x) != 3 or x[1] % math.prod(block) or x[2] != math.prod(blocks) or min(blocks) < 1:
@@ -183,12 +172,12 @@ def _rearrange(ctx: CanonContext, split: tuple[int, ...], perm: list[int]) -> li
                  name=g.unique_name(ctx.name + "/split")),
         ctx.node("Transpose", [v_split], {"perm": perm}, outputs=[v_perm],
                  name=g.unique_name(ctx.name + "/transpose")),
-        ctx.node("Reshape", [v_perm], {"shape": list(_shape(ctx.outputs[0]))}),
+        ctx.node("Reshape", [v_perm], {"shape": list(shape_of(ctx.outputs[0]))}),
     ]
 
 
 def _block_geometry(ctx: CanonContext) -> tuple[int, str, tuple[int, int, int, int]]:
-    shape = _shape(ctx.inputs[0])
+    shape = shape_of(ctx.inputs[0])
     if len(shape) != 4:
         raise ctx.error(f"the input must be 4-D (N, C, H, W), got shape {shape}")
     if "blocksize" not in ctx.attrs or int(ctx.attrs["blocksize"]) < 1:
@@ -223,9 +212,9 @@ def _depth_to_space(ctx: CanonContext) -> list[Node]:
 def _center_crop_pad(ctx: CanonContext) -> list[Node]:
     x = ctx.inputs[0]
     assert x is not None
-    shape = _shape(x)
+    shape = shape_of(x)
     rank = len(shape)
-    target = _ints(ctx.const_input(1, "shape"))
+    target = flat_ints(ctx.const_input(1, "shape"))
     axes = [ctx.axis(int(a), rank) for a in ctx.attr("axes", range(rank))]
     if len(axes) != len(target) or len(set(axes)) != len(axes):
         raise ctx.error(f"shape has {len(target)} values for axes {axes}")

@@ -1,5 +1,4 @@
-"""Canonical forms of the signal ops: DFT, STFT, the windows and MelWeightMatrix (see canonical.py
-and docs/ops.md).
+"""Canonical forms of the signal ops: DFT, STFT, the windows and MelWeightMatrix (see docs/ops.md).
 
 Their lengths, axes and steps are compile-time inputs (COMPILE_TIME_INPUTS) and become
 attributes. DFT keeps only its signal, with ``axis`` normalized (never the last, complex axis),
@@ -13,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from compiler.frontend.canonical import CanonContext, register
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 
 __all__: list[str] = []

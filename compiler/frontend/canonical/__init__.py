@@ -1,0 +1,35 @@
+"""Canonical op forms: each ONNX node rewritten once into the form docs/ops.md describes.
+
+Opset differences (attribute vs input, defaults, negative axes, auto_pad) are resolved here and
+nowhere else. A canonicalizer is registered per op type (``registry.register``) and returns the
+IR nodes that stand for the ONNX node (usually one); ops without one keep their ONNX attributes.
+The op families below register their canonicalizers when imported: ``FAMILIES`` lists them all,
+and a test fails when a module of this package is neither listed nor part of the machinery.
+"""
+
+from __future__ import annotations
+
+from compiler.frontend.canonical import (
+    conv,
+    elementwise,
+    index,
+    math_ops,
+    movement,
+    norm_loss,
+    quantize,
+    recurrent,
+    reduce,
+    sampling,
+    spatial,
+    spectral,
+    transformer,
+)
+from compiler.frontend.canonical.context import CanonContext, np_dtype_of, onnx_attrs
+from compiler.frontend.canonical.registry import COMPILE_TIME_INPUTS, canonical_op_types, canonicalize
+
+__all__ = ["COMPILE_TIME_INPUTS", "FAMILIES", "CanonContext", "canonical_op_types", "canonicalize",
+           "np_dtype_of", "onnx_attrs"]
+
+# The op-family modules, each registering the canonical forms of one family of ONNX ops.
+FAMILIES = (elementwise, conv, movement, reduce, math_ops, norm_loss, index, spatial, transformer,
+            recurrent, quantize, sampling, spectral)
