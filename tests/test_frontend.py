@@ -19,9 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler.frontend.importer import import_model
 from compiler.frontend.loader import MAX_OPSET, bind_input_shapes, load_model
+from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import Graph
 from runtime.errors import ModelError, OnnxAotError, ShapeError, UnsupportedOpError
-from runtime.kernels import get_kernel
 
 F32 = np.float32
 I64 = np.int64
@@ -105,23 +105,12 @@ def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
     return session.run(None, feeds)
 
 
-def run_ir(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Every IR node in order through its reference kernel."""
-    env: dict[int, Any] = {id(v): v.const for v in graph.constants.values()}
-    env.update({id(v): feeds[v.name] for v in graph.inputs})
-    for node in graph.nodes:
-        args = [env[id(v)] if v is not None else None for v in node.inputs]
-        results = get_kernel(node.kind)(np, args, node.attrs, [(v.shape, v.dtype) for v in node.outputs])
-        env.update({id(v): r for v, r in zip(node.outputs, results, strict=True)})
-    return [np.asarray(env[id(v)]) for v in graph.outputs]
-
-
 def check_numeric(model: onnx.ModelProto, graph: Graph | None = None, rtol: float = 1e-5) -> Graph:
     """Import ``model`` (unless given), run it both ways and compare every output."""
     graph = graph if graph is not None else import_model(model)
     feeds = feeds_for(model)
     want = ort_run(model, feeds)
-    got = run_ir(graph, feeds)
+    got = evaluate(graph, feeds)
     assert graph.output_names == [o.name for o in model.graph.output]
     assert len(got) == len(want)
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
@@ -212,7 +201,7 @@ def test_an_old_opset_converts_or_fails_clearly(opset: int) -> None:
         return
     assert kinds(graph) == ["Relu"] and graph.opset >= 7
     x = np.linspace(-1, 1, 6, dtype=F32).reshape(2, 3)  # (onnxruntime has no Relu-1 to compare with)
-    np.testing.assert_array_equal(run_ir(graph, {"x": x})[0], np.maximum(x, 0))
+    np.testing.assert_array_equal(evaluate(graph, {"x": x})[0], np.maximum(x, 0))
 
 
 def test_an_opset_6_model_converts_with_its_semantics() -> None:
@@ -239,7 +228,7 @@ def test_an_opset_6_model_converts_with_its_semantics() -> None:
     want = np.pad(
         (e / e.sum(1, keepdims=True)).reshape(2, 3, 4) + b, [(0, 0), (1, 0), (0, 2)], constant_values=-1.0
     )
-    np.testing.assert_allclose(run_ir(graph, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(evaluate(graph, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
 
 
 def _external_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -847,9 +836,9 @@ def test_dropout_becomes_identity(opset: int, mask_dtype: Any, with_mask: bool) 
         from onnx.reference import ReferenceEvaluator
 
         x = feeds_for(model)
-        for got, want in zip(run_ir(graph, x), ReferenceEvaluator(model).run(None, x), strict=True):
+        for got, want in zip(evaluate(graph, x), ReferenceEvaluator(model).run(None, x), strict=True):
             np.testing.assert_array_equal(got, want.astype(got.dtype))  # (it says bool for Dropout-7)
-        assert run_ir(graph, x)[1].all() and run_ir(graph, x)[1].dtype == mask_dtype
+        assert evaluate(graph, x)[1].all() and evaluate(graph, x)[1].dtype == mask_dtype
     else:
         check_numeric(model, graph)
     assert kinds(graph)[0] == "Identity"

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from compiler.driver import materialize_outputs
+from compiler.ir.evaluate import Interpreter, evaluate
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
 from compiler.memory import Buffer, plan_offsets, verify_plan
 from compiler.memory.lifetimes import Storage, assign_storage
 from compiler.partition.partitioner import partition_graph
 from compiler.providers.reference import ReferenceProvider
-from runtime.kernels import get_kernel
 
 F32 = np.float32
 
@@ -319,48 +319,42 @@ def random_graph(rng: np.random.Generator, n: int) -> Graph:
     return graph
 
 
-def simulate(
-    graph: Graph, steps: list[Node], storage: Storage, plans: dict[str, Any], feeds: dict[str, np.ndarray]
-) -> list[np.ndarray]:
-    """Run ``steps`` with every value in its planned bytes; scratch is scribbled over when used."""
-    arenas = {space: np.zeros(max(plan.arena_nbytes, 1), np.uint8) for space, plan in plans.items()}
-    outputs = {v.name: np.full(v.shape, np.nan, v.dtype) for v in graph.outputs}
-    space_of = storage.space
+class PlannedMemory(Interpreter):
+    """Runs ``steps`` with every value in its planned bytes; scratch is scribbled over when used."""
 
-    def where(value: Value) -> np.ndarray:
-        root = storage.root[value.name]
-        kind = storage.kind[root]
+    def __init__(self, graph: Graph, steps: list[Node], storage: Storage, plans: dict[str, Any],
+                 feeds: dict[str, np.ndarray]) -> None:
+        super().__init__(graph, steps)
+        self.storage, self.plans, self.feeds = storage, plans, feeds
+        self.arenas = {space: np.zeros(max(plan.arena_nbytes, 1), np.uint8) for space, plan in plans.items()}
+        self.outputs = {v.name: np.full(v.shape, np.nan, v.dtype) for v in graph.outputs}
+        self.scratch = {str(b.id): b for bs in storage.buffers.values() for b in bs
+                        if str(b.id).startswith("scratch/")}
+
+    def where(self, value: Value) -> np.ndarray:
+        root = self.storage.root[value.name]
+        kind = self.storage.kind[root]
         if kind == "weights":
-            return graph.constants[root].const.reshape(value.shape)
+            return self.graph.constants[root].const.reshape(value.shape)
         if kind == "ext":
-            return (feeds[root] if root in feeds else outputs[root]).reshape(value.shape)
-        offset = plans[space_of[root]].offsets[root] + storage.offset[value.name]
-        raw = arenas[space_of[root]][offset : offset + value.nbytes]
+            return (self.feeds[root] if root in self.feeds else self.outputs[root]).reshape(value.shape)
+        space = self.storage.space[root]
+        offset = self.plans[space].offsets[root] + self.storage.offset[value.name]
+        raw = self.arenas[space][offset : offset + value.nbytes]
         return raw.view(value.dtype).reshape(value.shape)
 
-    scratch = {
-        str(b.id): b for bs in storage.buffers.values() for b in bs if str(b.id).startswith("scratch/")
-    }
-    for t, node in enumerate(steps):
-        if f"scratch/{t}" in scratch:
-            buf = scratch[f"scratch/{t}"]
-            offset = plans["host"].offsets[buf.id]
-            arenas["host"][offset : offset + buf.nbytes] = 0xFF  # a kernel uses its scratch
-        args = [where(v).copy() if v is not None else None for v in node.inputs]
-        results = get_kernel(node.kind)(np, args, node.attrs, [(v.shape, v.dtype) for v in node.outputs])
-        for value, result in zip(node.outputs, results, strict=True):
-            np.copyto(where(value), result)
-    return [outputs[v.name] for v in graph.outputs]
+    def read(self, value: Value) -> np.ndarray:
+        return self.where(value).copy()
 
+    def run_node(self, node: Node, args: list[Any]) -> list[Any]:
+        buf = self.scratch.get(f"scratch/{self.nodes.index(node)}")
+        if buf is not None:
+            offset = self.plans["host"].offsets[buf.id]
+            self.arenas["host"][offset : offset + buf.nbytes] = 0xFF  # a kernel uses its scratch
+        return super().run_node(node, args)
 
-def run_plain(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    env: dict[int, Any] = {id(v): v.const for v in graph.constants.values()}
-    env.update({id(v): feeds[v.name] for v in graph.inputs})
-    for node in graph.nodes:
-        args = [env[id(v)] if v is not None else None for v in node.inputs]
-        outs = get_kernel(node.kind)(np, args, node.attrs, [(v.shape, v.dtype) for v in node.outputs])
-        env.update({id(v): r for v, r in zip(node.outputs, outs, strict=True)})
-    return [np.asarray(env[id(v)]) for v in graph.outputs]
+    def write(self, node: Node, value: Value, result: Any) -> None:
+        np.copyto(self.where(value), result)
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -376,8 +370,8 @@ def test_random_graphs_never_overwrite_live_values(seed: int) -> None:
         verify_plan(buffers, plans[space], 16)
     assert set(storage.kind[storage.root[v.name]] for v in graph.outputs) == {"ext"}
     feeds = {v.name: rng.uniform(-2, 2, v.shape).astype(F32) for v in graph.inputs}
-    expected = run_plain(graph, feeds)
-    got = simulate(graph, schedule.steps, storage, plans, feeds)
+    expected = evaluate(graph, feeds)
+    got = PlannedMemory(graph, schedule.steps, storage, plans, feeds).run(feeds)
     for k, (a, b) in enumerate(zip(got, expected, strict=True)):
         np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=f"output {k} of seed {seed}")
 
@@ -420,7 +414,7 @@ def test_outputs_that_are_inputs_constants_or_duplicates_get_a_copy() -> None:
     assert len({id(v) for v in graph.outputs}) == 5
     assert all(v.producer is not None and not v.is_const for v in graph.outputs)
     feeds = {"x": np.linspace(-1, 1, 6, dtype=F32).reshape(2, 3)}
-    got = run_plain(graph, feeds)
+    got = evaluate(graph, feeds)
     np.testing.assert_array_equal(got[0], feeds["x"])
     np.testing.assert_array_equal(got[1], w.const)
     np.testing.assert_array_equal(got[3], np.maximum(feeds["x"], 0))

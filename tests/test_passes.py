@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
 from compiler.passes import (
     EliminateCommonSubexpressions,
@@ -33,7 +34,6 @@ from compiler.passes import (
 from compiler.passes import fold_constants as fold_module
 from compiler.passes.base import add_constant
 from runtime.errors import CompileError
-from runtime.kernels import get_kernel
 
 F32 = np.float32
 CONV_ATTRS = {
@@ -99,15 +99,8 @@ def feeds_for(graph: Graph, seed: int = 1) -> dict[str, np.ndarray]:
 
 
 def run_graph(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A tiny interpreter: every node, in graph order, through its reference kernel."""
-    env: dict[int, Any] = {id(v): v.const for v in graph.constants.values()}
-    env.update({id(v): feeds[v.name] for v in graph.inputs})
-    for node in graph.nodes:
-        args = [env[id(v)] if v is not None else None for v in node.inputs]
-        specs = [(v.shape, v.dtype) for v in node.outputs]
-        results = get_kernel(node.kind)(np, args, dict(node.attrs), specs)
-        env.update({id(v): r for v, r in zip(node.outputs, results, strict=True)})
-    return {v.name: np.asarray(env[id(v)]) for v in graph.outputs}
+    """The graph's outputs by name, every node through its reference kernel."""
+    return dict(zip([v.name for v in graph.outputs], evaluate(graph, feeds), strict=True))
 
 
 def check(graph: Graph, rewrite: Pass | Callable[[Graph], Any], rtol: float = 1e-5) -> Any:

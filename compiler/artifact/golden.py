@@ -1,11 +1,12 @@
 """Golden self-test data: a few seeded inputs and the reference provider's outputs for them.
 
 At compile time the final graph (after the passes, before partitioning) is evaluated node by node
-with the reference kernels of ``runtime/kernels`` -- the oracle every generated kernel is tested
-against -- on inputs drawn from a seeded generator. The inputs and outputs go into the artifact
-as raw little-endian bytes (``golden.bin``) with a JSON index (``golden.json``: per case, per
-tensor name, dtype, shape, offset, nbytes; per output the tolerance), both hashed in the manifest
-like every other file. ``runtime/verify.py`` reruns them on the deploy machine.
+(``compiler/ir/evaluate.py``) with the reference kernels of ``runtime/kernels`` -- the oracle every
+generated kernel is tested against -- on inputs drawn from a seeded generator. The inputs and
+outputs go into the artifact as raw little-endian bytes (``golden.bin``) with a JSON index
+(``golden.json``: per case, per tensor name, dtype, shape, offset, nbytes; per output the
+tolerance), both hashed in the manifest like every other file. ``runtime/verify.py`` reruns them
+on the deploy machine.
 
 Kept small: at most ``cases`` cases and ``max_bytes`` (4 MiB) of inputs plus outputs in all; a
 model whose one case is bigger, with an intermediate value over 256 MiB, whose graph draws random
@@ -23,13 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import Graph, Value
 from compiler.passes.base import NONDETERMINISTIC
 from runtime.errors import OnnxAotError
-from runtime.kernels import get_kernel
 
-__all__ = ["GOLDEN_BIN", "GOLDEN_JSON", "DEFAULT_CASES", "DEFAULT_MAX_BYTES", "make_golden",
-           "reference_outputs", "tolerance_for"]
+__all__ = ["GOLDEN_BIN", "GOLDEN_JSON", "DEFAULT_CASES", "DEFAULT_MAX_BYTES", "make_golden", "tolerance_for"]
 
 GOLDEN_JSON = "golden.json"
 GOLDEN_BIN = "golden.bin"
@@ -54,38 +54,6 @@ def tolerance_for(dtype: np.dtype) -> float:
     return 0.0  # integers and bools must match exactly
 
 
-def reference_outputs(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Evaluate ``graph`` (topologically ordered) with the reference kernels."""
-    env: dict[int, np.ndarray] = {}
-    for value in graph.inputs:
-        env[id(value)] = feeds[value.name]
-
-    def read(value: Value | None) -> np.ndarray | None:
-        if value is None:
-            return None
-        if value.const is not None:
-            return value.const
-        return env[id(value)]
-
-    for node in graph.nodes:
-        args = [read(v) for v in node.inputs]
-        if node.kind == "onnx_aot.Transfer":
-            results: list[Any] = [args[0]]
-        else:
-            specs: list[tuple[tuple[int, ...], Any]] = [
-                (v.shape, v.dtype) for v in node.outputs if v.shape is not None]
-            results = list(get_kernel(node.kind)(np, args, dict(node.attrs), specs))
-        if len(results) != len(node.outputs):
-            raise ValueError(f"node {node.name!r} ({node.kind}) gave {len(results)} result(s)")
-        for value, result in zip(node.outputs, results, strict=True):
-            array = np.asarray(result)
-            if value.shape is not None and array.shape != value.shape:
-                raise ValueError(f"node {node.name!r} ({node.kind}): result shape {array.shape}, "
-                                 f"planned {value.shape}")
-            env[id(value)] = np.array(array, dtype=value.dtype, copy=True, order="C")
-    return [read(v) for v in graph.outputs]  # type: ignore[misc]
-
-
 def _random_feeds(graph: Graph, rng: np.random.Generator, integers: bool) -> dict[str, np.ndarray]:
     feeds = {}
     for value in graph.inputs:
@@ -108,7 +76,7 @@ def _case(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], list[np.ndarr
     for integers in (True, False):
         feeds = _random_feeds(graph, np.random.default_rng(seed), integers)
         try:
-            return feeds, reference_outputs(graph, feeds)
+            return feeds, evaluate(graph, feeds)
         except (OnnxAotError, ArithmeticError, ValueError, TypeError, IndexError, KeyError,
                 MemoryError, FloatingPointError) as exc:
             last = f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,81 @@
+"""The IR interpreter: runs a Graph node by node through the reference kernels (``runtime/kernels``).
+
+It is the compiler's one way to evaluate a graph: the golden self-test data (``artifact/golden.py``)
+and the tests that compare a graph before and after a rewrite use it. Like torch.fx's
+``Interpreter`` it is a small class whose steps can be overridden: ``read`` (where an operand's
+array comes from), ``run_node`` (how one node computes) and ``write`` (where a result goes), so a
+test can, say, run the nodes of a schedule with every value in its planned arena bytes.
+
+A result must have the output value's planned shape; it is stored as an own, C-ordered copy in the
+value's dtype. ``onnx_aot.Transfer`` (a move between memory spaces) passes its input through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from compiler.ir.graph import Graph, Node, Value
+from runtime.errors import CompileError
+from runtime.kernels import get_kernel
+
+__all__ = ["EvaluationError", "Interpreter", "evaluate", "run_node"]
+
+TRANSFER = "onnx_aot.Transfer"
+
+
+class EvaluationError(CompileError):
+    """A reference kernel gave a result that does not fit the node's outputs."""
+
+
+def run_node(node: Node, args: Sequence[Any], xp: Any = np) -> list[Any]:
+    """``node``'s reference kernel applied to ``args`` (arrays, None for omitted inputs)."""
+    if node.kind == TRANSFER:
+        return [args[0]]
+    specs = [(v.shape, v.dtype) for v in node.outputs if v.shape is not None]
+    return list(get_kernel(node.kind)(xp, list(args), dict(node.attrs), specs))
+
+
+class Interpreter:
+    """Evaluates ``graph``, or the given ``nodes`` of it in their order (a schedule's steps)."""
+
+    def __init__(self, graph: Graph, nodes: Sequence[Node] | None = None) -> None:
+        self.graph = graph
+        self.nodes: tuple[Node, ...] = tuple(graph.nodes if nodes is None else nodes)
+        self.env: dict[int, Any] = {}
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """The graph's outputs, in order, for ``feeds`` (one array per graph input name)."""
+        self.env = {id(value): feeds[value.name] for value in self.graph.inputs}
+        for node in self.nodes:
+            results = self.run_node(node, [self.read(v) if v is not None else None for v in node.inputs])
+            if len(results) != len(node.outputs):
+                raise EvaluationError(f"{node.describe()}: the reference kernel gave {len(results)} "
+                                      f"result(s) for {len(node.outputs)} output(s)")
+            for value, result in zip(node.outputs, results, strict=True):
+                self.write(node, value, result)
+        return [self.read(value) for value in self.graph.outputs]
+
+    def read(self, value: Value) -> Any:
+        """The array of ``value``: its constant, or what was fed or computed for it."""
+        if value.const is not None:
+            return value.const
+        return self.env[id(value)]
+
+    def run_node(self, node: Node, args: list[Any]) -> list[Any]:
+        return run_node(node, args)
+
+    def write(self, node: Node, value: Value, result: Any) -> None:
+        """Keep ``result`` as ``value``'s array (checked against the planned shape)."""
+        array = np.asarray(result)
+        if value.shape is not None and array.shape != value.shape:
+            raise EvaluationError(f"{node.describe()}: result shape {array.shape} for output "
+                                  f"{value.name!r}, planned {value.shape}")
+        self.env[id(value)] = np.array(array, dtype=value.dtype, copy=True, order="C")
+
+
+def evaluate(graph: Graph, feeds: Mapping[str, Any]) -> list[Any]:
+    """``graph``'s outputs for ``feeds``, every node through its reference kernel."""
+    return Interpreter(graph).run(feeds)
