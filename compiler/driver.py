@@ -45,14 +45,14 @@ Progress = Callable[[str], None]
 
 def default_providers(target: str) -> list[Provider]:
     if target == "cpu":
-        from compiler.providers.c import CProvider
+        from compiler.providers.c.provider import CProvider
 
         return [CProvider(), ReferenceProvider()]
     if target == "cuda":
         # The reference kernels run on cupy in the device space, so an op without a CUDA kernel
         # stays on the device; the host providers then only see what cannot run there at all.
-        from compiler.providers.c import CProvider
-        from compiler.providers.cuda import CudaProvider
+        from compiler.providers.c.provider import CProvider
+        from compiler.providers.cuda.provider import CudaProvider
 
         return [CudaProvider(), ReferenceProvider("cuda"), CProvider(), ReferenceProvider()]
     raise CompileError(f"unknown target {target!r} (supported: {', '.join(TARGETS)})")

@@ -393,7 +393,7 @@ def _providers(build: bool) -> list[Any] | None:
     if build:
         return None
     from compiler.codegen.toolchain import target_info
-    from compiler.providers.c import SOURCE_NAME, CProvider
+    from compiler.providers.c.provider import SOURCE_NAME, CProvider
     from compiler.providers.reference import ReferenceProvider
 
     class SourceOnlyCProvider(CProvider):  # claims and renders like the C provider, builds nothing

@@ -25,7 +25,7 @@ from test_c_provider import PROVIDER, aligned_buffer, build
 from compiler.driver import compile_model
 from compiler.ir.graph import Graph, Node, Value
 from compiler.providers.base import BuildOptions, Location, PartitionPlan, StepPlan
-from compiler.providers.c_data_pad import pad_tables
+from compiler.providers.c.pad import pad_tables
 from runtime.kernels import get_kernel
 from runtime.providers.c import CLibrary
 from runtime.session import Session

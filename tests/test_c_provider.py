@@ -27,7 +27,7 @@ from compiler.codegen.elementwise import coalesce, emit_program, literal, node_p
 from compiler.codegen.env import render, templates_dir
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
 from compiler.providers.base import BuildOptions, Location, PartitionPlan, StepPlan
-from compiler.providers.c import CProvider
+from compiler.providers.c.provider import CProvider
 from runtime.errors import ArtifactError, CompileError, RuntimeKernelError
 from runtime.providers.c import CLibrary
 

@@ -20,7 +20,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from compiler.driver import compile_model
-from compiler.providers.c_reduce_einsum import contraction
+from compiler.providers.c.einsum import contraction
 from runtime import Session
 from runtime.kernels import get_kernel
 

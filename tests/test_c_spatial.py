@@ -25,7 +25,7 @@ from onnx.reference import ReferenceEvaluator
 
 from compiler.driver import compile_model
 from compiler.ir.graph import Node, Value
-from compiler.providers.c import CProvider
+from compiler.providers.c.provider import CProvider
 from runtime.kernels import get_kernel
 from runtime.session import Session
 

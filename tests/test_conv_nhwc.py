@@ -1,4 +1,4 @@
-"""The C kernel of ``onnx_aot.ConvNhwc`` (compiler/providers/c_conv_nhwc.py, templates/c/conv_nhwc.c.j2).
+"""The C kernel of ``onnx_aot.ConvNhwc`` (compiler/providers/c/conv_nhwc.py, templates/c/conv_nhwc.c.j2).
 
 Every case is a shape the zoo does not have (odd sizes, channel counts that fill no panel, batch
 2, asymmetric pads, strides, dilations, groups, depthwise, H = 1, residual and each activation),

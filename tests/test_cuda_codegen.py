@@ -27,7 +27,7 @@ from compiler import compile_model
 from compiler.codegen import nvcc as nvcc_mod
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
 from compiler.providers.base import BuildOptions
-from compiler.providers.cuda import CudaProvider
+from compiler.providers.cuda.provider import CudaProvider
 from runtime.errors import CompileError
 
 NVCC = nvcc_mod.find_nvcc(BuildOptions())

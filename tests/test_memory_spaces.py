@@ -18,7 +18,7 @@ from conftest import ort_run
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler import compile_model
-from compiler.providers.c import CProvider
+from compiler.providers.c.provider import CProvider
 from compiler.providers.reference import ReferenceProvider
 from runtime import Session
 from runtime.errors import ArtifactError

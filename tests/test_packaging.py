@@ -23,7 +23,8 @@ def test_wheel_ships_templates_and_compiles(tmp_path: Path) -> None:
     assert "compiler/_templates/c/conv.c.j2" in names
     assert "compiler/_templates/report/memory.html.j2" in names
     for package in ("compiler/passes/__init__.py", "runtime/kernels/__init__.py",
-                    "runtime/providers/c.py", "compiler/providers/c.py"):
+                    "runtime/providers/c.py", "compiler/providers/c/provider.py",
+                    "compiler/providers/cuda/provider.py"):
         assert package in names, package
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -1,5 +1,5 @@
 """The C kernels of the channels-last pools: MaxPoolNhwc, AveragePoolNhwc, GlobalAveragePoolNhwc,
-LRNNhwc (compiler/providers/c_pool_nhwc.py, templates/c/pool_nhwc.c.j2, channel_nhwc.c.j2).
+LRNNhwc (compiler/providers/c/pool_nhwc.py, templates/c/pool_nhwc.c.j2, channel_nhwc.c.j2).
 
 Each test compiles one IR graph holding several nodes on shapes the zoo does not have (odd sizes,
 channel counts below, at and past a vector, batch 2, asymmetric and oversized pads, ceil mode,
@@ -26,8 +26,8 @@ from test_passes import Builder
 from compiler.driver import compile_graph
 from compiler.ir.graph import AOT_DOMAIN, Graph
 from compiler.providers.base import BuildOptions
-from compiler.providers.c import CProvider
-from compiler.providers.c_pool_nhwc import MAX_LRN_CHANNELS, channel_walk
+from compiler.providers.c.pool_nhwc import MAX_LRN_CHANNELS, channel_walk
+from compiler.providers.c.provider import CProvider
 from runtime import Session
 from runtime.kernels import get_kernel
 from runtime.kernels.common import pool_out_size

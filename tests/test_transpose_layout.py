@@ -21,7 +21,7 @@ from test_passes import Builder
 
 from compiler.driver import compile_graph
 from compiler.providers.base import BuildOptions
-from compiler.providers.c_move import batched_2d, register_transpose, transpose_blocks
+from compiler.providers.c.movement import batched_2d, register_transpose, transpose_blocks
 from runtime import Session
 
 LAYOUT = (0, 2, 3, 1)

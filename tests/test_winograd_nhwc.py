@@ -1,4 +1,4 @@
-"""The C kernel of onnx_aot.WinogradConvNhwc (compiler/providers/c_winograd_nhwc.py).
+"""The C kernel of onnx_aot.WinogradConvNhwc (compiler/providers/c/winograd_nhwc.py).
 
 Against the direct convolution in float64 and the reference kernel (runtime/kernels/nhwc.py) on
 shapes the zoo does not have: odd sizes, asymmetric pads 0-2, batch 2, channel counts that fill
@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from test_passes import CONV_ATTRS, Builder
 
-import compiler.providers.c_winograd_nhwc as K
+import compiler.providers.c.winograd_nhwc as K
 from compiler.driver import compile_graph
 from compiler.ir.graph import AOT_DOMAIN, Graph
 from compiler.passes.use_winograd import winograd_weights
 from compiler.providers.base import BuildOptions
-from compiler.providers.c_winograd_nhwc import Program, _geometry, transform_program
+from compiler.providers.c.winograd_nhwc import Program, _geometry, transform_program
 from runtime import Session
 from runtime.errors import CpuFallbackWarning
 from runtime.isa import MARCH_FEATURES, TEST_FLAGS_ENV

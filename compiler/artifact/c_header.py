@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from compiler.codegen.env import render
-from compiler.providers.c import ABI_VERSION
+from compiler.providers.c.provider import ABI_VERSION
 from runtime.errors import CompileError
 
 __all__ = ["HEADER_NAME", "HeaderContext", "header_context", "write_c_header"]

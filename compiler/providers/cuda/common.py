@@ -1,13 +1,13 @@
 """Shared records of the CUDA provider: kernel registry, kernel code, launch arguments.
 
-Each op kind the CUDA provider runs is registered here by a ``CudaKernel`` (in ``cuda_gemm``,
-``cuda_simple`` and ``cuda_eltwise``): ``supports`` decides the claim from the node's
+Each op kind the CUDA provider runs is registered here by a ``CudaKernel`` (in the modules of
+``provider.KERNEL_MODULES``): ``supports`` decides the claim from the node's
 attributes, dtypes and shapes; ``scratch_nbytes`` sizes the step's device scratch; ``build``
 turns a scheduled step into a tuple of ``KernelCode`` -- each one ``__global__`` function
 rendered from a template with a frozen context, plus how it is launched: grid, block, dynamic
 shared memory and the arguments, in the order of the kernel's parameters.
 
-Every kernel context has a ``name`` field (the ``extern "C"`` symbol); ``cuda.py`` fills it and
+Every kernel context has a ``name`` field (the ``extern "C"`` symbol); ``provider.py`` fills it and
 shares one function between steps whose contexts are equal but for the name and comment.
 """
 

@@ -1,7 +1,7 @@
 """The C execution provider, compile side: claims nodes, renders one C file, builds one library.
 
-``CProvider.claims`` asks the kernel registry (``c_conv``, ``c_gemm``, ``c_eltwise``, ``c_simple``,
-``c_move``, ``c_data``, ``c_reduce``, ``c_spatial``) which nodes it can run; ``generate`` renders every
+``CProvider.claims`` asks the kernel registry (filled by the modules of
+``KERNEL_MODULES``) which nodes it can run; ``generate`` renders every
 partition's steps from ``templates/c`` into ``kernels_dir/model.c`` and builds ``kernels_dir/model.so``.
 Each kernel is one function with compile-time shapes, named ``k_<hash of its text>``: steps whose
 kernels are identical (repeated blocks) call one function, and the build compiles every kernel as
@@ -32,25 +32,51 @@ from typing import Any
 from compiler.codegen.env import render
 from compiler.codegen.toolchain import TargetInfo, build_units, target_info
 from compiler.ir.graph import Graph, Node
-from compiler.providers import (  # noqa: F401  (imported to fill the registry)
-    c_conv,
-    c_conv_nhwc,
-    c_data,
-    c_eltwise,
-    c_gemm,
-    c_move,
-    c_pool_nhwc,
-    c_reduce,
-    c_simple,
-    c_spatial,
-    c_winograd,
-    c_winograd_nhwc,
-)
 from compiler.providers.base import BuildOptions, PartitionPlan
-from compiler.providers.c_common import REGISTRY, Arg, StepCode, comment
+from compiler.providers.c import (
+    conv,
+    conv_nhwc,
+    einsum,
+    elementwise,
+    elementwise_typed,
+    gemm,
+    indexing,
+    movement,
+    pad,
+    pool,
+    pool_nhwc,
+    reduce,
+    spatial,
+    winograd,
+    winograd_nhwc,
+)
+from compiler.providers.c.common import REGISTRY, Arg, StepCode, comment
 from runtime.errors import CompileError, OnnxAotError
 
-__all__ = ["CProvider", "ABI_VERSION", "CSource", "ModelContext", "EntryContext", "CallSite"]
+__all__ = [
+    "CProvider", "ABI_VERSION", "CSource", "ModelContext", "EntryContext", "CallSite", "KERNEL_MODULES",
+]
+
+# The modules whose kernels the C provider runs (each registers its kernels when imported); every
+# other module of this package is named in SUPPORT_MODULES (a test checks that none is left out).
+KERNEL_MODULES = (
+    conv,
+    conv_nhwc,
+    einsum,
+    elementwise,
+    elementwise_typed,
+    gemm,
+    indexing,
+    movement,
+    pad,
+    pool,
+    pool_nhwc,
+    reduce,
+    spatial,
+    winograd,
+    winograd_nhwc,
+)
+SUPPORT_MODULES = ("provider", "common", "dtypes")
 
 ABI_VERSION = 1
 SOURCE_NAME = "model.c"

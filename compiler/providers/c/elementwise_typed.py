@@ -2,7 +2,7 @@
 
 Each is one loop nest over the output reading every input at its numpy-broadcast index (the index
 math of ``compiler.codegen.elementwise``) into a typed scalar, with a C expression giving the
-output element. They complement the float32-only elementwise kernels of ``c_eltwise``: the
+output element. They complement the float32-only elementwise kernels of ``elementwise``: the
 comparisons (Equal, Less, Greater, LessOrEqual, GreaterOrEqual) take any numeric or bool inputs,
 And / Or / Xor / Not take bools, Where selects elements of any fixed-size dtype, and a bool output is
 stored as one byte 0 / 1, as numpy stores it. A kernel may run with its output over a same-shaped,
@@ -28,7 +28,7 @@ from compiler.codegen.elementwise import LoopNest, broadcast_strides, loop_nest,
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node, Value
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Arg,
     Param,

@@ -21,8 +21,8 @@ from compiler.codegen.elementwise import (
 )
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_simple import ChannelKernel, PoolKernel, SoftmaxKernel, _pool_geometry
-from compiler.providers.cuda_common import (
+from compiler.providers.c.pool import ChannelKernel, PoolKernel, SoftmaxKernel, _pool_geometry
+from compiler.providers.cuda.common import (
     THREADS,
     KernelCode,
     Param,
@@ -34,7 +34,7 @@ from compiler.providers.cuda_common import (
     register,
     shape_of,
 )
-from compiler.providers.cuda_eltwise import used_indices
+from compiler.providers.cuda.elementwise import used_indices
 
 __all__ = ["CudaPoolContext", "CudaChannelContext", "RowsContext"]
 

@@ -1,7 +1,7 @@
 """Shared records of the C provider: kernel registry, step code, function parameters.
 
-Each op kind the C provider runs is registered here by a ``CKernel`` (in ``c_gemm``,
-``c_simple`` and ``c_eltwise``): ``supports`` decides the claim from the node's attributes, dtypes
+Each op kind the C provider runs is registered here by a ``CKernel`` (in the modules of
+``provider.KERNEL_MODULES``): ``supports`` decides the claim from the node's attributes, dtypes
 and shapes; ``scratch_nbytes`` sizes the step's arena scratch; ``build`` turns a scheduled step
 into ``StepCode`` -- a template, its frozen context and the pointer arguments the partition entry
 passes, in the order of the step function's parameters.

@@ -1,7 +1,7 @@
 """C kernels without a GEMM core: pooling, normalization and softmax.
 
 MaxPool / AveragePool (1-D and 2-D), GlobalAveragePool / GlobalMaxPool, BatchNormalization
-(inference), LRN, Softmax / LogSoftmax (any axis). Data movement is in ``c_move``.
+(inference), LRN, Softmax / LogSoftmax (any axis). Data movement is in ``movement``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,

@@ -26,7 +26,7 @@ from compiler.codegen.elementwise import (
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node, Value
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Arg,
     Param,

@@ -4,7 +4,7 @@ The tile (``templates/c/gemm_tile.c.j2``) keeps ``mr`` rows x ``nv`` vectors of 
 registers, broadcasting A (the weights, for a conv) and loading B along the output columns
 (pixels, for a conv); its sizes come from the target's vector width and register count, its
 loop bounds are compile-time constants, and bias, residual and activation are applied in its
-epilogue. ``c_conv`` feeds it im2col panels. Gemm reads B in place when it is not transposed,
+epilogue. ``conv`` feeds it im2col panels. Gemm reads B in place when it is not transposed,
 packs B^T into panels in scratch when it is, and takes a dot-product path when there are few
 rows (or one column) and both operands are contiguous along K. MatMul broadcasts batches through
 static tables of batch offsets.
@@ -30,7 +30,7 @@ from compiler.codegen.elementwise import (
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,

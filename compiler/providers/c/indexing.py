@@ -1,7 +1,7 @@
 """C kernels for data movement: Slice, Expand, Tile, Gather, Split and Range.
 
 Every kernel but Range only moves elements, so it takes any fixed-size dtype (elements travel as
-unsigned integers of the same size, as in ``c_move``) and has its shapes and offsets fixed at
+unsigned integers of the same size, as in ``movement``) and has its shapes and offsets fixed at
 compile time. Slice, Expand and Tile are one *strided* copy: a loop nest over the output reading
 the input at compile-time (possibly zero or negative) strides from a base offset. Split copies
 each output's slice of every row.
@@ -9,8 +9,7 @@ each output's slice of every row.
 Gather reads its indices at run time; a negative index counts from the end and an index still
 outside ``[0, n)`` after that yields a zero-filled slice (the reference kernel raises instead: a
 step function cannot report an error through ABI version 1, and must never read out of bounds).
-Pad is in ``c_data_pad``; Cast, Where and the comparison / logic ops are in ``c_data_map`` (both
-imported here to register their kernels).
+Pad is in ``pad``; Cast, Where and the comparison / logic ops are in ``elementwise_typed``.
 """
 
 from __future__ import annotations
@@ -29,9 +28,8 @@ from compiler.codegen.elementwise import (
 )
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node, Value
-from compiler.providers import c_data_map, c_data_pad  # noqa: F401  (imported to register their kernels)
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,
@@ -45,7 +43,7 @@ from compiler.providers.c_common import (
     same_dtype_movable,
     shape_of,
 )
-from compiler.providers.c_data_map import value_ctype
+from compiler.providers.c.elementwise_typed import value_ctype
 
 __all__ = [
     "StridedContext",

@@ -7,7 +7,7 @@ output row first blends its input rows (H taps) into a row buffer, then gathers 
 reference's axis order. Only float32 resizes that leave every axis but the last two unchanged are
 claimed, with bounded tables.
 
-ConvTranspose: per image and group, the register-blocked GEMM tile of ``c_gemm`` computes the
+ConvTranspose: per image and group, the register-blocked GEMM tile of ``gemm`` computes the
 columns W_g^T X_g -- one row per (output channel, kh, kw), one column per input pixel -- into
 scratch (W read transposed in place), then col2im gathers them per output row: y[n, m, oh, :] adds
 column rows (m, kh, kw) at the input row ih with oh = ih * sh + kh * dh - pt, each a strided axpy
@@ -26,7 +26,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,
@@ -40,7 +40,7 @@ from compiler.providers.c_common import (
     scratch_arg,
     shape_of,
 )
-from compiler.providers.c_gemm import Epilogue, Tiling, choose_tiling
+from compiler.providers.c.gemm import Epilogue, Tiling, choose_tiling
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.spatial import ResizeTaps, resize_plan
 

@@ -28,10 +28,10 @@ from compiler.codegen.elementwise import (
 )
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import same_dtype_movable
-from compiler.providers.c_eltwise import EltwiseKernel, _scalar_const
-from compiler.providers.c_move import ConcatKernel, CopyKernel, TransposeKernel
-from compiler.providers.cuda_common import (
+from compiler.providers.c.common import same_dtype_movable
+from compiler.providers.c.elementwise import EltwiseKernel, _scalar_const
+from compiler.providers.c.movement import ConcatKernel, CopyKernel, TransposeKernel
+from compiler.providers.cuda.common import (
     MAX_ELEMENTS,
     THREADS,
     KArg,

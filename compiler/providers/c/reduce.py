@@ -5,7 +5,7 @@ merged into alternating groups of kept and reduced dimensions: when the innermos
 reduced ("rows") each output element is a reduction of contiguous runs; when it is kept ("cols")
 each work item accumulates a block of contiguous outputs over every reduced position, so both
 cases read memory in order. Floats are accumulated in float32 (``omp simd`` splits long rows into
-vector lanes); maxima and minima propagate NaN as numpy does. Einsum is in ``c_reduce_einsum``.
+vector lanes); maxima and minima propagate NaN as numpy does. Einsum is in ``einsum``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import numpy as np
 from compiler.codegen.elementwise import contiguous_strides, literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node, Value
-from compiler.providers import c_reduce_einsum  # noqa: F401  (imported to register Einsum)
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,
@@ -32,7 +31,7 @@ from compiler.providers.c_common import (
     register,
     shape_of,
 )
-from compiler.providers.c_reduce_common import CType, all_nonempty, ctype_of, offset_expr, prod
+from compiler.providers.c.dtypes import CType, all_nonempty, ctype_of, offset_expr, prod
 
 __all__ = [
     "ReduceContext",

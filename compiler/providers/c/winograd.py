@@ -3,7 +3,7 @@
 The node comes from ``compiler/passes/use_winograd.py`` with its weights already transformed
 (``U``: a^2 x M x C, a = m + 2). Per image, ``templates/c/winograd.c.j2`` transforms every a x a
 input patch into a^2 matrices (C x tiles), runs the a^2 products U_k V_k on the GEMM tile
-(``c_gemm``, B read in place), and transforms each tile's a^2 values back into its m x m outputs
+(``gemm``, B read in place), and transforms each tile's a^2 values back into its m x m outputs
 with bias, residual and activation applied as they are stored. The transforms are unrolled from
 the matrices in ``runtime/kernels/winograd.py``. Both transforms work a row of tiles at a time on
 contiguous runs (even and odd input columns split first) so the compiler vectorizes them.
@@ -18,7 +18,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,
@@ -27,8 +27,8 @@ from compiler.providers.c_common import (
     register,
     shape_of,
 )
-from compiler.providers.c_conv import conv_operands, epilogue_operands_ok
-from compiler.providers.c_gemm import Epilogue, Tiling, choose_tiling
+from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
+from compiler.providers.c.gemm import Epilogue, Tiling, choose_tiling
 from runtime.kernels.winograd import MATRICES
 
 __all__ = ["WinogradContext", "WinogradKernel"]

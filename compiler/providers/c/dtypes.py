@@ -1,4 +1,4 @@
-"""What the reduction-like C kernels (``c_reduce``, ``c_reduce_einsum``) share: their C type table,
+"""What the reduction-like C kernels (``reduce``, ``einsum``) share: their C type table,
 index math over merged dimensions, and the aliasing rule for empty operands."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 
 from compiler.codegen.elementwise import index_expr, unflatten
 from compiler.ir.graph import Node, Value
-from compiler.providers.c_common import shape_of
+from compiler.providers.c.common import shape_of
 
 __all__ = ["CType", "CTYPES", "ctype_of", "prod", "offset_expr", "all_nonempty"]
 

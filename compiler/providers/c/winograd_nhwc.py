@@ -41,7 +41,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,
@@ -50,8 +50,8 @@ from compiler.providers.c_common import (
     register,
     shape_of,
 )
-from compiler.providers.c_conv import conv_operands, epilogue_operands_ok
-from compiler.providers.c_gemm import Epilogue
+from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
+from compiler.providers.c.gemm import Epilogue
 from runtime.kernels.nhwc import PANEL
 from runtime.kernels.winograd import MATRICES
 

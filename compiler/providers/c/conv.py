@@ -3,7 +3,7 @@
 Three methods, chosen from the node alone (so ``scratch_nbytes`` needs no target):
 
 - "packed": im2col of each image and group into the GEMM tile's panels in scratch, then the
-  register-blocked tile (``c_gemm``) with bias, residual and activation in its epilogue;
+  register-blocked tile (``gemm``) with bias, residual and activation in its epilogue;
 - "direct": a 1x1, stride-1, unpadded conv reads X in place as the tile's B (no scratch);
 - "depthwise": one input channel per group (depthwise, or with a channel multiplier): a direct
   loop per output plane, vectorized along the output row, same epilogue.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Arg,
     Param,
@@ -31,7 +31,7 @@ from compiler.providers.c_common import (
     scratch_arg,
     shape_of,
 )
-from compiler.providers.c_gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok, packed_nbytes
+from compiler.providers.c.gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok, packed_nbytes
 
 __all__ = ["ConvContext", "DepthwiseContext", "ConvKernel", "conv_operands", "epilogue_operands_ok"]
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,
@@ -60,8 +60,8 @@ from compiler.providers.c_common import (
     register,
     shape_of,
 )
-from compiler.providers.c_conv import conv_operands, epilogue_operands_ok
-from compiler.providers.c_gemm import Epilogue
+from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
+from compiler.providers.c.gemm import Epilogue
 from runtime.kernels.nhwc import PANEL
 
 __all__ = ["ConvNhwcContext", "DepthwiseNhwcContext", "ConvNhwcKernel", "nhwc_geometry"]

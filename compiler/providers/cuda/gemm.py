@@ -9,8 +9,8 @@
   broadcast through the shared index math), or, with at most ``GEMV_MAX_ROWS`` rows, a
   bandwidth-bound matrix-vector kernel. Epilogue ``act(alpha * acc + beta * C)``.
 
-Geometry and attribute checks are the C provider's (``c_conv.conv_geometry``,
-``c_gemm`` products): the op semantics are shared; the kernels are not.
+Geometry and attribute checks are the C provider's (``c.conv.conv_geometry``,
+``c.gemm`` products): the op semantics are shared; the kernels are not.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import numpy as np
 from compiler.codegen.elementwise import broadcast_strides, literal, loop_nest, unflatten
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_conv import ConvKernel, conv_geometry
-from compiler.providers.c_gemm import GemmKernel, _gemm_product, _matmul_product, activation
-from compiler.providers.cuda_common import (
+from compiler.providers.c.conv import ConvKernel, conv_geometry
+from compiler.providers.c.gemm import GemmKernel, _gemm_product, _matmul_product, activation
+from compiler.providers.cuda.common import (
     MAX_GRID_YZ,
     THREADS,
     KArg,
@@ -39,7 +39,7 @@ from compiler.providers.cuda_common import (
     register,
     shape_of,
 )
-from compiler.providers.cuda_eltwise import used_indices
+from compiler.providers.cuda.elementwise import used_indices
 
 __all__ = ["TiledContext", "GemvContext", "DirectConvContext", "GEMV_MAX_ROWS"]
 

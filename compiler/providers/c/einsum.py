@@ -20,7 +20,7 @@ from compiler.codegen.elementwise import contiguous_strides, index_expr
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Arg,
     Param,
@@ -33,7 +33,7 @@ from compiler.providers.c_common import (
     register,
     shape_of,
 )
-from compiler.providers.c_reduce_common import CType, all_nonempty, ctype_of, offset_expr, prod
+from compiler.providers.c.dtypes import CType, all_nonempty, ctype_of, offset_expr, prod
 
 __all__ = ["EinsumContext", "EinsumKernel", "Contraction", "contraction"]
 

@@ -1,7 +1,7 @@
 """The CUDA execution provider, compile side: claims nodes, renders one .cu, builds cubins + PTX.
 
-``CudaProvider.claims`` asks the kernel registry (``cuda_gemm``, ``cuda_simple``,
-``cuda_eltwise``) which float32 nodes it can run, and always claims ``onnx_aot.Transfer`` (the
+``CudaProvider.claims`` asks the kernel registry (filled by the modules of
+``KERNEL_MODULES``) which float32 nodes it can run, and always claims ``onnx_aot.Transfer`` (the
 run side performs those copies; they get no kernel). ``generate`` renders every kernel of every
 partition from ``templates/cuda`` into ``kernels_dir/model.cu`` and, when nvcc is present,
 builds ``model.sm_80.cubin``, ``model.sm_90.cubin`` and ``model.ptx`` (compute_80) through the
@@ -32,12 +32,18 @@ from typing import Any
 from compiler.codegen.env import render
 from compiler.codegen.nvcc import DEFAULT_ARCHS, DEFAULT_PTX_ARCH, build_cuda, find_nvcc, min_driver
 from compiler.ir.graph import Graph, Node
-from compiler.providers import cuda_eltwise, cuda_gemm, cuda_simple  # noqa: F401  (registry)
 from compiler.providers.base import BuildOptions, PartitionPlan
-from compiler.providers.cuda_common import REGISTRY, KernelCode
+from compiler.providers.cuda import elementwise, gemm, pool
+from compiler.providers.cuda.common import REGISTRY, KernelCode
 from runtime.errors import CompileError, OnnxAotError
 
-__all__ = ["CudaProvider", "CudaModelContext", "TRANSFER"]
+__all__ = ["CudaProvider", "CudaModelContext", "TRANSFER", "KERNEL_MODULES"]
+
+# The modules whose kernels the CUDA provider runs (each registers its kernels when imported);
+# every other module of this package is named in SUPPORT_MODULES (a test checks that none is
+# left out).
+KERNEL_MODULES = (elementwise, gemm, pool)
+SUPPORT_MODULES = ("provider", "common")
 
 SOURCE_NAME = "model.cu"
 TRANSFER = "onnx_aot.Transfer"

@@ -25,7 +25,7 @@ from compiler.codegen.elementwise import LoopNest, contiguous_strides, loop_nest
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c_common import (
+from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Param,
     StepCode,
