@@ -34,7 +34,7 @@ KNOWN_CYCLES: list[frozenset[str]] = [
 # Functions longer than MAX_FUNCTION_LINES still to split: "path::qualified.name".
 KNOWN_LONG_FUNCTIONS: set[str] = {
     "compiler/plan.py::build_plan",
-    "compiler/providers/c_conv_nhwc.py::ConvNhwcKernel.build",
+    "compiler/providers/c/conv_nhwc.py::ConvNhwcKernel.build",
 }
 
 
