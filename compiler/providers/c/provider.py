@@ -59,23 +59,8 @@ __all__ = [
 
 # The modules whose kernels the C provider runs (each registers its kernels when imported); every
 # other module of this package is named in SUPPORT_MODULES (a test checks that none is left out).
-KERNEL_MODULES = (
-    conv,
-    conv_nhwc,
-    einsum,
-    elementwise,
-    elementwise_typed,
-    gemm,
-    indexing,
-    movement,
-    pad,
-    pool,
-    pool_nhwc,
-    reduce,
-    spatial,
-    winograd,
-    winograd_nhwc,
-)
+KERNEL_MODULES = (conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing, movement, pad,
+                  pool, pool_nhwc, reduce, spatial, winograd, winograd_nhwc)
 SUPPORT_MODULES = ("provider", "common", "dtypes")
 
 ABI_VERSION = 1
