@@ -30,7 +30,7 @@ from compiler.providers.c.pool_nhwc import MAX_LRN_CHANNELS, channel_walk
 from compiler.providers.c.provider import CProvider
 from runtime import Session
 from runtime.kernels import get_kernel
-from runtime.kernels.common import pool_out_size
+from runtime.kernels.window import pool_out_size
 
 # (name, NHWC shape, kernel, strides, pads, dilations, ceil_mode)
 POOLS: list[tuple[str, tuple[int, int, int, int], list[int], list[int], list[int], list[int], int]] = [

@@ -18,6 +18,7 @@ from onnx import helper, numpy_helper
 
 from compiler.frontend.canonical import CanonContext, canonicalize, np_dtype_of, onnx_attrs
 from compiler.frontend.loader import bind_input_shapes, bind_input_values, infer_shapes, load_model, opset_of
+from compiler.frontend.window_shapes import infer_with_pool_sizes
 from compiler.ir.graph import Graph, Node, Value
 from compiler.limits import check_tensor_size
 from runtime.errors import ModelError, OnnxAotError, ShapeError, UnsupportedOpError
@@ -301,7 +302,7 @@ def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
     graph = helper.make_graph([proto], "single", value_infos, outs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = infer_with_pool_sizes(model, _infer_plain)
     except Exception:
         return {}
     result: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
@@ -312,6 +313,10 @@ def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
         except (ShapeError, ModelError):
             pass
     return result
+
+
+def _infer_plain(model: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(model, data_prop=True)
 
 
 def _foldable(proto: onnx.NodeProto, inputs: list[Value | None], outputs: list[Value]) -> bool:

@@ -18,6 +18,7 @@ import onnx.shape_inference
 import onnx.version_converter
 from onnx import external_data_helper, helper, numpy_helper
 
+from compiler.frontend.window_shapes import infer_with_pool_sizes
 from runtime.errors import ModelError, ShapeError, UnsupportedOpError
 
 __all__ = ["MIN_OPSET", "MAX_OPSET", "load_model", "bind_input_shapes", "bind_input_values", "infer_shapes",
@@ -278,7 +279,8 @@ _SPELLED_DEFAULTS = {"MeanVarianceNormalization": ("axes", [0, 2, 3]), "STFT": (
 def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
     proto = _spell_defaults(proto)
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+        return infer_with_pool_sizes(proto, lambda model: onnx.shape_inference.infer_shapes(
+            model, check_type=True, strict_mode=True, data_prop=True))
     except Exception as exc:
         raise ShapeError(f"shape inference failed: {_first_line(exc)}") from None
 

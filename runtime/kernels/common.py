@@ -1,7 +1,8 @@
-"""Helpers shared by the reference kernels: result conformance and sliding-window geometry.
+"""Helpers shared by the reference kernels: result conformance, padding and window slices.
 
-Conv and the pools share the window arithmetic here (output sizes, padding, the strided slice a
-kernel offset reads), so each computes it the same way. Everything takes the array module ``xp``.
+Conv and the pools read their windows the same way here (the padded input, the strided slice a
+kernel offset reads); their sizes come from ``runtime/kernels/window.py``. Everything takes the
+array module ``xp``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.registry import OutputSpec
 
-__all__ = ["conv_out_size", "end_padding", "finish", "pad_spatial", "pool_out_size", "prod", "window_slices"]
+__all__ = ["finish", "pad_spatial", "prod", "window_slices"]
 
 
 def finish(
@@ -52,39 +53,12 @@ def finish(
     return done
 
 
-def conv_out_size(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int) -> int:
-    """Output length of a convolution (floor mode) along one spatial axis."""
-    return (size + begin + end - dilation * (kernel - 1) - 1) // stride + 1
-
-
-def pool_out_size(
-    size: int, kernel: int, stride: int, dilation: int, begin: int, end: int, ceil_mode: int
-) -> int:
-    """Output length of a pool along one axis, as ONNX defines it.
-
-    In ceil mode a last window that would start in the end padding is dropped (ONNX's shape
-    inference and onnxruntime agree on this).
-    """
-    span = size + begin + end - dilation * (kernel - 1) - 1
-    if not ceil_mode:
-        return span // stride + 1
-    out = -(-span // stride) + 1
-    if (out - 1) * stride >= size + begin:
-        out -= 1
-    return out
-
-
 def pad_spatial(xp: Any, x: Any, begins: Sequence[int], ends: Sequence[int], value: float) -> Any:
     """``x`` (N, C, *spatial) padded with ``value`` by ``begins``/``ends`` along the spatial axes."""
     if not any(begins) and not any(ends):
         return x
     widths = [(0, 0), (0, 0)] + [(int(b), int(e)) for b, e in zip(begins, ends, strict=True)]
     return xp.pad(x, widths, mode="constant", constant_values=value)
-
-
-def end_padding(size: int, kernel: int, stride: int, dilation: int, begin: int, out: int) -> int:
-    """End padding that makes every one of ``out`` windows fit inside the padded axis."""
-    return max(0, (out - 1) * stride + dilation * (kernel - 1) + 1 - size - begin)
 
 
 def window_slices(

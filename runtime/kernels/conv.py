@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import conv_out_size, finish, pad_spatial, prod, window_slices
+from runtime.kernels.common import finish, pad_spatial, prod, window_slices
 from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.window import conv_out_size
 
 __all__ = ["conv"]
 

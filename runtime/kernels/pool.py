@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import end_padding, finish, pad_spatial, pool_out_size, prod, window_slices
+from runtime.kernels.common import finish, pad_spatial, prod, window_slices
 from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.window import end_padding, pool_out_size
 
 __all__ = ["average_pool", "lp_pool", "max_pool", "max_pool_with_indices"]
 

@@ -18,6 +18,7 @@ from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import finish
 from runtime.kernels.fused import apply_activation
 from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.window import conv_out_size
 
 __all__ = ["MATRICES", "tile_of", "winograd_conv"]
 
@@ -72,7 +73,7 @@ def winograd_conv(xp: Any, x: Any, u: Any, attrs: dict[str, Any]) -> Any:
     a = m + 2
     out_c = int(u.shape[1])
     pt, pl, pb, pr = (int(p) for p in attrs["pads"])
-    oh, ow = h + pt + pb - 2, w + pl + pr - 2
+    oh, ow = conv_out_size(h, 3, 1, 1, pt, pb), conv_out_size(w, 3, 1, 1, pl, pr)
     if tuple(u.shape) != (a * a, out_c, c) or oh < 1 or ow < 1:
         raise RuntimeKernelError(
             f"WinogradConv: X {tuple(x.shape)}, U {tuple(u.shape)}, pads {attrs['pads']}"

@@ -38,7 +38,7 @@ from compiler.providers.c.common import (
     register,
     shape_of,
 )
-from runtime.kernels.common import pool_out_size
+from runtime.kernels.window import pool_out_size
 
 __all__ = [
     "Channels",

@@ -1,0 +1,402 @@
+"""Op geometry, computed once for every provider: convolution, pooling and matrix-product sizes.
+
+A kernel's claim (``supports``), its scratch size and its template context all start from the
+same record, read from the node here: :class:`ConvGeometry` (Conv, FusedConv, ConvNhwc),
+:class:`WinogradGeometry` (WinogradConv, WinogradConvNhwc), :class:`ConvTransposeGeometry`,
+:class:`PoolGeometry` (MaxPool / AveragePool and their NHWC forms) and :class:`MatmulProduct`
+(Gemm, FusedGemm, MatMul). ``from_node(node, layout)`` returns None when the node is not one the
+record describes (a missing or malformed attribute, an output shape other than the one the
+attributes give, weights of another layout): a kernel then declines it, and the reference
+provider runs it.
+
+Windowed ops are described in 2-D, a 1-D op with a unit H axis (:meth:`Axis.unit`); ``rank``
+keeps the node's own spatial rank. ``layout`` is "NCHW" (X is (N, C, *spatial), ONNX weights) or
+"NHWC" (X is (N, H, W, C), weights packed by ``runtime/kernels/nhwc.py``). Every size comes from
+``runtime/kernels/window.py``, the functions the reference kernels and the frontend use, so all
+of them agree on every output size. Spatial sizes are typed ``Dim`` (an ``int`` today, a symbol
+once shapes may be dynamic): the arithmetic on them is in that module's functions and in the few
+properties here, nowhere in a provider.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from compiler.codegen.elementwise import broadcast_strides
+from compiler.ir.graph import Node, Value
+from runtime.kernels.nhwc import PANEL
+from runtime.kernels.window import (
+    Dim,
+    conv_out_size,
+    conv_transpose_out_size,
+    extent,
+    inside,
+    pool_out_size,
+    reach,
+)
+from runtime.kernels.winograd import MATRICES
+
+__all__ = [
+    "Axis",
+    "ConvGeometry",
+    "ConvTransposeGeometry",
+    "Layout",
+    "MatmulProduct",
+    "PoolGeometry",
+    "Spatial",
+    "WinogradGeometry",
+]
+
+Layout = Literal["NCHW", "NHWC"]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One spatial axis of a windowed op: input ``size``, output ``out``, the window's taps and
+    the pads (``begin`` before the input, ``end`` after it)."""
+
+    size: Dim
+    out: Dim
+    kernel: int
+    stride: int
+    dilation: int
+    begin: int
+    end: int
+
+    @classmethod
+    def unit(cls) -> Axis:
+        """The H axis of a 1-D op: one row, one tap."""
+        return cls(1, 1, 1, 1, 1, 0, 0)
+
+    @property
+    def extent(self) -> int:
+        """Elements one window covers."""
+        return extent(self.kernel, self.dilation)
+
+    @property
+    def reach(self) -> Dim:
+        """Length of the padded axis the windows address, from the first window's start."""
+        return reach(self.out, self.kernel, self.stride, self.dilation)
+
+    @property
+    def padded(self) -> bool:
+        """Whether some tap of some output falls outside the input."""
+        return self.begin > 0 or self.reach > self.begin + self.size
+
+    def inside(self) -> tuple[Dim, Dim]:
+        """The outputs ``[lo, hi)`` whose windows lie wholly inside the input."""
+        return inside(self.size, self.kernel, self.stride, self.dilation, self.begin, self.out)
+
+
+class _Of:
+    """A read-only name for one field of one axis: ``Spatial.kh`` is ``rows.kernel``."""
+
+    def __init__(self, axis: str, field: str) -> None:
+        self.axis, self.field = axis, field
+
+    def __get__(self, obj: object, owner: type | None = None) -> Dim:
+        value: Dim = getattr(getattr(obj, self.axis), self.field)
+        return value
+
+
+@dataclass(frozen=True)
+class Spatial:
+    """What every windowed op has: the layout, N and C of its input, and its two axes. The flat
+    names (``h``, ``oh``, ``kh``, ``sh``, ``dh``, ``pt``, ``pb`` and the same for W) are what
+    templates read."""
+
+    layout: Layout
+    rank: int  # spatial axes of the node (1: ``rows`` is a unit axis)
+    batch: Dim
+    c: Dim
+    rows: Axis
+    cols: Axis
+
+    h = _Of("rows", "size")
+    w = _Of("cols", "size")
+    oh = _Of("rows", "out")
+    ow = _Of("cols", "out")
+    kh = _Of("rows", "kernel")
+    kw = _Of("cols", "kernel")
+    sh = _Of("rows", "stride")
+    sw = _Of("cols", "stride")
+    dh = _Of("rows", "dilation")
+    dw = _Of("cols", "dilation")
+    pt = _Of("rows", "begin")
+    pl = _Of("cols", "begin")
+    pb = _Of("rows", "end")
+    pr = _Of("cols", "end")
+
+    @property
+    def kernel_shape(self) -> tuple[int, ...]:
+        """The window as the node's attribute has it (one entry for a 1-D op)."""
+        return (self.kh, self.kw)[2 - self.rank :]
+
+
+def _shape(value: Value | None) -> tuple[int, ...] | None:
+    if value is None or value.shape is None:
+        return None
+    return tuple(int(d) for d in value.shape)
+
+
+def _ints(value: object, length: int) -> list[int] | None:
+    if not isinstance(value, (list, tuple)) or len(value) != length:
+        return None
+    try:
+        return [operator.index(v) for v in value]
+    except TypeError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A windowed node's X and Y dims in NCHW order and its attributes, checked for shape."""
+
+    rank: int
+    x: tuple[int, ...]  # (N, C, *spatial)
+    y: tuple[int, ...]
+    kernel: list[int]
+    strides: list[int]
+    dilations: list[int]
+    pads: list[int]
+
+    @staticmethod
+    def read(node: Node, layout: Layout, ranks: tuple[int, ...]) -> _Window | None:
+        """X / Y / attributes of a one-output node with a spatial rank in ``ranks``."""
+        xs, ys = _shape(node.input(0)), _shape(node.outputs[0]) if len(node.outputs) == 1 else None
+        if xs is None or ys is None or len(xs) != len(ys) or len(xs) - 2 not in ranks:
+            return None
+        if layout == "NHWC":
+            if len(xs) != 4:
+                return None
+            xs, ys = (xs[0], xs[3], *xs[1:3]), (ys[0], ys[3], *ys[1:3])
+        rank = len(xs) - 2
+        a = node.attrs
+        kernel, strides = _ints(a.get("kernel_shape"), rank), _ints(a.get("strides"), rank)
+        dilations = _ints(a["dilations"], rank) if "dilations" in a else [1] * rank
+        pads = _ints(a.get("pads"), 2 * rank)
+        if kernel is None or strides is None or dilations is None or pads is None:
+            return None
+        if min(kernel) < 1 or min(strides) < 1 or min(dilations) < 1 or min(xs[2:] + ys[2:]) < 1:
+            return None
+        return _Window(rank, xs, ys, kernel, strides, dilations, pads)
+
+    def axes(self, outs: list[int] | None = None) -> tuple[Axis, Axis]:
+        """(rows, cols), with ``outs`` as the output sizes (default: Y's)."""
+        outs = list(self.y[2:]) if outs is None else outs
+        made = [Axis(self.x[2 + d], outs[d], self.kernel[d], self.strides[d], self.dilations[d],
+                     self.pads[d], self.pads[self.rank + d]) for d in range(self.rank)]  # fmt: skip
+        return (Axis.unit(), made[0]) if self.rank == 1 else (made[0], made[1])
+
+
+@dataclass(frozen=True)
+class PoolGeometry(Spatial):
+    """MaxPool / AveragePool (and MaxPoolNhwc / AveragePoolNhwc): output sizes by ONNX's pool
+    rule (:func:`runtime.kernels.window.pool_out_size`, ceil mode included)."""
+
+    ceil_mode: int
+
+    @classmethod
+    def from_node(cls, node: Node, layout: Layout) -> PoolGeometry | None:
+        win = _Window.read(node, layout, (1, 2))
+        ceil_mode = node.attrs.get("ceil_mode")
+        if win is None or ceil_mode not in (0, 1) or min(win.pads) < 0 or win.y[:2] != win.x[:2]:
+            return None
+        rows, cols = win.axes()
+        for axis in (rows, cols):
+            want = pool_out_size(axis.size, axis.kernel, axis.stride, axis.dilation, axis.begin, axis.end,
+                                 int(ceil_mode))  # fmt: skip
+            if axis.out != want:
+                return None
+        return cls(layout, win.rank, win.x[0], win.x[1], rows, cols, int(ceil_mode))
+
+
+@dataclass(frozen=True)
+class ConvGeometry(Spatial):
+    """A convolution: ``m`` output channels in ``groups`` groups, output sizes by
+    :func:`runtime.kernels.window.conv_out_size`. The weights (input 1) must have the layout's
+    shape: ONNX (M, C/g, *kernel) for NCHW, ``pack_conv_weights``' panels (or depthwise (KH, KW, M))
+    for NHWC."""
+
+    m: Dim
+    groups: int
+
+    @property
+    def cg(self) -> Dim:
+        """Input channels per group."""
+        return self.c // self.groups
+
+    @property
+    def mg(self) -> Dim:
+        """Output channels per group."""
+        return self.m // self.groups
+
+    @property
+    def k(self) -> Dim:
+        """Products summed per output: a group's input channels times the window's taps."""
+        return self.cg * self.kh * self.kw
+
+    @property
+    def depthwise(self) -> bool:
+        """One input channel per group (a channel multiplier allowed where ``mg > 1``)."""
+        return self.groups > 1 and self.c == self.groups
+
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        """The weights' shape in this layout (see the class docstring)."""
+        if self.layout == "NCHW":
+            return (self.m, self.cg, *self.kernel_shape)
+        if self.depthwise and self.m == self.c:
+            return (self.kh, self.kw, self.m)
+        return (self.groups, -(-self.mg // PANEL), self.kh, self.kw, self.cg, PANEL)
+
+    @classmethod
+    def from_node(cls, node: Node, layout: Layout) -> ConvGeometry | None:
+        g = _conv(node, layout, (1, 2) if layout == "NCHW" else (2,))
+        if g is None or _shape(node.input(1)) != g.weight_shape:
+            return None
+        return g
+
+
+def _conv(node: Node, layout: Layout, ranks: tuple[int, ...]) -> ConvGeometry | None:
+    """The conv's geometry, its weights not yet checked."""
+    win = _Window.read(node, layout, ranks)
+    group = node.attrs.get("group")
+    if win is None or not isinstance(group, int) or group < 1 or min(win.pads) < 0:
+        return None
+    (n, c, *_), (ny, m, *_) = win.x, win.y
+    if ny != n or c % group or m % group or min(c, m) < 1:
+        return None
+    rows, cols = win.axes()
+    for axis in (rows, cols):
+        want = conv_out_size(axis.size, axis.kernel, axis.stride, axis.dilation, axis.begin, axis.end)
+        if axis.out != want:
+            return None
+    return ConvGeometry(layout, win.rank, n, c, rows, cols, m, group)
+
+
+@dataclass(frozen=True)
+class WinogradGeometry(ConvGeometry):
+    """A 3x3, stride-1 conv run as Winograd F(tile x tile, 3x3): weights transformed ahead of time
+    (``U``: (a^2, M, C) for NCHW, ``pack_winograd_weights``' (a^2, P, C, PANEL) for NHWC, a = tile
+    + 2); pads of at most 2, so every tile's input patch overlaps the input."""
+
+    tile: int
+
+    @property
+    def th(self) -> Dim:
+        """Rows of tiles per image."""
+        return -(-self.oh // self.tile)
+
+    @property
+    def tw(self) -> Dim:
+        """Tiles per row."""
+        return -(-self.ow // self.tile)
+
+    @classmethod
+    def from_node(cls, node: Node, layout: Layout) -> WinogradGeometry | None:  # type: ignore[override]
+        g, us = _conv(node, layout, (2,)), _shape(node.input(1))
+        if g is None or us is None or g.batch < 1 or g.groups != 1 or max(g.pt, g.pl, g.pb, g.pr) > 2:
+            return None
+        if (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) != (3, 3, 1, 1, 1, 1):
+            return None
+        tile = next((t for t in MATRICES if (t + 2) ** 2 == us[0]), None) if us else None
+        if tile is None:
+            return None
+        want = (g.m, g.c) if layout == "NCHW" else (-(-g.m // PANEL), g.c, PANEL)
+        if us[1:] != want:
+            return None
+        return cls(g.layout, g.rank, g.batch, g.c, g.rows, g.cols, g.m, g.groups, tile)
+
+
+@dataclass(frozen=True)
+class ConvTransposeGeometry(ConvGeometry):
+    """A ConvTranspose (NCHW): input ``i`` feeds output ``i * stride + j * dilation - begin``;
+    weights (C, M/g, *kernel); output sizes by :func:`runtime.kernels.window.conv_transpose_out_size`
+    with the node's ``output_padding``. Here ``rows.size`` / ``cols.size`` are the input's sizes and
+    ``out`` the output's, as for a conv."""
+
+    @classmethod
+    def from_node(cls, node: Node, layout: Layout) -> ConvTransposeGeometry | None:
+        win = _Window.read(node, layout, (1, 2) if layout == "NCHW" else ())
+        group, ws = node.attrs.get("group"), _shape(node.input(1))
+        if win is None or ws is None or not isinstance(group, int) or group < 1:
+            return None
+        padding = _ints(node.attrs.get("output_padding", [0] * win.rank), win.rank)
+        (n, c, *_), (ny, m, *_) = win.x, win.y
+        if padding is None or c % group or ny != n or ws != (c, m // group, *win.kernel) or m % group:
+            return None
+        rows, cols = win.axes()
+        for axis, op in zip((rows, cols)[2 - win.rank :], padding, strict=True):
+            want = conv_transpose_out_size(axis.size, axis.kernel, axis.stride, axis.dilation, axis.begin,
+                                           axis.end, op)  # fmt: skip
+            if axis.out != want:
+                return None
+        return cls(layout, win.rank, n, c, rows, cols, m, group)
+
+
+@dataclass(frozen=True)
+class MatmulProduct:
+    """Gemm / FusedGemm / MatMul as one (batched) product Y[b] = A[b] (m x k) times B[b] (k x n).
+
+    ``sam``, ``sak`` / ``sbk``, ``sbn``: strides of A's rows and columns and of B's, in elements
+    (a transpose is a stride). MatMul's batches broadcast: ``batch`` is Y's batch shape,
+    ``a_batch`` / ``b_batch`` the strides (in whole matrices, 0 along a broadcast axis) of A's and
+    B's batch axes over it. A 1-D A is one row, a 1-D B one column.
+    """
+
+    m: Dim
+    n: Dim
+    k: Dim
+    sam: int
+    sak: int
+    sbk: int
+    sbn: int
+    batch: tuple[Dim, ...]
+    a_batch: tuple[int, ...]
+    b_batch: tuple[int, ...]
+
+    @classmethod
+    def from_node(cls, node: Node) -> MatmulProduct | None:
+        """The product, or None when the shapes (and Gemm's attributes) do not make one."""
+        a, b, y = _shape(node.input(0)), _shape(node.input(1)), _shape(node.outputs[0])
+        if a is None or b is None or y is None:
+            return None
+        return _matmul(a, b, y) if node.op_type == "MatMul" else _gemm(node, a, b, y)
+
+
+def _gemm(node: Node, a: tuple[int, ...], b: tuple[int, ...], y: tuple[int, ...]) -> MatmulProduct | None:
+    if len(a) != 2 or len(b) != 2:
+        return None
+    ta, tb = node.attrs.get("transA"), node.attrs.get("transB")
+    if ta not in (0, 1) or tb not in (0, 1):
+        return None
+    m, k = (a[1], a[0]) if ta else a
+    kb, n = (b[1], b[0]) if tb else b
+    if k != kb or y != (m, n):
+        return None
+    sam, sak = (1, m) if ta else (k, 1)
+    sbk, sbn = (1, k) if tb else (n, 1)
+    return MatmulProduct(m, n, k, sam, sak, sbk, sbn, (), (), ())
+
+
+def _matmul(a: tuple[int, ...], b: tuple[int, ...], y: tuple[int, ...]) -> MatmulProduct | None:
+    if not a or not b:
+        return None
+    a2 = (1, *a) if len(a) == 1 else a
+    b2 = (*b, 1) if len(b) == 1 else b
+    (m, k), (kb, n) = a2[-2:], b2[-2:]
+    if k != kb:
+        return None
+    try:
+        batch = tuple(int(d) for d in np.broadcast_shapes(a2[:-2], b2[:-2]))
+    except ValueError:
+        return None
+    if y != batch + ((m,) if len(a) > 1 else ()) + ((n,) if len(b) > 1 else ()):
+        return None
+    return MatmulProduct(m, n, k, k, 1, n, 1, batch, broadcast_strides(a2[:-2], batch),
+                         broadcast_strides(b2[:-2], batch))  # fmt: skip
