@@ -37,9 +37,6 @@ class Schedule:
     provider_of_step: list[str]
     partition_of_step: list[int]
 
-    def step_index(self) -> dict[int, int]:
-        return {id(node): t for t, node in enumerate(self.steps)}
-
 
 def partition_graph(graph: Graph, providers: list[Provider]) -> Schedule:
     nodes = list(graph.nodes)
