@@ -4,10 +4,10 @@ For 1,000 random buffers at several densities (buffers live per step) and for th
 real lifetimes (tests/data/planner/*.json) it prints: the median time of the default heuristic
 (``budget_ms=0``), the time of the full plan with the default search budget, and arena / lower
 bound for the heuristic, for the searched plan and for each classic planner of
-tests/classic_planners.py. Usage:
+tests/support/classic_planners.py. Usage:
 
-    python scripts/bench_planner.py [--repeats N] [--hill-climb N] [--skip-classics] [--zoo-only]
-    python scripts/bench_planner.py --extract    # rewrite tests/data/planner/ from compile_model
+    python -m scripts.bench_planner [--repeats N] [--hill-climb N] [--skip-classics] [--zoo-only]
+    python -m scripts.bench_planner --extract    # rewrite tests/data/planner/ from compile_model
 """
 
 from __future__ import annotations
@@ -16,19 +16,14 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from compiler.memory.packing import DEFAULT_BUDGET_MS, Buffer, plan_offsets, verify_plan
+from tests.support.classic_planners import CLASSICS, arena_of, tvm_hill_climb
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from classic_planners import CLASSICS, arena_of, tvm_hill_climb  # noqa: E402
-
-from compiler.memory.packing import DEFAULT_BUDGET_MS, Buffer, plan_offsets, verify_plan  # noqa: E402
-
 DATA = ROOT / "tests" / "data" / "planner"
 SHORT = {"tflite_greedy_by_size": "tflite", "tflm_greedy_first_fit": "tflm", "tvm_greedy_by_size": "tvm_size",
          "tvm_greedy_by_conflicts": "tvm_confl", "tvm_hill_climb": "tvm_hill", "glow_max_pressure": "glow"}
@@ -85,9 +80,8 @@ def measure(name: str, bufs: list[Buffer], alignment: int, args: argparse.Namesp
 
 def extract() -> None:
     """Compile each light-zoo model and save its arena's buffers (id, nbytes, lifetime) as JSON."""
-    from zoo import ZOO, zoo_model
-
     from compiler import compile_model
+    from tests.support.zoo import ZOO, zoo_model
 
     DATA.mkdir(parents=True, exist_ok=True)
     for name in ZOO:

@@ -1,6 +1,6 @@
 """CPU speed of the nine random-weight light-zoo models against onnxruntime (issue 6's bench).
 
-For each model (``tests/zoo.py: zoo_model``, seeded random weights) it compiles an artifact into a
+For each model (``tests/support/zoo.py: zoo_model``, seeded random weights) it compiles an artifact into a
 temporary folder and runs ``compiler.bench.bench`` on it with ``--compare`` semantics: runs
 alternating with onnxruntime in this process on identical feeds (latency ratio onnx-aot /
 onnxruntime, < 1 is faster), max error against onnxruntime, then session creation, creation + first
@@ -10,7 +10,7 @@ ResNet-50's compile time with a cold C build (a fresh, empty ``ONNX_AOT_CACHE_DI
 runs as ``onnx-aot compile`` in its own process) and the runtime's overhead per run on a one-Add
 model (microseconds) and on ResNet-50 (share of its latency).
 
-Usage: python scripts/bench_zoo.py [--runs N] [--threads N] [--cold-reps N] [--smoke]
+Usage: python -m scripts.bench_zoo [--runs N] [--threads N] [--cold-reps N] [--smoke]
                                    [--write-docs docs/performance.md] [--json FILE] [MODEL ...]
 
 Fairness (docs/performance.md): a thread pool that keeps spinning after a run steals the other
@@ -41,21 +41,19 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from compiler.bench import prepare_environment  # noqa: E402
+from compiler.bench import prepare_environment
 
 prepare_environment()  # before any kernel library loads libgomp
 
 import onnx  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
-from zoo import ZOO, zoo_model  # noqa: E402
 
 from compiler import compile_model  # noqa: E402
 from compiler.bench import bench, import_onnxruntime  # noqa: E402
 from runtime.errors import CompileError, OnnxAotError  # noqa: E402
+from tests.support.zoo import ZOO, zoo_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 COMPUTE_BOUND = ("densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet")
 BANDWIDTH_BOUND = ("bvlc_alexnet", "zfnet512", "vgg19")
@@ -179,7 +177,7 @@ def summary(rows: dict[str, dict[str, Any]], extra: dict[str, Any], threads: int
 def write_docs(path: Path, facts: dict[str, str], rows: dict[str, dict[str, Any]], lines: list[str],
                args: argparse.Namespace) -> None:
     section = [BEGIN, "",
-               f"Measured {facts['date']} with `python scripts/bench_zoo.py --threads {args.threads} "
+               f"Measured {facts['date']} with `python -m scripts.bench_zoo --threads {args.threads} "
                f"--runs {args.runs} --cold-reps {args.cold_reps}` on: {facts['cpu']} ({facts['cores']} "
                f"cores; {facts['isa']}), onnxruntime {facts['onnxruntime']}, numpy {facts['numpy']}, "
                f"Python {facts['python']}, {facts['cc']}.", "",

@@ -11,12 +11,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from compiler import compile_model
+from compiler.driver import stderr_progress
+from runtime import Session
 
-from compiler import compile_model  # noqa: E402
-from compiler.driver import stderr_progress  # noqa: E402
-from runtime import Session  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 

@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=${PYTHON:-python3}
-"$PY" scripts/demo.py "$@"
+"$PY" -m scripts.demo "$@"

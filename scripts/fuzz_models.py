@@ -1,7 +1,7 @@
 """Fuzz the frontend and the compiler with mutated ONNX models.
 
-    python scripts/fuzz_models.py --cases 10000 --seed 0 --workers 2
-    python scripts/fuzz_models.py --case 1234 --seed 0        # rerun one case here, with traceback
+    python -m scripts.fuzz_models --cases 10000 --seed 0 --workers 2
+    python -m scripts.fuzz_models --case 1234 --seed 0        # rerun one case here, with traceback
 
 Every case takes one of a few tiny seed models (built with onnx.helper), applies one mutation
 (truncated or flipped bytes, wrong attributes, dangling inputs, cycles, huge or negative dims,
@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 KINDS = ("truncate", "flip", "attribute", "dangling", "cycle", "huge_dim", "negative_dim",
          "zero_dim", "small_values", "initializer_size", "dtype", "opset", "drop_or_duplicate")
@@ -474,11 +473,11 @@ class Worker:
     def __init__(self, seed: int, build: bool) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    PYTHONHASHSEED="0")
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--seed", str(seed)]
+        argv = [sys.executable, "-m", "scripts.fuzz_models", "--worker", "--seed", str(seed)]
         if build:
             argv.append("--build")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+                                     stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1, cwd=ROOT)
 
     def ask(self, case: int, timeout: float) -> dict[str, Any] | None:
         """The case's record; None when the worker died or ran out of time (then it is killed)."""

@@ -14,7 +14,7 @@ with/without graphs) / the other; below 1 means onnx-aot on the GPU is faster.
 Exits non-zero when any output mismatches or any check fails. Each model is checked in its own
 try/except so one failure does not hide the others.
 
-Usage: python scripts/gpu_check.py [MODEL ...] [--runs N] [--no-torch] [--no-cpu] [--no-pytest]
+Usage: python -m scripts.gpu_check [MODEL ...] [--runs N] [--no-torch] [--no-cpu] [--no-pytest]
                                    [--json FILE]
 """
 
@@ -36,8 +36,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 RTOL, ATOL = 1e-3, 1e-4
 TRANSFORMERS = ("transformer", "transformer_erf")
@@ -90,11 +88,11 @@ def compare(got: list[Any], want: list[Any]) -> tuple[bool, float, float]:
 
 def load_model(name: str) -> tuple[Any, dict[str, Any]]:
     if name in TRANSFORMERS:
-        from transformer_model import transformer_input, transformer_model
+        from tests.support.transformer_model import transformer_input, transformer_model
 
         model = transformer_model(erf=name.endswith("erf"))
         return model, transformer_input(model)
-    from zoo import dummy_input, zoo_model
+    from tests.support.zoo import dummy_input, zoo_model
 
     model = zoo_model(name)
     return model, dummy_input(model)
@@ -119,10 +117,9 @@ def cuda_session(path: Path, graphs: bool) -> Any:
 
 
 def check_model(name: str, args: argparse.Namespace, tmp: Path) -> Row:
-    from conftest import ort_run
-
     from compiler import compile_model
     from runtime import Session
+    from tests.support.models import ort_run
 
     row = Row(name)
     model, feeds = load_model(name)
@@ -171,11 +168,10 @@ def check_nvrtc(tmp: Path) -> Row:
     """The NVRTC fallback on the small transformer: compile into a fresh cache, match, hit the cache."""
     import copy
 
-    from conftest import ort_run
-    from transformer_model import transformer_input, transformer_model
-
     from compiler import compile_model
     from runtime.providers.cuda import CudaPartition
+    from tests.support.models import ort_run
+    from tests.support.transformer_model import transformer_input, transformer_model
 
     row = Row("nvrtc-fallback")
     os.environ["ONNX_AOT_CUDA_CACHE"] = str(tmp / "nvrtc-cache")
@@ -403,7 +399,7 @@ def environment() -> str:
 
 
 def main() -> int:
-    from zoo import ZOO  # light: numpy + onnx only
+    from tests.support.zoo import ZOO  # light: numpy + onnx only
 
     names = (*ZOO, *TRANSFORMERS)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],

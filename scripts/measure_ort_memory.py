@@ -17,10 +17,10 @@ allocates its arena afresh); onnxruntime with its CPU arena (the default; the ar
 takes and cannot be emptied, so a second, fresh session is measured after the warm-up session;
 "ORT 1st run" is that session's first run, "ORT arena" the arena after all runs) and without it.
 All use sequential execution with ``--threads`` intra-op threads (default 1); onnxruntime gets the
-model in the form it optimizes best (``tests/zoo.py: for_onnxruntime``). onnx-aot measured this
+model in the form it optimizes best (``tests/support/zoo.py: for_onnxruntime``). onnx-aot measured this
 way checks the method: it must come out at its planned arena. Linux only (reads /proc/self).
 
-Usage: python scripts/measure_ort_memory.py [--runs N] [--threads N] [--json] [MODEL ...]
+Usage: python -m scripts.measure_ort_memory [--runs N] [--threads N] [--json] [MODEL ...]
 Not part of CI (about two minutes for the zoo); tests/test_report.py smoke-tests it on SqueezeNet.
 """
 
@@ -40,8 +40,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 ENGINES = ("onnx-aot", "ort-arena", "ort-noarena")
 KIB = 1024
@@ -122,9 +120,9 @@ def child(engine: str, model: str, feeds_path: str, threads: int, runs: int) -> 
 
 
 def _measure(engine: str, model: Path, feeds: Path, threads: int, runs: int) -> dict[str, int]:
-    cmd = [sys.executable, __file__, "--child", engine, str(model), str(feeds), "--threads", str(threads),
-           "--runs", str(runs)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+    cmd = [sys.executable, "-m", "scripts.measure_ort_memory", "--child", engine, str(model), str(feeds),
+           "--threads", str(threads), "--runs", str(runs)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT,
                             env={**_env(), "OMP_NUM_THREADS": str(threads)})
     if result.returncode != 0:
         raise RuntimeError(f"{engine} on {model.name} failed:\n{result.stderr[-3000:]}")
@@ -154,9 +152,9 @@ def _prepare(name: str, model: Any, feeds: dict[str, np.ndarray], tmp: Path,
              ) -> tuple[dict[str, Path], Path, dict[str, int]]:
     """Compile for onnx-aot, save the onnxruntime form and the feeds; the plan's numbers."""
     import onnx
-    from zoo import for_onnxruntime
 
     from compiler import compile_model
+    from tests.support.zoo import for_onnxruntime
 
     artifact = compile_model(model, tmp / f"{name}.aot")
     ort_path = tmp / f"{name}.onnx"
@@ -191,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(engine, model, feeds, args.threads, args.runs)))
         return 0
 
-    from zoo import ZOO, dummy_input, zoo_model
+    from tests.support.zoo import ZOO, dummy_input, zoo_model
 
     names = args.models or list(ZOO)
     unknown = [n for n in names if n not in ZOO]

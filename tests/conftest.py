@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from cpu_targets import LEVELS, features_of  # noqa: E402
-from zoo import dummy_input, zoo_model  # noqa: E402
-
-from runtime.isa import TEST_FLAGS_ENV, host_x86_level  # noqa: E402
+from runtime.isa import TEST_FLAGS_ENV, host_x86_level
+from tests.cpu_targets import LEVELS, features_of
+from tests.support.zoo import dummy_input, zoo_model
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,18 +36,6 @@ def pytest_configure(config: pytest.Config) -> None:
             "a level above the real one would run instructions it lacks"
         )
     os.environ[TEST_FLAGS_ENV] = features_of(level)
-
-
-def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Run ``model`` with onnxruntime's CPU provider (the whole-model oracle)."""
-    import onnxruntime as ort
-    from zoo import for_onnxruntime
-
-    m = for_onnxruntime(model)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 class ZooCache:

@@ -18,20 +18,14 @@ from compiler.backend import OnnxAotBackend, compile_time_inputs
 from compiler.driver import compile_model
 from runtime import Session
 from runtime.errors import InputError, ShapeError, UnsupportedOpError
+from scripts import conformance
+from tests.support.models import onnx_model
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import conformance  # noqa: E402
-
-
-def _model(nodes, inputs, outputs, opset=17, initializers=()):  # type: ignore[no-untyped-def]
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _reshape_model() -> onnx.ModelProto:
-    return _model(
+    return onnx_model(
         [helper.make_node("Reshape", ["x", "shape"], ["y"])],
         [helper.make_tensor_value_info("x", T.FLOAT, [2, 6]),
          helper.make_tensor_value_info("shape", T.INT64, [2])],
@@ -39,7 +33,7 @@ def _reshape_model() -> onnx.ModelProto:
 
 
 def test_prepare_and_run_a_static_model() -> None:
-    model = _model([helper.make_node("Relu", ["x"], ["y"])],
+    model = onnx_model([helper.make_node("Relu", ["x"], ["y"])],
                    [helper.make_tensor_value_info("x", T.FLOAT, [3, 4])],
                    [helper.make_tensor_value_info("y", T.FLOAT, [3, 4])])
     rep = backend.prepare(model, "CPU")
@@ -92,7 +86,7 @@ def test_run_node_and_devices() -> None:
 
 
 def test_unsupported_ops_fail_at_prepare() -> None:
-    model = _model([helper.make_node("StringNormalizer", ["x"], ["y"])],
+    model = onnx_model([helper.make_node("StringNormalizer", ["x"], ["y"])],
                    [helper.make_tensor_value_info("x", T.STRING, [2])],
                    [helper.make_tensor_value_info("y", T.STRING, [2])])
     with pytest.raises(UnsupportedOpError, match="StringNormalizer"):

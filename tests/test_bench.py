@@ -17,13 +17,9 @@ from compiler import compile_model
 from compiler.bench import BenchError, error_stats, for_onnxruntime, initializers_as_inputs, measure_overhead
 from runtime import Session
 from runtime.address import _ctypes_address, data_address
+from tests.support.commands import cli
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
 
 
 def relu_add_model(ir_version: int = 8) -> onnx.ModelProto:
@@ -114,7 +110,7 @@ def test_compare_with_another_model_names_the_mismatch(tiny: tuple[Path, Path], 
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])])
     other = tmp_path / "other.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(other))
-    result = cli("bench", str(artifact), "--compare", str(other), "--cold-reps", "0")
+    result = cli("bench", str(artifact), "--compare", str(other), "--cold-reps", "0", ok=False)
     assert result.returncode == 1 and "'z'" in result.stderr and "'x'" in result.stderr
 
 

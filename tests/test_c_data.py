@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_c_provider import PROVIDER, aligned_buffer, build
 
 from compiler.driver import compile_model
 from compiler.ir.graph import Graph, Node, Value
@@ -29,6 +28,7 @@ from compiler.providers.c.pad import pad_tables
 from runtime.kernels import get_kernel
 from runtime.providers.c import CLibrary
 from runtime.session import Session
+from tests.test_c_provider import PROVIDER, aligned_buffer, build
 
 RNG = np.random.default_rng(20261123)
 

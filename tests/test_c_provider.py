@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from cpu_targets import host_runs, level_params
 from onnx import helper, numpy_helper
 
 from compiler.codegen import toolchain
@@ -30,6 +29,7 @@ from compiler.providers.base import BuildOptions, Location, PartitionPlan, StepP
 from compiler.providers.c.provider import CProvider
 from runtime.errors import ArtifactError, CompileError, RuntimeKernelError
 from runtime.providers.c import CLibrary
+from tests.cpu_targets import host_runs, level_params
 
 RTOL, ATOL = 1e-4, 1e-5
 PROVIDER = CProvider()

@@ -9,17 +9,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from test_runtime_api import small_model
+
+from tests.support.commands import cli
+from tests.support.models import small_model
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True,
-                            text=True, cwd=REPO, timeout=300)
-    if ok:
-        assert result.returncode == 0, result.stderr
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +93,7 @@ def test_symbolic_dim_needs_shape(tmp_path: Path) -> None:
 
 
 def test_bench_zoo_script_smoke() -> None:
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_zoo.py"), "--smoke"],
+    result = subprocess.run([sys.executable, "-m", "scripts.bench_zoo", "--smoke"],
                             capture_output=True, text=True, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "squeezenet" in result.stdout and "geomean latency ratio" in result.stdout

@@ -8,14 +8,10 @@ not-supported error or a listed expected failure -- never a wrong result or a ra
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
-import conformance  # noqa: E402
+from scripts import conformance
 
 CORE = re.compile(
     r"^test_(conv_with_strides_padding|gemm_default|matmul_2d|matmul_4d|relu|add_bcast|"

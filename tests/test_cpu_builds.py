@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from test_runtime_api import small_model
-from zoo import for_onnxruntime, random_weight_model, strip_softmax
 
 from compiler import compile_model
 from compiler.cli import main
@@ -25,6 +23,8 @@ from compiler.driver import resolve_cpu
 from runtime import Session
 from runtime.errors import ArtifactError, CpuFallbackWarning
 from runtime.isa import MARCH_FEATURES, TEST_FLAGS_ENV, host_x86_level
+from tests.support.models import small_model
+from tests.support.zoo import for_onnxruntime, random_weight_model, strip_softmax
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 CPU targets")
 

@@ -21,7 +21,6 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from zoo import ZOO, zoo_model
 
 from compiler import compile_model
 from compiler.codegen import nvcc as nvcc_mod
@@ -29,6 +28,7 @@ from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
 from compiler.providers.base import BuildOptions
 from compiler.providers.cuda.provider import CudaProvider
 from runtime.errors import CompileError
+from tests.support.zoo import ZOO, zoo_model
 
 NVCC = nvcc_mod.find_nvcc(BuildOptions())
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (PATH or /usr/local/cuda/bin)")

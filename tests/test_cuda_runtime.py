@@ -401,10 +401,9 @@ def test_a_session_runs_a_compiled_cuda_plan_through_the_fake(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real compile side's plan, run by Session on the simulated cupy: every launch in plan
     order, the input copied in and the output copied out, eagerly and with graphs."""
-    from transformer_model import transformer_input, transformer_model
-
     from compiler import compile_model
     from runtime import Session
+    from tests.support.transformer_model import transformer_input, transformer_model
 
     model = transformer_model(batch=1, seq=8, dim=32, heads=2, ffn=64)
     path = compile_model(model, tmp_path / "art", target="cuda",
@@ -474,11 +473,10 @@ def _compile_cuda(model: Any, out: Path) -> Path:
 @pytest.mark.parametrize("name", ["transformer", "transformer_erf", "squeezenet", "resnet50"])
 def test_gpu_matches_onnxruntime_with_and_without_graphs(tmp_path: Path, name: str) -> None:
     _gpu()
-    from conftest import ort_run
-    from transformer_model import transformer_input, transformer_model
-    from zoo import dummy_input, zoo_model
-
     from runtime import Session
+    from tests.support.models import ort_run
+    from tests.support.transformer_model import transformer_input, transformer_model
+    from tests.support.zoo import dummy_input, zoo_model
 
     if name.startswith("transformer"):
         model = transformer_model(erf=name.endswith("erf"))
@@ -519,9 +517,8 @@ def _enable_graphs(session: Any) -> None:
 
 def test_gpu_nvrtc_compiles_once_then_hits_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _gpu()
-    from transformer_model import transformer_model
-
     from runtime import Session
+    from tests.support.transformer_model import transformer_model
 
     monkeypatch.setenv("ONNX_AOT_CUDA_CACHE", str(tmp_path / "cache"))
     session = Session(_compile_cuda(transformer_model(seq=16, dim=64, ffn=128), tmp_path / "art"))

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_cuda_runtime import DevArray, FakeCupy, fake_artifact
 
 import runtime.providers.cuda as cuda
 from runtime.memory import memory_space
+from tests.test_cuda_runtime import DevArray, FakeCupy, fake_artifact
 
 
 class DeviceArray(DevArray):
@@ -99,11 +99,10 @@ def test_a_profiled_session_on_a_compiled_cuda_plan(tmp_path: Path, fake: FakeCu
     import json
     import sys
 
-    from test_cuda_runtime import _fake_nvrtc, _no_nvcc_build
-    from test_runtime_api import small_model
-
     from compiler import compile_model
     from runtime import InputError, Session
+    from tests.support.models import small_model
+    from tests.test_cuda_runtime import _fake_nvrtc, _no_nvcc_build
 
     path = compile_model(small_model(), tmp_path / "art", target="cuda", build=_no_nvcc_build())
     monkeypatch.setitem(sys.modules, "cupy", fake)

@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_runtime_api import small_model
 
 import runtime.session as session_module
 from compiler import compile_model
 from runtime import ConcurrentRunError, InputError, PlanInfo, Session, SharedArena, load_plan
 from runtime.errors import ArtifactError
 from runtime.memory import HostSpace
+from tests.support.models import small_model
 
 PIPELINE = ("squeezenet", "shufflenet", "bvlc_alexnet")
 

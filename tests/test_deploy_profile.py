@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from test_runtime_api import small_model
 
 from compiler import compile_model
 from compiler.cli import main
 from runtime import InputError, Session
 from runtime.profiling import load_trace, slowest_steps
+from tests.support.models import small_model
 
 
 def _check_trace(path: str, plan: dict[str, Any], runs: int) -> list[dict[str, Any]]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ort_run
-from zoo import ZOO
 
 from runtime import Session
+from tests.support.models import ort_run
+from tests.support.zoo import ZOO
 
 C_OPS = {"Conv", "Gemm", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
 

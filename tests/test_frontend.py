@@ -22,6 +22,7 @@ from compiler.frontend.loader import MAX_OPSET, bind_input_shapes, load_model
 from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import Graph
 from runtime.errors import ModelError, OnnxAotError, ShapeError, UnsupportedOpError
+from tests.support.models import ort_run
 
 F32 = np.float32
 I64 = np.int64
@@ -94,15 +95,6 @@ def feeds_for(model: onnx.ModelProto, seed: int = RNG_SEED) -> dict[str, np.ndar
         shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
         feeds[inp.name] = rng.uniform(-3, 3, shape).astype(dtype)
     return feeds
-
-
-def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def check_numeric(model: onnx.ModelProto, graph: Graph | None = None, rtol: float = 1e-5) -> Graph:

@@ -3,33 +3,19 @@ flipped bytes, wrong attributes, dangling inputs, cycles, huge, negative and zer
 initializer sizes, element types, opsets, dropped or duplicated names) compiled in worker
 processes with a 10 s limit per case, built, loaded and self-tested when they compile. Only the
 project's own exceptions may escape; no crash, no hang, no result that differs from the reference
-kernels. ``python scripts/fuzz_models.py --cases 10000`` is the long run."""
+kernels. ``python -m scripts.fuzz_models --cases 10000`` is the long run."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _fuzz_module():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("fuzz_models", REPO / "scripts" / "fuzz_models.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz_models"] = module
-    spec.loader.exec_module(module)
-    return module
+from scripts import fuzz_models
 
 
 def test_seeded_fuzz_cases_raise_only_project_errors() -> None:
-    fuzz = _fuzz_module()
-    report = fuzz.run(500, seed=20240601, workers=2, timeout=10.0, build=True)
+    report = fuzz_models.run(500, seed=20240601, workers=2, timeout=10.0, build=True)
     print(report.table())
     assert len(report.records) == 500
     kinds = {r["kind"] for r in report.records}
-    assert kinds == set(fuzz.KINDS)
+    assert kinds == set(fuzz_models.KINDS)
     outcomes = {r["outcome"] for r in report.records}
     assert {"compiled", "rejected"} <= outcomes
     assert not report.bad(), "\n".join(
@@ -39,14 +25,12 @@ def test_seeded_fuzz_cases_raise_only_project_errors() -> None:
 
 
 def test_mutations_are_deterministic() -> None:
-    fuzz = _fuzz_module()
     for case in (0, 7, 123, 4567):
-        assert fuzz.make_case(3, case) == fuzz.make_case(3, case)
-    assert fuzz.make_case(3, 1) != fuzz.make_case(4, 1)
+        assert fuzz_models.make_case(3, case) == fuzz_models.make_case(3, case)
+    assert fuzz_models.make_case(3, 1) != fuzz_models.make_case(4, 1)
 
 
 def test_the_harness_charges_crashes_and_hangs_to_their_case(monkeypatch) -> None:  # noqa: ANN001
-    fuzz = _fuzz_module()
 
     class FakeWorker:
         def __init__(self, seed: int, build: bool) -> None:
@@ -72,8 +56,8 @@ def test_the_harness_charges_crashes_and_hangs_to_their_case(monkeypatch) -> Non
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(fuzz, "Worker", FakeWorker)
-    report = fuzz.run(4, seed=0, workers=1, timeout=0.2)
+    monkeypatch.setattr(fuzz_models, "Worker", FakeWorker)
+    report = fuzz_models.run(4, seed=0, workers=1, timeout=0.2)
     outcomes = {r["case"]: r["outcome"] for r in report.records}
     assert outcomes == {0: "rejected", 1: "crash", 2: "hang", 3: "rejected"}
     assert len(report.bad()) == 2 and "crash" in report.table()

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_runtime_api import small_model
 
 from compiler import compile_model
 from runtime import Session
@@ -21,6 +20,7 @@ from runtime.errors import ArtifactError
 from runtime.integrity import sampled_sha256, sha256_file
 from runtime.isa import MARCH_FEATURES, check_cpu_target, host_cpu_flags, missing_features, required_features
 from runtime.providers.cuda_module import DeviceInfo, arch_mismatch
+from tests.support.models import small_model
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_passes import CONV_ATTRS, Builder, check, kinds
 
 from compiler import compile_model
 from compiler.ir.graph import AOT_DOMAIN, Value
@@ -22,6 +21,7 @@ from compiler.passes import LayoutNhwc, optimize
 from compiler.passes.layout_nhwc import regions
 from runtime import Session
 from runtime.kernels.nhwc import PANEL, pack_conv_weights
+from tests.support.graphs import CONV_ATTRS, Builder, check, kinds
 
 ACT = {"activation": "", "act_min": 0.0, "act_max": 0.0, "act_alpha": 0.0}
 

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from conftest import ort_run
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler import compile_model
@@ -23,6 +22,7 @@ from compiler.providers.reference import ReferenceProvider
 from runtime import Session
 from runtime.errors import ArtifactError
 from runtime.memory import HostSpace, register_memory_space
+from tests.support.models import ort_run
 
 
 class SimSpace(HostSpace):

@@ -8,6 +8,7 @@ Opset variants, duplicate and negative indices, empty reductions, the rewrites i
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,9 @@ from onnx import helper
 import compiler.backend as backend
 from compiler.frontend.importer import import_model
 from runtime.errors import ModelError, RuntimeKernelError, UnsupportedOpError
+from tests.support.models import onnx_model
+
+_model = partial(onnx_model, opset=18)
 
 
 def _run(op: str, inputs: list[np.ndarray], opset: int = 18, n_out: int = 1,
@@ -30,16 +34,9 @@ def _run(op: str, inputs: list[np.ndarray], opset: int = 18, n_out: int = 1,
     return list(backend.run_node(node, inputs, opset_version=opset, outputs_info=info))
 
 
-def _model(node: onnx.NodeProto, inputs: list[tuple[str, int, list[int]]],
-           outputs: list[tuple[str, int, list[int]]], opset: int = 18) -> onnx.ModelProto:
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(*i) for i in inputs],
-                              [helper.make_tensor_value_info(*o) for o in outputs])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
 def _kinds(node: onnx.NodeProto, inputs: list[tuple[str, int, list[int]]],
            outputs: list[tuple[str, int, list[int]]], opset: int = 18) -> list[str]:
-    return [n.kind for n in import_model(_model(node, inputs, outputs, opset)).nodes]
+    return [n.kind for n in import_model(_model(node, inputs, outputs, opset=opset)).nodes]
 
 
 # -- TopK, ArgMax / ArgMin ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +20,16 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-import compiler.backend as backend
 from compiler.driver import compile_model
 from compiler.frontend.importer import import_model
 from runtime.errors import RuntimeKernelError, UnsupportedOpError
 from runtime.kernels import get_kernel
+from tests.support.models import onnx_model, run_backend
+
+_model = partial(onnx_model, opset=22)
+_run = run_backend
 
 RNG = np.random.default_rng(7)
-
-
-def _model(nodes: list[onnx.NodeProto], inputs: list[tuple[Any, ...]], outputs: list[tuple[Any, ...]],
-           opset: int = 22,
-           initializers: tuple[onnx.TensorProto, ...] = ()) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(*i) for i in inputs],
-        [helper.make_tensor_value_info(*o) for o in outputs], initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def _run(model: onnx.ModelProto, *feeds: np.ndarray) -> list[Any]:
-    return list(backend.prepare(model).run(list(feeds)))
 
 
 def _kinds(model: onnx.ModelProto) -> list[str]:
@@ -112,7 +103,8 @@ def _bn_training(model_outputs: list[str], opset: int = 15) -> onnx.ModelProto:
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], model_outputs,
                             training_mode=1, momentum=0.8, epsilon=1e-3)
     outs = [(n, T.FLOAT, [2, 3, 4] if k == 0 else [3]) for k, n in enumerate(model_outputs) if n]
-    return _model([node], [("x", T.FLOAT, [2, 3, 4])] + [(n, T.FLOAT, [3]) for n in "sbmv"], outs, opset)
+    inputs = [("x", T.FLOAT, [2, 3, 4])] + [(n, T.FLOAT, [3]) for n in "sbmv"]
+    return _model([node], inputs, outs, opset=opset)
 
 
 def test_batchnorm_training_uses_batch_statistics_and_updates_running_ones() -> None:

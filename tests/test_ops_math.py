@@ -7,6 +7,7 @@ the ONNX spec; canonical attributes are checked on the imported IR.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -15,30 +16,22 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper
 
-import compiler.backend as backend
 from compiler.frontend.importer import import_model
 from compiler.passes import FuseElementwise
 from runtime.errors import ModelError, UnsupportedOpError
+from tests.support.models import onnx_model, run_backend
 
-
-def _model(node: onnx.NodeProto | list[onnx.NodeProto], inputs: list[tuple[str, int, list[int]]],
-           outputs: list[tuple[str, int, list[int]]], opset: int = 18,
-           initializers: tuple[onnx.TensorProto, ...] = ()) -> onnx.ModelProto:
-    nodes = node if isinstance(node, list) else [node]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(*i) for i in inputs],
-        [helper.make_tensor_value_info(*o) for o in outputs], initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+_model = partial(onnx_model, opset=18)
 
 
 def _run(model: onnx.ModelProto, *feeds: np.ndarray) -> Any:
-    return backend.prepare(model).run(list(feeds))[0]
+    return run_backend(model, *feeds)[0]
 
 
 def _unary(op: str, x: np.ndarray, opset: int = 18, **attrs: Any) -> Any:
     elem = helper.np_dtype_to_tensor_dtype(x.dtype)
     return _run(_model(helper.make_node(op, ["x"], ["y"], **attrs), [("x", elem, list(x.shape))],
-                       [("y", elem, list(x.shape))], opset), x)
+                       [("y", elem, list(x.shape))], opset=opset), x)
 
 
 def test_clip_min_above_max_gives_max_in_attribute_and_input_forms() -> None:
@@ -168,7 +161,7 @@ def test_prelu_integer_and_castlike_from_a_constant() -> None:
 def test_canonical_attributes_are_filled_in() -> None:
     def canon(op: str, opset: int = 18, **attrs: Any) -> dict[str, Any]:
         model = _model(helper.make_node(op, ["x"], ["y"], **attrs), [("x", T.FLOAT, [2, 3])],
-                       [("y", T.FLOAT, [2, 3])], opset)
+                       [("y", T.FLOAT, [2, 3])], opset=opset)
         (node,) = import_model(model).nodes
         return dict(node.attrs)
 

@@ -10,6 +10,7 @@ shares nothing with the vectorized kernels.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,17 +21,11 @@ from onnx import helper
 
 import compiler.backend as backend
 from runtime.errors import ModelError, UnsupportedOpError
+from tests.support.models import onnx_model, run_backend
+
+_model = partial(onnx_model, opset=22)
 
 RNG = np.random.default_rng(7)
-
-
-def _model(node: onnx.NodeProto, inputs: list[tuple[str, int, list[int]]],
-           outputs: list[tuple[str, int, list[int]]], opset: int = 22,
-           initializers: tuple[onnx.TensorProto, ...] = ()) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info(*i) for i in inputs],
-        [helper.make_tensor_value_info(*o) for o in outputs], initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _info(name: str, a: np.ndarray) -> tuple[str, int, list[int]]:
@@ -39,8 +34,8 @@ def _info(name: str, a: np.ndarray) -> tuple[str, int, list[int]]:
 
 def _run(node: onnx.NodeProto, feeds: dict[str, np.ndarray], outputs: list[tuple[str, int, list[int]]],
          opset: int = 22) -> list[np.ndarray]:
-    model = _model(node, [_info(k, v) for k, v in feeds.items()], outputs, opset)
-    return list(backend.prepare(model).run(list(feeds.values())))
+    model = _model(node, [_info(k, v) for k, v in feeds.items()], outputs, opset=opset)
+    return run_backend(model, *feeds.values())
 
 
 def _f32(*shape: int) -> np.ndarray:

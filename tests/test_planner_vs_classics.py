@@ -1,8 +1,8 @@
-"""Our planner against the classic ones (tests/classic_planners.py), on every kind of instance.
+"""Our planner against the classic ones (tests/support/classic_planners.py), on every kind of instance.
 
 On hand-made cases, seeded random interval sets (1 to 1,000 buffers, three size distributions,
 sparse to dense) and the light zoo's real lifetimes (tests/data/planner/*.json, saved from
-``compile_model``'s plan.json; ``python scripts/bench_planner.py --extract`` rewrites them), the
+``compile_model``'s plan.json; ``python -m scripts.bench_planner --extract`` rewrites them), the
 plan from ``plan_offsets`` with the default budget is never larger than any classic planner's,
 always passes ``verify_plan``, and comes out the same every time. The zoo plans are within 1% of
 the lower bound. The hill climb runs its full 500 attempts up to 80 buffers and 100 above (each
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from classic_planners import CLASSICS, arena_of, tvm_hill_climb
 
 from compiler.memory.packing import Buffer, MemoryPlan, lower_bound, plan_offsets, verify_plan
+from tests.support.classic_planners import CLASSICS, arena_of, tvm_hill_climb
 
 DATA = Path(__file__).parent / "data" / "planner"
 ZOO_FILES = sorted(DATA.glob("*.json"))

@@ -20,8 +20,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cpu_targets import level_params
-from test_passes import Builder
 
 from compiler.driver import compile_graph
 from compiler.ir.graph import AOT_DOMAIN, Graph
@@ -31,6 +29,8 @@ from compiler.providers.c.provider import CProvider
 from runtime import Session
 from runtime.kernels import get_kernel
 from runtime.kernels.window import pool_out_size
+from tests.cpu_targets import level_params
+from tests.support.graphs import Builder
 
 # (name, NHWC shape, kernel, strides, pads, dilations, ceil_mode)
 POOLS: list[tuple[str, tuple[int, int, int, int], list[int], list[int], list[int], list[int], int]] = [

@@ -12,28 +12,23 @@ import sys
 import textwrap
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from conftest import ort_run
 from onnx import TensorProto, helper, numpy_helper
-from test_runtime_api import small_model
 
 from compiler import compile_model
 from compiler.limits import ArenaLimitError
 from runtime import Session
 from runtime.errors import ArtifactError, CompileError, InputError, OnnxAotError, ShapeError
+from tests.support.models import onnx_model, ort_run, small_model
+
+_model = partial(onnx_model, ir_version=8, name="m")
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _model(
-    nodes: list, inputs: list, outputs: list, inits: list | None = None, opset: int = 17
-) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "m", inputs, outputs, initializer=inits or [])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
 def conv_gemm_model(batch: int = 2) -> onnx.ModelProto:
@@ -62,7 +57,7 @@ def conv_gemm_model(batch: int = 2) -> onnx.ModelProto:
         nodes,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
-        inits,
+        initializers=inits,
     )
 
 
@@ -262,7 +257,6 @@ def test_external_data_compile_load_run(tmp_path: Path) -> None:
 # -- atomic compile --------------------------------------------------------------------------------
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    sys.path.insert(0, {tests!r})
     import onnx
     from compiler import compile_model
     import compiler.artifact.atomic as atomic
@@ -315,7 +309,7 @@ def test_a_killed_compile_never_leaves_a_folder_that_loads_partially(tmp_path: P
     old_plan = (out / "plan.json").read_bytes()
     model_path = tmp_path / "new.onnx"
     onnx.save(new_model, model_path)
-    script = KILLER.format(tests=str(REPO / "tests"), stage=stage, model=str(model_path), out=str(out))
+    script = KILLER.format(stage=stage, model=str(model_path), out=str(out))
     env = dict(os.environ, ONNX_AOT_CACHE_DIR=str(tmp_path / "cache"))  # a cold cache: a slow build
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env)
     if stage == "timer":

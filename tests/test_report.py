@@ -20,22 +20,15 @@ from typing import Any
 
 import pytest
 from onnx import TensorProto, helper
-from zoo import light_model_path
 
 from compiler import compile_model
 from compiler.artifact.report import render_memory_html
 from compiler.inspect import memory_summary
 from runtime.errors import ArtifactError
+from tests.support.commands import cli
+from tests.support.zoo import light_model_path
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True,
-                            text=True, cwd=REPO, timeout=300)
-    if ok:
-        assert result.returncode == 0, result.stderr
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -377,7 +370,7 @@ def test_compile_plan_budget_option(tmp_path: Path) -> None:
                     reason="the script measures resident memory through Linux's /proc")
 def test_measure_ort_memory_smoke() -> None:
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "measure_ort_memory.py"), "squeezenet",
+    result = subprocess.run([sys.executable, "-m", "scripts.measure_ort_memory", "squeezenet",
                              "--runs", "2", "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| squeezenet |" in result.stdout and time.perf_counter() - start < 60

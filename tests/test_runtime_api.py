@@ -11,34 +11,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import ort_run
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler import compile_model
 from runtime import Session
 from runtime.errors import InputError, ModelError, OnnxAotError, UnsupportedOpError
+from tests.support.models import ort_run, small_model
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def small_model() -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")
-    fc = numpy_helper.from_array(rng.standard_normal((10, 8 * 4 * 4)).astype(np.float32), "fc")
-    nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-        helper.make_node("Relu", ["c"], ["r"], name="relu"),
-        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
-        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1, name="fc"),
-    ]
-    graph = helper.make_graph(
-        nodes, "small",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
-        initializer=[w, b, fc])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_runtime_api import small_model
 
 from compiler import compile_model
 from runtime import Session
 from runtime.verify import SelfTestError, relative_error
+from tests.support.models import small_model
 
 REPO = Path(__file__).resolve().parent.parent
 

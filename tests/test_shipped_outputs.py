@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 from onnx.backend.test.runner import Runner
-from zoo import LIGHT_DIR, ZOO
 
 from compiler import compile_model
 from runtime import Session
+from tests.support.zoo import LIGHT_DIR, ZOO
 
 RTOL = {"densenet121": 2e-3}
 

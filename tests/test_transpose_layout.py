@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cpu_targets import level_params
-from test_passes import Builder
 
 from compiler.driver import compile_graph
 from compiler.providers.base import BuildOptions
 from compiler.providers.c.movement import batched_2d, register_transpose, transpose_blocks
 from runtime import Session
+from tests.cpu_targets import level_params
+from tests.support.graphs import Builder
 
 LAYOUT = (0, 2, 3, 1)
 BACK = (0, 3, 1, 2)

@@ -18,7 +18,6 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_passes import CONV_ATTRS, Builder, check, kinds
 
 from compiler import compile_model
 from compiler.passes import UseWinograd, optimize
@@ -26,6 +25,7 @@ from compiler.passes.use_winograd import winograd_weights
 from runtime import Session
 from runtime.kernels.conv import conv
 from runtime.kernels.winograd import winograd_conv
+from tests.support.graphs import CONV_ATTRS, Builder, check, kinds
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_passes import CONV_ATTRS, Builder
 
 import compiler.providers.c.winograd_nhwc as K
 from compiler.driver import compile_graph
@@ -34,6 +33,7 @@ from runtime.kernels.conv import conv
 from runtime.kernels.fused import apply_activation
 from runtime.kernels.nhwc import TO_NCHW, TO_NHWC, pack_winograd_weights
 from runtime.kernels.winograd import MATRICES
+from tests.support.graphs import CONV_ATTRS, Builder
 
 ACTIVATIONS = {
     "": {"activation": "", "act_min": 0.0, "act_max": 0.0, "act_alpha": 0.0},
