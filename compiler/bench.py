@@ -192,16 +192,16 @@ def measure_overhead(session: Session, feeds: dict[str, np.ndarray], runs: int,
                      warmup: int = 3) -> dict[str, Any]:
     """Per-run runtime overhead of ``session.run`` on ``feeds`` (medians over ``runs`` runs)."""
     parts = getattr(session, "_partitions", None)
-    records = session.plan["partitions"]
+    records = session.plan.partitions
     if not isinstance(parts, list) or len(parts) != len(records):
         raise BenchError("overhead: runtime.Session no longer keeps its partitions in _partitions; "
                          "update compiler/bench.py: measure_overhead")
     probes = []
     for (kind, part), record in zip(parts, records, strict=True):
         if kind not in ("c", "reference"):
-            raise BenchError(f"overhead: partition {record['index']} runs on {kind!r}; the overhead "
+            raise BenchError(f"overhead: partition {record.index} runs on {kind!r}; the overhead "
                              "measurement covers host (C and reference) partitions")
-        nsteps = int(record["last_step"]) - int(record["first_step"]) + 1
+        nsteps = len(record.step_range)
         probes.append(_Probe(kind, part, nsteps))
     total: list[float] = []
     outside: list[float] = []

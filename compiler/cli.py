@@ -292,7 +292,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from compiler.artifact.report import render_memory_html
-    from compiler.inspect import format_text, inspect_artifact
+    from runtime.inspection import format_text, inspect_artifact
 
     ins = inspect_artifact(args.artifact, top=args.top)
     if args.html:

@@ -2,31 +2,50 @@
 
 This is where every value gets its final location (arena offset, weights offset or external
 slot), where the constants are laid out in weights.bin (64-byte aligned, little-endian, in order
-of first use), and where the memory report's data is computed.
+of first use), and where the memory report's data is computed. plan.json is built as the typed
+records of ``runtime/plan_schema.py``, which the runtime reads back.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from compiler.ir.graph import Graph, Value
+from compiler.ir.graph import Graph, Node, Value
 from compiler.memory import MemoryPlan
 from compiler.memory.lifetimes import Storage
-from compiler.partition.partitioner import Schedule
+from compiler.partition.partitioner import Partition, Schedule
 from compiler.providers.base import Location, PartitionPlan, Provider, StepPlan
-from runtime.artifact import FORMAT_VERSION
+from runtime.plan_schema import (
+    FORMAT_VERSION,
+    CudaModule,
+    KernelLaunch,
+    OnnxNodeFate,
+    Plan,
+    PlanArena,
+    PlanBuffer,
+    PlanConstant,
+    PlanOutput,
+    PlanPartition,
+    PlanStep,
+    PlanValue,
+    StepScratch,
+    TensorSpec,
+    ValueLocation,
+)
 
-__all__ = ["CompiledPlan", "build_plan", "WEIGHT_ALIGNMENT", "jsonable"]
+__all__ = ["CompiledPlan", "build_plan", "attach_code", "WEIGHT_ALIGNMENT", "jsonable"]
 
 WEIGHT_ALIGNMENT = 64
 
 
 @dataclass
 class CompiledPlan:
-    plan: dict[str, Any]
+    plan: Plan
     weights: bytes
     partitions: list[PartitionPlan]
     memory_report: dict[str, Any]
@@ -49,13 +68,167 @@ def jsonable(obj: Any) -> Any:
     raise TypeError(f"attribute value of type {type(obj).__name__} cannot be stored in plan.json")
 
 
-def _spec(value: Value, name: str | None = None) -> dict[str, Any]:
+def _spec(value: Value, name: str | None = None) -> TensorSpec:
     assert value.dtype is not None and value.shape is not None
-    return {"name": name or value.name, "dtype": value.dtype.name, "shape": list(value.shape)}
+    return TensorSpec(name or value.name, value.dtype, tuple(value.shape))
 
 
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """weights.bin: the constants in order of first use, each 64-byte aligned."""
+
+    data: bytes
+    offsets: dict[str, int]  # root value name -> byte offset
+    records: tuple[PlanConstant, ...]
+
+
+def _lay_out_weights(graph: Graph, steps: list[Node], storage: Storage) -> _Weights:
+    offsets: dict[str, int] = {}
+    chunks: list[bytes] = []
+    records: list[PlanConstant] = []
+    offset = 0
+    for node in steps:
+        for value in node.inputs:
+            root = storage.root[value.name] if value is not None else ""
+            if value is None or storage.kind[root] != "weights" or root in offsets:
+                continue
+            array = graph.constants[root].const
+            assert array is not None
+            data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False)).tobytes()
+            offsets[root] = offset
+            records.append(PlanConstant(root, offset, len(data), array.dtype, tuple(array.shape)))
+            padded = _align(len(data), WEIGHT_ALIGNMENT)
+            chunks.append(data + b"\0" * (padded - len(data)))
+            offset += padded
+    return _Weights(b"".join(chunks), offsets, tuple(records))
+
+
+@dataclass(frozen=True)
+class _Locator:
+    """Every value's final place: the root's storage kind plus its arena or weights offset."""
+
+    storage: Storage
+    weights: Mapping[str, int]  # root -> offset in weights.bin
+    arena: Mapping[str, tuple[str, int]]  # buffer id -> (memory space, offset)
+
+    @classmethod
+    def build(cls, storage: Storage, weights: _Weights, mem_plans: dict[str, MemoryPlan]) -> _Locator:
+        arena = {str(bid): (space, off)
+                 for space, mplan in mem_plans.items() for bid, off in mplan.offsets.items()}
+        return cls(storage, weights.offsets, arena)
+
+    def location(self, name: str) -> ValueLocation:
+        """plan.json's location of value ``name``."""
+        root = self.storage.root[name]
+        kind = self.storage.kind[root]
+        if kind == "ext":
+            return ValueLocation("ext", ext=root)
+        if kind == "weights":
+            return ValueLocation("weights", self.weights[root])
+        space, off = self.arena[root]
+        return ValueLocation("arena", off + self.storage.offset[name], space)
+
+    def operand(self, value: Value, ext: list[str], space_here: str) -> Location:
+        """The code generators' location of ``value`` in a partition whose ext slots are ``ext``
+        (a new graph input or output gets the next slot)."""
+        where = self.location(value.name)
+        if where.kind == "ext":
+            if where.ext not in ext:
+                ext.append(where.ext)
+            return Location("ext", ext.index(where.ext))
+        if where.kind == "weights":
+            return Location("weights", where.offset, space_here)
+        return Location("arena", where.offset, where.space)
+
+    def scratch(self, step: int) -> Location | None:
+        found = self.arena.get(f"scratch/{step}")
+        return Location("arena", found[1], found[0]) if found is not None else None
+
+
+@dataclass(frozen=True)
+class _PartitionOut:
+    """One partition as the code generators see it and as plan.json records it."""
+
+    plan: PartitionPlan
+    record: PlanPartition
+    steps: tuple[PlanStep, ...]
+
+
+def _step_record(t: int, node: Node, part: Partition, scratch: Location | None, nbytes: int) -> PlanStep:
+    return PlanStep(
+        index=t, name=node.name, op_type=node.op_type, domain=node.domain, provider=part.provider.name,
+        partition=part.index, onnx_nodes=tuple(node.origin),
+        inputs=tuple(v.name if v is not None else None for v in node.inputs),
+        outputs=tuple(v.name for v in node.outputs), attrs=jsonable(node.attrs),
+        scratch=StepScratch(scratch.offset, nbytes) if scratch is not None else None)
+
+
+def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_sizes: Mapping[str, int],
+               referenced: dict[str, None]) -> _PartitionOut:
+    """Locate the operands of ``part``'s steps (adding their names to ``referenced``)."""
+    ext: list[str] = []
+    space_here = part.provider.memory_space
+    step_plans: list[StepPlan] = []
+    records: list[PlanStep] = []
+    for local, t in enumerate(part.steps):
+        node = steps[t]
+        for value in (*node.inputs, *node.outputs):
+            if value is not None:
+                referenced[value.name] = None
+        ins = tuple(locator.operand(v, ext, space_here) if v is not None else None for v in node.inputs)
+        outs = tuple(locator.operand(v, ext, space_here) for v in node.outputs)
+        scratch = locator.scratch(t)
+        nbytes = scratch_sizes.get(f"scratch/{t}", 0)
+        step_plans.append(StepPlan(t, local, node, ins, outs, scratch, nbytes))
+        records.append(_step_record(t, node, part, scratch, nbytes))
+    entry = f"onnx_aot_partition_{part.index}"
+    runner = getattr(part.provider, "runner", part.provider.name)
+    record = PlanPartition(part.index, part.provider.name, runner, space_here, entry, part.steps[0],
+                           part.steps[-1], tuple(ext))
+    return _PartitionOut(PartitionPlan(part.index, part.provider.name, entry, tuple(step_plans), tuple(ext)),
+                         record, tuple(records))
+
+
+def _value_records(graph: Graph, names: dict[str, None], locator: _Locator) -> dict[str, PlanValue]:
+    values: dict[str, Value] = {v.name: v for v in graph.values()}
+    out: dict[str, PlanValue] = {}
+    for name in names:
+        spec = _spec(values[name])
+        out[name] = PlanValue(name, spec.dtype, spec.shape, locator.location(name))
+    return out
+
+
+def _onnx_nodes(graph: Graph, schedule: Schedule) -> dict[str, OnnxNodeFate]:
+    fates: dict[str, OnnxNodeFate] = {}
+    for t, node in enumerate(schedule.steps):
+        for origin in node.origin:
+            fates[origin] = OnnxNodeFate(schedule.provider_of_step[t], schedule.partition_of_step[t], t)
+    for name, reason in graph.eliminated.items():
+        fates.setdefault(name, OnnxNodeFate(eliminated=reason))
+    return fates
+
+
+def _arenas(mem_plans: dict[str, MemoryPlan], storage: Storage,
+            alignment: dict[str, int]) -> tuple[tuple[PlanArena, ...], tuple[PlanBuffer, ...]]:
+    arenas: list[PlanArena] = []
+    buffers: list[PlanBuffer] = []
+    for space, mplan in mem_plans.items():
+        arenas.append(PlanArena(space, mplan.arena_nbytes, alignment[space], mplan.lower_bound_nbytes,
+                                mplan.naive_nbytes, mplan.strategy))
+        buffers += [PlanBuffer(str(buf.id), space, mplan.offsets[buf.id], buf.nbytes, buf.first_step,
+                               buf.last_step, tuple(storage.tensors.get(str(buf.id), [])))
+                    for buf in storage.buffers.get(space, [])]
+    return tuple(arenas), tuple(buffers)
+
+
+def _outputs(graph: Graph) -> tuple[PlanOutput, ...]:
+    names = graph.output_names
+    return tuple(PlanOutput(_spec(v, names[k] if k < len(names) else None), v.name)
+                 for k, v in enumerate(graph.outputs))
 
 
 def build_plan(
@@ -66,154 +239,41 @@ def build_plan(
     alignment: dict[str, int],
     providers: dict[str, Provider],
 ) -> CompiledPlan:
-    steps = schedule.steps
-    values: dict[str, Value] = {v.name: v for v in graph.values()}
-
-    # weights.bin: constants in order of first use
-    const_offsets: dict[str, int] = {}
-    chunks: list[bytes] = []
-    constants: list[dict[str, Any]] = []
-    offset = 0
-    for node in steps:
-        for value in node.inputs:
-            if value is None:
-                continue
-            root = storage.root[value.name]
-            if storage.kind[root] != "weights" or root in const_offsets:
-                continue
-            array = graph.constants[root].const
-            assert array is not None
-            data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False)).tobytes()
-            const_offsets[root] = offset
-            constants.append({"name": root, "offset": offset, "nbytes": len(data),
-                              "dtype": array.dtype.name, "shape": list(array.shape)})
-            padded = _align(len(data), WEIGHT_ALIGNMENT)
-            chunks.append(data + b"\0" * (padded - len(data)))
-            offset += padded
-    weights = b"".join(chunks)
-
-    arena_offset: dict[str, tuple[str, int]] = {}
-    for space, mplan in mem_plans.items():
-        for bid, off in mplan.offsets.items():
-            arena_offset[str(bid)] = (space, off)
-
-    def location_json(name: str) -> list[Any]:
-        root = storage.root[name]
-        kind = storage.kind[root]
-        if kind == "ext":
-            return ["ext", root]
-        if kind == "weights":
-            return ["weights", const_offsets[root]]
-        space, off = arena_offset[root]
-        return ["arena", off + storage.offset[name], space]
-
+    """The plan records, weights.bin's bytes, the partitions for code generation, the memory report."""
+    weights = _lay_out_weights(graph, schedule.steps, storage)
+    locator = _Locator.build(storage, weights, mem_plans)
     scratch_sizes = {str(b.id): b.nbytes for bs in storage.buffers.values() for b in bs}
-    partitions: list[PartitionPlan] = []
-    step_records: list[dict[str, Any]] = []
-    partition_records: list[dict[str, Any]] = []
     referenced: dict[str, None] = {}
-    for part in schedule.partitions:
-        ext: list[str] = []
+    parts = [_partition(part, schedule.steps, locator, scratch_sizes, referenced)
+             for part in schedule.partitions]
+    arenas, buffers = _arenas(mem_plans, storage, alignment)
+    plan = Plan(
+        format_version=FORMAT_VERSION, name=graph.name, inputs=tuple(_spec(v) for v in graph.inputs),
+        outputs=_outputs(graph), constants=weights.records, weights_nbytes=len(weights.data), arenas=arenas,
+        buffers=buffers, values=_value_records(graph, referenced, locator),
+        steps=tuple(step for p in parts for step in p.steps), partitions=tuple(p.record for p in parts),
+        onnx_nodes=_onnx_nodes(graph, schedule))
+    report = memory_report(schedule, storage, mem_plans, alignment)
+    return CompiledPlan(plan, weights.data, [p.plan for p in parts], report)
 
-        def loc(value: Value, ext: list[str] = ext, space_here: str = part.provider.memory_space) -> Location:
-            root = storage.root[value.name]
-            referenced[value.name] = None
-            kind = storage.kind[root]
-            if kind == "ext":
-                if root not in ext:
-                    ext.append(root)
-                return Location("ext", ext.index(root))
-            if kind == "weights":
-                return Location("weights", const_offsets[root], space_here)
-            space, off = arena_offset[root]
-            return Location("arena", off + storage.offset[value.name], space)
 
-        step_plans: list[StepPlan] = []
-        for local, t in enumerate(part.steps):
-            node = steps[t]
-            ins = tuple(loc(v) if v is not None else None for v in node.inputs)
-            outs = tuple(loc(v) for v in node.outputs)
-            scratch_id = f"scratch/{t}"
-            scratch = (Location("arena", arena_offset[scratch_id][1], arena_offset[scratch_id][0])
-                       if scratch_id in arena_offset else None)
-            nbytes = scratch_sizes.get(scratch_id, 0)
-            step_plans.append(StepPlan(t, local, node, ins, outs, scratch, nbytes))
-            step_records.append({
-                "index": t,
-                "name": node.name,
-                "op_type": node.op_type,
-                "domain": node.domain,
-                "provider": part.provider.name,
-                "partition": part.index,
-                "onnx_nodes": list(node.origin),
-                "inputs": [v.name if v is not None else None for v in node.inputs],
-                "outputs": [v.name for v in node.outputs],
-                "attrs": jsonable(node.attrs),
-                "scratch": ({"offset": scratch.offset, "nbytes": nbytes} if scratch else None),
-            })
-        entry = f"onnx_aot_partition_{part.index}"
-        partitions.append(PartitionPlan(part.index, part.provider.name, entry, tuple(step_plans),
-                                        tuple(ext)))
-        partition_records.append({
-            "index": part.index,
-            "provider": part.provider.name,
-            "runner": getattr(part.provider, "runner", part.provider.name),
-            "memory_space": part.provider.memory_space,
-            "entry": entry,
-            "first_step": part.steps[0],
-            "last_step": part.steps[-1],
-            "ext": list(ext),
-        })
-
-    value_records = {}
-    for name in referenced:
-        value = values[name]
-        value_records[name] = {"dtype": value.dtype.name if value.dtype else None,
-                               "shape": list(value.shape or ()),
-                               "location": location_json(name)}
-
-    onnx_nodes: dict[str, Any] = {}
-    for t, node in enumerate(steps):
-        for origin in node.origin:
-            onnx_nodes[origin] = {"provider": schedule.provider_of_step[t],
-                                  "partition": schedule.partition_of_step[t], "step": t}
-    for name, reason in graph.eliminated.items():
-        onnx_nodes.setdefault(name, {"eliminated": reason})
-
-    buffers_json = []
-    arenas_json = []
-    for space, mplan in mem_plans.items():
-        arenas_json.append({"memory_space": space, "nbytes": mplan.arena_nbytes,
-                            "alignment": alignment[space],
-                            "lower_bound_nbytes": mplan.lower_bound_nbytes,
-                            "naive_nbytes": mplan.naive_nbytes, "strategy": mplan.strategy})
-        for buf in storage.buffers.get(space, []):
-            buffers_json.append({"id": str(buf.id), "arena": space,
-                                 "offset": mplan.offsets[buf.id], "nbytes": buf.nbytes,
-                                 "first_step": buf.first_step, "last_step": buf.last_step,
-                                 "values": storage.tensors.get(str(buf.id), [])})
-
-    plan = {
-        "format_version": FORMAT_VERSION,
-        "name": graph.name,
-        "inputs": [_spec(v) for v in graph.inputs],
-        "outputs": [dict(_spec(v, graph.output_names[k] if k < len(graph.output_names) else None),
-                         value=v.name) for k, v in enumerate(graph.outputs)],
-        "constants": constants,
-        "weights_nbytes": len(weights),
-        "arenas": arenas_json,
-        "buffers": buffers_json,
-        "values": value_records,
-        "steps": step_records,
-        "partitions": partition_records,
-        "onnx_nodes": onnx_nodes,
-    }
-    report = memory_report(schedule, storage, mem_plans, alignment, values)
-    return CompiledPlan(plan, weights, partitions, report)
+def attach_code(plan: Plan, provider: str, *, library: str | None = None, module: CudaModule | None = None,
+                launches: Mapping[int, tuple[KernelLaunch, ...]] | None = None) -> Plan:
+    """``plan`` with what code generation made for ``provider``'s partitions: their ``library``
+    (C) or ``module`` (CUDA), and each step's ``launches`` (by step index)."""
+    partitions = tuple(
+        dataclasses.replace(p, library=library or p.library, module=module or p.module)
+        if p.provider == provider else p for p in plan.partitions)
+    steps = plan.steps
+    if launches:
+        steps = tuple(dataclasses.replace(s, launches=launches[s.index]) if s.index in launches else s
+                      for s in steps)
+    return dataclasses.replace(plan, partitions=partitions, steps=steps)
 
 
 def memory_report(schedule: Schedule, storage: Storage, mem_plans: dict[str, MemoryPlan],
-                  alignment: dict[str, int], values: dict[str, Value]) -> dict[str, Any]:
+                  alignment: dict[str, int]) -> dict[str, Any]:
+    """report/memory.json: per arena its figures and buffers, per step the bytes live in all arenas."""
     n = len(schedule.steps)
     live_total = [0] * n
     arenas: dict[str, Any] = {}

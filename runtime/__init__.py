@@ -13,11 +13,23 @@ from runtime.errors import (
     OnnxAotError,
 )
 from runtime.io_binding import IOBinding
+from runtime.memory import MemorySpace, register_space_factory
 from runtime.plan_info import PlanInfo, load_plan
-from runtime.session import Session, TensorSpec
+from runtime.plan_schema import TensorSpec
+from runtime.session import Session
 from runtime.shared_arena import SharedArena
 
 __version__ = "0.1.0"
+
+
+def _cuda_space() -> MemorySpace:
+    """The "cuda" memory space (cupy is imported on first use), made when a plan first names it."""
+    from runtime.providers.cuda import CudaSpace
+
+    return CudaSpace()
+
+
+register_space_factory("cuda", _cuda_space)
 
 __all__ = ["Session", "TensorSpec", "PlanInfo", "load_plan", "SharedArena", "IOBinding",
            "OnnxAotError", "ArtifactError", "InputError", "ConcurrentRunError", "__version__"]

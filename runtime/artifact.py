@@ -20,7 +20,7 @@ import numpy as np
 from runtime.cpu_builds import CpuBuild, select_cpu_build
 from runtime.errors import ArtifactError
 from runtime.integrity import check_format_version, sha256_file, verify_files
-from runtime.plan_check import check_plan
+from runtime.plan_schema import FORMAT_VERSION, Plan
 
 __all__ = [
     "FORMAT_VERSION",
@@ -29,10 +29,10 @@ __all__ = [
     "WEIGHTS",
     "Artifact",
     "load_artifact",
+    "read_json",
     "sha256_file",
 ]
 
-FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
 WEIGHTS = "weights.bin"
@@ -42,7 +42,7 @@ WEIGHTS = "weights.bin"
 class Artifact:
     path: Path
     manifest: dict[str, Any]
-    plan: dict[str, Any]
+    plan: Plan
     weights: np.ndarray  # uint8, read-only (memory-mapped when non-empty)
     cpu_build: CpuBuild | None = None  # the C build this CPU runs (runtime/cpu_builds.py)
 
@@ -63,17 +63,20 @@ class Artifact:
         return str(library) if library else None
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
+def read_json(path: Path, what: str) -> tuple[bytes, dict[str, Any]]:
+    """The bytes of the JSON file ``path`` and the object they hold (``ArtifactError`` naming the
+    file when it is missing, not JSON or not an object)."""
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read().decode("utf-8"))
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ArtifactError(f"{path}: {what} is missing") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ArtifactError(f"{path}: {what} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ArtifactError(f"{path}: {what} is not a JSON object")
-    return data
+    return raw, data
 
 
 def load_artifact(path: str | os.PathLike[str], *, verify_weights: bool = False) -> Artifact:
@@ -81,17 +84,14 @@ def load_artifact(path: str | os.PathLike[str], *, verify_weights: bool = False)
     root = Path(path)
     if not root.is_dir():
         raise ArtifactError(f"{root}: no such artifact folder")
-    manifest = _read_json(root / MANIFEST, "manifest.json")
+    _, manifest = read_json(root / MANIFEST, "manifest.json")
     check_format_version(manifest.get("format_version"), FORMAT_VERSION, root / MANIFEST,
                          manifest.get("compiler"))
     verify_files(root, manifest, (PLAN, WEIGHTS), WEIGHTS, verify_weights=verify_weights)
     target = manifest.get("target")
     cpu = target.get("cpu") if isinstance(target, dict) else None
     cpu_build = select_cpu_build(cpu if isinstance(cpu, dict) else None, where=str(root / MANIFEST))
-    plan = _read_json(root / PLAN, "plan.json")
-    if plan.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{root / PLAN}: unexpected plan format version")
-    check_plan(plan, root / PLAN)
+    plan = Plan.from_json(read_json(root / PLAN, "plan.json")[1], root / PLAN)
     weights = _map_weights(root / WEIGHTS)
     return Artifact(root, manifest, plan, weights, cpu_build)
 

@@ -14,16 +14,28 @@ copy); a value read or written on the host needs a numpy array, and the error sa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from runtime.errors import InputError
+from runtime.plan_schema import TensorSpec
 
-if TYPE_CHECKING:
-    from runtime.session import Session
+__all__ = ["IOBinding", "SessionIO"]
 
-__all__ = ["IOBinding"]
+
+@dataclass(frozen=True)
+class SessionIO:
+    """A session's inputs and outputs as a binding needs them (``Session.io``): the specs, the
+    plan's value each output is written as, and the ext values only CUDA partitions touch (those
+    may be bound to device arrays); ``where`` names the artifact in messages."""
+
+    where: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    output_values: tuple[str, ...]
+    device_values: frozenset[str]
 
 
 def _is_numpy(array: Any) -> bool:
@@ -43,13 +55,13 @@ def _device_module(array: Any) -> Any:
 class IOBinding:
     """Arrays bound to a session's inputs and outputs; run with ``session.run_with_iobinding``."""
 
-    def __init__(self, session: Session) -> None:
-        self._session = session
+    def __init__(self, io: SessionIO) -> None:
+        self._io = io
         self._inputs: dict[str, Any] = {}
         self._outputs: dict[str, Any] = {}
-        self._specs_in = {s.name: s for s in session.inputs}
-        self._specs_out = {s.name: s for s in session.outputs}
-        self._value_of = dict(zip((s.name for s in session.outputs), session._output_values, strict=True))
+        self._specs_in = {s.name: s for s in io.inputs}
+        self._specs_out = {s.name: s for s in io.outputs}
+        self._value_of = dict(zip((s.name for s in io.outputs), io.output_values, strict=True))
         self._ext: dict[str, Any] | None = None
 
     # -- binding -------------------------------------------------------------------------------
@@ -87,16 +99,16 @@ class IOBinding:
         self._outputs[name] = array
         self._ext = None
 
-    def _check(self, what: str, spec: Any, array: Any, value: str, *, output: bool) -> Any:
+    def _check(self, what: str, spec: TensorSpec, array: Any, value: str, *, output: bool) -> Any:
         if not _is_numpy(array):
             if _device_module(array) is None:
                 if output:
                     raise InputError(f"bind_output: {what}: expected a numpy or cupy array, "
                                      f"got {type(array).__name__}")
                 array = np.asarray(array)
-            elif value not in self._session._device_values:
+            elif value not in self._io.device_values:
                 raise InputError(f"{what}: a device (cupy) array, but this value is read or written on "
-                                 f"the host in {self._session.path}; bind a numpy array")
+                                 f"the host in {self._io.where}; bind a numpy array")
         if np.dtype(array.dtype) != spec.dtype:
             raise InputError(f"{what}: dtype {array.dtype}, expected {spec.dtype}")
         if tuple(array.shape) != spec.shape:
@@ -125,8 +137,8 @@ class IOBinding:
         return [a if _is_numpy(a) else _device_module(a).asnumpy(a) for a in self.get_outputs()]
 
     # -- used by Session.run_with_iobinding ------------------------------------------------------
-    def _ext_for(self, session: Session) -> dict[str, Any]:
-        if session is not self._session:
+    def _ext_for(self, io: SessionIO) -> dict[str, Any]:
+        if io is not self._io:
             raise InputError("this IOBinding belongs to another session")
         ext = self._ext
         if ext is not None:

@@ -3,40 +3,21 @@
 Reads manifest.json and plan.json only (the plan's sha256 is checked against the manifest): no
 kernel library is loaded and weights.bin is not mapped, so a server can size memory for many
 models (``SharedArena.for_artifacts``), check a device's memory limit, or list inputs and outputs
-cheaply. ``TensorSpec`` (name, dtype, shape) lives here too; ``Session`` exposes the same specs.
+cheaply. Its ``TensorSpec`` records (name, dtype, shape) are those ``Session`` exposes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from runtime.artifact import FORMAT_VERSION, MANIFEST, PLAN
+from runtime.artifact import MANIFEST, PLAN, read_json
 from runtime.errors import ArtifactError
-from runtime.plan_check import check_plan
+from runtime.plan_schema import FORMAT_VERSION, Plan, TensorSpec
 
-__all__ = ["TensorSpec", "PlanInfo", "load_plan", "tensor_spec"]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-
-def tensor_spec(record: dict[str, Any]) -> TensorSpec:
-    return TensorSpec(record["name"], np.dtype(record["dtype"]), tuple(int(d) for d in record["shape"]))
+__all__ = ["PlanInfo", "load_plan"]
 
 
 @dataclass(frozen=True)
@@ -77,54 +58,31 @@ class PlanInfo:
         return self.arenas.get(space, 0) + weights
 
 
-def _read(path: Path, what: str) -> tuple[bytes, dict[str, Any]]:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ArtifactError(f"{path}: {what} is missing") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: {what} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ArtifactError(f"{path}: {what} is not a JSON object")
-    return raw, data
-
-
 def load_plan(path: str | os.PathLike[str]) -> PlanInfo:
     """The plan of the artifact at ``path``: sizes, interface and target (``ArtifactError`` when
     the folder is not a readable artifact of this format or its plan does not match the manifest)."""
     root = Path(path)
     if not root.is_dir():
         raise ArtifactError(f"{root}: no such artifact folder")
-    _, manifest = _read(root / MANIFEST, "manifest.json")
+    _, manifest = read_json(root / MANIFEST, "manifest.json")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{root / MANIFEST}: artifact format version {manifest.get('format_version')!r}; "
                             f"this runtime reads version {FORMAT_VERSION}")
-    raw, plan = _read(root / PLAN, "plan.json")
+    raw, data = read_json(root / PLAN, "plan.json")
     entry = (manifest.get("files") or {}).get(PLAN)
     if not isinstance(entry, dict) or hashlib.sha256(raw).hexdigest() != entry.get("sha256"):
         raise ArtifactError(f"{root / PLAN}: contents do not match the manifest's sha256")
-    if plan.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{root / PLAN}: unexpected plan format version")
-    check_plan(plan, root / PLAN)
-    try:
-        arenas = {str(a["memory_space"]): int(a["nbytes"]) for a in plan["arenas"]}
-        alignments = {str(a["memory_space"]): max(64, int(a["alignment"])) for a in plan["arenas"]}
-        partitions = plan["partitions"]
-        info = PlanInfo(
-            path=root,
-            name=str(plan.get("name", root.name)),
-            target=str((manifest.get("options") or {}).get("target", "cpu")),
-            inputs=tuple(tensor_spec(r) for r in plan["inputs"]),
-            outputs=tuple(tensor_spec(r) for r in plan["outputs"]),
-            arenas=arenas,
-            alignments=alignments,
-            weights_nbytes=int(plan["weights_nbytes"]),
-            providers=tuple(str(p.get("runner", p["provider"])) for p in partitions),
-            partition_spaces=tuple(sorted({str(p.get("memory_space", "host")) for p in partitions})),
-            num_steps=len(plan["steps"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactError(f"{root / PLAN}: malformed plan ({type(exc).__name__}: {exc})") from None
-    return info
+    plan = Plan.from_json(data, root / PLAN)
+    return PlanInfo(
+        path=root,
+        name=plan.name,
+        target=str((manifest.get("options") or {}).get("target", "cpu")),
+        inputs=plan.inputs,
+        outputs=plan.output_specs,
+        arenas={a.memory_space: a.nbytes for a in plan.arenas},
+        alignments={a.memory_space: max(64, a.alignment) for a in plan.arenas},
+        weights_nbytes=plan.weights_nbytes,
+        providers=tuple(p.runner for p in plan.partitions),
+        partition_spaces=tuple(sorted({p.memory_space for p in plan.partitions})),
+        num_steps=len(plan.steps),
+    )

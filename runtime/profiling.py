@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.plan_schema import Plan
+
 __all__ = ["Profiler", "RunRecord", "StepStat", "load_trace", "slowest_steps", "format_slowest"]
 
 
@@ -46,20 +48,12 @@ class RunRecord:
 class Profiler:
     """Collects ``RunRecord``s for one session and writes them as Chrome-trace JSON."""
 
-    def __init__(self, plan: dict[str, Any], path: Path) -> None:
-        self.name = str(plan.get("name") or Path(path).name)
+    def __init__(self, plan: Plan, path: Path) -> None:
+        self.name = plan.name or Path(path).name
         self.origin_ns = time.perf_counter_ns()
         self.started = time.strftime("%Y-%m-%d_%H-%M-%S")
-        steps = plan["steps"]
-        self.partitions: list[list[dict[str, Any]]] = []
-        self._buffers: list[np.ndarray] = []
-        for record in plan["partitions"]:
-            part = steps[int(record["first_step"]):int(record["last_step"]) + 1]
-            self.partitions.append([
-                {"name": str(s["name"]), "op_type": str(s["op_type"]), "provider": str(s["provider"]),
-                 "step": int(s["index"]), "onnx_nodes": list(s.get("onnx_nodes") or [])}
-                for s in part])
-            self._buffers.append(np.zeros(max(len(part), 1), np.float64))
+        self.partitions = [plan.partition_steps(record) for record in plan.partitions]
+        self._buffers = [np.zeros(max(len(part), 1), np.float64) for part in self.partitions]
         self.runs: list[RunRecord] = []
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -98,13 +92,13 @@ class Profiler:
                         "args": {"run": run.index, "model": self.name}})
             for index, start_ns, seconds in run.parts:
                 t = start_ns - self.origin_ns
-                for local, info in enumerate(self.partitions[index]):
+                for local, step in enumerate(self.partitions[index]):
                     dur = int(round(float(seconds[local]) * 1e9))
-                    out.append({"cat": "Node", "pid": pid, "tid": run.tid, "ph": "X", "name": info["name"],
+                    out.append({"cat": "Node", "pid": pid, "tid": run.tid, "ph": "X", "name": step.name,
                                 "ts": _us(t), "dur": _us(dur),
-                                "args": {"op_name": info["op_type"], "provider": info["provider"],
-                                         "step": info["step"], "partition": index, "run": run.index,
-                                         "onnx_nodes": info["onnx_nodes"]}})
+                                "args": {"op_name": step.op_type, "provider": step.provider,
+                                         "step": step.index, "partition": index, "run": run.index,
+                                         "onnx_nodes": list(step.onnx_nodes)}})
                     t += dur
         return out
 

@@ -28,22 +28,24 @@ from runtime.address import data_address
 from runtime.artifact import Artifact, load_artifact
 from runtime.caller_memory import ExclusiveUse, arena_for_space
 from runtime.errors import ArtifactError, InputError
+from runtime.io_binding import IOBinding, SessionIO
 from runtime.memory import memory_space
-from runtime.plan_info import TensorSpec, tensor_spec
+from runtime.plan_schema import Plan, PlanPartition, TensorSpec
 
 if TYPE_CHECKING:
-    from runtime.io_binding import IOBinding
     from runtime.profiling import Profiler
+    from runtime.selftest import VerifyReport
     from runtime.shared_arena import SharedArena
 
-__all__ = ["Session", "TensorSpec"]
+__all__ = ["Session"]
 
 
 class _CPartition:
-    def __init__(self, entry: Any, ext: list[str], nsteps: int) -> None:
+    """A C partition: its entry and the values its ext pointer slots take, in slot order."""
+
+    def __init__(self, entry: Any, ext: tuple[str, ...]) -> None:
         self.entry = entry
         self.ext = ext
-        self.nsteps = nsteps
 
 
 class _RunContext:
@@ -96,15 +98,14 @@ class Session:
                                                        self._artifact.cpu_build)
         self.cpu_build = self._artifact.cpu_build
         plan = self._artifact.plan
-        self.plan = plan
-        self.inputs = [tensor_spec(r) for r in plan["inputs"]]
-        self.outputs = [tensor_spec(r) for r in plan["outputs"]]
-        self._output_values = [r["value"] for r in plan["outputs"]]
+        self.plan: Plan = plan
+        self.inputs: list[TensorSpec] = list(plan.inputs)
+        self.outputs: list[TensorSpec] = list(plan.output_specs)
         self._arenas: dict[str, tuple[int, int]] = {}
-        for record in plan["arenas"]:
-            space = memory_space(record["memory_space"])  # ArtifactError when not available
-            self._arenas[space.name] = (int(record["nbytes"]), max(64, int(record["alignment"])))
-        spaces = set(self._arenas) | {r.get("memory_space", "host") for r in plan["partitions"]}
+        for arena_record in plan.arenas:
+            space = memory_space(arena_record.memory_space)  # ArtifactError when not available
+            self._arenas[space.name] = (arena_record.nbytes, max(64, arena_record.alignment))
+        spaces = set(self._arenas) | {p.memory_space for p in plan.partitions}
         self._device: Any = None
         self._slots: threading.BoundedSemaphore | None = None
         self._check_device_options(spaces, device_id, memory_limit, caller_memory=bool(
@@ -115,7 +116,8 @@ class Session:
         else:
             self._load(threads)
         self._c_parts = [(i, len(p.ext)) for i, (kind, p) in enumerate(self._partitions) if kind == "c"]
-        self._device_values = _values_only_on(plan, "cuda")
+        self.io = SessionIO(str(self.path), tuple(self.inputs), tuple(self.outputs),
+                            tuple(o.value for o in plan.outputs), _values_only_on(plan, "cuda"))
         self._pool: list[_RunContext] = []
         self._lock = threading.Lock()
         # caller-owned or shared memory: one fixed context, one run at a time
@@ -134,17 +136,16 @@ class Session:
         plan = self.plan
         weights = self._artifact.weights
         self._weights = {"host": weights}
-        for record in plan["partitions"]:
-            name = record.get("memory_space", "host")
-            if name not in self._weights:
-                self._weights[name] = memory_space(name).upload(weights)
+        for record in plan.partitions:
+            if record.memory_space not in self._weights:
+                self._weights[record.memory_space] = memory_space(record.memory_space).upload(weights)
         # kernels get a valid address even when there are no constants
         self._no_weights = np.zeros(64, np.uint8)
         self._weights_addr = weights.ctypes.data if weights.size else self._no_weights.ctypes.data
         self._libraries: dict[str, Any] = {}
         self._partitions: list[tuple[str, Any]] = []
-        for record in plan["partitions"]:
-            self._partitions.append(self._load_partition(record, weights))
+        for record in plan.partitions:
+            self._partitions.append(self._load_partition(record))
         self.threads = threads if threads is not None else (os.cpu_count() or 1)
         if self.threads < 1:
             raise InputError(f"threads must be >= 1, got {self.threads}")
@@ -176,32 +177,29 @@ class Session:
                 raise InputError(f"device_id {device_id}: this machine has {count} CUDA device(s)")
             self._device = cp.cuda.Device(int(device_id))
 
-    def _load_partition(self, record: dict[str, Any], weights: np.ndarray) -> tuple[str, Any]:
-        provider = record.get("runner", record["provider"])
-        if provider == "reference":
+    def _load_partition(self, record: PlanPartition) -> tuple[str, Any]:
+        runner = record.runner
+        if runner == "reference":
             from runtime.providers.reference import ReferencePartition
 
-            return ("reference", ReferencePartition(self._artifact.plan, record, self._weights))
-        if provider == "c":
+            return ("reference", ReferencePartition(self.plan, record, self._weights))
+        if runner == "c":
             from runtime.providers.c import CLibrary
 
-            rel = record.get("library")
-            if not rel:
-                raise ArtifactError(
-                    f"{self.path / 'plan.json'}: C partition {record['index']} names no library")
+            rel = record.library
+            assert rel is not None  # the schema requires a C partition's library
             if rel not in self._artifact.manifest["files"]:
                 raise ArtifactError(f"{self.path / rel}: library not listed in the manifest")
             if rel not in self._libraries:
                 self._libraries[rel] = CLibrary(self._artifact.library_file(rel))
-            entry = self._libraries[rel].entry(record["entry"])
-            nsteps = int(record["last_step"]) - int(record["first_step"]) + 1
-            return ("c", _CPartition(entry, list(record["ext"]), nsteps))
-        if provider == "cuda":
+            return ("c", _CPartition(self._libraries[rel].entry(record.entry), record.ext))
+        if runner == "cuda":
             from runtime.providers.cuda import CudaPartition
 
             return ("cuda", CudaPartition(self._artifact, record, self._weights["cuda"],
                                           capture=self.cuda_graph))
-        raise ArtifactError(f"{self.path / 'plan.json'}: unknown provider {provider!r}")
+        raise ArtifactError(f"{self.path / 'plan.json'}: partitions[{record.index}].runner {runner!r} "
+                            f"is not a provider this runtime has")
 
     def _setup_caller_memory(self, arena: Any, arenas: Mapping[str, Any] | None,
                              shared_arena: SharedArena | None) -> None:
@@ -301,13 +299,17 @@ class Session:
         finally:
             guard.exit()
 
+    def _call_c(self, index: int, part: _CPartition, ctx: _RunContext, ext: dict[str, Any],
+                timings_addr: int) -> None:
+        pointers = ctx.ext_arrays[index]
+        for slot, name in enumerate(part.ext):
+            pointers[slot] = data_address(ext[name])  # ~0.2 us; .ctypes.data ~1.6 us
+        part.entry(pointers, ctx.arena_addr, self._weights_addr, timings_addr)
+
     def _call_partitions(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
         for index, (kind, part) in enumerate(self._partitions):
             if kind == "c":
-                pointers = ctx.ext_arrays[index]
-                for slot, name in enumerate(part.ext):
-                    pointers[slot] = data_address(ext[name])  # ~0.2 us; .ctypes.data ~1.6 us
-                part.entry(pointers, ctx.arena_addr, self._weights_addr, 0)
+                self._call_c(index, part, ctx, ext, 0)
             else:
                 part.run(ctx.arenas, ext)
 
@@ -326,7 +328,7 @@ class Session:
         arrays = self._check_feeds(feeds)
         results = [np.empty(s.shape, s.dtype) for s in self.outputs]
         ext: dict[str, Any] = dict(arrays)
-        for value_name, array in zip(self._output_values, results, strict=True):
+        for value_name, array in zip(self.io.output_values, results, strict=True):
             ext[value_name] = array
         if self._guard is None:  # the default path, inlined: a pooled context
             ctx = self._acquire()
@@ -343,14 +345,12 @@ class Session:
     # -- I/O binding ---------------------------------------------------------------------------
     def io_binding(self) -> IOBinding:
         """A new ``IOBinding``: bind input and output arrays once, then ``run_with_iobinding``."""
-        from runtime.io_binding import IOBinding
-
-        return IOBinding(self)
+        return IOBinding(self.io)
 
     def run_with_iobinding(self, binding: IOBinding) -> None:
         """Run on the bound arrays: kernels read the bound inputs and write the bound outputs in
         place (an output not bound is allocated by the binding once; ``binding.get_outputs()``)."""
-        self._execute(binding._ext_for(self))
+        self._execute(binding._ext_for(self.io))
 
     # -- profiling -----------------------------------------------------------------------------
     def _start_profiling(self) -> None:
@@ -370,10 +370,7 @@ class Session:
             timings = profiler.timings(index)
             start = profiler.now()
             if kind == "c":
-                pointers = ctx.ext_arrays[index]
-                for slot, name in enumerate(part.ext):
-                    pointers[slot] = data_address(ext[name])
-                part.entry(pointers, ctx.arena_addr, self._weights_addr, timings.ctypes.data)
+                self._call_c(index, part, ctx, ext, timings.ctypes.data)
             else:
                 part.run(ctx.arenas, ext, timings)
             record.partition(index, start, timings)
@@ -390,25 +387,24 @@ class Session:
         self._dispatch = self._call if self._device is None else self._call_on_device
         return str(profiler.write(path))
 
-    def verify(self, *, raise_on_mismatch: bool = True) -> Any:
-        """Rerun the artifact's golden self-test cases here (``runtime.verify``); returns a
+    def verify(self, *, raise_on_mismatch: bool = True) -> VerifyReport:
+        """Rerun the artifact's golden self-test cases here (``runtime.selftest``); returns a
         ``VerifyReport``, raising ``SelfTestError`` on a mismatch unless told not to."""
-        from runtime.verify import verify_session
+        from runtime.selftest import run_golden_cases
 
-        return verify_session(self, raise_on_mismatch=raise_on_mismatch)
+        return run_golden_cases(self.path, self._artifact.manifest, self.run,
+                                raise_on_mismatch=raise_on_mismatch)
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, inputs={self.inputs}, outputs={self.outputs})"
 
 
-def _values_only_on(plan: dict[str, Any], runner: str) -> frozenset[str]:
+def _values_only_on(plan: Plan, runner: str) -> frozenset[str]:
     """Graph inputs/outputs (ext values) that only partitions run by ``runner`` touch."""
     runners: dict[str, set[str]] = {}
-    values = plan["values"]
-    for record in plan["partitions"]:
-        who = str(record.get("runner", record["provider"]))
-        for step in plan["steps"][int(record["first_step"]):int(record["last_step"]) + 1]:
-            for name in list(step["inputs"]) + list(step["outputs"]):
-                if name is not None and values[name]["location"][0] == "ext":
-                    runners.setdefault(name, set()).add(who)
+    for record in plan.partitions:
+        for step in plan.partition_steps(record):
+            for name in (*step.inputs, *step.outputs):
+                if name is not None and plan.values[name].location.kind == "ext":
+                    runners.setdefault(name, set()).add(record.runner)
     return frozenset(name for name, who in runners.items() if who == {runner})

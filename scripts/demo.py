@@ -44,12 +44,12 @@ def main() -> int:
 
     plan = session.plan
     providers: dict[str, int] = {}
-    for step in plan["steps"]:
-        providers[step["provider"]] = providers.get(step["provider"], 0) + 1
+    for step in plan.steps:
+        providers[step.provider] = providers.get(step.provider, 0) + 1
     print(f"\nResNet-50 (light, from the onnx package) -> {out.relative_to(ROOT)}")
-    print(f"  compile      {compile_s:.1f} s; {len(plan['steps'])} steps "
+    print(f"  compile      {compile_s:.1f} s; {len(plan.steps)} steps "
           f"({', '.join(f'{k}: {v}' for k, v in providers.items())}), "
-          f"{len(plan['partitions'])} partition(s)")
+          f"{len(plan.partitions)} partition(s)")
     print(f"  input        {spec.name} {spec.dtype} {list(spec.shape)}")
     print(f"  output       {session.outputs[0].name} {y.dtype} {list(y.shape)}; "
           f"top-5 classes {np.argsort(y.reshape(-1))[::-1][:5].tolist()}, "
@@ -57,12 +57,12 @@ def main() -> int:
     print(f"  reference    matches the shipped light_resnet50_output_0.pb: {'yes' if matches else 'NO'}")
     print(f"  latency      median {statistics.median(times) * 1000:.2f} ms over {len(times)} runs "
           f"({session.threads} threads); session load {load_ms:.1f} ms")
-    for arena in plan["arenas"]:
-        lb = arena["lower_bound_nbytes"]
-        print(f"  arena        {arena['memory_space']}: {arena['nbytes'] / 2**20:.2f} MiB; lower bound "
-              f"{lb / 2**20:.2f} MiB ({arena['nbytes'] / max(lb, 1):.3f}x); naive "
-              f"{arena['naive_nbytes'] / 2**20:.2f} MiB")
-    print(f"  weights      {plan['weights_nbytes'] / 2**20:.2f} MiB")
+    for arena in plan.arenas:
+        lb = arena.lower_bound_nbytes
+        print(f"  arena        {arena.memory_space}: {arena.nbytes / 2**20:.2f} MiB; lower bound "
+              f"{lb / 2**20:.2f} MiB ({arena.nbytes / max(lb, 1):.3f}x); naive "
+              f"{arena.naive_nbytes / 2**20:.2f} MiB")
+    print(f"  weights      {plan.weights_nbytes / 2**20:.2f} MiB")
     return 0 if matches else 1
 
 

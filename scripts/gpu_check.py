@@ -112,7 +112,7 @@ def cuda_session(path: Path, graphs: bool) -> Any:
         for i, (kind, part) in enumerate(session._partitions):
             if kind == "cuda" and not part.capture:
                 session._partitions[i] = ("cuda", CudaPartition(
-                    session._artifact, session.plan["partitions"][i], session._weights["cuda"], capture=True))
+                    session._artifact, session.plan.partitions[i], session._weights["cuda"], capture=True))
     return session
 
 
@@ -128,11 +128,10 @@ def check_model(name: str, args: argparse.Namespace, tmp: Path) -> Row:
     session = cuda_session(path, graphs=False)
     plan = session.plan
     row.module = ",".join(sorted({p.module_source for k, p in session._partitions if k == "cuda"})) or "none"
-    row.transfers = sum(1 for s in plan["steps"] if s["op_type"] == "Transfer")
-    spaces = {p["index"]: p.get("memory_space", "host") for p in plan["partitions"]}
-    row.host_steps = sum(1 for s in plan["steps"] if s["op_type"] != "Transfer" and
-                         spaces[s["partition"]] == "host")
-    row.arena_mib = sum(a["nbytes"] for a in plan["arenas"] if a["memory_space"] == "cuda") / 2**20
+    row.transfers = sum(1 for s in plan.steps if s.op_type == "Transfer")
+    spaces = {p.index: p.memory_space for p in plan.partitions}
+    row.host_steps = sum(1 for s in plan.steps if s.op_type != "Transfer" and spaces[s.partition] == "host")
+    row.arena_mib = sum(a.nbytes for a in plan.arenas if a.memory_space == "cuda") / 2**20
     got = session.run(None, feeds)
     row.ok, row.max_abs_err, row.tol_units = compare(got, want)
     if not row.ok:
@@ -166,7 +165,7 @@ def check_model(name: str, args: argparse.Namespace, tmp: Path) -> Row:
 
 def check_nvrtc(tmp: Path) -> Row:
     """The NVRTC fallback on the small transformer: compile into a fresh cache, match, hit the cache."""
-    import copy
+    import dataclasses
 
     from compiler import compile_model
     from runtime.providers.cuda import CudaPartition
@@ -182,8 +181,10 @@ def check_nvrtc(tmp: Path) -> Row:
         for i, (kind, _part) in enumerate(session._partitions):
             if kind != "cuda":
                 continue
-            record = copy.deepcopy(session.plan["partitions"][i])
-            record["module"]["cubins"], record["module"]["ptx"] = {}, None
+            record = session.plan.partitions[i]
+            assert record.module is not None  # as if nvcc was absent: no cubins, no PTX
+            module = dataclasses.replace(record.module, cubins={}, ptx=None)
+            record = dataclasses.replace(record, module=module)
             part = CudaPartition(session._artifact, record, session._weights["cuda"])
             if part.module_source != "nvrtc" or part.module.cache_hit != (attempt == "cache"):
                 row.errors.append(f"{attempt}: loaded {part.module_source}, "

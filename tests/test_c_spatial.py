@@ -59,7 +59,7 @@ def one_node_model(op: str, feeds: dict[str, np.ndarray], consts: dict[str, np.n
 def compile_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                 tmp_path: Path) -> tuple[np.ndarray, dict[str, Any]]:
     session = Session(compile_model(model, tmp_path / "artifact"))
-    return session.run(None, feeds)[0], session.plan
+    return session.run(None, feeds)[0], session.plan.to_json()
 
 
 def op_step(plan: dict[str, Any], op: str) -> dict[str, Any]:

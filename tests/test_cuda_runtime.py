@@ -11,6 +11,7 @@ NVRTC path compiles once and then hits its cache.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import json
 import re
@@ -27,6 +28,7 @@ import runtime.providers.cuda as cuda
 from runtime.artifact import Artifact
 from runtime.errors import ArtifactError, RuntimeKernelError
 from runtime.memory import memory_space
+from runtime.plan_schema import CudaModule, Plan, PlanPartition, Where
 from runtime.providers.cuda_module import (
     DeviceInfo,
     choose_module,
@@ -97,17 +99,20 @@ FACTS_12 = {"nvcc_version": "12.4.131", "cuda_version": "12.4", "archs": ["sm_80
 ])
 def test_module_choice(cc: int, driver: int, facts: dict[str, Any], module: dict[str, Any], kind: str,
                        path: str) -> None:
-    choice = choose_module(module, facts, DeviceInfo(cc, driver))
+    choice = choose_module(CudaModule.from_json(module, Where()), facts, DeviceInfo(cc, driver))
     assert (choice.kind, choice.path, choice.arch) == (kind, path, f"sm_{cc}")
 
 
 def test_candidates_always_end_with_nvrtc_on_the_source() -> None:
-    kinds = [c.kind for c in module_candidates(MODULE, FACTS_12, DeviceInfo(90, 12040))]
+    module = CudaModule.from_json(MODULE, Where())
+    kinds = [c.kind for c in module_candidates(module, FACTS_12, DeviceInfo(90, 12040))]
     assert kinds == ["cubin", "ptx", "nvrtc"]
-    last = module_candidates(MODULE, FACTS_12, DeviceInfo(90, 12040))[-1]
+    last = module_candidates(module, FACTS_12, DeviceInfo(90, 12040))[-1]
     assert last.path == "kernels/cuda/model.cu"
+    with pytest.raises(ArtifactError, match=r"plan.json: partitions\[0\]\.module\.source is missing"):
+        CudaModule.from_json({"cubins": {}, "ptx": None}, Where(path="partitions[0].module"))
     with pytest.raises(ArtifactError, match="names no source"):
-        module_candidates({"cubins": {}, "ptx": None}, FACTS_12, DeviceInfo(90, 12040))
+        CudaModule.from_json({"source": "", "cubins": {}, "ptx": None}, Where())
 
 
 @pytest.mark.parametrize("text, value", [
@@ -256,9 +261,53 @@ CU_SOURCE = ('extern "C" __global__ void mul(const float* a, const float* b, flo
              'extern "C" __global__ void scale(const float* x, float* y, int n, float alpha) {}\n')
 
 
-def fake_artifact(root: Path, *, cubins: dict[str, list[str]], facts: dict[str, Any] | None = None,
-                  ) -> tuple[Artifact, dict[str, Any]]:
+def fake_plan(cubins: dict[str, list[str]]) -> dict[str, Any]:
     """x (ext) -> Transfer -> mul by weight -> scale by 2 in place -> Reshape view -> Transfer -> y."""
+
+    def value(location: list[Any]) -> dict[str, Any]:
+        return {"dtype": "float32", "shape": [2, 4], "location": location}
+
+    def step(index: int, name: str, op: str, ins: list[str], outs: list[str], **extra: Any) -> dict[str, Any]:
+        return {"index": index, "name": name, "op_type": op, "domain": extra.pop("domain", ""),
+                "provider": "cuda", "partition": 0, "onnx_nodes": [name], "inputs": ins, "outputs": outs,
+                "attrs": extra.pop("attrs", {}), "scratch": None, **extra}
+
+    spec = {"dtype": "float32", "shape": [2, 4]}
+    module = {"source": "kernels/cuda/model.cu",
+              "cubins": {arch: f"kernels/cuda/model.{arch}.cubin" for arch in cubins}, "ptx": None}
+    return {
+        "format_version": 1, "name": "fake", "inputs": [{"name": "x", **spec}],
+        "outputs": [{"name": "y", **spec, "value": "y"}], "constants": [], "weights_nbytes": 128,
+        "arenas": [{"memory_space": "cuda", "nbytes": 512, "alignment": 256, "lower_bound_nbytes": 512,
+                    "naive_nbytes": 512, "strategy": "fake"}],
+        "buffers": [],
+        "values": {"x": value(["ext", "x"]), "xd": value(["arena", 0, "cuda"]), "w": value(["weights", 64]),
+                   "yd": value(["arena", 256, "cuda"]), "v": value(["arena", 256, "cuda"]),
+                   "y": value(["ext", "y"])},
+        "steps": [
+            step(0, "x.to_cuda", "Transfer", ["x"], ["xd"], domain="onnx_aot",
+                 attrs={"from": "host", "to": "cuda"}, launches=[]),
+            step(1, "mul", "Mul", ["xd", "w"], ["yd"], launches=[
+                {"kernel": "mul", "grid": [1, 1, 1], "block": [128, 1, 1], "shared": 0,
+                 "args": [["ptr", "arena", 0], ["ptr", "weights", 64], ["ptr", "arena", 256], ["i32", 8]]}]),
+            step(2, "scale", "Mul", ["yd"], ["yd"], launches=[
+                {"kernel": "scale", "grid": [1], "block": [128], "shared": 0,
+                 "args": [["ptr", "arena", 256], ["ptr", "arena", 256], ["i32", 8], ["f32", 2.0]]}]),
+            step(3, "view", "Reshape", ["yd"], ["v"], launches=[]),
+            step(4, "y.to_host", "Transfer", ["v"], ["y"], domain="onnx_aot",
+                 attrs={"from": "cuda", "to": "host"}, launches=[]),
+        ],
+        "partitions": [{"index": 0, "provider": "cuda", "runner": "cuda", "memory_space": "cuda",
+                        "entry": "onnx_aot_partition_0", "first_step": 0, "last_step": 4, "ext": ["x", "y"],
+                        "module": module}],
+        "onnx_nodes": {},
+    }
+
+
+def fake_artifact(root: Path, *, cubins: dict[str, list[str]], facts: dict[str, Any] | None = None,
+                  ) -> tuple[Artifact, PlanPartition]:
+    """An artifact folder holding ``fake_plan``'s CUDA source and cubins (each a JSON list of the
+    kernels it has), and its one partition."""
     (root / "kernels/cuda").mkdir(parents=True)
     files = {"kernels/cuda/model.cu": CU_SOURCE.encode()}
     for arch, names in cubins.items():
@@ -270,39 +319,8 @@ def fake_artifact(root: Path, *, cubins: dict[str, list[str]], facts: dict[str, 
                 "target": {"providers": {"cuda": facts if facts is not None else FACTS_12}}}
     weights = np.zeros(128, np.uint8)
     weights[64:96] = np.arange(1, 9, dtype=np.float32).view(np.uint8)
-
-    def value(location: list[Any]) -> dict[str, Any]:
-        return {"dtype": "float32", "shape": [2, 4], "location": location}
-
-    def step(index: int, name: str, op: str, ins: list[str], outs: list[str], **extra: Any) -> dict[str, Any]:
-        return {"index": index, "name": name, "op_type": op, "domain": extra.pop("domain", ""),
-                "inputs": ins, "outputs": outs, "attrs": extra.pop("attrs", {}), **extra}
-
-    plan = {
-        "values": {"x": value(["ext", "x"]), "xd": value(["arena", 0, "cuda"]), "w": value(["weights", 64]),
-                   "yd": value(["arena", 256, "cuda"]), "v": value(["arena", 256, "cuda"]),
-                   "y": value(["ext", "y"])},
-        "arenas": [{"memory_space": "cuda", "nbytes": 512, "alignment": 256}],
-        "steps": [
-            step(0, "x.to_cuda", "Transfer", ["x"], ["xd"], domain="onnx_aot",
-                 attrs={"from": "host", "to": "cuda"}),
-            step(1, "mul", "Mul", ["xd", "w"], ["yd"], launches=[
-                {"kernel": "mul", "grid": [1, 1, 1], "block": [128, 1, 1], "shared": 0,
-                 "args": [["ptr", "arena", 0], ["ptr", "weights", 64], ["ptr", "arena", 256], ["i32", 8]]}]),
-            step(2, "scale", "Mul", ["yd"], ["yd"], launches=[
-                {"kernel": "scale", "grid": [1], "block": [128], "shared": 0,
-                 "args": [["ptr", "arena", 256], ["ptr", "arena", 256], ["i32", 8], ["f32", 2.0]]}]),
-            step(3, "view", "Reshape", ["yd"], ["v"]),
-            step(4, "y.to_host", "Transfer", ["v"], ["y"], domain="onnx_aot",
-                 attrs={"from": "cuda", "to": "host"}),
-        ],
-    }
-    module = {"source": "kernels/cuda/model.cu",
-              "cubins": {arch: f"kernels/cuda/model.{arch}.cubin" for arch in cubins}, "ptx": None}
-    record = {"index": 0, "runner": "cuda", "memory_space": "cuda", "first_step": 0, "last_step": 4,
-              "module": module}
-    plan["partitions"] = [record]
-    return Artifact(root, manifest, plan, weights), record
+    plan = Plan.from_json(fake_plan(cubins))
+    return Artifact(root, manifest, plan, weights), plan.partitions[0]
 
 
 @pytest.fixture()
@@ -372,21 +390,25 @@ def test_a_cubin_without_the_kernels_falls_through_to_nvrtc_and_caches(
 
 
 def test_bad_launch_records_are_clear_errors(tmp_path: Path, fake: FakeCupy) -> None:
-    artifact, record = fake_artifact(tmp_path, cubins={"sm_90": ["mul", "scale"]})
+    cubins = {"sm_90": ["mul", "scale"]}
+    artifact, _ = fake_artifact(tmp_path, cubins=cubins)
     weights = memory_space("cuda").upload(artifact.weights)
-    launch = artifact.plan["steps"][1]["launches"][0]
-    cases = [("args", [["ptr", "arena", 4096]], "outside"), ("args", [["ptr", "ext", 0]], "bad pointer"),
-             ("args", [["u8", 1]], "unknown argument"), ("grid", [0, 1, 1], "grid"),
+
+    def load(change: Any) -> None:
+        data = fake_plan(cubins)
+        change(data["steps"][1])
+        plan = Plan.from_json(data)  # the schema's checks, then the CUDA run side's
+        cuda.CudaPartition(dataclasses.replace(artifact, plan=plan), plan.partitions[0], weights)
+
+    cases = [("args", [["ptr", "arena", 4096]], "outside"),
+             ("args", [["ptr", "ext", 0]], r"steps\[1\]\.launches\[0\]\.args\[0\] is a bad pointer"),
+             ("args", [["u8", 1]], "unknown argument"), ("grid", [0, 1, 1], r"launches\[0\]\.grid"),
              ("block", [2048, 1, 1], "2048 threads")]
     for key, bad, message in cases:
-        saved = launch[key]
-        launch[key] = bad
         with pytest.raises(ArtifactError, match=message):
-            cuda.CudaPartition(artifact, record, weights)
-        launch[key] = saved
-    del artifact.plan["steps"][1]["launches"]
+            load(lambda step, key=key, bad=bad: step["launches"][0].update({key: bad}))
     with pytest.raises(ArtifactError, match="'mul' .*has no launches"):
-        cuda.CudaPartition(artifact, record, weights)
+        load(lambda step: step.pop("launches"))
 
 
 def test_a_failing_launch_names_the_step(tmp_path: Path, fake: FakeCupy) -> None:
@@ -510,7 +532,7 @@ def _enable_graphs(session: Any) -> None:
     """Until Session takes ``cuda_graph=True``, rebuild its CUDA partitions with ``capture=True``."""
     for i, (kind, part) in enumerate(session._partitions):
         if kind == "cuda" and not part.capture:
-            record = session.plan["partitions"][i]
+            record = session.plan.partitions[i]
             session._partitions[i] = ("cuda", cuda.CudaPartition(
                 session._artifact, record, session._weights["cuda"], capture=True))
 
@@ -525,8 +547,10 @@ def test_gpu_nvrtc_compiles_once_then_hits_the_cache(tmp_path: Path, monkeypatch
     for i, (kind, _part) in enumerate(session._partitions):
         if kind != "cuda":
             continue
-        record = json.loads(json.dumps(session.plan["partitions"][i]))
-        record["module"]["cubins"], record["module"]["ptx"] = {}, None  # as if nvcc was absent
+        record = session.plan.partitions[i]
+        assert record.module is not None
+        record = dataclasses.replace(record, module=dataclasses.replace(record.module, cubins={}, ptx=None))
+        # as if nvcc was absent
         first = cuda.CudaPartition(session._artifact, record, session._weights["cuda"])
         second = cuda.CudaPartition(session._artifact, record, session._weights["cuda"])
         assert first.module_source == second.module_source == "nvrtc"

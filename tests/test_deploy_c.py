@@ -49,7 +49,7 @@ def test_model_header_lists_sizes_shapes_and_entries(zoo) -> None:
     assert f"{{ {', '.join(map(str, spec.shape))} }}" in header
     row = f'{{ "{spec.name}", "float32", {len(spec.shape)}, onnx_aot_input_shape_0, {spec.nbytes}u }}'
     assert row in header
-    plan_entries = [p["entry"] for p in Session(artifact).plan["partitions"]]
+    plan_entries = [p.entry for p in Session(artifact).plan.partitions]
     for entry in plan_entries:
         signature = f"int {entry}(void* const* ext, char* arena, const char* weights, double* step_seconds);"
         assert signature in header

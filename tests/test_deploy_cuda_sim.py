@@ -113,12 +113,12 @@ def test_a_profiled_session_on_a_compiled_cuda_plan(tmp_path: Path, fake: FakeCu
     session.run(None, {"x": x})
     session.run(None, {"x": x})
     events = json.loads(Path(session.end_profiling(tmp_path / "p.json")).read_text())
-    steps = session.plan["steps"]
+    steps = session.plan.steps
     nodes = [e for e in events if e["cat"] == "Node"]
     assert len(nodes) == 2 * len(steps)
     assert {e["args"]["provider"] for e in nodes} >= {"cuda"}
     # every step is CUDA: the input and output transfers may read and write device arrays
-    assert {"x", session._output_values[0]} <= session._device_values
+    assert {"x", session.io.output_values[0]} <= session.io.device_values
     binding = session.io_binding()
     binding.bind_input("x", DeviceArray(x))
     y = DeviceArray(np.zeros((1, 10), np.float32))

@@ -43,8 +43,8 @@ def test_load_plan_reads_sizes_and_interface_without_kernels_or_weights(
     monkeypatch.undo()
     session = Session(small_artifact)
     assert list(info.inputs) == session.inputs and list(info.outputs) == session.outputs
-    assert info.arenas == {"host": session.plan["arenas"][0]["nbytes"]} and info.arenas["host"] > 0
-    assert info.target == "cpu" and info.runnable_from_c and info.num_steps == len(session.plan["steps"])
+    assert info.arenas == {"host": session.plan.arenas[0].nbytes} and info.arenas["host"] > 0
+    assert info.target == "cpu" and info.runnable_from_c and info.num_steps == len(session.plan.steps)
     assert info.weights_nbytes == (small_artifact / "weights.bin").stat().st_size
     with pytest.raises(ArtifactError, match="weights.bin"):  # ...a Session is not
         Session(copy)

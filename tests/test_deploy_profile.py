@@ -52,7 +52,7 @@ def test_profile_small_model_c_entry_fills_step_times(tmp_path: Path) -> None:
         np.testing.assert_array_equal(session.run(None, {"x": x})[0], expected)
     trace = session.end_profiling(tmp_path / "trace.json")
     assert trace == str(tmp_path / "trace.json")
-    events = _check_trace(trace, session.plan, runs=3)
+    events = _check_trace(trace, session.plan.to_json(), runs=3)
     conv = [e for e in events if e["name"] == "conv"]
     assert len(conv) == 3 and all(e["dur"] > 0 for e in conv)  # written by the C entry
     assert conv[0]["args"]["onnx_nodes"] == ["conv", "relu"]  # a fused step names both nodes
@@ -79,7 +79,7 @@ def test_profile_reference_provider_steps(tmp_path: Path) -> None:
     session = Session(compile_model(model, tmp_path / "mixed"), profile=True)
     session.run(None, {"x": np.ones((3, 5), np.float32)})
     session.run(None, {"x": np.ones((3, 5), np.float32)})
-    events = _check_trace(session.end_profiling(tmp_path / "p.json"), session.plan, runs=2)
+    events = _check_trace(session.end_profiling(tmp_path / "p.json"), session.plan.to_json(), runs=2)
     upper = [e for e in events if e["name"] == "upper"]
     assert len(upper) == 2 and all(e["args"]["provider"] == "reference" and e["dur"] > 0 for e in upper)
 
@@ -87,11 +87,11 @@ def test_profile_reference_provider_steps(tmp_path: Path) -> None:
 def test_profile_zoo_model_accounts_for_every_onnx_node(zoo, tmp_path: Path) -> None:
     session = Session(zoo.artifact("squeezenet"), profile=True)
     session.run(None, zoo.feeds("squeezenet"))
-    events = _check_trace(session.end_profiling(tmp_path / "sq.json"), session.plan, runs=1)
+    events = _check_trace(session.end_profiling(tmp_path / "sq.json"), session.plan.to_json(), runs=1)
     profiled = {n for e in events if e["cat"] == "Node" for n in e["args"]["onnx_nodes"]}
     for k, node in enumerate(zoo.model("squeezenet").graph.node):
         name = node.name or f"{node.op_type}_{k}"
-        assert name in profiled or session.plan["onnx_nodes"][name].get("eliminated"), name
+        assert name in profiled or session.plan.onnx_nodes[name].eliminated, name
     top = slowest_steps(load_trace(tmp_path / "sq.json"), 10)
     assert len(top) == 10 and top[0].total_us >= top[-1].total_us
     assert top[0].op_type in ("FusedConv", "Conv", "MaxPool", "ConvNhwc", "WinogradConvNhwc", "MaxPoolNhwc")

@@ -19,6 +19,7 @@ from runtime import Session
 from runtime.errors import ArtifactError
 from runtime.integrity import sampled_sha256, sha256_file
 from runtime.isa import MARCH_FEATURES, check_cpu_target, host_cpu_flags, missing_features, required_features
+from runtime.plan_schema import CudaModule
 from runtime.providers.cuda_module import DeviceInfo, arch_mismatch
 from tests.support.models import small_model
 
@@ -271,11 +272,8 @@ def test_cpu_flags_parse_x86_and_arm() -> None:
     )
 
 
-MODULE = {
-    "source": "kernels/cuda/model.cu",
-    "cubins": {"sm_80": "a.cubin", "sm_90": "b.cubin"},
-    "ptx": "kernels/cuda/model.ptx",
-}
+MODULE = CudaModule("kernels/cuda/model.cu", {"sm_80": "a.cubin", "sm_90": "b.cubin"},
+                    "kernels/cuda/model.ptx")
 FACTS = {"cuda_version": "12.4", "ptx_arch": "compute_80"}
 
 
@@ -288,9 +286,7 @@ def test_gpu_arch_mismatch_is_a_clear_message() -> None:
     assert "compute capability 8.0 or newer" in old and "Recompile with --target cuda for sm_75" in old
     stale = arch_mismatch(MODULE, FACTS, DeviceInfo(100, 12020))
     assert stale is not None and "driver for CUDA 12.4 or newer, this one is 12.2" in stale
-    bare = arch_mismatch(
-        {"source": "kernels/cuda/model.cu", "cubins": {}, "ptx": None}, {}, DeviceInfo(90, 12040)
-    )
+    bare = arch_mismatch(CudaModule("kernels/cuda/model.cu", {}, None), {}, DeviceInfo(90, 12040))
     assert bare is not None and "no cubins were built" in bare and "NVRTC" in bare
 
 
@@ -302,7 +298,8 @@ def test_sha256_helpers_agree(pristine: Path) -> None:
 # A plan rewritten and re-hashed into the manifest (a broken pipeline, not damage) must still end
 # in ArtifactError naming plan.json and the field, never a KeyError/TypeError, before any load.
 _PLAN_MUTATIONS = [
-    ("inputs", lambda p: p.pop("inputs"), "'inputs' must be a list"),
+    ("inputs", lambda p: p.pop("inputs"), "inputs is missing"),
+    ("inputs not a list", lambda p: p.update(inputs={}), "inputs must be a list"),
     ("input shape", lambda p: p["inputs"][0].update(shape="1x3"), r"inputs\[0\]\.shape"),
     ("output dtype", lambda p: p["outputs"][0].update(dtype="float33"), r"outputs\[0\]\.dtype"),
     ("output value", lambda p: p["outputs"][0].pop("value"), r"outputs\[0\]\.value"),
@@ -310,7 +307,12 @@ _PLAN_MUTATIONS = [
     ("entry", lambda p: p["partitions"][0].pop("entry"), r"partitions\[0\]\.entry"),
     ("ext", lambda p: p["partitions"][0].update(ext="x"), r"partitions\[0\]\.ext"),
     ("step partition", lambda p: p["steps"][0].update(partition=7), r"steps\[0\]\.partition"),
-    ("values", lambda p: p.update(values=[]), "'values' must be an object"),
+    ("values", lambda p: p.update(values=[]), "values must be an object"),
+    ("library", lambda p: p["partitions"][0].pop("library"), r"partitions\[0\]\.library is missing"),
+    ("step index", lambda p: p["steps"][0].update(index=3), r"steps\[0\]\.index must be 0"),
+    ("value location", lambda p: next(iter(p["values"].values())).update(location=["disk", 0]),
+     r"values\['x'\]\.location must be"),
+    ("format version", lambda p: p.update(format_version=2), "plan format version 2"),
 ]
 
 

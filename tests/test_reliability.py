@@ -64,8 +64,8 @@ def conv_gemm_model(batch: int = 2) -> onnx.ModelProto:
 # -- threads ---------------------------------------------------------------------------------------
 def test_eight_threads_by_fifty_runs_are_bit_identical(tmp_path: Path) -> None:
     session = Session(compile_model(conv_gemm_model(), tmp_path / "art"), threads=1)
-    assert {p["provider"] for p in session.plan["partitions"]} == {"c"}
-    assert session.plan["arenas"][0]["nbytes"] > 0
+    assert {p.provider for p in session.plan.partitions} == {"c"}
+    assert session.plan.arenas[0].nbytes > 0
     threads, runs = 8, 50
     rng = np.random.default_rng(0)
     feeds = [
@@ -188,7 +188,7 @@ def test_strided_read_only_and_misaligned_feeds_give_identical_results(small: Se
 # -- limits ----------------------------------------------------------------------------------------
 def test_max_arena_bytes_fails_at_compile_time_with_the_need(tmp_path: Path) -> None:
     art = compile_model(conv_gemm_model(), tmp_path / "ok")
-    need = Session(art).plan["arenas"][0]["nbytes"]
+    need = Session(art).plan.arenas[0].nbytes
     compile_model(conv_gemm_model(), tmp_path / "exact", max_arena_bytes=need)
     with pytest.raises(ArenaLimitError) as info:
         compile_model(conv_gemm_model(), tmp_path / "tight", max_arena_bytes=need - 1)
@@ -319,7 +319,7 @@ def test_a_killed_compile_never_leaves_a_folder_that_loads_partially(tmp_path: P
     assert proc.returncode == -signal.SIGKILL
     if out.exists():  # the previous artifact, whole; never the new one half-written
         session = Session(out, verify_weights=True)
-        assert (out / "plan.json").read_bytes() == old_plan or session.plan["inputs"][0]["shape"] == [
+        assert (out / "plan.json").read_bytes() == old_plan or list(session.plan.inputs[0].shape) == [
             2,
             3,
             8,

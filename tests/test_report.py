@@ -23,8 +23,9 @@ from onnx import TensorProto, helper
 
 from compiler import compile_model
 from compiler.artifact.report import render_memory_html
-from compiler.inspect import memory_summary
 from runtime.errors import ArtifactError
+from runtime.inspection import memory_summary
+from runtime.plan_schema import Plan
 from tests.support.commands import cli
 from tests.support.zoo import light_model_path
 
@@ -230,7 +231,8 @@ def test_html_option_writes_the_artifacts_page(squeezenet: Path, tmp_path: Path)
     assert f"wrote {page}" in result.stderr and json.loads(result.stdout)["arenas"]
     assert page.read_bytes() == (squeezenet / "report" / "memory.html").read_bytes()
     plan, report = _load(squeezenet)
-    assert render_memory_html(plan, report) == render_memory_html(plan, report)  # deterministic
+    assert render_memory_html(Plan.from_json(plan), report) == \
+        render_memory_html(Plan.from_json(plan), report)  # deterministic
 
 
 def test_page_is_self_contained_with_one_rect_per_buffer(squeezenet: Path) -> None:
@@ -288,17 +290,30 @@ def test_page_in_headless_chromium(squeezenet: Path, tmp_path: Path) -> None:
 def _hand_plan() -> tuple[dict[str, Any], dict[str, Any]]:
     """Three steps over two arenas: a tensor, an in-place alias of it, scratch, one device buffer."""
     def step(t: int, name: str, op: str, outs: list[str], scratch: dict[str, int] | None) -> dict[str, Any]:
-        return {"index": t, "name": name, "op_type": op, "provider": "c", "outputs": outs, "scratch": scratch}
+        return {"index": t, "name": name, "op_type": op, "domain": "", "provider": "c", "partition": 0,
+                "onnx_nodes": [name], "inputs": [], "outputs": outs, "attrs": {}, "scratch": scratch}
+
+    def arena(space: str, strategy: str) -> dict[str, Any]:
+        return {"memory_space": space, "nbytes": 256, "alignment": 64, "lower_bound_nbytes": 256,
+                "naive_nbytes": 320, "strategy": strategy}
+
+    def buffer(name: str, space: str, values: list[str]) -> dict[str, Any]:
+        return {"id": name, "arena": space, "offset": 0, "nbytes": 64, "first_step": 0, "last_step": 2,
+                "values": values}
 
     steps = [step(0, "conv", "Conv", ["a"], {"offset": 128, "nbytes": 100}),
              step(1, "relu", "Relu", ["b"], None),
              step(2, "gpu", "MatMul", ["d"], None)]
     values = {n: {"dtype": "float32", "shape": [2, 8], "location": ["arena", 0, "host"]} for n in "abd"}
-    plan = {"name": "hand", "steps": steps, "values": values,
-            "arenas": [{"memory_space": "host", "strategy": "s"}, {"memory_space": "dev", "strategy": "t"}],
-            "buffers": [{"id": "a", "arena": "host", "values": ["a", "b"]},
-                        {"id": "scratch/0", "arena": "host", "values": []},
-                        {"id": "d", "arena": "dev", "values": ["d"]}]}
+    plan = {"format_version": 1, "name": "hand", "inputs": [], "outputs": [], "constants": [],
+            "weights_nbytes": 0, "arenas": [arena("host", "s"), arena("dev", "t")],
+            "buffers": [buffer("a", "host", ["a", "b"]), buffer("scratch/0", "host", []),
+                        buffer("d", "dev", ["d"])],
+            "values": values, "steps": steps,
+            "partitions": [{"index": 0, "provider": "c", "runner": "c", "memory_space": "host",
+                            "entry": "onnx_aot_partition_0", "first_step": 0, "last_step": 2, "ext": [],
+                            "library": "kernels/cpu/model.so"}],
+            "onnx_nodes": {}}
     host = {"arena_nbytes": 256, "lower_bound_nbytes": 256, "naive_nbytes": 320, "alignment": 64,
             "peak_step": 0, "buffers": [
                 {"id": "a", "tensor": "a", "offset": 0, "nbytes": 64, "first_step": 0, "last_step": 2},
@@ -316,7 +331,7 @@ def _hand_plan() -> tuple[dict[str, Any], dict[str, Any]]:
 
 def test_summary_of_a_hand_made_plan() -> None:
     plan, report = _hand_plan()
-    data = memory_summary(plan, report, top=1)
+    data = memory_summary(Plan.from_json(plan), report, top=1)
     host, dev = data["arenas"]["host"], data["arenas"]["dev"]
     assert [b["kind"] for b in host["buffers"]] == ["tensor", "scratch"]
     assert host["buffers"][0]["values"] == ["a", "b"] and host["buffers"][0]["producer"] == "conv"
@@ -327,11 +342,11 @@ def test_summary_of_a_hand_made_plan() -> None:
     assert [s["live_by_arena"] for s in data["steps"]] == [{"host": 192, "dev": 0}, {"host": 64, "dev": 0},
                                                            {"host": 64, "dev": 64}]
     assert [s["scratch_nbytes"] for s in data["steps"]] == [100, 0, 0]
-    dom = PageDom(render_memory_html(plan, report))
+    dom = PageDom(render_memory_html(Plan.from_json(plan), report))
     assert {k: len(v) for k, v in dom.rects.items()} == {"host": 2, "dev": 1}
     plan["buffers"].pop()
     with pytest.raises(ArtifactError, match="'d'"):
-        memory_summary(plan, report)
+        memory_summary(Plan.from_json(plan), report)
 
 
 def test_page_escapes_names() -> None:
@@ -341,7 +356,7 @@ def test_page_escapes_names() -> None:
     plan["steps"][0]["outputs"] = [odd]
     plan["buffers"][0]["values"] = [odd, "b"]
     report["arenas"]["host"]["buffers"][0]["tensor"] = odd
-    text = render_memory_html(plan, report)
+    text = render_memory_html(Plan.from_json(plan), report)
     assert "<script>alert" not in text
     dom = PageDom(text)
     rect = dom.rects["host"][0]

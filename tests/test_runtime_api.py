@@ -127,7 +127,7 @@ def test_op_only_the_reference_provider_has_runs(tmp_path) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
     session = Session(compile_model(model, tmp_path / "out"))
-    providers = {r["provider"] for r in session.plan["onnx_nodes"].values() if "provider" in r}
+    providers = {r.provider for r in session.plan.onnx_nodes.values() if r.provider is not None}
     assert "reference" in providers
     x = np.random.default_rng(3).standard_normal((3, 5)).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {"x": x})[0], ort_run(model, {"x": x})[0],
@@ -178,7 +178,7 @@ def test_runtime_imports_without_compiler_dependencies(small) -> None:
         y = s.run(None, {{"x": np.ones((1, 3, 8, 8), np.float32)}})[0]
         assert y.shape == (1, 10)
         assert not [m for m in sys.modules if m.split(".")[0] in BLOCKED], "leaked import"
-        print("ok", [p["provider"] for p in s.plan["partitions"]])
+        print("ok", [p.provider for p in s.plan.partitions])
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=120)
@@ -208,7 +208,7 @@ def test_concat_in_place_end_to_end(tmp_path) -> None:
          helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 1, 5, 5])], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=8)
     session = Session(compile_model(model, tmp_path / "art", opt_level=2))
-    in_place = {b["id"]: b["values"] for b in session.plan["buffers"]}
+    in_place = {b.id: list(b.values) for b in session.plan.buffers}
     assert any("y0" in values and "y2" in values for values in in_place.values()), in_place
     x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
     for got, want in zip(session.run(None, {"x": x}), ort_run(model, {"x": x}), strict=True):

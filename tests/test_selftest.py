@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler import compile_model
 from runtime import Session
-from runtime.verify import SelfTestError, relative_error
+from runtime.selftest import SelfTestError, relative_error
 from tests.support.models import small_model
 
 REPO = Path(__file__).resolve().parent.parent

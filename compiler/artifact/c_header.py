@@ -15,13 +15,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from compiler.codegen.env import render
 from compiler.providers.c.provider import ABI_VERSION
 from runtime.errors import CompileError
+from runtime.plan_schema import Plan, TensorSpec
 
 __all__ = ["HEADER_NAME", "HeaderContext", "header_context", "write_c_header"]
 
@@ -79,69 +77,67 @@ def _comment(text: str) -> str:
     return _c_string(text).replace("*/", "* /")
 
 
-def _tensor(index: int, record: dict[str, Any], kind: str) -> TensorInfo:
-    dtype = np.dtype(record["dtype"])
-    shape = tuple(int(d) for d in record["shape"])
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    dims = "x".join(map(str, shape)) or "scalar"
-    return TensorInfo(index, _c_string(str(record["name"])),
-                      _comment(f"{record['name']}: {dtype.name} {dims}"), dtype.name, shape, nbytes,
-                      f"onnx_aot_{kind}_shape_{index}")
+def _tensor(index: int, spec: TensorSpec, kind: str) -> TensorInfo:
+    dims = "x".join(map(str, spec.shape)) or "scalar"
+    return TensorInfo(index, _c_string(spec.name), _comment(f"{spec.name}: {spec.dtype.name} {dims}"),
+                      spec.dtype.name, spec.shape, spec.nbytes, f"onnx_aot_{kind}_shape_{index}")
 
 
-def _not_runnable(plan: dict[str, Any]) -> str:
+def _not_runnable(plan: Plan) -> str:
     """Why a C program cannot run this plan ("" when it can)."""
-    others = [p for p in plan["partitions"] if p.get("runner", p["provider"]) != "c"]
-    if not plan["partitions"]:
+    others = [p for p in plan.partitions if p.runner != "c"]
+    if not plan.partitions:
         return "the plan has no steps"
     if others:
-        steps = [s for p in others for s in plan["steps"][int(p["first_step"]):int(p["last_step"]) + 1]]
-        names = ", ".join(f"{s['name']} ({s['op_type']})" for s in steps[:3])
+        steps = [s for p in others for s in plan.partition_steps(p)]
+        names = ", ".join(f"{s.name} ({s.op_type})" for s in steps[:3])
         more = f" and {len(steps) - 3} more" if len(steps) > 3 else ""
-        providers = sorted({str(p.get("runner", p["provider"])) for p in others})
+        providers = sorted({p.runner for p in others})
         return _c_string(f"{len(steps)} step(s) run on the {'/'.join(providers)} provider: {names}{more}")
-    spaces = sorted({a["memory_space"] for a in plan["arenas"]} - {"host"})
+    spaces = sorted({a.memory_space for a in plan.arenas} - {"host"})
     if spaces:
         return _c_string(f"the plan has arenas in {', '.join(spaces)}")
     return ""
 
 
-def header_context(plan: dict[str, Any]) -> HeaderContext:
-    inputs = tuple(_tensor(i, r, "input") for i, r in enumerate(plan["inputs"]))
-    outputs = tuple(_tensor(i, r, "output") for i, r in enumerate(plan["outputs"]))
-    slot_of = {r["name"]: f"(void*)inputs[{i}]" for i, r in enumerate(plan["inputs"])}
-    slot_of.update({r["value"]: f"outputs[{i}]" for i, r in enumerate(plan["outputs"])})
+def _entries(plan: Plan) -> tuple[EntryInfo, ...]:
+    """The C partitions' entries, each with its ext slots as the caller's input/output pointers."""
+    slot_of = {s.name: f"(void*)inputs[{i}]" for i, s in enumerate(plan.inputs)}
+    slot_of.update({o.value: f"outputs[{i}]" for i, o in enumerate(plan.outputs)})
     entries = []
-    for part in plan["partitions"]:
-        if part.get("runner", part["provider"]) != "c":
+    for part in plan.partitions:
+        if part.runner != "c":
             continue
-        missing = [name for name in part["ext"] if name not in slot_of]
+        missing = [name for name in part.ext if name not in slot_of]
         if missing:
-            raise CompileError(f"C partition {part['index']}: ext value(s) {missing} are not graph "
+            raise CompileError(f"C partition {part.index}: ext value(s) {missing} are not graph "
                                f"inputs or outputs")
-        entries.append(EntryInfo(str(part["entry"]), int(part["first_step"]), int(part["last_step"]),
-                                 tuple(slot_of[name] for name in part["ext"])))
-    host = [a for a in plan["arenas"] if a["memory_space"] == "host"]
+        entries.append(EntryInfo(part.entry, part.first_step, part.last_step,
+                                 tuple(slot_of[name] for name in part.ext)))
+    return tuple(entries)
+
+
+def header_context(plan: Plan) -> HeaderContext:
+    host = plan.arena("host")
     reason = _not_runnable(plan)
-    guard = "ONNX_AOT_MODEL_" + re.sub(r"[^A-Za-z0-9]", "_", str(plan.get("name", "model"))).upper() + "_H"
     return HeaderContext(
-        model=_comment(str(plan.get("name", "model"))),
-        guard=guard,
+        model=_comment(plan.name),
+        guard="ONNX_AOT_MODEL_" + re.sub(r"[^A-Za-z0-9]", "_", plan.name).upper() + "_H",
         abi_version=ABI_VERSION,
         runnable=not reason,
         reason=reason,
-        arena_nbytes=int(host[0]["nbytes"]) if host else 0,
-        arena_alignment=max(64, int(host[0]["alignment"])) if host else 64,
-        weights_nbytes=int(plan["weights_nbytes"]),
-        num_steps=len(plan["steps"]),
-        inputs=inputs,
-        outputs=outputs,
-        entries=tuple(entries),
+        arena_nbytes=host.nbytes if host is not None else 0,
+        arena_alignment=max(64, host.alignment) if host is not None else 64,
+        weights_nbytes=plan.weights_nbytes,
+        num_steps=len(plan.steps),
+        inputs=tuple(_tensor(i, s, "input") for i, s in enumerate(plan.inputs)),
+        outputs=tuple(_tensor(i, s, "output") for i, s in enumerate(plan.output_specs)),
+        entries=_entries(plan),
     )
 
 
-def write_c_header(kernels_dir: Path, plan: dict[str, Any]) -> Path:
-    """Render ``kernels_dir/model.h`` for ``plan`` (plan.json's content) and return its path."""
+def write_c_header(kernels_dir: Path, plan: Plan) -> Path:
+    """Render ``kernels_dir/model.h`` for ``plan`` and return its path."""
     kernels_dir.mkdir(parents=True, exist_ok=True)
     path = kernels_dir / HEADER_NAME
     path.write_text(render("c/model.h.j2", header_context(plan)), encoding="utf-8")

@@ -5,7 +5,7 @@ offset in the arena; kernel scratch hatched), the live bytes of each step as a c
 byte scale, and the peak step as a band. Each rectangle carries its hover data (tensor, producing
 node, op type, shape, dtype, bytes, lifetime) as ``data-*`` attributes and an SVG ``<title>``;
 the page's small inline script turns those into a tooltip and then marks ``#page-status`` ready.
-Tables repeat what ``onnx-aot inspect`` prints. The data is :func:`compiler.inspect.memory_summary`;
+Tables repeat what ``onnx-aot inspect`` prints. The data is :func:`runtime.inspection.memory_summary`;
 the text lives in ``templates/report/``. No network, no timestamps: the same plan gives the same
 bytes.
 """
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from compiler.codegen.env import render
-from compiler.inspect import describe_shape, format_bytes, human_bytes, memory_summary
+from runtime.inspection import describe_shape, format_bytes, human_bytes, memory_summary
+from runtime.plan_schema import Plan
 
 __all__ = ["render_memory_html"]
 
@@ -257,8 +258,8 @@ def _chart(index: int, space: str, arena: dict[str, Any], steps: list[dict[str, 
     )
 
 
-def render_memory_html(plan: dict[str, Any], report: dict[str, Any]) -> str:
-    """The page for ``plan`` (plan.json's data) and ``report`` (report/memory.json's data)."""
+def render_memory_html(plan: Plan, report: dict[str, Any]) -> str:
+    """The page for ``plan`` and ``report`` (report/memory.json's data)."""
     summary = memory_summary(plan, report, top=TOP_BUFFERS)
     steps = summary["steps"]
     ops = sorted({b["op_type"] for a in summary["arenas"].values() for b in a["buffers"]})
@@ -279,7 +280,7 @@ def render_memory_html(plan: dict[str, Any], report: dict[str, Any]) -> str:
              "bytes live at each step; no arena can be smaller than its highest point (the lower "
              "bound). Hover a rectangle for its tensor.")
     page = MemoryPage(
-        name=plan["name"], intro=intro, arenas=charts,
+        name=plan.name, intro=intro, arenas=charts,
         buffer_header=("offset", "bytes", "steps", "shape", "tensor", "produced by"),
         buffer_numeric=(True, True, True, False, False, False),
         step_header=("step", *(f"live {sp}" for sp in spaces), "buffers", "scratch", "op", "name",

@@ -18,12 +18,13 @@ from compiler.artifact.atomic import make_temp_dir, replace_dir, sweep_leftovers
 from compiler.artifact.c_header import write_c_header
 from compiler.artifact.cpu_target import cpu_target
 from compiler.artifact.report import render_memory_html
-from compiler.plan import CompiledPlan
+from compiler.plan import CompiledPlan, attach_code
 from compiler.providers.base import BuildOptions, Provider
 from compiler.version import __version__
 from runtime.artifact import FORMAT_VERSION, MANIFEST, PLAN, WEIGHTS, sha256_file
 from runtime.errors import CompileError, OnnxAotError
 from runtime.integrity import sampled_sha256
+from runtime.plan_schema import CudaModule, KernelLaunch, Plan, Where
 
 __all__ = ["write_artifact", "dump_json"]
 
@@ -93,30 +94,14 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
             kernels_dir.rmdir()
             if not any(kernels_dir.parent.iterdir()):
                 kernels_dir.parent.rmdir()
-        _move_launches(plan, facts)
+        plan = _attach_facts(plan, provider.name, rel_dir, facts)
         if facts:
             provider_facts[provider.name] = facts
-        if "cubins" in facts:  # a CUDA module: source, cubins per arch, PTX
-            cubins = facts["cubins"]
-            assert isinstance(cubins, dict)
-            module = {
-                "source": f"{rel_dir}/{facts['source']}",
-                "cubins": {arch: f"{rel_dir}/{name}" for arch, name in sorted(cubins.items())},
-                "ptx": f"{rel_dir}/{facts['ptx']}" if facts.get("ptx") else None,
-            }
-            for record in plan["partitions"]:
-                if record["provider"] == provider.name:
-                    record["module"] = module
-        library = facts.get("library")
-        for record in plan["partitions"]:
-            if record["provider"] == provider.name and library:
-                record["library"] = f"{rel_dir}/{library}"
-        if library:
-            say(f"built {rel_dir}/{library}")
-    if options.get("target", "cpu") == "cpu" or any(p.get("runner", p["provider"]) == "c"
-                                                    for p in plan["partitions"]):
+        if facts.get("library"):
+            say(f"built {rel_dir}/{facts['library']}")
+    if options.get("target", "cpu") == "cpu" or any(p.runner == "c" for p in plan.partitions):
         write_c_header(tmp / KERNEL_DIRS["host"], plan)  # run from C without Python (docs/deploy.md)
-    (tmp / PLAN).write_bytes(dump_json(plan))
+    (tmp / PLAN).write_bytes(dump_json(plan.to_json()))
     report_dir = tmp / "report"
     report_dir.mkdir()
     (report_dir / "memory.json").write_bytes(dump_json(compiled.memory_report))
@@ -151,13 +136,22 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
     (tmp / MANIFEST).write_bytes(dump_json(manifest))
 
 
-def _move_launches(plan: dict[str, Any], facts: dict[str, Any]) -> None:
-    """Move a provider's per-step ``launches`` fact into plan.json's step records (the manifest
-    stays small): ``step["launches"] = launches[str(step["index"])]``."""
+def _attach_facts(plan: Plan, provider: str, rel_dir: str, facts: dict[str, Any]) -> Plan:
+    """``plan`` with the code ``provider`` generated: its C ``library``, its CUDA module (source,
+    cubins per arch, PTX) and each step's ``launches`` (moved out of ``facts``: the manifest
+    stays small)."""
     launches = facts.pop("launches", None)
-    if launches is None:
-        return
-    for step in plan["steps"]:
-        key = str(step["index"])
-        if key in launches:
-            step["launches"] = launches[key]
+    module = None
+    if "cubins" in facts:
+        cubins = facts["cubins"]
+        assert isinstance(cubins, dict)
+        module = CudaModule(f"{rel_dir}/{facts['source']}",
+                            {arch: f"{rel_dir}/{name}" for arch, name in sorted(cubins.items())},
+                            f"{rel_dir}/{facts['ptx']}" if facts.get("ptx") else None)
+    where = Where(f"launches of provider {provider!r}")
+    by_step = {int(key): tuple(KernelLaunch.from_json(launch, where.item(key).item(k))
+                               for k, launch in enumerate(records))
+               for key, records in (launches or {}).items()}
+    library = facts.get("library")
+    return attach_code(plan, provider, library=f"{rel_dir}/{library}" if library else None, module=module,
+                       launches=by_step)

@@ -1,6 +1,6 @@
 """Reference kernels of the recurrent ops: RNN, GRU and LSTM (canonical forms in
 compiler/frontend/canonical/recurrent.py); the quantization, signal and sampling kernels live in
-sequence_quant.py and sequence_signal.py, imported at the end.
+sequence_quant.py, sequence_signal.py and sequence_sample.py.
 
 Every direction runs the same forward loop over time. A reverse direction first reverses each
 batch entry within its own ``sequence_lens`` length (and reverses its outputs back), which is what
@@ -193,6 +193,3 @@ def lstm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list
     cell = _lstm_cell_for(peepholes, bool(attrs["input_forget"]))
     return finish(xp, "LSTM", _run(xp, inputs, attrs, 3, cell, True), outputs)
 
-
-# The quantization, signal and sampling kernels register themselves on import.
-from runtime.kernels import sequence_quant, sequence_sample, sequence_signal  # noqa: E402,F401

@@ -1,8 +1,9 @@
 """The CUDA execution provider, run side: the "cuda" memory space and CUDA partitions, on cupy.
 
-cupy is imported lazily, on first use: importing this module (which ``memory_space("cuda")``
-does) only registers the space, so a CPU-only deployment never needs cupy, and using the space
-without cupy or without a device raises ``ArtifactError`` with the install hint.
+cupy is imported lazily, on first use: ``memory_space("cuda")`` imports this module and makes a
+``CudaSpace`` (through the factory ``runtime/__init__.py`` registers), so a CPU-only deployment
+never needs cupy, and using the space without cupy or without a device raises ``ArtifactError``
+with the install hint.
 
 A ``CudaPartition`` is prepared once at load: the module (cubin, PTX or NVRTC: the choice in
 ``cuda_module.py``, the loading in ``cuda_load.py``) is loaded, every launch of every step is
@@ -25,12 +26,14 @@ its CUDA partitions; its pooled run contexts keep their arenas, so each context 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from runtime.artifact import Artifact
 from runtime.errors import ArtifactError, RuntimeKernelError
-from runtime.memory import register_memory_space
+from runtime.plan_schema import PlanPartition
 from runtime.providers.cuda_load import LoadedModule, load_module
 from runtime.providers.cuda_program import D2H, Copy, Launch, Place, bind, parse_steps, uses_device_arena
 
@@ -112,8 +115,6 @@ class CudaSpace:
         return cupy_or_error().asnumpy(array)
 
 
-register_memory_space("cuda", CudaSpace())
-
 
 # -- the partition --------------------------------------------------------------------------------
 class CudaPartition:
@@ -123,23 +124,22 @@ class CudaPartition:
     ``module_source`` says which binary was loaded: "cubin", "ptx" or "nvrtc".
     """
 
-    def __init__(self, artifact: Any, record: dict[str, Any], device_weights: Any, *,
+    def __init__(self, artifact: Artifact, record: PlanPartition, device_weights: Any, *,
                  capture: bool = False) -> None:
         self._cp = cp = cupy_or_error()
-        self.index = int(record["index"])
+        self.index = record.index
         self.capture = capture
-        if "module" not in record:
-            raise ArtifactError(f"{artifact.path / 'plan.json'}: CUDA partition {self.index} names no module")
         self._weights = device_weights  # keeps the device copy alive while graphs point into it
         self._host_weights = artifact.weights
         self._host_weights_addr = int(artifact.weights.ctypes.data) if artifact.weights.size else 0
         weights_addr = int(device_weights.data.ptr) if int(device_weights.size) else 0
         self.program = parse_steps(artifact.plan, record, int(artifact.weights.size), weights_addr)
-        steps = artifact.plan["steps"][int(record["first_step"]):int(record["last_step"]) + 1]
-        self._step_local = {str(step["name"]): local for local, step in enumerate(steps)}
+        steps = artifact.plan.partition_steps(record)
+        self._step_local = {step.name: local for local, step in enumerate(steps)}
         self._uses_arena = any(uses_device_arena(op) for op in self.program)
         names = sorted({op.kernel for op in self.program if isinstance(op, Launch)})
-        self.module: LoadedModule = load_module(cp, artifact, record, names)
+        assert record.module is not None  # the schema requires a CUDA partition's module
+        self.module: LoadedModule = load_module(cp, artifact, record.module, names)
         self.module_source = self.module.source
         functions = self.module.functions
         for op in self.program:
@@ -232,7 +232,12 @@ class CudaPartition:
         if self.capture:
             self._replay(base, args, arenas, ext)
             return
-        stream = self._cp.cuda.get_current_stream()
+        self._run_eager(args, arenas, ext, self._cp.cuda.get_current_stream())
+
+    def _run_eager(self, args: list[tuple[Any, ...] | None], arenas: dict[str, Any],
+                   ext: dict[str, np.ndarray], stream: Any,
+                   after: Callable[[int], None] | None = None) -> None:
+        """Launch or copy each op in order on ``stream``, calling ``after(i)`` behind op ``i``."""
         i = 0
         try:
             for i, op in enumerate(self.program):
@@ -240,6 +245,8 @@ class CudaPartition:
                     self._functions[i](op.grid, op.block, args[i], shared_mem=op.shared)
                 else:
                     self._copy(op, arenas, ext, stream)
+                if after is not None:
+                    after(i)
         except Exception as exc:
             raise self._failure(i, exc) from exc
 
@@ -249,16 +256,7 @@ class CudaPartition:
         stream = cp.cuda.get_current_stream()
         events = [cp.cuda.Event() for _ in range(len(self.program) + 1)]
         events[0].record(stream)
-        i = 0
-        try:
-            for i, op in enumerate(self.program):
-                if isinstance(op, Launch):
-                    self._functions[i](op.grid, op.block, args[i], shared_mem=op.shared)
-                else:
-                    self._copy(op, arenas, ext, stream)
-                events[i + 1].record(stream)
-        except Exception as exc:
-            raise self._failure(i, exc) from exc
+        self._run_eager(args, arenas, ext, stream, lambda i: events[i + 1].record(stream))
         events[-1].synchronize()
         for i, op in enumerate(self.program):
             local = self._step_local.get(op.step)

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.artifact import Artifact
 from runtime.errors import ArtifactError
+from runtime.plan_schema import CudaModule
 from runtime.providers.cuda_module import (
     DEFAULT_NVRTC_OPTIONS,
     DeviceInfo,
@@ -47,19 +49,15 @@ def device_info(cp: Any) -> DeviceInfo:
     return DeviceInfo(int(cp.cuda.Device().compute_capability), int(cp.cuda.runtime.driverGetVersion()))
 
 
-def _cuda_facts(manifest: dict[str, Any], module: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's ``target.providers.cuda`` facts; the module record may repeat them."""
+def _cuda_facts(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``target.providers.cuda`` facts (none: no nvcc ran, NVRTC only)."""
     target = manifest.get("target")
     providers = target.get("providers") if isinstance(target, dict) else None
     found = providers.get("cuda") if isinstance(providers, dict) else None
-    facts = dict(found) if isinstance(found, dict) else {}  # no facts: no nvcc ran, NVRTC only
-    for key in ("cuda_version", "ptx_arch"):
-        if facts.get(key) is None and module.get(key) is not None:
-            facts[key] = module[key]
-    return facts
+    return dict(found) if isinstance(found, dict) else {}
 
 
-def _listed(artifact: Any, rel: str) -> Path:
+def _listed(artifact: Artifact, rel: str) -> Path:
     if rel not in artifact.manifest["files"]:
         raise ArtifactError(f"{artifact.path / rel}: CUDA module file not listed in the manifest")
     return Path(artifact.file(rel))
@@ -74,18 +72,17 @@ def _functions(raw: Any, names: list[str]) -> dict[str, Any]:
     return functions
 
 
-def load_module(cp: Any, artifact: Any, record: dict[str, Any], names: list[str]) -> LoadedModule:
-    """Load the best module for this device that has every kernel in ``names``."""
-    module = record["module"]
+def load_module(cp: Any, artifact: Artifact, module: CudaModule, names: list[str]) -> LoadedModule:
+    """Load the best binary of ``module`` for this device that has every kernel in ``names``."""
     device = device_info(cp)
+    facts = _cuda_facts(artifact.manifest)
     notes: list[str] = []
-    for choice in module_candidates(module, _cuda_facts(artifact.manifest, module), device):
+    for choice in module_candidates(module, facts, device):
         path = _listed(artifact, choice.path)
         if choice.kind == "nvrtc":
-            options = tuple(module.get("nvrtc_options") or DEFAULT_NVRTC_OPTIONS)
-            mismatch = arch_mismatch(module, _cuda_facts(artifact.manifest, module), device)
+            mismatch = arch_mismatch(module, facts, device)
             try:
-                raw, path, hit = _nvrtc_module(cp, artifact, choice, options, names)
+                raw, path, hit = _nvrtc_module(cp, artifact, choice, DEFAULT_NVRTC_OPTIONS, names)
             except (ArtifactError, ImportError) as exc:
                 lead = f"{artifact.path}: {mismatch}\n(NVRTC: {exc})" if mismatch else f"{exc}"
                 raise ArtifactError(lead + "".join(f"\n(also failed: {n})" for n in notes)) from None
@@ -98,7 +95,7 @@ def load_module(cp: Any, artifact: Any, record: dict[str, Any], names: list[str]
     raise ArtifactError(f"{artifact.path}: no CUDA module loads: {'; '.join(notes)}")  # unreachable
 
 
-def _nvrtc_module(cp: Any, artifact: Any, choice: ModuleChoice, options: tuple[str, ...],
+def _nvrtc_module(cp: Any, artifact: Artifact, choice: ModuleChoice, options: tuple[str, ...],
                   names: list[str]) -> tuple[Any, Path, bool]:
     path = _listed(artifact, choice.path)
     data = path.read_bytes()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.errors import ArtifactError
+from runtime.plan_schema import CudaModule
 
 __all__ = [
     "DeviceInfo",
@@ -94,16 +95,14 @@ def _cubin_runs_on(arch: str, cc: int) -> bool:
     return built // 10 == cc // 10 and built % 10 <= cc % 10
 
 
-def module_candidates(module: Mapping[str, Any], facts: Mapping[str, Any],
+def module_candidates(module: CudaModule, facts: Mapping[str, Any],
                       device: DeviceInfo) -> list[ModuleChoice]:
     """What to try, best first, for ``device``; NVRTC on the source is always last."""
     cc, driver = device.compute_capability, device.driver_version
     toolkit = parse_cuda_version(facts.get("cuda_version"))
     arch = f"sm_{cc}"
     out: list[ModuleChoice] = []
-    cubins = module.get("cubins") or {}
-    if not isinstance(cubins, Mapping):
-        raise ArtifactError(f"plan.json: module cubins must map arch -> file, got {cubins!r}")
+    cubins = module.cubins
     parsed = {a: p for a in cubins if (p := parse_arch(a)) is not None and _cubin_runs_on(a, cc)}
     # the newest arch first (the exact one, then older minors), arch-specific before portable
     fitting = sorted(parsed, key=lambda a: (-parsed[a][0], not parsed[a][1], a))
@@ -111,30 +110,27 @@ def module_candidates(module: Mapping[str, Any], facts: Mapping[str, Any],
         if toolkit is not None and driver // 1000 < toolkit // 1000:
             continue  # a CUDA 13 cubin needs a CUDA 13 driver
         out.append(ModuleChoice("cubin", str(cubins[name]), arch, f"cubin {name} runs on sm_{cc}"))
-    ptx = module.get("ptx")
+    ptx = module.ptx
     if ptx:
         ptx_arch = parse_arch(str(facts.get("ptx_arch") or "")) or parse_arch(_ptx_arch_from_name(str(ptx)))
         arch_ok = ptx_arch is None or ptx_arch[0] <= cc
         if arch_ok and toolkit is not None and driver >= toolkit:
             out.append(ModuleChoice("ptx", str(ptx), arch,
                                     f"PTX from CUDA {_fmt(toolkit)} JIT-compiled by driver {_fmt(driver)}"))
-    source = module.get("source")
-    if not source:
-        raise ArtifactError("plan.json: a CUDA partition's module names no source")
     why = "no cubin for this device" if not fitting else "the cubins did not load"
     if ptx and (toolkit is None or driver < toolkit):
         why += (f"; the PTX needs a driver for CUDA {_fmt(toolkit)} or newer, this one is "
                 f"{_fmt(driver)}" if toolkit is not None else "; the PTX's CUDA version is unknown")
-    out.append(ModuleChoice("nvrtc", str(source), arch, why))
+    out.append(ModuleChoice("nvrtc", module.source, arch, why))
     return out
 
 
-def choose_module(module: Mapping[str, Any], facts: Mapping[str, Any], device: DeviceInfo) -> ModuleChoice:
+def choose_module(module: CudaModule, facts: Mapping[str, Any], device: DeviceInfo) -> ModuleChoice:
     """The first candidate: what a device like ``device`` loads when nothing fails."""
     return module_candidates(module, facts, device)[0]
 
 
-def arch_mismatch(module: Mapping[str, Any], facts: Mapping[str, Any], device: DeviceInfo) -> str | None:
+def arch_mismatch(module: CudaModule, facts: Mapping[str, Any], device: DeviceInfo) -> str | None:
     """Why no prebuilt binary (cubin or PTX) of ``module`` can run on ``device``; None when one can.
 
     Then only NVRTC on the shipped source is left; when that is missing or fails, this sentence
@@ -144,9 +140,9 @@ def arch_mismatch(module: Mapping[str, Any], facts: Mapping[str, Any], device: D
     if any(c.kind != "nvrtc" for c in choices):
         return None
     cc = device.compute_capability
-    cubins = sorted(str(a) for a in (module.get("cubins") or {}))
+    cubins = sorted(module.cubins)
     built = ", ".join(cubins) if cubins else "no cubins"
-    ptx = module.get("ptx")
+    ptx = module.ptx
     ptx_arch = str(facts.get("ptx_arch") or _ptx_arch_from_name(str(ptx or ""))) if ptx else ""
     toolkit = parse_cuda_version(facts.get("cuda_version"))
     if ptx:

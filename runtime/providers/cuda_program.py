@@ -1,21 +1,25 @@
 """A CUDA partition's steps as a program: kernel launches and byte copies, parsed from plan.json.
 
-Pure numpy, no cupy: ``parse_steps`` turns a partition's steps into ``Launch`` records (kernel
+Pure numpy, no cupy: ``parse_steps`` turns a partition's steps (plan.json's records, already
+checked by ``runtime/plan_schema.py``) into ``Launch`` records (kernel
 name, grid, block, dynamic shared memory, and an argument tuple of numpy scalars whose weights
 pointers are final and whose arena pointers are offsets, bound per arena by ``bind``) and
 ``Copy`` records (a Transfer between host and device, or a view copy whose bytes moved), dropping
-views that share their input's bytes. Every record is checked here, so a bad plan fails at load
-naming the step, never at launch time.
+views that share their input's bytes. What the schema cannot check alone (offsets against the
+arena and weights sizes, copies between spaces) is checked here, so a bad plan fails at load naming
+the step, never at launch time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from runtime.errors import ArtifactError
+from runtime.plan_schema import KernelLaunch, Plan, PlanPartition, PlanStep, PlanValue
 
 __all__ = ["H2H", "H2D", "D2H", "D2D", "VIEW_OPS", "Place", "Launch", "Copy", "value_place",
            "parse_launch", "parse_steps", "bind", "uses_device_arena"]
@@ -24,7 +28,9 @@ __all__ = ["H2H", "H2D", "D2H", "D2D", "VIEW_OPS", "Place", "Launch", "Copy", "v
 H2H, H2D, D2H, D2D = 0, 1, 2, 3
 _KINDS = {("host", "host"): H2H, ("host", "cuda"): H2D, ("cuda", "host"): D2H, ("cuda", "cuda"): D2D}
 VIEW_OPS = frozenset({"Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze"})
-_SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
+AOT_DOMAIN = "onnx_aot"
+_SCALARS: dict[str, Callable[[Any], Any]] = {"i32": np.int32, "i64": np.int64, "f32": np.float32,
+                                             "f64": np.float64}
 
 
 @dataclass(frozen=True)
@@ -57,102 +63,82 @@ class Copy:
     kind: int  # cudaMemcpyKind
 
 
-def _value_nbytes(record: dict[str, Any]) -> int:
-    return int(np.prod(record["shape"], dtype=np.int64)) * np.dtype(record["dtype"]).itemsize
-
-
-def value_place(record: dict[str, Any], space: str, what: str) -> Place:
+def value_place(value: PlanValue, space: str) -> Place:
     """``space`` is the memory space the step reads/writes the value in (weights exist in both)."""
-    location = record["location"]
-    kind = location[0]
-    nbytes = _value_nbytes(record)
-    if kind == "arena":
-        arena_space = location[2] if len(location) > 2 else "host"
-        return Place(arena_space, "arena", int(location[1]), nbytes)
-    if kind == "weights":
-        return Place(space, "weights", int(location[1]), nbytes)
-    if kind == "ext":
-        return Place("host", "ext", str(location[1]), nbytes)
-    raise ArtifactError(f"plan.json: {what}: unknown value location {location!r}")
+    where = value.location
+    if where.kind == "arena":
+        return Place(where.space, "arena", where.offset, value.nbytes)
+    if where.kind == "weights":
+        return Place(space, "weights", where.offset, value.nbytes)
+    return Place("host", "ext", where.ext, value.nbytes)
 
 
-def _triple(value: Any, what: str) -> tuple[int, int, int]:
-    if not isinstance(value, list) or not 1 <= len(value) <= 3 or \
-            not all(isinstance(v, int) and v >= 1 for v in value):
-        raise ArtifactError(f"plan.json: {what} must be 1-3 positive integers, got {value!r}")
-    padded = [*value, 1, 1][:3]
+def _triple(dims: tuple[int, ...]) -> tuple[int, int, int]:
+    padded = [*dims, 1, 1][:3]
     return padded[0], padded[1], padded[2]
 
 
-def parse_launch(step: str, launch: dict[str, Any], arena_nbytes: int, weights_nbytes: int,
+def parse_launch(step: str, launch: KernelLaunch, arena_nbytes: int, weights_nbytes: int,
                  weights_addr: int) -> Launch:
     """One launch record -> a ``Launch`` whose weights pointers are final and arena ones offsets."""
-    where = f"step {step!r} launch of {launch.get('kernel')!r}"
-    kernel = launch.get("kernel")
-    if not isinstance(kernel, str) or not kernel:
-        raise ArtifactError(f"plan.json: step {step!r}: a launch names no kernel")
+    where = f"step {step!r} launch of {launch.kernel!r}"
     args: list[Any] = []
     slots: list[tuple[int, int]] = []
-    for index, arg in enumerate(launch["args"]):
-        if not isinstance(arg, list) or not arg:
-            raise ArtifactError(f"plan.json: {where}: bad argument {arg!r}")
-        if arg[0] == "ptr":
-            if len(arg) != 3 or arg[1] not in ("arena", "weights") or not isinstance(arg[2], int):
-                raise ArtifactError(f"plan.json: {where}: bad pointer argument {arg!r}")
-            limit = arena_nbytes if arg[1] == "arena" else weights_nbytes
-            if not 0 <= arg[2] <= limit:
-                raise ArtifactError(f"plan.json: {where}: {arg[1]} offset {arg[2]} outside 0..{limit}")
-            if arg[1] == "arena":
-                slots.append((index, arg[2]))
-                args.append(np.uint64(0))
-            else:
-                args.append(np.uint64(weights_addr + arg[2]))
-        elif arg[0] in _SCALARS and len(arg) == 2:
-            args.append(_SCALARS[arg[0]](arg[1]))
+    for index, arg in enumerate(launch.args):
+        if arg.kind != "ptr":
+            args.append(_SCALARS[arg.kind](arg.value))
+            continue
+        offset = int(arg.value)
+        limit = arena_nbytes if arg.space == "arena" else weights_nbytes
+        if not 0 <= offset <= limit:
+            raise ArtifactError(f"plan.json: {where}: {arg.space} offset {offset} outside 0..{limit}")
+        if arg.space == "arena":
+            slots.append((index, offset))
+            args.append(np.uint64(0))
         else:
-            raise ArtifactError(f"plan.json: {where}: unknown argument kind {arg!r}")
-    shared = launch.get("shared", 0)
-    if not isinstance(shared, int) or shared < 0:
-        raise ArtifactError(f"plan.json: {where}: bad shared memory size {shared!r}")
-    return Launch(step, kernel, _triple(launch["grid"], f"{where} grid"),
-                  _triple(launch["block"], f"{where} block"), shared, tuple(args), tuple(slots))
+            args.append(np.uint64(weights_addr + offset))
+    return Launch(step, launch.kernel, _triple(launch.grid), _triple(launch.block), launch.shared,
+                  tuple(args), tuple(slots))
 
 
-def parse_steps(plan: dict[str, Any], record: dict[str, Any], weights_nbytes: int,
+def _copy(step: PlanStep, values: Mapping[str, PlanValue], partition: int) -> Copy | None:
+    """A Transfer (or a view on the device) as a byte copy; None for a view over the same bytes."""
+    name, op = step.name, step.op_type
+    if step.kind == f"{AOT_DOMAIN}.Transfer":
+        src_space, dst_space = step.attrs["from"], step.attrs["to"]
+    elif step.kind in VIEW_OPS:
+        src_space = dst_space = "cuda"
+    else:
+        raise ArtifactError(f"plan.json: step {name!r} ({op}) in CUDA partition {partition} has no launches")
+    if (src_space, dst_space) not in _KINDS:
+        raise ArtifactError(f"plan.json: step {name!r}: no copy from {src_space!r} to {dst_space!r}")
+    src = value_place(values[str(step.inputs[0])], src_space)
+    dst = value_place(values[step.outputs[0]], dst_space)
+    if src.nbytes != dst.nbytes:
+        raise ArtifactError(f"plan.json: step {name!r}: copies {src.nbytes} bytes into {dst.nbytes}")
+    for place in (src, dst):
+        if place.kind == "arena" and place.space not in (src_space, dst_space):
+            raise ArtifactError(f"plan.json: step {name!r}: a {place.space} arena value in a "
+                                f"{src_space}->{dst_space} copy")
+        if place.kind == "ext" and "host" not in (src_space, dst_space):
+            raise ArtifactError(f"plan.json: step {name!r}: a caller's array on the device")
+    return None if src == dst else Copy(name, src, dst, src.nbytes, _KINDS[(src.space, dst.space)])
+
+
+def parse_steps(plan: Plan, record: PlanPartition, weights_nbytes: int,
                 weights_addr: int) -> list[Launch | Copy]:
     """The partition's steps as an ordered list of launches and copies (no-op views dropped)."""
-    values = plan["values"]
-    arena_nbytes = sum(int(a["nbytes"]) for a in plan["arenas"] if a["memory_space"] == "cuda")
+    arena = plan.arena("cuda")
+    arena_nbytes = arena.nbytes if arena is not None else 0
     program: list[Launch | Copy] = []
-    for step in plan["steps"][record["first_step"]:record["last_step"] + 1]:
-        name, op = step["name"], step["op_type"]
-        launches = step.get("launches") or []
-        if launches:
-            program += [parse_launch(name, launch, arena_nbytes, weights_nbytes, weights_addr)
-                        for launch in launches]
+    for step in plan.partition_steps(record):
+        if step.launches:
+            program += [parse_launch(step.name, launch, arena_nbytes, weights_nbytes, weights_addr)
+                        for launch in step.launches]
             continue
-        if op == "Transfer" and step["domain"] == "onnx_aot":
-            src_space, dst_space = step["attrs"]["from"], step["attrs"]["to"]
-        elif op in VIEW_OPS and step["domain"] in ("", "ai.onnx"):
-            src_space = dst_space = "cuda"
-        else:
-            raise ArtifactError(f"plan.json: step {name!r} ({op}) in CUDA partition "
-                                f"{record['index']} has no launches")
-        if (src_space, dst_space) not in _KINDS:
-            raise ArtifactError(f"plan.json: step {name!r}: no copy from {src_space!r} to {dst_space!r}")
-        src = value_place(values[step["inputs"][0]], src_space, f"step {name!r} input")
-        dst = value_place(values[step["outputs"][0]], dst_space, f"step {name!r} output")
-        if src.nbytes != dst.nbytes:
-            raise ArtifactError(f"plan.json: step {name!r}: copies {src.nbytes} bytes into {dst.nbytes}")
-        for place in (src, dst):
-            if place.kind == "arena" and place.space not in (src_space, dst_space):
-                raise ArtifactError(f"plan.json: step {name!r}: a {place.space} arena value in a "
-                                    f"{src_space}->{dst_space} copy")
-            if place.kind == "ext" and "host" not in (src_space, dst_space):
-                raise ArtifactError(f"plan.json: step {name!r}: a caller's array on the device")
-        if src == dst:
-            continue  # a view over the same bytes
-        program.append(Copy(name, src, dst, src.nbytes, _KINDS[(src.space, dst.space)]))
+        copy = _copy(step, plan.values, record.index)
+        if copy is not None:
+            program.append(copy)
     return program
 
 

@@ -8,7 +8,7 @@ output planned over a dying input is safe: the kernel has finished reading befor
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from runtime.errors import ArtifactError, RuntimeKernelError
 from runtime.kernels import get_kernel
 from runtime.memory import memory_space
+from runtime.plan_schema import Plan, PlanPartition, PlanValue
 
 __all__ = ["ReferencePartition"]
 
@@ -24,51 +25,42 @@ View = Callable[[dict[str, Any], dict[str, np.ndarray]], Any]
 TRANSFER = "onnx_aot.Transfer"
 
 
-def _viewer(record: dict[str, Any], weights: Any) -> View:
-    dtype = np.dtype(record["dtype"])
-    shape = tuple(record["shape"])
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    kind = record["location"][0]
-    if kind == "arena":
-        off = int(record["location"][1])
-        space = record["location"][2] if len(record["location"]) > 2 else "host"
+def _viewer(value: PlanValue, weights: Any) -> View:
+    dtype, shape, nbytes, where = value.dtype, value.shape, value.nbytes, value.location
+    off, space, name = where.offset, where.space, where.ext
+    if where.kind == "arena":
         return lambda arenas, ext: arenas[space][off:off + nbytes].view(dtype).reshape(shape)
-    if kind == "weights":
-        off = int(record["location"][1])
+    if where.kind == "weights":
         const = weights[off:off + nbytes].view(dtype).reshape(shape)
         return lambda arenas, ext: const
-    if kind == "ext":
-        name = record["location"][1]
-        return lambda arenas, ext: ext[name].reshape(shape)
-    raise ArtifactError(f"plan.json: unknown value location {record['location']!r}")
+    return lambda arenas, ext: ext[name].reshape(shape)
 
 
 class ReferencePartition:
     """One reference partition, prepared once at load, running in its memory space's ``xp``."""
 
-    def __init__(self, plan: dict[str, Any], record: dict[str, Any], weights: dict[str, Any]) -> None:
-        values = plan["values"]
-        self.space = memory_space(record.get("memory_space", "host"))
+    def __init__(self, plan: Plan, record: PlanPartition, weights: dict[str, Any]) -> None:
+        values = plan.values
+        self.space = memory_space(record.memory_space)
         self.xp = self.space.xp
         local_weights = weights[self.space.name]
         self.steps = []
-        for step in plan["steps"][record["first_step"]:record["last_step"] + 1]:
-            kind = step["op_type"] if step["domain"] in ("", "ai.onnx") else \
-                f"{step['domain']}.{step['op_type']}"
-            ins = [_viewer(values[n], local_weights) if n is not None else None for n in step["inputs"]]
-            outs = [_viewer(values[n], local_weights) for n in step["outputs"]]
-            specs = [(tuple(values[n]["shape"]), np.dtype(values[n]["dtype"])) for n in step["outputs"]]
+        for step in plan.partition_steps(record):
+            kind = step.kind
+            ins = [_viewer(values[n], local_weights) if n is not None else None for n in step.inputs]
+            outs = [_viewer(values[n], local_weights) for n in step.outputs]
+            specs = [(values[n].shape, values[n].dtype) for n in step.outputs]
             if kind == TRANSFER:
-                kernel = self._transfer(step["attrs"])
+                kernel = self._transfer(step.attrs)
             else:
                 try:
                     kernel = get_kernel(kind)
                 except Exception as exc:
-                    raise ArtifactError(f"plan.json step {step['name']!r}: {exc}") from None
-            self.steps.append((step["name"], kind, kernel, step["attrs"], ins, outs, specs))
+                    raise ArtifactError(f"plan.json step {step.name!r}: {exc}") from None
+            self.steps.append((step.name, kind, kernel, step.attrs, ins, outs, specs))
 
     @staticmethod
-    def _transfer(attrs: dict[str, Any]) -> Callable[..., list[Any]]:
+    def _transfer(attrs: Mapping[str, Any]) -> Callable[..., list[Any]]:
         src, dst = memory_space(attrs["from"]), memory_space(attrs["to"])
 
         def move(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: Any) -> list[Any]:

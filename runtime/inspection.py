@@ -4,20 +4,22 @@
 live bytes per step) with ``plan.json`` (the step that produced each tensor, its shape and dtype)
 into one JSON-ready dict: memory.json's schema with fields added, never removed or renamed.
 ``onnx-aot inspect`` prints it as text (:func:`format_text`) or as JSON, and the HTML page
-(``compiler/artifact/report.py``) draws the same dict, so the three never disagree.
+(``compiler/artifact/report.py``) draws the same dict, so the three never disagree. This is the
+runtime's side (numpy only): a deploy machine without the compiler can inspect an artifact.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runtime.artifact import load_artifact
 from runtime.errors import ArtifactError
+from runtime.plan_schema import Plan, PlanBuffer, PlanStep, PlanValue
 
 __all__ = ["MEMORY_JSON", "Inspection", "inspect_artifact", "memory_summary", "format_text",
            "format_bytes", "human_bytes"]
@@ -32,7 +34,7 @@ class Inspection:
 
     path: Path
     manifest: dict[str, Any]
-    plan: dict[str, Any]
+    plan: Plan
     report: dict[str, Any]  # report/memory.json as stored
     summary: dict[str, Any]  # memory_summary(plan, report)
 
@@ -57,7 +59,7 @@ def _align(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment
 
 
-def memory_summary(plan: dict[str, Any], report: dict[str, Any], *, top: int = 10) -> dict[str, Any]:
+def memory_summary(plan: Plan, report: dict[str, Any], *, top: int = 10) -> dict[str, Any]:
     """memory.json's data with what a reader needs added.
 
     Every buffer gains ``kind`` ("tensor" or "scratch"), ``root`` (the tensor filling it),
@@ -68,16 +70,13 @@ def memory_summary(plan: dict[str, Any], report: dict[str, Any], *, top: int = 1
     live at its peak step, and the ids of the buffers live there and of the ``top`` largest. Every
     step gains its live bytes per arena, its live buffer count and its scratch bytes.
     """
-    steps = plan["steps"]
+    steps = plan.steps
     n = len(report["steps"])
     if n != len(steps):
         raise ArtifactError(f"memory report lists {n} steps but plan.json has {len(steps)}")
-    producer: dict[str, dict[str, Any]] = {}
-    for step in steps:
-        for name in step["outputs"]:
-            producer[name] = step
-    plan_buffers = {b["id"]: b for b in plan["buffers"]}
-    strategy = {a["memory_space"]: a["strategy"] for a in plan["arenas"]}
+    producer = {name: step for step in steps for name in step.outputs}
+    plan_buffers = {b.id: b for b in plan.buffers}
+    strategy = {a.memory_space: a.strategy for a in plan.arenas}
 
     arenas: dict[str, Any] = {}
     live_by_arena: list[dict[str, int]] = [{} for _ in range(n)]
@@ -86,7 +85,7 @@ def memory_summary(plan: dict[str, Any], report: dict[str, Any], *, top: int = 1
         if space not in strategy:
             raise ArtifactError(f"memory report lists arena {space!r}, which plan.json does not have")
         alignment = arena["alignment"]
-        buffers = [_buffer_entry(buf, plan_buffers, producer, plan["values"], steps, alignment)
+        buffers = [_buffer_entry(buf, plan_buffers, producer, plan.values, steps, alignment)
                    for buf in arena["buffers"]]
         live = [0] * n
         for buf in buffers:
@@ -119,21 +118,21 @@ def memory_summary(plan: dict[str, Any], report: dict[str, Any], *, top: int = 1
     out_steps = []
     for t, step in enumerate(report["steps"]):
         entry = dict(step)
-        scratch = steps[t]["scratch"]
+        scratch = steps[t].scratch
         entry.update({"live_by_arena": live_by_arena[t], "live_buffers": live_count[t],
-                      "scratch_nbytes": scratch["nbytes"] if scratch is not None else 0})
+                      "scratch_nbytes": scratch.nbytes if scratch is not None else 0})
         out_steps.append(entry)
     return {"arenas": arenas, "steps": out_steps}
 
 
-def _buffer_entry(buf: dict[str, Any], plan_buffers: dict[str, dict[str, Any]],
-                  producer: dict[str, dict[str, Any]], values: dict[str, Any],
-                  steps: list[dict[str, Any]], alignment: int) -> dict[str, Any]:
+def _buffer_entry(buf: dict[str, Any], plan_buffers: Mapping[str, PlanBuffer],
+                  producer: Mapping[str, PlanStep], values: Mapping[str, PlanValue],
+                  steps: Sequence[PlanStep], alignment: int) -> dict[str, Any]:
     record = plan_buffers.get(buf["id"])
     if record is None:
         raise ArtifactError(f"memory report lists buffer {buf['id']!r}, which plan.json does not have")
     entry = dict(buf)
-    names = list(record["values"])
+    names = list(record.values)
     if not names:  # kernel scratch: no tensor, live for the one step it serves
         step = steps[buf["first_step"]]
         entry.update({"kind": "scratch", "root": None, "values": [], "dtype": None, "shape": None})
@@ -142,13 +141,14 @@ def _buffer_entry(buf: dict[str, Any], plan_buffers: dict[str, dict[str, Any]],
         # place produces after the inputs written into its slices; memory.json's "tensor" is the
         # first value written
         root = buf["id"] if buf["id"] in names else buf["tensor"]
-        step = producer.get(root) or {}
-        if not step or root not in values:
+        found = producer.get(root)
+        if found is None or root not in values:
             raise ArtifactError(f"buffer {buf['id']!r}: plan.json has no producing step or record "
                                 f"for its tensor {root!r}")
-        entry.update({"kind": "tensor", "root": root, "values": names, "dtype": values[root]["dtype"],
-                      "shape": list(values[root]["shape"])})
-    entry.update({"producer": step["name"], "op_type": step["op_type"], "producer_step": step["index"],
+        step = found
+        entry.update({"kind": "tensor", "root": root, "values": names, "dtype": values[root].dtype.name,
+                      "shape": list(values[root].shape)})
+    entry.update({"producer": step.name, "op_type": step.op_type, "producer_step": step.index,
                   "aligned_nbytes": _align(buf["nbytes"], alignment)})
     return entry
 
@@ -206,18 +206,18 @@ def format_text(ins: Inspection, *, steps: int | None = None) -> str:
     plan, summary = ins.plan, ins.summary
     lines = [f"artifact {ins.path}  (compiled by onnx-aot {ins.manifest['compiler']['version']} "
              f"from {ins.manifest['source']['file']})"]
-    lines += [f"  input  {s['name']}: {s['dtype']} {s['shape']}" for s in plan["inputs"]]
-    lines += [f"  output {s['name']}: {s['dtype']} {s['shape']}" for s in plan["outputs"]]
-    lines.append(f"weights: {plan['weights_nbytes']} bytes in {len(plan['constants'])} constants")
+    lines += [f"  input  {s.name}: {s.dtype.name} {list(s.shape)}" for s in plan.inputs]
+    lines += [f"  output {s.name}: {s.dtype.name} {list(s.shape)}" for s in plan.output_specs]
+    lines.append(f"weights: {plan.weights_nbytes} bytes in {len(plan.constants)} constants")
     providers: dict[str, int] = {}
     ops: dict[str, int] = {}
-    for step in plan["steps"]:
-        providers[step["provider"]] = providers.get(step["provider"], 0) + 1
-        ops[step["op_type"]] = ops.get(step["op_type"], 0) + 1
-    lines.append(f"steps: {len(plan['steps'])} (" + ", ".join(f"{k}: {v}" for k, v in providers.items())
+    for step in plan.steps:
+        providers[step.provider] = providers.get(step.provider, 0) + 1
+        ops[step.op_type] = ops.get(step.op_type, 0) + 1
+    lines.append(f"steps: {len(plan.steps)} (" + ", ".join(f"{k}: {v}" for k, v in providers.items())
                  + ")")
-    lines += [f"  partition {p['index']}: {p['provider']}, steps {p['first_step']}-{p['last_step']}, "
-              f"entry {p['entry']}" for p in plan["partitions"]]
+    lines += [f"  partition {p.index}: {p.provider}, steps {p.first_step}-{p.last_step}, "
+              f"entry {p.entry}" for p in plan.partitions]
     lines.append("ops: " + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())))
 
     for space, arena in summary["arenas"].items():
