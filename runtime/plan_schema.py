@@ -101,6 +101,14 @@ def _text(record: Mapping[str, Any], key: str, where: Where) -> str:
     return value
 
 
+def _name(record: Mapping[str, Any], key: str, where: Where, what: str) -> str:
+    """A string that must not be empty: it names ``what``."""
+    value = _text(record, key, where)
+    if not value:
+        raise where.key(key).error(f"is empty: it must name {what}")
+    return value
+
+
 def _optional_text(record: Mapping[str, Any], key: str, where: Where) -> str | None:
     value = record.get(key)
     if value is not None and not isinstance(value, str):
@@ -396,10 +404,7 @@ class KernelLaunch:
     @classmethod
     def from_json(cls, data: Any, where: Where) -> KernelLaunch:
         r = _object(data, where)
-        kernel = _text(r, "kernel", where)
-        if not kernel:
-            raise where.key("kernel").error("names no kernel")
-        return cls(kernel, _launch_dims(r, "grid", where), _launch_dims(r, "block", where),
+        return cls(_name(r, "kernel", where, "the kernel launched"), _launch_dims(r, "grid", where), _launch_dims(r, "block", where),
                    _count(r, "shared", where), _records(r, "args", where, LaunchArg.from_json))
 
 
@@ -478,9 +483,7 @@ class CudaModule:
     @classmethod
     def from_json(cls, data: Any, where: Where) -> CudaModule:
         r = _object(data, where)
-        source = _text(r, "source", where)
-        if not source:
-            raise where.key("source").error("is empty: the module names no source")
+        source = _name(r, "source", where, "the module's source")
         cubins = _object(_field(r, "cubins", where), where.key("cubins"))
         if not all(isinstance(path, str) for path in cubins.values()):
             raise where.key("cubins").wrong("an object mapping arch -> file", cubins)

@@ -111,7 +111,7 @@ def test_candidates_always_end_with_nvrtc_on_the_source() -> None:
     assert last.path == "kernels/cuda/model.cu"
     with pytest.raises(ArtifactError, match=r"plan.json: partitions\[0\]\.module\.source is missing"):
         CudaModule.from_json({"cubins": {}, "ptx": None}, Where(path="partitions[0].module"))
-    with pytest.raises(ArtifactError, match="names no source"):
+    with pytest.raises(ArtifactError, match="must name the module's source"):
         CudaModule.from_json({"source": "", "cubins": {}, "ptx": None}, Where())
 
 

@@ -108,7 +108,7 @@ def test_a_broken_plan_names_the_file_and_the_field(plans: dict[str, Path], what
 CUDA_BROKEN = [
     ("module", lambda p: p["partitions"][0].pop("module"), r"partitions\[0\]\.module is missing"),
     ("cubins", lambda p: p["partitions"][0]["module"].update(cubins=[]), r"module\.cubins must be an object"),
-    ("kernel", lambda p: _first_launch(p).update(kernel=""), r"launches\[0\]\.kernel names no kernel"),
+    ("kernel", lambda p: _first_launch(p).update(kernel=""), r"launches\[0\]\.kernel is empty"),
     ("block", lambda p: _first_launch(p).update(block=[1, 1, 1, 1]), r"launches\[0\]\.block must be 1-3"),
     ("shared", lambda p: _first_launch(p).update(shared=-1), r"launches\[0\]\.shared"),
     ("arg", lambda p: _first_launch(p)["args"].append(["f32", "one"]), r"args\[\d+\] is an unknown argument"),
