@@ -404,7 +404,8 @@ class KernelLaunch:
     @classmethod
     def from_json(cls, data: Any, where: Where) -> KernelLaunch:
         r = _object(data, where)
-        return cls(_name(r, "kernel", where, "the kernel launched"), _launch_dims(r, "grid", where), _launch_dims(r, "block", where),
+        return cls(_name(r, "kernel", where, "the kernel launched"), _launch_dims(r, "grid", where),
+                   _launch_dims(r, "block", where),
                    _count(r, "shared", where), _records(r, "args", where, LaunchArg.from_json))
 
 
