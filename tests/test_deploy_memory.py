@@ -316,7 +316,7 @@ def test_gpu_io_binding_options_and_caller_device_arena(tmp_path: Path) -> None:
     session = Session(path, device_id=0, memory_limit=info.device_nbytes("cuda") * 4, cuda_graph=True)
     np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=1e-6, atol=1e-6)
     binding = session.io_binding()
-    host_only = {n for n in ("x", "y") if n not in session._device_values}
+    host_only = {n for n in ("x", "y") if n not in session.io.device_values}
     dx = x if "x" in host_only else cp.asarray(x)
     dy = np.empty((1, 10), np.float32) if "y" in host_only else cp.empty((1, 10), cp.float32)
     binding.bind_input("x", dx)

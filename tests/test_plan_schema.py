@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_runtime_api import small_model
 
 from compiler import compile_model
 from compiler.artifact.writer import dump_json
 from compiler.providers.base import BuildOptions
 from runtime.errors import ArtifactError
 from runtime.plan_schema import FORMAT_VERSION, Plan, ValueLocation, Where
+from tests.support.models import small_model
 
 
 @pytest.fixture(scope="module")
