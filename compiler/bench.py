@@ -128,23 +128,18 @@ def error_stats(ours: list[np.ndarray], theirs: list[np.ndarray]) -> dict[str, A
 def alternate(first: Callable[[], object], second: Callable[[], object] | None, runs: int,
               warmup: int) -> tuple[list[float], list[float]]:
     """Wall times of ``first`` and ``second`` called alternately (A B A B ...), warm-up excluded."""
-    a: list[float] = []
-    b: list[float] = []
+    times: tuple[list[float], list[float]] = ([], [])
     for i in range(warmup + runs):
-        t0 = time.perf_counter()
-        first()
-        t1 = time.perf_counter()
-        if i >= warmup:
-            a.append(t1 - t0)
-        time.sleep(PAUSE_S)
-        if second is not None:
+        for run, kept in ((first, times[0]), (second, times[1])):
+            if run is None:
+                continue
             t0 = time.perf_counter()
-            second()
+            run()
             t1 = time.perf_counter()
             if i >= warmup:
-                b.append(t1 - t0)
+                kept.append(t1 - t0)
             time.sleep(PAUSE_S)
-    return a, b
+    return times
 
 
 class _Probe:

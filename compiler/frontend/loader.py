@@ -110,31 +110,28 @@ def _repeated(field: object) -> bool:
     return bool(field.label == field.LABEL_REPEATED)  # type: ignore[attr-defined]
 
 
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    """Copy every set field of protobuf message ``src`` but ``skip`` into ``dst`` (same type)."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if _repeated(field):
+            getattr(dst, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
 def _split_large_initializers(proto: onnx.ModelProto,
                               large: dict[str, onnx.TensorProto]) -> onnx.ModelProto:
     names = {t.name for t in proto.graph.initializer if _tensor_nbytes(t) > SKELETON_LIMIT}
     if not names:
         return proto
     skeleton = onnx.ModelProto()
-    for field, value in proto.ListFields():
-        if field.name == "graph":
-            continue
-        if _repeated(field):
-            getattr(skeleton, field.name).extend(value)
-        elif field.message_type is not None:
-            getattr(skeleton, field.name).CopyFrom(value)
-        else:
-            setattr(skeleton, field.name, value)
+    _copy_fields(proto, skeleton, skip="graph")
     graph = skeleton.graph
-    for field, value in proto.graph.ListFields():
-        if field.name == "initializer":
-            continue
-        if _repeated(field):
-            getattr(graph, field.name).extend(value)
-        elif field.message_type is not None:
-            getattr(graph, field.name).CopyFrom(value)
-        else:
-            setattr(graph, field.name, value)
+    _copy_fields(proto.graph, graph, skip="initializer")
     listed = {i.name for i in proto.graph.input}
     for tensor in proto.graph.initializer:
         if tensor.name not in names:

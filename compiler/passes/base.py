@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -142,3 +142,17 @@ def replace_nodes(graph: Graph, old: Sequence[Node], new: Node, *, at: Node | No
     for stand_in, value in parked:
         graph.replace_all_uses(stand_in, value)
     return new
+
+
+def rewrite_chains(graph: Graph, step: Callable[[Graph, Node], Node | None],
+                   start: Callable[[Node], bool] = lambda node: True) -> bool:
+    """Apply the local rewrite ``step`` at every node where ``start`` holds, then again at the node
+    it returns, for as long as it returns one (Conv, then BatchNorm, then Relu into it, ...).
+    True when any step rewrote something."""
+    modified = False
+    for node in graph:
+        current: Node | None = node
+        while current is not None and current.graph is graph and start(current):
+            current = step(graph, current)
+            modified = modified or current is not None
+    return modified

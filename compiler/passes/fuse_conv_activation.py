@@ -15,7 +15,15 @@ import math
 from typing import Any
 
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.passes.base import NO_ACTIVATION, Pass, PassResult, merged_origin, replace_nodes, sole_consumer
+from compiler.passes.base import (
+    NO_ACTIVATION,
+    Pass,
+    PassResult,
+    merged_origin,
+    replace_nodes,
+    rewrite_chains,
+    sole_consumer,
+)
 
 __all__ = ["FuseConvActivation", "activation_attrs"]
 
@@ -45,13 +53,7 @@ class FuseConvActivation(Pass):
     name = "fuse_conv_activation"
 
     def run(self, graph: Graph) -> PassResult:
-        modified = False
-        for node in graph:
-            current: Node | None = node
-            while current is not None and current.graph is graph:
-                current = self._fuse_next(graph, current)
-                modified = modified or current is not None
-        return PassResult(graph, modified)
+        return PassResult(graph, rewrite_chains(graph, self._fuse_next))
 
     def _fuse_next(self, graph: Graph, node: Node) -> Node | None:
         fused_op = _FUSED.get(node.kind)

@@ -13,7 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.ir.graph import Graph, Node, Value
-from compiler.passes.base import Pass, PassResult, add_constant, merged_origin, replace_nodes, sole_consumer
+from compiler.passes.base import (
+    Pass,
+    PassResult,
+    add_constant,
+    merged_origin,
+    replace_nodes,
+    rewrite_chains,
+    sole_consumer,
+)
 
 __all__ = ["FuseConvBatchNorm", "per_channel"]
 
@@ -37,12 +45,7 @@ class FuseConvBatchNorm(Pass):
     name = "fuse_conv_batchnorm"
 
     def run(self, graph: Graph) -> PassResult:
-        modified = False
-        for node in graph:
-            conv: Node | None = node
-            while conv is not None and conv.graph is graph and conv.kind == "Conv":
-                conv = self._fold_next(graph, conv)
-                modified = modified or conv is not None
+        modified = rewrite_chains(graph, self._fold_next, lambda node: node.kind == "Conv")
         if modified:
             graph.prune_constants()
         return PassResult(graph, modified)
