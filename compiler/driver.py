@@ -217,7 +217,7 @@ def materialize_outputs(graph: Graph) -> None:
         out = graph.make_value(public + "/copy", value.dtype, value.shape)
         graph.add_node(Node("Copy", [value], [out], {}, domain=AOT_DOMAIN,
                             name=graph.unique_name(f"copy_output_{k}"), origin=[]))
-        graph.outputs[k] = out
+        graph.set_output(k, out)
     graph.sort()
 
 

@@ -50,7 +50,8 @@ class G:
         return out
 
     def done(self, *outputs: Value) -> Graph:
-        self.graph.outputs.extend(outputs)
+        for value in outputs:
+            self.graph.add_output(value)
         self.graph.output_names.extend(v.name for v in outputs)
         self.graph.verify()
         return self.graph

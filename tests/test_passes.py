@@ -247,7 +247,7 @@ def test_conv_with_a_second_use_is_not_folded() -> None:
     x = b.input("x", (1, 3, 4, 4))
     g = b.output(_conv_bn(b, x, 2))
     conv_out = g.nodes[0].outputs[0]
-    g.outputs.append(conv_out)  # the conv output is a graph output too
+    g.add_output(conv_out)  # the conv output is a graph output too
     assert not FuseConvBatchNorm().run(g).modified
 
 

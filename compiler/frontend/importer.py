@@ -94,8 +94,7 @@ def graph_from_proto(proto: onnx.ModelProto,
         value = env[out.name]
         if value.shape is None:
             raise ShapeError(f"graph output {out.name!r} has no static shape")
-        graph.outputs.append(value)
-        graph.output_names.append(out.name)
+        graph.add_output(value, out.name)
     graph.prune_constants()
     graph.verify()
     return graph

@@ -199,6 +199,21 @@ class Graph:
         self.inputs.append(value)
         return value
 
+    def add_output(self, value: Value, public_name: str | None = None) -> Value:
+        """Make ``value`` the next graph output; ``public_name`` is its ONNX name (the importer
+        gives one for every output; a hand-built graph gives none and its outputs keep their value
+        names)."""
+        if public_name is not None:
+            if len(self.output_names) != len(self.outputs):
+                raise ModelError(f"output {public_name!r}: the earlier outputs have no public names")
+            self.output_names.append(public_name)
+        self.outputs.append(value)
+        return value
+
+    def set_output(self, index: int, value: Value) -> None:
+        """Make ``value`` graph output ``index`` in place of the one there (its public name stays)."""
+        self.outputs[index] = value
+
     def add_constant(self, name: str, array: np.ndarray) -> Value:
         array = np.asarray(array)
         # ascontiguousarray makes 0-d arrays 1-d; keep the rank

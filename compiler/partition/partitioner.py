@@ -153,7 +153,7 @@ def insert_transfers(graph: Graph, owner: dict[int, int], providers: list[Provid
         public = graph.output_names[k] if k < len(graph.output_names) else value.name
         out = _transfer(graph, value, home[id(value)], "host", f"{public}@host", before=None)
         owner[id(out.producer)] = mover(home[id(value)], "host")
-        graph.outputs[k] = out
+        graph.set_output(k, out)
 
 
 def _transfer(graph: Graph, value: Value, src: str, dst: str, name: str,

@@ -62,7 +62,8 @@ class Builder:
         return out
 
     def output(self, *values: Value) -> Graph:
-        self.graph.outputs.extend(values)  # graph construction: no pass API for outputs
+        for value in values:
+            self.graph.add_output(value)
         self.graph.verify()
         return self.graph
 
