@@ -3,11 +3,12 @@
 
 Every record is a frozen dataclass with ``to_json()`` (plain JSON types, keys in a fixed order, so
 artifacts stay byte-identical from compile to compile) and ``from_json(data, where)``, which checks
-every field and raises ``ArtifactError`` naming the file and the field (``plan.json:
-steps[3].partition must ...``): a plan rewritten by a broken pipeline (and re-hashed into the
-manifest) fails at load, never as a ``KeyError`` in the middle of a run. ``Plan.from_json`` also
-checks what ties the records together: step and partition indices, the steps each partition
-covers, the values every step names, the library of a C partition and the module of a CUDA one.
+every field (with ``runtime/json_fields.py``) and raises ``ArtifactError`` naming the file and the
+field (``plan.json: steps[3].partition must ...``): a plan rewritten by a broken pipeline (and
+re-hashed into the manifest) fails at load, never as a ``KeyError`` in the middle of a run.
+``Plan.from_json`` also checks what ties the records together: step and partition indices, the
+steps each partition covers, the values every step names, the library of a C partition and the
+module of a CUDA one.
 
 Room for what later issues add, without changing what is here:
 
@@ -27,17 +28,17 @@ Adding a field changes plan.json and so bumps ``FORMAT_VERSION`` (docs/architect
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from runtime.errors import ArtifactError
+from runtime.json_fields import Fields, Where, is_count
 
 __all__ = [
-    "FORMAT_VERSION", "Dim", "Shape", "Where", "TensorSpec", "PlanOutput", "PlanConstant", "PlanArena",
+    "FORMAT_VERSION", "Dim", "Shape", "TensorSpec", "PlanOutput", "PlanConstant", "PlanArena",
     "PlanBuffer", "ValueLocation", "PlanValue", "StepScratch", "LaunchArg", "KernelLaunch", "PlanStep",
     "CudaModule", "PlanPartition", "OnnxNodeFate", "Plan",
 ]
@@ -47,115 +48,15 @@ FORMAT_VERSION = 1
 Dim = int  # a dim: a size today; later also an expression of symbols (see the module docstring)
 Shape = tuple[Dim, ...]
 
-LOCATION_KINDS = ("arena", "weights", "ext")
 SCALAR_KINDS = ("i32", "i64", "f32", "f64")
 POINTER_SPACES = ("arena", "weights")
 
-T = TypeVar("T")
 
-
-# -- reading JSON with the field's name at hand ------------------------------------------------------
-@dataclass(frozen=True)
-class Where:
-    """Where a JSON value sits: the file and the path of keys and indices down to it."""
-
-    file: str = "plan.json"
-    path: str = ""
-
-    def key(self, name: str) -> Where:
-        return Where(self.file, f"{self.path}.{name}" if self.path else name)
-
-    def item(self, index: int | str) -> Where:
-        return Where(self.file, f"{self.path}[{index!r}]" if isinstance(index, str) else
-                     f"{self.path}[{index}]")
-
-    def error(self, message: str) -> ArtifactError:
-        return ArtifactError(f"{self.file}: {self.path} {message}" if self.path else
-                             f"{self.file}: {message}")
-
-    def wrong(self, wants: str, got: Any) -> ArtifactError:
-        text = repr(got)
-        return self.error(f"must be {wants}, got {text if len(text) <= 80 else text[:77] + '...'}")
-
-
-def _object(data: Any, where: Where) -> Mapping[str, Any]:
-    if not isinstance(data, dict):
-        raise where.wrong("an object", data)
-    return data
-
-
-def _field(record: Mapping[str, Any], key: str, where: Where) -> Any:
-    if key not in record:
-        raise where.key(key).error("is missing")
-    return record[key]
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _text(record: Mapping[str, Any], key: str, where: Where) -> str:
-    value = _field(record, key, where)
-    if not isinstance(value, str):
-        raise where.key(key).wrong("a string", value)
-    return value
-
-
-def _name(record: Mapping[str, Any], key: str, where: Where, what: str) -> str:
-    """A string that must not be empty: it names ``what``."""
-    value = _text(record, key, where)
-    if not value:
-        raise where.key(key).error(f"is empty: it must name {what}")
-    return value
-
-
-def _optional_text(record: Mapping[str, Any], key: str, where: Where) -> str | None:
-    value = record.get(key)
-    if value is not None and not isinstance(value, str):
-        raise where.key(key).wrong("a string or null", value)
-    return value
-
-
-def _count(record: Mapping[str, Any], key: str, where: Where, *, positive: bool = False) -> int:
-    value = _field(record, key, where)
-    if not _is_count(value) or (positive and value == 0):
-        raise where.key(key).wrong("a positive integer" if positive else "an integer >= 0", value)
-    return int(value)
-
-
-def _texts(record: Mapping[str, Any], key: str, where: Where) -> tuple[str, ...]:
-    value = _field(record, key, where)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise where.key(key).wrong("a list of strings", value)
-    return tuple(value)
-
-
-def _list(record: Mapping[str, Any], key: str, where: Where) -> list[Any]:
-    value = _field(record, key, where)
-    if not isinstance(value, list):
-        raise where.key(key).wrong("a list", value)
-    return value
-
-
-def _records(record: Mapping[str, Any], key: str, where: Where,
-             read: Callable[[Any, Where], T]) -> tuple[T, ...]:
-    """``record[key]``, a list of objects, each read with ``read``."""
-    at = where.key(key)
-    return tuple(read(item, at.item(k)) for k, item in enumerate(_list(record, key, where)))
-
-
-def _dtype(record: Mapping[str, Any], key: str, where: Where) -> np.dtype:
-    name = _text(record, key, where)
-    try:
-        return np.dtype(name)
-    except TypeError:
-        raise where.key(key).wrong("a numpy dtype name", name) from None
-
-
-def _shape(record: Mapping[str, Any], key: str, where: Where) -> Shape:
-    value = _field(record, key, where)
-    if not isinstance(value, list) or not all(_is_count(d) for d in value):
-        raise where.key(key).wrong("a list of sizes", value)
+# -- dims and shapes: where symbolic dims go ----------------------------------------------------------
+def _shape(f: Fields, key: str) -> Shape:
+    value = f.raw(key)
+    if not isinstance(value, list) or not all(is_count(d) for d in value):
+        raise f.at(key).wrong("a list of sizes", value)
     return tuple(int(d) for d in value)
 
 
@@ -165,6 +66,14 @@ def _shape_json(shape: Shape) -> list[Any]:
 
 def _nbytes(dtype: np.dtype, shape: Shape) -> int:
     return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def _dtype(f: Fields, key: str) -> np.dtype:
+    name = f.text(key)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise f.at(key).wrong("a numpy dtype name", name) from None
 
 
 # -- the interface and the constants -----------------------------------------------------------------
@@ -185,9 +94,8 @@ class TensorSpec:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> TensorSpec:
-        record = _object(data, where)
-        return cls(_text(record, "name", where), _dtype(record, "dtype", where),
-                   _shape(record, "shape", where))
+        f = Fields.of(data, where)
+        return cls(f.text("name"), _dtype(f, "dtype"), _shape(f, "shape"))
 
 
 @dataclass(frozen=True)
@@ -202,8 +110,7 @@ class PlanOutput:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanOutput:
-        spec = TensorSpec.from_json(data, where)
-        return cls(spec, _text(data, "value", where))
+        return cls(TensorSpec.from_json(data, where), Fields.of(data, where).text("value"))
 
 
 @dataclass(frozen=True)
@@ -222,9 +129,9 @@ class PlanConstant:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanConstant:
-        r = _object(data, where)
-        return cls(_text(r, "name", where), _count(r, "offset", where), _count(r, "nbytes", where),
-                   _dtype(r, "dtype", where), _shape(r, "shape", where))
+        f = Fields.of(data, where)
+        return cls(f.text("name"), f.count("offset"), f.count("nbytes"), _dtype(f, "dtype"),
+                   _shape(f, "shape"))
 
 
 # -- memory ------------------------------------------------------------------------------------------
@@ -246,10 +153,9 @@ class PlanArena:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanArena:
-        r = _object(data, where)
-        return cls(_text(r, "memory_space", where), _count(r, "nbytes", where),
-                   _count(r, "alignment", where, positive=True), _count(r, "lower_bound_nbytes", where),
-                   _count(r, "naive_nbytes", where), _text(r, "strategy", where))
+        f = Fields.of(data, where)
+        return cls(f.text("memory_space"), f.count("nbytes"), f.count("alignment", positive=True),
+                   f.count("lower_bound_nbytes"), f.count("naive_nbytes"), f.text("strategy"))
 
 
 @dataclass(frozen=True)
@@ -271,10 +177,9 @@ class PlanBuffer:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanBuffer:
-        r = _object(data, where)
-        return cls(_text(r, "id", where), _text(r, "arena", where), _count(r, "offset", where),
-                   _count(r, "nbytes", where), _count(r, "first_step", where), _count(r, "last_step", where),
-                   _texts(r, "values", where))
+        f = Fields.of(data, where)
+        return cls(f.text("id"), f.text("arena"), f.count("offset"), f.count("nbytes"), f.count("first_step"),
+                   f.count("last_step"), f.texts("values"))
 
 
 @dataclass(frozen=True)
@@ -301,9 +206,9 @@ class ValueLocation:
         kind = data[0] if isinstance(data, list) and data else None
         if kind == "ext" and len(data) == 2 and isinstance(data[1], str):
             return cls("ext", ext=data[1])
-        if kind == "weights" and len(data) == 2 and _is_count(data[1]):
+        if kind == "weights" and len(data) == 2 and is_count(data[1]):
             return cls("weights", int(data[1]))
-        if kind == "arena" and len(data) in (2, 3) and _is_count(data[1]) and \
+        if kind == "arena" and len(data) in (2, 3) and is_count(data[1]) and \
                 (len(data) == 2 or isinstance(data[2], str)):
             return cls("arena", int(data[1]), data[2] if len(data) == 3 else "host")
         raise where.wrong('["arena", offset, space], ["weights", offset] or ["ext", name]', data)
@@ -328,9 +233,9 @@ class PlanValue:
 
     @classmethod
     def from_json(cls, name: str, data: Any, where: Where) -> PlanValue:
-        r = _object(data, where)
-        return cls(name, _dtype(r, "dtype", where), _shape(r, "shape", where),
-                   ValueLocation.from_json(_field(r, "location", where), where.key("location")))
+        f = Fields.of(data, where)
+        return cls(name, _dtype(f, "dtype"), _shape(f, "shape"),
+                   ValueLocation.from_json(f.raw("location"), f.at("location")))
 
 
 # -- steps and partitions ----------------------------------------------------------------------------
@@ -346,8 +251,8 @@ class StepScratch:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> StepScratch:
-        r = _object(data, where)
-        return cls(_count(r, "offset", where), _count(r, "nbytes", where))
+        f = Fields.of(data, where)
+        return cls(f.count("offset"), f.count("nbytes"))
 
 
 @dataclass(frozen=True)
@@ -368,7 +273,7 @@ class LaunchArg:
         if not isinstance(data, list) or not data:
             raise where.wrong("a launch argument", data)
         if data[0] == "ptr":
-            if len(data) != 3 or data[1] not in POINTER_SPACES or not _is_count(data[2]):
+            if len(data) != 3 or data[1] not in POINTER_SPACES or not is_count(data[2]):
                 raise where.error(f'is a bad pointer argument {data!r} (expected ["ptr", "arena" or '
                                   f'"weights", offset])')
             return cls("ptr", int(data[2]), data[1])
@@ -378,11 +283,11 @@ class LaunchArg:
         return cls(str(data[0]), number)
 
 
-def _launch_dims(record: Mapping[str, Any], key: str, where: Where) -> tuple[int, ...]:
-    value = _field(record, key, where)
+def _launch_dims(f: Fields, key: str) -> tuple[int, ...]:
+    value = f.raw(key)
     if not isinstance(value, list) or not 1 <= len(value) <= 3 or \
-            not all(_is_count(v) and v >= 1 for v in value):
-        raise where.key(key).wrong("1-3 positive integers", value)
+            not all(is_count(v) and v >= 1 for v in value):
+        raise f.at(key).wrong("1-3 positive integers", value)
     return tuple(value)
 
 
@@ -403,20 +308,17 @@ class KernelLaunch:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> KernelLaunch:
-        r = _object(data, where)
-        return cls(_name(r, "kernel", where, "the kernel launched"), _launch_dims(r, "grid", where),
-                   _launch_dims(r, "block", where),
-                   _count(r, "shared", where), _records(r, "args", where, LaunchArg.from_json))
+        f = Fields.of(data, where)
+        return cls(f.name("kernel", "the kernel launched"), _launch_dims(f, "grid"), _launch_dims(f, "block"),
+                   f.count("shared"), f.records("args", LaunchArg.from_json))
 
 
-def _attrs(record: Mapping[str, Any], where: Where) -> Mapping[str, Any]:
-    return _object(_field(record, "attrs", where), where.key("attrs"))
-
-
-def _operands(record: Mapping[str, Any], key: str, where: Where) -> tuple[str | None, ...]:
-    value = _field(record, key, where)
-    if not isinstance(value, list) or not all(v is None or isinstance(v, str) for v in value):
-        raise where.key(key).wrong("a list of value names (null for an omitted input)", value)
+def _operands(f: Fields, key: str, *, omitted: bool) -> tuple[Any, ...]:
+    """Value names (None for an omitted input, where ``omitted``)."""
+    value = f.raw(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) or (omitted and v is None) for v in value):
+        raise f.at(key).wrong("a list of value names" + (" (null for an omitted input)" if omitted else ""),
+                              value)
     return tuple(value)
 
 
@@ -455,18 +357,12 @@ class PlanStep:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanStep:
-        r = _object(data, where)
-        outputs = _operands(r, "outputs", where)
-        if None in outputs:
-            raise where.key("outputs").wrong("a list of value names", list(outputs))
-        scratch = r.get("scratch")
-        launches = _records(r, "launches", where, KernelLaunch.from_json) if "launches" in r else None
-        return cls(_count(r, "index", where), _text(r, "name", where), _text(r, "op_type", where),
-                   _text(r, "domain", where), _text(r, "provider", where), _count(r, "partition", where),
-                   _texts(r, "onnx_nodes", where), _operands(r, "inputs", where),
-                   tuple(str(v) for v in outputs), _attrs(r, where),
-                   StepScratch.from_json(scratch, where.key("scratch")) if scratch is not None else None,
-                   launches)
+        f = Fields.of(data, where)
+        launches = f.records("launches", KernelLaunch.from_json) if "launches" in f.data else None
+        return cls(f.count("index"), f.text("name"), f.text("op_type"), f.text("domain"), f.text("provider"),
+                   f.count("partition"), f.texts("onnx_nodes"), _operands(f, "inputs", omitted=True),
+                   _operands(f, "outputs", omitted=False), f.obj("attrs").data,
+                   f.record("scratch", StepScratch.from_json), launches)
 
 
 @dataclass(frozen=True)
@@ -483,12 +379,10 @@ class CudaModule:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> CudaModule:
-        r = _object(data, where)
-        source = _name(r, "source", where, "the module's source")
-        cubins = _object(_field(r, "cubins", where), where.key("cubins"))
-        if not all(isinstance(path, str) for path in cubins.values()):
-            raise where.key("cubins").wrong("an object mapping arch -> file", cubins)
-        return cls(source, dict(cubins), _optional_text(r, "ptx", where))
+        f = Fields.of(data, where)
+        cubins = f.obj("cubins")
+        return cls(f.name("source", "the module's source"), {arch: cubins.text(arch) for arch in cubins.data},
+                   f.optional_text("ptx"))
 
 
 @dataclass(frozen=True)
@@ -526,13 +420,10 @@ class PlanPartition:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanPartition:
-        r = _object(data, where)
-        module = r.get("module")
-        part = cls(_count(r, "index", where), _text(r, "provider", where), _text(r, "runner", where),
-                   _text(r, "memory_space", where), _text(r, "entry", where), _count(r, "first_step", where),
-                   _count(r, "last_step", where), _texts(r, "ext", where),
-                   _optional_text(r, "library", where),
-                   CudaModule.from_json(module, where.key("module")) if module is not None else None)
+        f = Fields.of(data, where)
+        part = cls(f.count("index"), f.text("provider"), f.text("runner"), f.text("memory_space"),
+                   f.text("entry"), f.count("first_step"), f.count("last_step"), f.texts("ext"),
+                   f.optional_text("library"), f.record("module", CudaModule.from_json))
         if part.runner == "c" and not part.library:
             raise where.key("library").error("is missing: a C partition names its library")
         if part.runner == "cuda" and part.module is None:
@@ -557,35 +448,27 @@ class OnnxNodeFate:
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> OnnxNodeFate:
-        r = _object(data, where)
-        if "eliminated" in r:
-            return cls(eliminated=_text(r, "eliminated", where))
-        return cls(_text(r, "provider", where), _count(r, "partition", where), _count(r, "step", where))
+        f = Fields.of(data, where)
+        if "eliminated" in f.data:
+            return cls(eliminated=f.text("eliminated"))
+        return cls(f.text("provider"), f.count("partition"), f.count("step"))
 
 
 # -- the plan ----------------------------------------------------------------------------------------
-def _mapping(record: Mapping[str, Any], key: str, where: Where,
-             read: Callable[[str, Any, Where], T]) -> dict[str, T]:
-    """``record[key]``, an object of name -> record, each read with ``read``."""
-    at = where.key(key)
-    items = _object(_field(record, key, where), at)
-    return {name: read(name, item, at.item(name)) for name, item in items.items()}
-
-
-def _schedule(record: Mapping[str, Any], where: Where,
+def _schedule(f: Fields,
               values: Mapping[str, PlanValue]) -> tuple[tuple[PlanStep, ...], tuple[PlanPartition, ...]]:
     """The steps and the partitions that run them, checked against each other and ``values``."""
-    steps = _records(record, "steps", where, PlanStep.from_json)
-    partitions = _records(record, "partitions", where, PlanPartition.from_json)
+    steps = f.records("steps", PlanStep.from_json)
+    partitions = f.records("partitions", PlanPartition.from_json)
     for k, part in enumerate(partitions):
-        at = where.key("partitions").item(k)
+        at = f.at("partitions").item(k)
         if part.index != k:
             raise at.key("index").wrong(f"{k} (its position)", part.index)
         if not part.first_step <= part.last_step < len(steps):
             raise at.error(f"covers steps {part.first_step}-{part.last_step}; the plan has "
                            f"{len(steps)} steps")
     for t, step in enumerate(steps):
-        at = where.key("steps").item(t)
+        at = f.at("steps").item(t)
         if step.index != t:
             raise at.key("index").wrong(f"{t} (its position)", step.index)
         if step.partition >= len(partitions) or t not in partitions[step.partition].step_range:
@@ -644,19 +527,16 @@ class Plan:
     @classmethod
     def from_json(cls, data: Any, file: str | Path = "plan.json") -> Plan:
         """Read and check a parsed plan.json (``file`` names it in errors)."""
-        where = Where(str(file))
-        r = _object(data, where)
-        version = r.get("format_version")
+        f = Fields.of(data, Where(str(file)))
+        version = f.data.get("format_version")
         if version != FORMAT_VERSION:
-            raise where.error(f"plan format version {version!r}; this runtime reads version {FORMAT_VERSION}")
-        values = _mapping(r, "values", where, PlanValue.from_json)
-        steps, partitions = _schedule(r, where, values)
-        return cls(FORMAT_VERSION, _text(r, "name", where),
-                   _records(r, "inputs", where, TensorSpec.from_json),
-                   _records(r, "outputs", where, PlanOutput.from_json),
-                   _records(r, "constants", where, PlanConstant.from_json),
-                   _count(r, "weights_nbytes", where),
-                   _records(r, "arenas", where, PlanArena.from_json),
-                   _records(r, "buffers", where, PlanBuffer.from_json), values, steps, partitions,
-                   _mapping(r, "onnx_nodes", where, lambda _n, d, w: OnnxNodeFate.from_json(d, w)))
+            raise f.where.error(f"plan format version {version!r}; this runtime reads version "
+                                f"{FORMAT_VERSION}")
+        values = f.mapping("values", PlanValue.from_json)
+        steps, partitions = _schedule(f, values)
+        return cls(FORMAT_VERSION, f.text("name"), f.records("inputs", TensorSpec.from_json),
+                   f.records("outputs", PlanOutput.from_json), f.records("constants", PlanConstant.from_json),
+                   f.count("weights_nbytes"), f.records("arenas", PlanArena.from_json),
+                   f.records("buffers", PlanBuffer.from_json), values, steps, partitions,
+                   f.mapping("onnx_nodes", lambda _name, d, w: OnnxNodeFate.from_json(d, w)))
 

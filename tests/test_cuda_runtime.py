@@ -27,8 +27,9 @@ import pytest
 import runtime.providers.cuda as cuda
 from runtime.artifact import Artifact
 from runtime.errors import ArtifactError, RuntimeKernelError
+from runtime.json_fields import Where
 from runtime.memory import memory_space
-from runtime.plan_schema import CudaModule, Plan, PlanPartition, Where
+from runtime.plan_schema import CudaModule, Plan, PlanPartition
 from runtime.providers.cuda_module import (
     DeviceInfo,
     choose_module,

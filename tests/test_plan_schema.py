@@ -18,7 +18,8 @@ from compiler import compile_model
 from compiler.artifact.writer import dump_json
 from compiler.providers.base import BuildOptions
 from runtime.errors import ArtifactError
-from runtime.plan_schema import FORMAT_VERSION, Plan, ValueLocation, Where
+from runtime.json_fields import Where
+from runtime.plan_schema import FORMAT_VERSION, Plan, ValueLocation
 from tests.support.models import small_model
 
 

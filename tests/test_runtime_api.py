@@ -177,6 +177,9 @@ def test_runtime_imports_without_compiler_dependencies(small) -> None:
         s = runtime.Session({str(session.path)!r})
         y = s.run(None, {{"x": np.ones((1, 3, 8, 8), np.float32)}})[0]
         assert y.shape == (1, 10)
+        from runtime.inspection import format_text, inspect_artifact  # onnx-aot inspect's text
+        assert "arena host" in format_text(inspect_artifact({str(session.path)!r}))
+        assert s.verify().ok  # the golden self-test
         assert not [m for m in sys.modules if m.split(".")[0] in BLOCKED], "leaked import"
         print("ok", [p.provider for p in s.plan.partitions])
     """)

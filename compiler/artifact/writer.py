@@ -24,7 +24,8 @@ from compiler.version import __version__
 from runtime.artifact import FORMAT_VERSION, MANIFEST, PLAN, WEIGHTS, sha256_file
 from runtime.errors import CompileError, OnnxAotError
 from runtime.integrity import sampled_sha256
-from runtime.plan_schema import CudaModule, KernelLaunch, Plan, Where
+from runtime.json_fields import Where
+from runtime.plan_schema import CudaModule, KernelLaunch, Plan
 
 __all__ = ["write_artifact", "dump_json"]
 
