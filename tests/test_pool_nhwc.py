@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 
 from compiler.driver import compile_graph
+from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import AOT_DOMAIN, Graph
 from compiler.providers.base import BuildOptions
 from compiler.providers.c.pool_nhwc import MAX_LRN_CHANNELS, channel_walk
 from compiler.providers.c.provider import CProvider
 from runtime import Session
-from runtime.kernels import get_kernel
 from runtime.kernels.window import pool_out_size
 from tests.cpu_targets import level_params
 from tests.support.graphs import Builder
@@ -92,15 +92,6 @@ def _feeds(graph: Graph, seed: int, specials: bool = False) -> dict[str, np.ndar
     return feeds
 
 
-def _expected(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    out = []
-    for node in graph.nodes:
-        x = feeds[node.inputs[0].name]  # type: ignore[union-attr]
-        spec = [(node.outputs[0].shape, node.outputs[0].dtype)]
-        out.append(get_kernel(node.kind)(np, [x], dict(node.attrs), spec)[0])
-    return out
-
-
 def _run(graph: Graph, path: Path, feeds: dict[str, np.ndarray], provider: str = "c",
          isa: str | None = None) -> tuple[list[np.ndarray], Path]:  # fmt: skip
     kinds = {n.name: n.op_type for n in graph.nodes}
@@ -125,7 +116,7 @@ def _pool_nodes(kind: str, include_pad: int) -> list[NodeSpec]:
 def test_pools_match_the_reference_to_the_bit(kind: str, include_pad: int, tmp_path: Path) -> None:
     graph = _graph(_pool_nodes(kind, include_pad))
     feeds = _feeds(graph, 1, specials=kind == "MaxPoolNhwc")
-    expected = _expected(graph, feeds)
+    expected = evaluate(graph, feeds)
     got, _ = _run(graph, tmp_path / "a", feeds)
     for node, g, e in zip(graph.nodes, got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == np.float32, node.name
@@ -165,7 +156,7 @@ def test_pools_on_other_vector_widths(tmp_path: Path) -> None:
     ]
     graph = _graph(nodes)
     feeds = _feeds(graph, 2, specials=True)
-    expected = _expected(graph, feeds)
+    expected = evaluate(graph, feeds)
     got, _ = _run(graph, tmp_path / "v2", feeds, isa="x86-64-v2")
     for node, g, e in zip(graph.nodes, got, expected, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=node.name)
@@ -188,7 +179,7 @@ def test_global_average_pool_and_lrn(tmp_path: Path) -> None:
     graph = _graph(nodes)
     feeds = _feeds(graph, 3)
     feeds = {k: v * 4 for k, v in feeds.items()}  # LRN denominators well above the bias
-    expected = _expected(graph, feeds)
+    expected = evaluate(graph, feeds)
     got, art = _run(graph, tmp_path / "a", feeds)
     for node, g, e in zip(graph.nodes, got, expected, strict=True):
         assert g.shape == e.shape, node.name
@@ -206,7 +197,7 @@ def test_unsupported_nodes_run_on_the_reference(tmp_path: Path) -> None:
     ]
     graph = _graph(nodes, dtype=np.float64)
     feeds = _feeds(graph, 4)
-    expected = _expected(graph, feeds)
+    expected = evaluate(graph, feeds)
     got, _ = _run(graph, tmp_path / "a", feeds, provider="reference")
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_array_equal(g, e)

@@ -21,6 +21,7 @@ import pytest
 
 import compiler.providers.c.winograd_nhwc as K
 from compiler.driver import compile_graph
+from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import AOT_DOMAIN, Graph
 from compiler.passes.use_winograd import winograd_weights
 from compiler.providers.base import BuildOptions
@@ -28,7 +29,6 @@ from compiler.providers.c.winograd_nhwc import Program, _geometry, transform_pro
 from runtime import Session
 from runtime.errors import CpuFallbackWarning
 from runtime.isa import MARCH_FEATURES, TEST_FLAGS_ENV
-from runtime.kernels import get_kernel
 from runtime.kernels.conv import conv
 from runtime.kernels.fused import apply_activation
 from runtime.kernels.nhwc import TO_NCHW, TO_NHWC, pack_winograd_weights
@@ -103,16 +103,6 @@ def _direct(graph: Graph, weights: np.ndarray, feeds: dict[str, np.ndarray]) -> 
     return apply_activation(np, y, dict(node.attrs))
 
 
-def _reference(graph: Graph, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    (node,) = graph.nodes
-    args = [feeds[v.name] if v.const is None else v.const for v in node.inputs if v is not None]
-    if node.input(2) is None and node.input(3) is not None:
-        args.insert(2, None)
-    out = node.outputs[0]
-    (y,) = get_kernel("onnx_aot.WinogradConvNhwc")(np, args, dict(node.attrs), [(out.shape, out.dtype)])
-    return np.asarray(y)
-
-
 def _check(got: np.ndarray, graph: Graph, weights: np.ndarray, feeds: dict[str, np.ndarray],
            tile: int) -> None:
     expected = _direct(graph, weights, feeds)
@@ -120,7 +110,7 @@ def _check(got: np.ndarray, graph: Graph, weights: np.ndarray, feeds: dict[str, 
     tol = 1e-5 if tile == 4 else 1e-6  # of the output's scale (docs/ops.md: ~5e-6 and ~1e-7)
     assert got.dtype == np.float32 and got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=0, atol=tol * scale)
-    np.testing.assert_allclose(got, _reference(graph, feeds), rtol=0, atol=tol * scale)
+    np.testing.assert_allclose(got, evaluate(graph, feeds)[0], rtol=0, atol=tol * scale)
 
 
 def _compile(graph: Graph, path: Path, build: BuildOptions | None = None) -> Path:
