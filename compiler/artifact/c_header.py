@@ -46,19 +46,30 @@ class EntryInfo:
 
 
 @dataclass(frozen=True)
+class TensorGroup:
+    """The graph's inputs or its outputs, in the header's order."""
+
+    kind: str  # "input" | "output": names the macros and arrays (ONNX_AOT_INPUT_0_BYTES, onnx_aot_inputs)
+    tensors: tuple[TensorInfo, ...]
+
+
+@dataclass(frozen=True)
 class HeaderContext:
     model: str
     guard: str
     abi_version: int
-    runnable: bool
-    reason: str
+    reason: str  # why a C program cannot run the plan; "" when it can
     arena_nbytes: int
     arena_alignment: int
     weights_nbytes: int
     num_steps: int
-    inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]
+    inputs: TensorGroup
+    outputs: TensorGroup
     entries: tuple[EntryInfo, ...]
+
+    @property
+    def runnable(self) -> bool:
+        return not self.reason
 
 
 def _c_string(text: str) -> str:
@@ -77,10 +88,14 @@ def _comment(text: str) -> str:
     return _c_string(text).replace("*/", "* /")
 
 
-def _tensor(index: int, spec: TensorSpec, kind: str) -> TensorInfo:
-    dims = "x".join(map(str, spec.shape)) or "scalar"
-    return TensorInfo(index, _c_string(spec.name), _comment(f"{spec.name}: {spec.dtype.name} {dims}"),
-                      spec.dtype.name, spec.shape, spec.nbytes, f"onnx_aot_{kind}_shape_{index}")
+def _group(kind: str, specs: tuple[TensorSpec, ...]) -> TensorGroup:
+    tensors = []
+    for index, spec in enumerate(specs):
+        dims = "x".join(map(str, spec.shape)) or "scalar"
+        comment = _comment(f"{spec.name}: {spec.dtype.name} {dims}")
+        tensors.append(TensorInfo(index, _c_string(spec.name), comment, spec.dtype.name, spec.shape,
+                                  spec.nbytes, f"onnx_aot_{kind}_shape_{index}"))
+    return TensorGroup(kind, tuple(tensors))
 
 
 def _not_runnable(plan: Plan) -> str:
@@ -119,19 +134,17 @@ def _entries(plan: Plan) -> tuple[EntryInfo, ...]:
 
 def header_context(plan: Plan) -> HeaderContext:
     host = plan.arena("host")
-    reason = _not_runnable(plan)
     return HeaderContext(
         model=_comment(plan.name),
         guard="ONNX_AOT_MODEL_" + re.sub(r"[^A-Za-z0-9]", "_", plan.name).upper() + "_H",
         abi_version=ABI_VERSION,
-        runnable=not reason,
-        reason=reason,
+        reason=_not_runnable(plan),
         arena_nbytes=host.nbytes if host is not None else 0,
         arena_alignment=max(64, host.alignment) if host is not None else 64,
         weights_nbytes=plan.weights_nbytes,
         num_steps=len(plan.steps),
-        inputs=tuple(_tensor(i, s, "input") for i, s in enumerate(plan.inputs)),
-        outputs=tuple(_tensor(i, s, "output") for i, s in enumerate(plan.output_specs)),
+        inputs=_group("input", plan.inputs),
+        outputs=_group("output", plan.output_specs),
         entries=_entries(plan),
     )
 

@@ -32,14 +32,40 @@ PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#f
            "#e15759", "#86bcb6")  # colours by the producing step's op type; scratch is hatched grey
 
 
+def _f(x: float) -> str:
+    """Coordinates with two decimals: short, and the same bytes on every run."""
+    text = f"{x:.2f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The SVG canvas and the plot rectangle inside it: the same for every arena."""
+
+    width: str
+    height: str
+    left: str
+    top: str
+    plot_w: str
+    plot_h: str
+    right: str
+    bottom: str
+
+
+FRAME = Frame(*map(_f, (LEFT + PLOT_W + RIGHT, TOP + PLOT_H + BOTTOM, LEFT, TOP, PLOT_W, PLOT_H,
+                        LEFT + PLOT_W, TOP + PLOT_H)))
+
+
 @dataclass(frozen=True)
 class Tick:
-    pos: str
+    pos: str  # x of a step tick, y of a byte tick
     label: str
 
 
 @dataclass(frozen=True)
 class BufferRect:
+    """One buffer's rectangle and its hover data (the ``data-*`` attributes and the title)."""
+
     id: str
     kind: str  # "tensor" | "scratch"
     x: str
@@ -62,10 +88,30 @@ class BufferRect:
 
 
 @dataclass(frozen=True)
+class PeakBand:
+    """The peak step: a band over the plot, a label above it, a dot on the live curve."""
+
+    step: int
+    x: str
+    w: str
+    label: str
+    label_x: str
+    dot_x: str
+    dot_y: str
+
+
+@dataclass(frozen=True)
 class Row:
     cells: tuple[str, ...]
-    numeric: tuple[bool, ...]
-    mark: bool = False
+    mark: bool = False  # a peak step in the steps table
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    header: tuple[str, ...]
+    numeric: tuple[bool, ...]  # per column: right-aligned
+    rows: tuple[Row, ...]
 
 
 @dataclass(frozen=True)
@@ -82,51 +128,29 @@ class LegendItem:
 
 @dataclass(frozen=True)
 class ArenaChart:
+    """One arena's section: its facts, the chart, the legend and the two buffer tables."""
+
     index: int
     space: str
     facts: tuple[Fact, ...]
-    width: str
-    height: str
-    plot_x: str
-    plot_y: str
-    plot_w: str
-    plot_h: str
-    plot_bottom: str
-    plot_right: str
     x_ticks: tuple[Tick, ...]
     y_ticks: tuple[Tick, ...]
     rects: tuple[BufferRect, ...]
     live_path: str
-    peak_step: int
-    peak_x: str
-    peak_w: str
-    peak_label: str
-    peak_label_x: str
-    peak_dot_x: str
-    peak_dot_y: str
+    peak: PeakBand
     legend: tuple[LegendItem, ...]
-    peak_title: str
-    peak_rows: tuple[Row, ...]
-    largest_title: str
-    largest_rows: tuple[Row, ...]
+    tables: tuple[Table, ...]  # the buffers live at the peak, the largest buffers
 
 
 @dataclass(frozen=True)
 class MemoryPage:
+    """The page: one section per arena, then the steps table."""
+
     name: str
     intro: str
+    frame: Frame
     arenas: tuple[ArenaChart, ...]
-    buffer_header: tuple[str, ...]
-    buffer_numeric: tuple[bool, ...]
-    step_header: tuple[str, ...]
-    step_numeric: tuple[bool, ...]
-    step_rows: tuple[Row, ...]
-
-
-def _f(x: float) -> str:
-    """Coordinates with two decimals: short, and the same bytes on every run."""
-    text = f"{x:.2f}".rstrip("0").rstrip(".")
-    return "0" if text == "-0" else text
+    steps: Table
 
 
 def _nice_step(span: float, target: int) -> float:
@@ -161,7 +185,26 @@ def _step_ticks(n: int) -> list[int]:
     return list(range(0, n, step))
 
 
-def _rows(buffers: list[dict[str, Any]]) -> tuple[Row, ...]:
+BUFFER_HEADER = ("offset", "bytes", "steps", "shape", "tensor", "produced by")
+BUFFER_NUMERIC = (True, True, True, False, False, False)
+
+
+@dataclass(frozen=True)
+class _Scale:
+    """One arena's steps and bytes in SVG user units: x counts steps from the plot's left edge,
+    y counts bytes up from its bottom edge."""
+
+    step_w: float
+    byte_h: float
+
+    def x(self, step: float) -> float:
+        return LEFT + step * self.step_w
+
+    def y(self, nbytes: float) -> float:
+        return TOP + PLOT_H - nbytes * self.byte_h
+
+
+def _buffer_table(title: str, buffers: list[dict[str, Any]]) -> Table:
     rows = []
     for b in buffers:
         tensor = b["root"] if b["kind"] == "tensor" else f"scratch of step {b['first_step']}"
@@ -170,9 +213,8 @@ def _rows(buffers: list[dict[str, Any]]) -> tuple[Row, ...]:
             tensor += " (shared with " + ", ".join(others) + ")"
         rows.append(Row((format_bytes(b["offset"]), format_bytes(b["nbytes"]),
                          f"{b['first_step']}–{b['last_step']}", describe_shape(b), tensor,
-                         f"{b['producer']} ({b['op_type']}, step {b['producer_step']})"),
-                        (True, True, True, False, False, False)))
-    return tuple(rows)
+                         f"{b['producer']} ({b['op_type']}, step {b['producer_step']})")))
+    return Table(title, BUFFER_HEADER, BUFFER_NUMERIC, tuple(rows))
 
 
 def _title(b: dict[str, Any]) -> str:
@@ -189,39 +231,40 @@ def _title(b: dict[str, Any]) -> str:
             f"\n{lifetime}{also}")
 
 
-def _chart(index: int, space: str, arena: dict[str, Any], steps: list[dict[str, Any]],
-           colors: dict[str, str]) -> ArenaChart:
-    n = max(len(steps), 1)
-    top = max(arena["arena_nbytes"], arena["peak_live_nbytes"], 1)
-    sx, sy = PLOT_W / n, PLOT_H / top
-    bottom = TOP + PLOT_H
+def _rect(b: dict[str, Any], scale: _Scale, fill: str) -> BufferRect:
+    h = max(b["nbytes"] * scale.byte_h, MIN_RECT_H)
+    scratch = b["kind"] == "scratch"
+    return BufferRect(
+        id=b["id"], kind=b["kind"], x=_f(scale.x(b["first_step"])), y=_f(scale.y(b["offset"]) - h),
+        w=_f((b["last_step"] - b["first_step"] + 1) * scale.step_w), h=_f(h), fill=fill,
+        tensor=b["root"] or "", values=json.dumps(b["values"], ensure_ascii=False),
+        producer=b["producer"], op_type=b["op_type"], producer_step=b["producer_step"],
+        shape="" if scratch else json.dumps(b["shape"]), dtype="" if scratch else b["dtype"],
+        nbytes=b["nbytes"], offset=b["offset"], first_step=b["first_step"],
+        last_step=b["last_step"], title=_title(b))
 
-    def y_of(nbytes: float) -> float:
-        return bottom - nbytes * sy
 
-    rects = []
-    for b in arena["buffers"]:
-        h = max(b["nbytes"] * sy, MIN_RECT_H)
-        scratch = b["kind"] == "scratch"
-        rects.append(BufferRect(
-            id=b["id"], kind=b["kind"], x=_f(LEFT + b["first_step"] * sx),
-            y=_f(y_of(b["offset"]) - h), w=_f((b["last_step"] - b["first_step"] + 1) * sx), h=_f(h),
-            fill=f"url(#hatch-{index})" if scratch else colors[b["op_type"]],
-            tensor=b["root"] or "", values=json.dumps(b["values"], ensure_ascii=False),
-            producer=b["producer"], op_type=b["op_type"], producer_step=b["producer_step"],
-            shape="" if scratch else json.dumps(b["shape"]), dtype="" if scratch else b["dtype"],
-            nbytes=b["nbytes"], offset=b["offset"], first_step=b["first_step"],
-            last_step=b["last_step"], title=_title(b)))
-
-    live = [s["live_by_arena"][space] for s in steps]
-    path = [f"M{_f(LEFT)},{_f(y_of(live[0]) if live else bottom)}"]
+def _live_path(live: list[int], scale: _Scale) -> str:
+    """The live bytes of each step as a staircase over the steps."""
+    path = [f"M{FRAME.left},{_f(scale.y(live[0])) if live else FRAME.bottom}"]
     for t, v in enumerate(live):
-        path.append(f"V{_f(y_of(v))}H{_f(LEFT + (t + 1) * sx)}")
-    peak = arena["peak_step"]
-    peak_live = arena["peak_live_nbytes"]
-    peak_name = f"{steps[peak]['name']} ({steps[peak]['op_type']})" if steps else "-"
+        path.append(f"V{_f(scale.y(v))}H{_f(scale.x(t + 1))}")
+    return "".join(path)
+
+
+def _peak(arena: dict[str, Any], scale: _Scale) -> PeakBand:
+    step, live = arena["peak_step"], arena["peak_live_nbytes"]
+    x = scale.x(step)
+    middle = x + scale.step_w / 2
+    return PeakBand(step=step, x=_f(x), w=_f(max(scale.step_w, 1.0)),
+                    label=f"peak: step {step}, {human_bytes(live)}",
+                    label_x=_f(min(max(middle, LEFT + 70), LEFT + PLOT_W - 70)),
+                    dot_x=_f(middle), dot_y=_f(scale.y(live)))
+
+
+def _facts(arena: dict[str, Any], peak_name: str) -> tuple[Fact, ...]:
     size, lb, naive = arena["arena_nbytes"], arena["lower_bound_nbytes"], arena["naive_nbytes"]
-    facts = (
+    return (
         Fact("arena", f"{format_bytes(size)} B ({human_bytes(size)})"),
         Fact("lower bound", f"{format_bytes(lb)} B ({human_bytes(lb)}); arena / lower bound "
                             f"{arena['arena_over_lower_bound']:.3f}×"),
@@ -229,63 +272,65 @@ def _chart(index: int, space: str, arena: dict[str, Any], steps: list[dict[str, 
                           f"{format_bytes(arena['saving_nbytes'])} B, "
                           f"{arena['saving_fraction'] * 100:.1f}% less ({arena['naive_over_arena']:.2f}× "
                           "smaller)"),
-        Fact("peak", f"step {peak}, {peak_name}: {format_bytes(peak_live)} B live in "
-                     f"{len(arena['peak_buffers'])} buffers"),
+        Fact("peak", f"step {arena['peak_step']}, {peak_name}: {format_bytes(arena['peak_live_nbytes'])} "
+                     f"B live in {len(arena['peak_buffers'])} buffers"),
         Fact("buffers", f"{arena['buffer_count']} ({arena['buffer_count'] - arena['scratch_count']} "
                         f"tensors, {arena['scratch_count']} scratch); alignment {arena['alignment']}; "
                         f"strategy {arena['strategy']}"),
     )
+
+
+def _chart(index: int, space: str, arena: dict[str, Any], steps: list[dict[str, Any]],
+           colors: dict[str, str]) -> ArenaChart:
+    top = max(arena["arena_nbytes"], arena["peak_live_nbytes"], 1)
+    scale = _Scale(PLOT_W / max(len(steps), 1), PLOT_H / top)
+    hatch = f"url(#hatch-{index})"
+    peak = arena["peak_step"]
+    peak_name = f"{steps[peak]['name']} ({steps[peak]['op_type']})" if steps else "-"
     used = sorted({b["op_type"] for b in arena["buffers"] if b["kind"] == "tensor"})
-    legend = tuple(LegendItem(op, colors[op]) for op in used) + (
-        LegendItem("scratch (one step)", f"url(#hatch-{index})"),)
     by_id = {b["id"]: b for b in arena["buffers"]}
-    peak_x = LEFT + peak * sx
     return ArenaChart(
-        index=index, space=space, facts=facts,
-        width=_f(LEFT + PLOT_W + RIGHT), height=_f(TOP + PLOT_H + BOTTOM),
-        plot_x=_f(LEFT), plot_y=_f(TOP), plot_w=_f(PLOT_W), plot_h=_f(PLOT_H), plot_bottom=_f(bottom),
-        plot_right=_f(LEFT + PLOT_W),
-        x_ticks=tuple(Tick(_f(LEFT + (t + 0.5) * sx), str(t)) for t in _step_ticks(len(steps))),
-        y_ticks=tuple(Tick(_f(y_of(v)), label) for v, label in _byte_ticks(top)),
-        rects=tuple(rects), live_path="".join(path), peak_step=peak, peak_x=_f(peak_x),
-        peak_w=_f(max(sx, 1.0)), peak_label=f"peak: step {peak}, {human_bytes(peak_live)}",
-        peak_label_x=_f(min(max(peak_x + sx / 2, LEFT + 70), LEFT + PLOT_W - 70)),
-        peak_dot_x=_f(peak_x + sx / 2), peak_dot_y=_f(y_of(peak_live)), legend=legend,
-        peak_title=f"Live at the peak: step {peak}, {peak_name}, {format_bytes(peak_live)} bytes",
-        peak_rows=_rows([by_id[i] for i in arena["peak_buffers"]]),
-        largest_title=f"Largest buffers ({len(arena['largest_buffers'])} of {arena['buffer_count']})",
-        largest_rows=_rows([by_id[i] for i in arena["largest_buffers"]]),
+        index=index, space=space, facts=_facts(arena, peak_name),
+        x_ticks=tuple(Tick(_f(scale.x(t + 0.5)), str(t)) for t in _step_ticks(len(steps))),
+        y_ticks=tuple(Tick(_f(scale.y(v)), label) for v, label in _byte_ticks(top)),
+        rects=tuple(_rect(b, scale, hatch if b["kind"] == "scratch" else colors[b["op_type"]])
+                    for b in arena["buffers"]),
+        live_path=_live_path([s["live_by_arena"][space] for s in steps], scale),
+        peak=_peak(arena, scale),
+        legend=tuple(LegendItem(op, colors[op]) for op in used) + (LegendItem("scratch (one step)", hatch),),
+        tables=(_buffer_table(f"Live at the peak: step {peak}, {peak_name}, "
+                              f"{format_bytes(arena['peak_live_nbytes'])} bytes",
+                              [by_id[i] for i in arena["peak_buffers"]]),
+                _buffer_table(f"Largest buffers ({len(arena['largest_buffers'])} of {arena['buffer_count']})",
+                              [by_id[i] for i in arena["largest_buffers"]])),
+    )
+
+
+def _steps_table(steps: list[dict[str, Any]], spaces: list[str], peaks: set[int]) -> Table:
+    """Every step's live bytes per arena, its buffers and scratch; the peak steps marked."""
+    return Table(
+        title=f"Live bytes per step ({len(steps)} steps; peak steps highlighted)",
+        header=("step", *(f"live {sp}" for sp in spaces), "buffers", "scratch", "op", "name", "provider"),
+        numeric=(True, *(True for _ in spaces), True, True, False, False, False),
+        rows=tuple(Row((str(s["index"]), *(format_bytes(s["live_by_arena"][sp]) for sp in spaces),
+                        str(s["live_buffers"]), format_bytes(s["scratch_nbytes"]), s["op_type"], s["name"],
+                        s["provider"]), mark=s["index"] in peaks)
+                   for s in steps),
     )
 
 
 def render_memory_html(plan: Plan, report: dict[str, Any]) -> str:
     """The page for ``plan`` and ``report`` (report/memory.json's data)."""
     summary = memory_summary(plan, report, top=TOP_BUFFERS)
-    steps = summary["steps"]
-    ops = sorted({b["op_type"] for a in summary["arenas"].values() for b in a["buffers"]})
+    steps, arenas = summary["steps"], summary["arenas"]
+    ops = sorted({b["op_type"] for a in arenas.values() for b in a["buffers"]})
     colors = {op: PALETTE[k % len(PALETTE)] for k, op in enumerate(ops)}
-    charts = tuple(_chart(k, space, arena, steps, colors)
-                   for k, (space, arena) in enumerate(summary["arenas"].items()))
-    spaces = list(summary["arenas"])
-    peaks = {a["peak_step"] for a in summary["arenas"].values()}
-    step_rows = tuple(
-        Row((str(s["index"]), *(format_bytes(s["live_by_arena"][sp]) for sp in spaces),
-             str(s["live_buffers"]), format_bytes(s["scratch_nbytes"]), s["op_type"], s["name"],
-             s["provider"]), (True, *(True for _ in spaces), True, True, False, False, False),
-            mark=s["index"] in peaks)
-        for s in steps)
-    n_buffers = sum(a["buffer_count"] for a in summary["arenas"].values())
+    charts = tuple(_chart(k, space, arena, steps, colors) for k, (space, arena) in enumerate(arenas.items()))
+    n_buffers = sum(a["buffer_count"] for a in arenas.values())
     intro = (f"{len(steps)} steps, {n_buffers} buffers in {len(charts)} arena(s). Each rectangle is one "
              "buffer: x spans the steps it is live, y its byte range in the arena. The line is the "
              "bytes live at each step; no arena can be smaller than its highest point (the lower "
              "bound). Hover a rectangle for its tensor.")
-    page = MemoryPage(
-        name=plan.name, intro=intro, arenas=charts,
-        buffer_header=("offset", "bytes", "steps", "shape", "tensor", "produced by"),
-        buffer_numeric=(True, True, True, False, False, False),
-        step_header=("step", *(f"live {sp}" for sp in spaces), "buffers", "scratch", "op", "name",
-                     "provider"),
-        step_numeric=(True, *(True for _ in spaces), True, True, False, False, False),
-        step_rows=step_rows,
-    )
+    steps_table = _steps_table(steps, list(arenas), {a["peak_step"] for a in arenas.values()})
+    page = MemoryPage(name=plan.name, intro=intro, frame=FRAME, arenas=charts, steps=steps_table)
     return render("report/memory.html.j2", page)
