@@ -1,7 +1,9 @@
 """Canonical forms of convolution, pooling and LRN: explicit kernel_shape, strides, dilations and
 begin/end pads (``auto_pad`` resolved against the input's spatial size), every attribute with its
 default. ``resolve_pads`` and ``spatial_dims`` serve the other convolutions too (the quantized ones,
-DeformConv), so they all agree. See docs/ops.md.
+DeformConv), so they all agree. Pads and output sizes come from ``runtime/kernels/window.py``, as
+in every kernel; a Conv or pool whose output shape is not the one its attributes give is a
+ModelError. See docs/ops.md.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from typing import Any
 from compiler.frontend.canonical.context import CanonContext, ints
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
+from runtime.kernels.window import conv_out_size, pool_out_size, same_pads
 
-__all__ = ["resolve_pads", "spatial_dims"]
+__all__ = ["check_output", "resolve_pads", "spatial_dims"]
 
 
 def resolve_pads(ctx: CanonContext, spatial: tuple[int, ...], kernel: list[int],
@@ -29,15 +32,18 @@ def resolve_pads(ctx: CanonContext, spatial: tuple[int, ...], kernel: list[int],
     if auto_pad == "VALID":
         return [0] * (2 * n)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        begins, ends = [], []
-        for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
-            out = -(-size // s)
-            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
-            small, big = total // 2, total - total // 2
-            begins.append(small if auto_pad == "SAME_UPPER" else big)
-            ends.append(big if auto_pad == "SAME_UPPER" else small)
-        return begins + ends
+        split = [same_pads(size, k, s, d, auto_pad == "SAME_UPPER")
+                 for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True)]
+        return [b for b, _ in split] + [e for _, e in split]
     raise ctx.error(f"unknown auto_pad {auto_pad!r}")
+
+
+def check_output(ctx: CanonContext, want: list[int]) -> None:
+    """ModelError unless the output's spatial sizes are ``want`` (runtime/kernels/window.py's)."""
+    y = ctx.outputs[0].shape
+    assert y is not None
+    if list(y[2:]) != want:
+        raise ctx.error(f"output shape {tuple(y)} does not match the attributes (spatial {tuple(want)})")
 
 
 def spatial_dims(ctx: CanonContext) -> tuple[int, ...]:
@@ -60,6 +66,8 @@ def _conv(ctx: CanonContext) -> list[Node]:
     if len(kernel) != n or len(strides) != n or len(dilations) != n:
         raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
     pads = resolve_pads(ctx, spatial, kernel, strides, dilations)
+    axes = list(zip(spatial, kernel, strides, dilations, pads[:n], pads[n:], strict=True))
+    check_output(ctx, [conv_out_size(*axis) for axis in axes])
     attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
              "group": int(ctx.attr("group", 1))}
     return [ctx.node("Conv", ctx.inputs[:3], attrs)]
@@ -74,9 +82,13 @@ def _pool(ctx: CanonContext) -> list[Node]:
     kernel = ints(ctx.attrs["kernel_shape"])
     strides = ints(ctx.attr("strides", [1] * n))
     dilations = ints(ctx.attr("dilations", [1] * n))
+    if len(kernel) != n or len(strides) != n or len(dilations) != n:
+        raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
     pads = resolve_pads(ctx, spatial, kernel, strides, dilations)
-    attrs: dict[str, Any] = {"kernel_shape": kernel, "strides": strides, "pads": pads,
-                             "ceil_mode": int(ctx.attr("ceil_mode", 0))}
+    ceil_mode = int(ctx.attr("ceil_mode", 0))
+    axes = list(zip(spatial, kernel, strides, dilations, pads[:n], pads[n:], strict=True))
+    check_output(ctx, [pool_out_size(size, k, s, d, b, e, ceil_mode) for size, k, s, d, b, e in axes])
+    attrs: dict[str, Any] = {"kernel_shape": kernel, "strides": strides, "pads": pads, "ceil_mode": ceil_mode}
     if ctx.op_type == "MaxPool":
         attrs["dilations"] = dilations
         attrs["storage_order"] = int(ctx.attr("storage_order", 0))

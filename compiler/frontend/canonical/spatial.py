@@ -19,6 +19,7 @@ from compiler.frontend.canonical.context import CanonContext, flat_ints
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node, Value
 from runtime.errors import UnsupportedOpError
+from runtime.kernels.window import conv_transpose_out_size, split_pads
 
 __all__: list[str] = []
 
@@ -183,14 +184,10 @@ def _convtranspose_pads(ctx: CanonContext, spatial: tuple[int, ...], kernel: lis
         target = target[2:]
     if len(target) != n:
         raise ctx.error(f"output_shape {target} does not have {n} spatial dims")
-    begins, ends = [], []
-    for size, k, s, d, op, out in zip(spatial, kernel, strides, dilations, output_padding, target,
-                                      strict=True):
-        total = s * (size - 1) + op + (k - 1) * d + 1 - out
-        small, big = total // 2, total - total // 2
-        begins.append(small if auto_pad == "SAME_UPPER" else big)
-        ends.append(big if auto_pad == "SAME_UPPER" else small)
-    return begins + ends
+    split = [split_pads(conv_transpose_out_size(size, k, s, d, 0, 0, op) - out, auto_pad == "SAME_UPPER")
+             for size, k, s, d, op, out in zip(spatial, kernel, strides, dilations, output_padding, target,
+                                               strict=True)]  # fmt: skip
+    return [b for b, _ in split] + [e for _, e in split]
 
 
 @register("ConvTranspose")
@@ -212,7 +209,7 @@ def _conv_transpose(ctx: CanonContext) -> list[Node]:
     if min(strides) < 1 or min(dilations) < 1:
         raise ctx.error(f"strides {strides} and dilations {dilations} must be >= 1")
     pads = _convtranspose_pads(ctx, spatial, kernel, strides, dilations, output_padding)
-    want = tuple(s * (size - 1) + op + (k - 1) * d + 1 - b - e for size, k, s, d, op, b, e in
+    want = tuple(conv_transpose_out_size(size, k, s, d, b, e, op) for size, k, s, d, op, b, e in
                  zip(spatial, kernel, strides, dilations, output_padding, pads[:n], pads[n:], strict=True))
     if y_shape[2:] != want or y_shape[:2] != (x_shape[0], w_shape[1] * group):
         raise ctx.error(f"output shape {y_shape} does not match the attributes (spatial {want})")
