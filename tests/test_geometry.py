@@ -286,7 +286,8 @@ def test_conv_geometry_is_the_same_in_nchw_and_nhwc(
     assert nhwc is not None and nhwc.weight_shape == packed
     assert (nchw.rows, nchw.cols, nchw.m, nchw.mg, nchw.cg, nchw.k) == (nhwc.rows, nhwc.cols, nhwc.m, nhwc.mg,
                                                                      nhwc.cg, nhwc.k)  # fmt: skip
-    assert nchw.depthwise == nhwc.depthwise == (x[1] == group > 1)  # one input channel per group
+    assert nchw.one_channel_groups == nhwc.one_channel_groups == (x[1] == group > 1)
+    assert nchw.depthwise == nhwc.depthwise == (m == x[1] == group)
     assert ConvGeometry.from_node(_node("Conv", x, y, attrs, (m + 1, *w[1:])), "NCHW") is None
     assert ConvGeometry.from_node(_node("Conv", x, (*y[:3], y[3] + 1), attrs, w), "NCHW") is None
 

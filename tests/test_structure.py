@@ -29,9 +29,7 @@ KNOWN_CYCLES: list[frozenset[str]] = [
 ]
 
 # Functions longer than MAX_FUNCTION_LINES still to split: "path::qualified.name".
-KNOWN_LONG_FUNCTIONS: set[str] = {
-    "compiler/providers/c/conv_nhwc.py::ConvNhwcKernel.build",
-}
+KNOWN_LONG_FUNCTIONS: set[str] = set()
 
 
 def _module_name(path: Path) -> str:

@@ -25,7 +25,7 @@ from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import AOT_DOMAIN, Graph
 from compiler.passes.use_winograd import winograd_weights
 from compiler.providers.base import BuildOptions
-from compiler.providers.c.winograd_nhwc import Program, _geometry, transform_program
+from compiler.providers.c.winograd_nhwc import Program, _blocks, transform_program
 from runtime import Session
 from runtime.errors import CpuFallbackWarning
 from runtime.isa import MARCH_FEATURES, TEST_FLAGS_ENV
@@ -176,7 +176,7 @@ def test_blocks_are_sized_to_the_cache_and_the_weights() -> None:
     rng = np.random.default_rng(0)
     for c, m, hw in [(40, 24, (20, 18)), (16, 16, (58, 58)), (512, 512, (30, 30)), (64, 64, (6, 6))]:
         graph, _ = _graph(1, c, hw, m, [0, 0, 0, 0], 4, False, False, "", rng)
-        g = _geometry(graph.nodes[0])
+        g = _blocks(graph.nodes[0])
         assert g is not None
         per_tile = 4 * (g.vt + g.st)  # bytes of V and S
         if g.tiles <= K.MIN_BLOCK:

@@ -7,7 +7,7 @@ same record, read from the node here: :class:`ConvGeometry` (Conv, FusedConv, Co
 (Gemm, FusedGemm, MatMul). ``from_node(node, layout)`` returns None when the node is not one the
 record describes (a missing or malformed attribute, an output shape other than the one the
 attributes give, weights of another layout): a kernel then declines it, and the reference
-provider runs it.
+provider runs it. Once a kernel has claimed the node, :func:`claimed` reads it back.
 
 Windowed ops are described in 2-D, a 1-D op with a unit H axis (:meth:`Axis.unit`); ``rank``
 keeps the node's own spatial rank. ``layout`` is "NCHW" (X is (N, C, *spatial), ONNX weights) or
@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
 from compiler.codegen.elementwise import broadcast_strides
 from compiler.ir.graph import Node, Value
+from runtime.errors import CompileError
 from runtime.kernels.nhwc import PANEL
 from runtime.kernels.window import (
     Dim,
@@ -37,6 +38,7 @@ from runtime.kernels.window import (
     inside,
     pool_out_size,
     reach,
+    window_counts,
 )
 from runtime.kernels.winograd import MATRICES
 
@@ -49,9 +51,19 @@ __all__ = [
     "PoolGeometry",
     "Spatial",
     "WinogradGeometry",
+    "claimed",
 ]
 
 Layout = Literal["NCHW", "NHWC"]
+G = TypeVar("G")
+
+
+def claimed(geometry: G | None, node: Node) -> G:
+    """The ``from_node`` result for a node its kernel has claimed (scratch size, code generation):
+    a CompileError naming the node when the node no longer fits."""
+    if geometry is None:
+        raise CompileError(f"{node.describe()}: shapes or attributes no longer fit the kernel claiming it")
+    return geometry
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,11 @@ class Axis:
     def inside(self) -> tuple[Dim, Dim]:
         """The outputs ``[lo, hi)`` whose windows lie wholly inside the input."""
         return inside(self.size, self.kernel, self.stride, self.dilation, self.begin, self.out)
+
+    def counts(self, include_pad: bool) -> tuple[int, ...]:
+        """AveragePool's divisor along this axis, per output (see ``window_counts``)."""
+        return tuple(window_counts(self.size, self.kernel, self.stride, self.dilation, self.begin, self.end,
+                                   self.out, include_pad))  # fmt: skip
 
 
 class _Of:
@@ -241,16 +258,21 @@ class ConvGeometry(Spatial):
         return self.cg * self.kh * self.kw
 
     @property
+    def one_channel_groups(self) -> bool:
+        """Every group reads one input channel: depthwise, or with a channel multiplier (mg > 1)."""
+        return self.groups > 1 and self.cg == 1
+
+    @property
     def depthwise(self) -> bool:
-        """One input channel per group (a channel multiplier allowed where ``mg > 1``)."""
-        return self.groups > 1 and self.c == self.groups
+        """One input and one output channel per group (M = C = groups)."""
+        return self.one_channel_groups and self.mg == 1
 
     @property
     def weight_shape(self) -> tuple[int, ...]:
         """The weights' shape in this layout (see the class docstring)."""
         if self.layout == "NCHW":
             return (self.m, self.cg, *self.kernel_shape)
-        if self.depthwise and self.m == self.c:
+        if self.depthwise:
             return (self.kh, self.kw, self.m)
         return (self.groups, -(-self.mg // PANEL), self.kh, self.kw, self.cg, PANEL)
 
@@ -320,15 +342,20 @@ class ConvTransposeGeometry(ConvGeometry):
     with the node's ``output_padding``. Here ``rows.size`` / ``cols.size`` are the input's sizes and
     ``out`` the output's, as for a conv."""
 
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        """(C, M/g, *kernel), as ONNX has them."""
+        return (self.c, self.mg, *self.kernel_shape)
+
     @classmethod
     def from_node(cls, node: Node, layout: Layout) -> ConvTransposeGeometry | None:
         win = _Window.read(node, layout, (1, 2) if layout == "NCHW" else ())
-        group, ws = node.attrs.get("group"), _shape(node.input(1))
-        if win is None or ws is None or not isinstance(group, int) or group < 1:
+        group = node.attrs.get("group")
+        padding = _ints(node.attrs.get("output_padding", [0] * win.rank), win.rank) if win else None
+        if win is None or padding is None or not isinstance(group, int) or group < 1:
             return None
-        padding = _ints(node.attrs.get("output_padding", [0] * win.rank), win.rank)
         (n, c, *_), (ny, m, *_) = win.x, win.y
-        if padding is None or c % group or ny != n or ws != (c, m // group, *win.kernel) or m % group:
+        if ny != n or c % group or m % group or min(n, c, m) < 1:
             return None
         rows, cols = win.axes()
         for axis, op in zip((rows, cols)[2 - win.rank :], padding, strict=True):
@@ -336,7 +363,8 @@ class ConvTransposeGeometry(ConvGeometry):
                                            axis.end, op)  # fmt: skip
             if axis.out != want:
                 return None
-        return cls(layout, win.rank, n, c, rows, cols, m, group)
+        g = cls(layout, win.rank, n, c, rows, cols, m, group)
+        return g if _shape(node.input(1)) == g.weight_shape else None
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ Windows are read one kernel offset at a time as strided views of the padded inpu
 ``common.window_slices``) and folded with maximum or addition. MaxPool's indices are folded the
 same way from a padded array of flat input positions (-1 in the padding): the first maximum in
 window order wins, as in ONNX's reference. Output sizes follow ONNX's
-ceil_mode rule (a last window starting in the end padding is dropped). AveragePool divides by a
-per-position count built from one 1-D mask per axis: the real elements (count_include_pad=0) or
-the real elements plus the declared pads (count_include_pad=1); the extra end padding that ceil
-mode needs never counts.
+ceil_mode rule (a last window starting in the end padding is dropped; sizes from
+``runtime/kernels/window.py``). AveragePool divides by the outer product of per-axis counts
+(``window_counts``): the real elements (count_include_pad=0) or the real elements plus the
+declared pads (count_include_pad=1); the extra end padding that ceil mode needs never counts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import finish, pad_spatial, prod, window_slices
 from runtime.kernels.registry import OutputSpec, register
-from runtime.kernels.window import end_padding, pool_out_size
+from runtime.kernels.window import end_padding, pool_out_size, window_counts
 
 __all__ = ["average_pool", "lp_pool", "max_pool", "max_pool_with_indices"]
 
@@ -103,27 +103,6 @@ def lp_pool(xp: Any, x: Any, attrs: dict[str, Any]) -> Any:
     return total ** (1.0 / p)
 
 
-def _window_counts(
-    size: int,
-    begin: int,
-    end: int,
-    declared_end: int,
-    kernel: int,
-    stride: int,
-    dilation: int,
-    out: int,
-    include_pad: bool,
-) -> Any:
-    """How many counted elements each of ``out`` windows covers along one axis (numpy array).
-
-    ``end`` is the padding actually applied (declared plus ceil-mode extra); only the declared
-    padding counts, and only when ``include_pad``.
-    """
-    mask = np.zeros(begin + size + end, dtype=np.int64)
-    mask[0 if include_pad else begin : begin + size + (declared_end if include_pad else 0)] = 1
-    return sum(mask[j * dilation : j * dilation + stride * (out - 1) + 1 : stride] for j in range(kernel))
-
-
 def average_pool(xp: Any, x: Any, attrs: dict[str, Any]) -> Any:
     """ONNX AveragePool of ``x`` (N, C, *spatial)."""
     nd = len(attrs["kernel_shape"])
@@ -138,11 +117,9 @@ def average_pool(xp: Any, x: Any, attrs: dict[str, Any]) -> Any:
     declared_ends = [int(p) for p in attrs["pads"]][nd:]
     count = np.ones((), dtype=np.int64)
     for axis in range(nd):
-        along = _window_counts(
-            int(x.shape[2 + axis]), begins[axis], ends[axis], declared_ends[axis],
-            kernel_shape[axis], strides[axis], dilations[axis], out_shape[axis], include_pad,
-        )  # fmt: skip
-        count = np.multiply.outer(count, along)
+        along = window_counts(int(x.shape[2 + axis]), kernel_shape[axis], strides[axis], dilations[axis],
+                              begins[axis], declared_ends[axis], out_shape[axis], include_pad)  # fmt: skip
+        count = np.multiply.outer(count, np.array(along, dtype=np.int64))
     divisor = xp.asarray(np.maximum(count, 1).astype(x.dtype))
     return total / divisor
 

@@ -20,6 +20,7 @@ import numpy as np
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import finish, prod
 from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.window import reach
 
 __all__ = ["ResizeTaps", "resize_taps"]
 
@@ -191,7 +192,7 @@ def conv_transpose_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
     cols = cols.reshape(n, group * mg, *kernel, *spatial)
     # Scatter into a buffer holding every written position and the whole output window.
     shift = [max(0, -p) for p in begins]
-    full = [max((k - 1) * d + s * (i - 1) + 1, p + o) + sh for k, d, s, i, p, o, sh in
+    full = [max(reach(i, k, s, d), p + o) + sh for k, d, s, i, p, o, sh in
             zip(kernel, dilations, strides, spatial, begins, out_shape[2:], shift, strict=True)]
     acc_dtype = xp.float64 if x.dtype == xp.float64 else xp.float32
     buf = xp.zeros((n, group * mg, *full), dtype=acc_dtype)

@@ -25,6 +25,7 @@ __all__ = [
     "reach",
     "same_pads",
     "split_pads",
+    "window_counts",
 ]
 
 Dim = int  # one spatial size; a symbol (with a range) once shapes may be dynamic
@@ -102,3 +103,14 @@ def inside(size: Dim, kernel: int, stride: int, dilation: int, begin: int, out: 
     last = size - 1 + begin - (kernel - 1) * dilation  # the last start o * stride may take
     hi = min(last // stride + 1, out) if last >= 0 else 0
     return lo, max(lo, hi)
+
+
+def window_counts(
+    size: Dim, kernel: int, stride: int, dilation: int, begin: int, end: int, out: Dim, include_pad: bool
+) -> list[int]:
+    """Taps of each of ``out`` windows that AveragePool counts along one axis: those on real
+    elements, or with ``include_pad`` those on the declared pads too (``begin``, ``end``; never on
+    the extra end padding that ceil mode's last window may reach)."""
+    lo, hi = (-begin, size + end) if include_pad else (0, size)
+    starts = [o * stride - begin for o in range(out)]
+    return [sum(1 for j in range(kernel) if lo <= first + j * dilation < hi) for first in starts]

@@ -32,8 +32,16 @@ from compiler.providers.c.common import (
     shape_of,
 )
 from compiler.providers.c.gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok, packed_nbytes
+from compiler.providers.geometry import ConvGeometry, claimed
 
-__all__ = ["ConvContext", "DepthwiseContext", "ConvKernel", "conv_operands", "epilogue_operands_ok"]
+__all__ = [
+    "ConvContext",
+    "DepthwiseContext",
+    "ConvKernel",
+    "conv_method",
+    "conv_operands",
+    "epilogue_operands_ok",
+]
 
 
 @dataclass(frozen=True)
@@ -43,24 +51,7 @@ class ConvContext:
     params: tuple[Param, ...]
     t: Tiling
     e: Epilogue
-    batch: int
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    groups: int
-    cg: int
-    mg: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
+    g: ConvGeometry
     packed: bool
     parallel: bool
 
@@ -71,100 +62,19 @@ class DepthwiseContext:
     comment: str
     params: tuple[Param, ...]
     e: Epilogue
-    batch: int
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    mg: int  # output channels per group (channel multiplier)
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
+    g: ConvGeometry  # one input channel per group; g.mg output channels each (channel multiplier)
     wp: int  # width of a zero-padded input row: pl zeros, the row, zeros up to the last tap
     parallel: bool
 
 
-@dataclass(frozen=True)
-class _ConvGeometry:
-    batch: int
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    groups: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
-
-    @property
-    def k(self) -> int:
-        return (self.c // self.groups) * self.kh * self.kw
-
-    @property
-    def method(self) -> str:
-        """ "depthwise", "direct" (1x1 / stride 1 / unpadded, unless a one-panel tail dominates),
-        or "packed" (im2col)."""
-        if self.groups > 1 and self.c == self.groups:
-            return "depthwise"
-        one = self.kh == self.kw == 1 and self.sh == self.sw == 1 and self.pt == self.pl == 0
-        p = self.oh * self.ow
-        return "direct" if one and (p % 16 == 0 or p >= 256) else "packed"
-
-
-def conv_geometry(node: Node) -> _ConvGeometry | None:
-    """The conv as 2-D NCHW (1-D as H = 1), or None when it is not one the kernel handles."""
-    x, wv = node.input(0), node.input(1)
-    if x is None or wv is None or len(node.outputs) != 1:
-        return None
-    xs, ws, ys = shape_of(x), shape_of(wv), shape_of(node.outputs[0])
-    a = node.attrs
-    try:
-        ks, strides, pads, dil, group = (
-            list(a["kernel_shape"]),
-            list(a["strides"]),
-            list(a["pads"]),
-            list(a["dilations"]),
-            int(a["group"]),
-        )
-    except (KeyError, TypeError):
-        return None
-    rank = len(xs) - 2
-    if rank not in (1, 2) or len(ws) != rank + 2 or len(ys) != rank + 2:
-        return None
-    if len(ks) != rank or len(strides) != rank or len(dil) != rank or len(pads) != 2 * rank:
-        return None
-    if tuple(ws[2:]) != tuple(ks) or group < 1 or xs[1] % group or ws[0] % group or ws[1] * group != xs[1]:
-        return None
-    if min(strides) < 1 or min(dil) < 1 or min(pads) < 0:
-        return None
-    for d in range(rank):
-        span = (ks[d] - 1) * dil[d] + 1
-        if ys[2 + d] != (xs[2 + d] + pads[d] + pads[rank + d] - span) // strides[d] + 1 or ys[2 + d] < 1:
-            return None
-    if ys[0] != xs[0] or ys[1] != ws[0]:
-        return None
-    if rank == 1:  # as 2-D with H = 1
-        return _ConvGeometry(
-            xs[0], xs[1], 1, xs[2], ws[0], 1, ys[2], group, 1, ks[0], 1, strides[0], 0, pads[0], 1, dil[0]
-        )
-    return _ConvGeometry(
-        xs[0], xs[1], xs[2], xs[3], ws[0], ys[2], ys[3], group, ks[0], ks[1],
-        strides[0], strides[1], pads[0], pads[1], dil[0], dil[1],
-    )  # fmt: skip
+def conv_method(g: ConvGeometry) -> str:
+    """ "depthwise", "direct" (1x1 / stride 1 / unpadded, unless a one-panel tail dominates),
+    or "packed" (im2col)."""
+    if g.one_channel_groups:
+        return "depthwise"
+    one = g.kh == g.kw == 1 and g.sh == g.sw == 1 and g.pt == g.pl == 0
+    p = g.oh * g.ow
+    return "direct" if one and (p % 16 == 0 or p >= 256) else "packed"
 
 
 def epilogue_operands_ok(node: Node, m: int) -> bool:
@@ -200,78 +110,47 @@ class ConvKernel:
     kinds: tuple[str, ...] = ("Conv", "onnx_aot.FusedConv")
 
     def supports(self, node: Node) -> bool:
-        if not all_float32(node) or not fused_ok(node) or conv_geometry(node) is None:
+        if not all_float32(node) or not fused_ok(node):
+            return False
+        g = ConvGeometry.from_node(node, "NCHW")
+        if g is None:
             return False
         b, z = node.input(2), node.input(3)
-        if b is not None and shape_of(b) != (shape_of(node.input(1))[0],):
+        if b is not None and shape_of(b) != (g.m,):
             return False
         if z is not None and (node.domain != "onnx_aot" or shape_of(z) != shape_of(node.outputs[0])):
             return False
         return len(node.inputs) <= (4 if node.domain == "onnx_aot" else 3)
 
     def scratch_nbytes(self, node: Node) -> int:
-        g = conv_geometry(node)
-        assert g is not None, node.describe()
-        return packed_nbytes(g.k, g.oh * g.ow) if g.method == "packed" else 0
+        g = claimed(ConvGeometry.from_node(node, "NCHW"), node)
+        return packed_nbytes(g.k, g.oh * g.ow) if conv_method(g) == "packed" else 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        g = conv_geometry(node)
-        assert g is not None, node.describe()
-        mg = g.m // g.groups
+        g = claimed(ConvGeometry.from_node(node, "NCHW"), node)
         e, args, step_params = conv_operands(step, "w", self.scratch_nbytes(node))
-        if g.method == "depthwise":
+        method = conv_method(g)
+        if method == "depthwise":
             dctx = DepthwiseContext(
                 fn=fn_name(step),
                 comment=comment(node),
                 params=step_params,
                 e=e,
-                batch=g.batch,
-                c=g.c,
-                h=g.h,
-                w=g.w,
-                m=g.m,
-                oh=g.oh,
-                ow=g.ow,
-                mg=mg,
-                kh=g.kh,
-                kw=g.kw,
-                sh=g.sh,
-                sw=g.sw,
-                pt=g.pt,
-                pl=g.pl,
-                dh=g.dh,
-                dw=g.dw,
-                wp=max(g.pl + g.w, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1),
+                g=g,
+                wp=max(g.pl + g.w, g.cols.reach),
                 parallel=2 * g.batch * g.m * g.oh * g.ow * g.kh * g.kw >= PARALLEL_MIN_WORK,
             )
             return StepCode("c/depthwise.c.j2", dctx, dctx.fn, tuple(args))
-        t = choose_tiling(mg, g.oh * g.ow, g.k, target)
+        t = choose_tiling(g.mg, g.oh * g.ow, g.k, target)
         ctx = ConvContext(
             fn=fn_name(step),
             comment=comment(node),
             params=step_params,
             t=t,
             e=e,
-            batch=g.batch,
-            c=g.c,
-            h=g.h,
-            w=g.w,
-            m=g.m,
-            oh=g.oh,
-            ow=g.ow,
-            groups=g.groups,
-            cg=g.c // g.groups,
-            mg=mg,
-            kh=g.kh,
-            kw=g.kw,
-            sh=g.sh,
-            sw=g.sw,
-            pt=g.pt,
-            pl=g.pl,
-            dh=g.dh,
-            dw=g.dw,
-            packed=g.method == "packed",
+            g=g,
+            packed=method == "packed",
             parallel=2 * g.batch * g.m * t.n * t.k >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/conv.c.j2", ctx, ctx.fn, tuple(args))

@@ -58,13 +58,13 @@ from compiler.providers.c.common import (
     comment,
     fn_name,
     register,
-    shape_of,
 )
 from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
 from compiler.providers.c.gemm import Epilogue
+from compiler.providers.geometry import ConvGeometry, claimed
 from runtime.kernels.nhwc import PANEL
 
-__all__ = ["ConvNhwcContext", "DepthwiseNhwcContext", "ConvNhwcKernel", "nhwc_geometry"]
+__all__ = ["ConvNhwcContext", "DepthwiseNhwcContext", "ConvNhwcKernel", "tap_mode"]
 
 BLOCK_BYTES = 256 * 1024  # input rows of one pixel block (L2)
 MIN_ITEMS = 32  # work items to aim for, so threads get balanced shares
@@ -76,108 +76,18 @@ DW_VECTORS = 2  # channel vectors per step of the depthwise path
 DW_PIXELS = 6  # pixels per step of its interior (at most)
 
 
-@dataclass(frozen=True)
-class NhwcGeometry:
-    """A ConvNhwc as sizes: input (N, H, W, C), output (N, OH, OW, M)."""
-
-    batch: int
-    h: int
-    w: int
-    c: int
-    m: int
-    oh: int
-    ow: int
-    groups: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
-    depthwise: bool
-
-    @property
-    def cg(self) -> int:
-        return self.c // self.groups
-
-    @property
-    def mg(self) -> int:
-        return self.m // self.groups
-
-    @property
-    def k(self) -> int:
-        return self.kh * self.kw * self.cg
-
-    @property
-    def padded(self) -> bool:
-        """Whether some tap of some output pixel falls outside the input."""
-        last_h = (self.oh - 1) * self.sh + (self.kh - 1) * self.dh - self.pt
-        last_w = (self.ow - 1) * self.sw + (self.kw - 1) * self.dw - self.pl
-        return self.pt > 0 or self.pl > 0 or last_h >= self.h or last_w >= self.w
-
-    @property
-    def mode(self) -> str:
-        """How taps in the padding are read: "direct" (none are), "check" or "copy"."""
-        if not self.padded:
-            return "direct"
-        return "check" if self.cg >= COPY_MAX_CHANNELS else "copy"
-
-    @property
-    def xh(self) -> int:
-        """Rows of the image the kernel addresses (the zero-padded copy's in "copy" mode)."""
-        if self.mode != "copy":
-            return self.h
-        return max(self.pt + self.h, (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1)
-
-    @property
-    def xw(self) -> int:
-        if self.mode != "copy":
-            return self.w
-        return max(self.pl + self.w, (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1)
-
-    @property
-    def row_segments(self) -> bool:
-        """K segments are whole kernel rows (KW * C contiguous values) rather than single taps."""
-        return self.kw > 1 and self.groups == 1 and self.dw == 1 and self.mode != "check"
+def tap_mode(g: ConvGeometry) -> str:
+    """How the GEMM path reads taps in the padding: "direct" (none are), "check" or "copy"."""
+    if not (g.rows.padded or g.cols.padded):
+        return "direct"
+    return "check" if g.cg >= COPY_MAX_CHANNELS else "copy"
 
 
-def nhwc_geometry(node: Node) -> NhwcGeometry | None:
-    """The node's conv as sizes, or None when its shapes, weights or attributes do not fit."""
-    x, wv = node.input(0), node.input(1)
-    if x is None or wv is None or len(node.outputs) != 1:
-        return None
-    xs, ws, ys = shape_of(x), shape_of(wv), shape_of(node.outputs[0])
-    a = node.attrs
-    try:
-        ks = [int(v) for v in a["kernel_shape"]]
-        strides = [int(v) for v in a["strides"]]
-        pads = [int(v) for v in a["pads"]]
-        dil = [int(v) for v in a["dilations"]]
-        group = int(a["group"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if len(xs) != 4 or len(ys) != 4 or len(ks) != 2 or len(strides) != 2 or len(dil) != 2 or len(pads) != 4:
-        return None
-    if group < 1 or min(strides) < 1 or min(dil) < 1 or min(pads) < 0 or min(ks) < 1:
-        return None
-    n, h, w, c = xs
-    m = ys[3]
-    if ys[0] != n or c % group or m % group:
-        return None
-    for d, size in enumerate((h, w)):
-        span = (ks[d] - 1) * dil[d] + 1
-        if ys[1 + d] != (size + pads[d] + pads[2 + d] - span) // strides[d] + 1 or ys[1 + d] < 1:
-            return None
-    depthwise = len(ws) == 3
-    if depthwise:
-        if group != c or m != c or ws != (ks[0], ks[1], m) or group < 2:
-            return None
-    elif ws != (group, -(-(m // group) // PANEL), ks[0], ks[1], c // group, PANEL):
-        return None
-    return NhwcGeometry(n, h, w, c, m, ys[1], ys[2], group, ks[0], ks[1], strides[0], strides[1],
-                        pads[0], pads[1], dil[0], dil[1], depthwise)  # fmt: skip
+def _addressed(g: ConvGeometry, mode: str) -> tuple[int, int]:
+    """Rows and columns of the image the kernel addresses (the zero-padded copy's in "copy" mode)."""
+    if mode != "copy":
+        return g.h, g.w
+    return max(g.pt + g.h, g.rows.reach), max(g.pl + g.w, g.cols.reach)
 
 
 @dataclass(frozen=True)
@@ -194,24 +104,7 @@ class ConvNhwcContext:
     vw: int
     nv: int  # vectors per panel
     nvt: int  # vectors holding the partial panel's channels
-    batch: int
-    h: int
-    w: int
-    c: int
-    m: int
-    oh: int
-    ow: int
-    groups: int
-    cg: int
-    mg: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
+    g: ConvGeometry
     mode: str  # "direct" | "check" | "copy"
     xh: int  # rows / columns of the image the kernel addresses
     xw: int
@@ -247,20 +140,7 @@ class DepthwiseNhwcContext:
     columns: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # see dw_interior in the template
     ow_lo: int  # output columns ow_lo .. ow_hi - 1 have every tap inside the input row
     ow_hi: int
-    batch: int
-    h: int
-    w: int
-    c: int
-    oh: int
-    ow: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
+    g: ConvGeometry
     parallel: bool
 
 
@@ -298,115 +178,95 @@ class ConvNhwcKernel:
     kinds: tuple[str, ...] = ("onnx_aot.ConvNhwc",)
 
     def supports(self, node: Node) -> bool:
-        g = nhwc_geometry(node)
+        g = ConvGeometry.from_node(node, "NHWC")
         return g is not None and epilogue_operands_ok(node, g.m)
 
     def scratch_nbytes(self, node: Node) -> int:
-        g = nhwc_geometry(node)
-        assert g is not None, node.describe()
-        return 4 * g.batch * g.xh * g.xw * g.c if not g.depthwise and g.mode == "copy" else 0
+        g = claimed(ConvGeometry.from_node(node, "NHWC"), node)
+        mode = tap_mode(g)
+        if g.depthwise or mode != "copy":
+            return 0
+        xh, xw = _addressed(g, mode)
+        return 4 * g.batch * xh * xw * g.c
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        g = nhwc_geometry(node)
-        assert g is not None, node.describe()
+        g = claimed(ConvGeometry.from_node(node, "NHWC"), node)
         e, args, step_params = conv_operands(step, "w", self.scratch_nbytes(node))
-        vw = target.vector_bytes // 4
-        work = 2 * g.batch * g.oh * g.ow * g.m * g.kh * g.kw * g.cg
-        if g.depthwise:
-            ow_lo = -(-g.pl // g.sw)
-            ow_hi = min(g.ow, (g.w - 1 - (g.kw - 1) * g.dw + g.pl) // g.sw + 1)
-            px = max(1, min(DW_PIXELS, ow_hi - ow_lo))
-            dctx = DepthwiseNhwcContext(
-                method="depthwise",
-                fn=fn_name(step),
-                comment=comment(node),
-                params=step_params,
-                e=e,
-                vw=vw,
-                cbv=DW_VECTORS,
-                px=px,
-                columns=_columns(px, g.kw, g.sw, g.dw),
-                ow_lo=ow_lo,
-                ow_hi=max(ow_lo, ow_hi),
-                batch=g.batch,
-                h=g.h,
-                w=g.w,
-                c=g.c,
-                oh=g.oh,
-                ow=g.ow,
-                kh=g.kh,
-                kw=g.kw,
-                sh=g.sh,
-                sw=g.sw,
-                pt=g.pt,
-                pl=g.pl,
-                dh=g.dh,
-                dw=g.dw,
-                parallel=work >= PARALLEL_MIN_WORK,
-            )
-            return StepCode("c/conv_nhwc.c.j2", dctx, dctx.fn, tuple(args))
-        mr = tile_rows(target)
-        if g.row_segments:
-            nseg, seglen = g.kh, g.kw * g.cg
-        else:
-            nseg, seglen = g.kh * g.kw, g.cg
-        np_ = -(-g.mg // PANEL)
-        pixels = g.batch * g.oh * g.ow
-        pc = max(1, min(np_, CHUNK_BYTES // (4 * PANEL * g.k))) if np_ >= CHUNK_MIN_PANELS else 1
-        nch = -(-np_ // pc)
-        pc = -(-np_ // nch)
-        ntiles, q, rem, tb, nb = _pixel_tiling(pixels, g.k, g.groups * nch, mr)
-        weights_bytes = 4 * g.groups * np_ * PANEL * g.k
-        ctx = ConvNhwcContext(
-            method="gemm",
-            fn=fn_name(step),
-            comment=comment(node),
-            params=step_params,
-            e=e,
-            vw=vw,
-            nv=PANEL // vw,
-            nvt=-(-(g.mg % PANEL) // vw),
-            batch=g.batch,
-            h=g.h,
-            w=g.w,
-            c=g.c,
-            m=g.m,
-            oh=g.oh,
-            ow=g.ow,
-            groups=g.groups,
-            cg=g.cg,
-            mg=g.mg,
-            kh=g.kh,
-            kw=g.kw,
-            sh=g.sh,
-            sw=g.sw,
-            pt=g.pt,
-            pl=g.pl,
-            dh=g.dh,
-            dw=g.dw,
-            mode=g.mode,
-            xh=g.xh,
-            xw=g.xw,
-            flat=g.kh == g.kw == g.sh == g.sw == 1 and g.mode == "direct",
-            row_segments=g.row_segments,
-            nseg=nseg,
-            seglen=seglen,
-            np=np_,
-            npf=g.mg // PANEL,
-            mt=g.mg % PANEL,
-            pixels=pixels,
-            ntiles=ntiles,
-            q=q,
-            rem=rem,
-            tb=tb,
-            nb=nb,
-            pc=pc,
-            nch=nch,
-            panels_outer=weights_bytes > 4 * g.batch * g.h * g.w * g.c,
-            parallel=work >= PARALLEL_MIN_WORK,
-        )
+        head = (fn_name(step), comment(node), step_params, e, target.vector_bytes // 4)
+        ctx = _depthwise_context(g, *head) if g.depthwise else _gemm_context(g, *head, tile_rows(target))
         return StepCode("c/conv_nhwc.c.j2", ctx, ctx.fn, tuple(args))
+
+
+def _work(g: ConvGeometry) -> int:
+    return 2 * g.batch * g.oh * g.ow * g.m * g.kh * g.kw * g.cg
+
+
+def _depthwise_context(g: ConvGeometry, fn: str, note: str, step_params: tuple[Param, ...], e: Epilogue,
+                       vw: int) -> DepthwiseNhwcContext:  # fmt: skip
+    ow_lo, ow_hi = g.cols.inside()
+    px = max(1, min(DW_PIXELS, ow_hi - ow_lo))
+    return DepthwiseNhwcContext(
+        method="depthwise",
+        fn=fn,
+        comment=note,
+        params=step_params,
+        e=e,
+        vw=vw,
+        cbv=DW_VECTORS,
+        px=px,
+        columns=_columns(px, g.kw, g.sw, g.dw),
+        ow_lo=ow_lo,
+        ow_hi=ow_hi,
+        g=g,
+        parallel=_work(g) >= PARALLEL_MIN_WORK,
+    )
+
+
+def _gemm_context(g: ConvGeometry, fn: str, note: str, step_params: tuple[Param, ...], e: Epilogue, vw: int,
+                  mr: int) -> ConvNhwcContext:  # fmt: skip
+    mode = tap_mode(g)
+    xh, xw = _addressed(g, mode)
+    row_segments = g.kw > 1 and g.groups == 1 and g.dw == 1 and mode != "check"
+    nseg, seglen = (g.kh, g.kw * g.cg) if row_segments else (g.kh * g.kw, g.cg)
+    np_ = -(-g.mg // PANEL)
+    pixels = g.batch * g.oh * g.ow
+    pc = max(1, min(np_, CHUNK_BYTES // (4 * PANEL * g.k))) if np_ >= CHUNK_MIN_PANELS else 1
+    nch = -(-np_ // pc)
+    pc = -(-np_ // nch)
+    ntiles, q, rem, tb, nb = _pixel_tiling(pixels, g.k, g.groups * nch, mr)
+    weights_bytes = 4 * g.groups * np_ * PANEL * g.k
+    return ConvNhwcContext(
+        method="gemm",
+        fn=fn,
+        comment=note,
+        params=step_params,
+        e=e,
+        vw=vw,
+        nv=PANEL // vw,
+        nvt=-(-(g.mg % PANEL) // vw),
+        g=g,
+        mode=mode,
+        xh=xh,
+        xw=xw,
+        flat=g.kh == g.kw == g.sh == g.sw == 1 and mode == "direct",
+        row_segments=row_segments,
+        nseg=nseg,
+        seglen=seglen,
+        np=np_,
+        npf=g.mg // PANEL,
+        mt=g.mg % PANEL,
+        pixels=pixels,
+        ntiles=ntiles,
+        q=q,
+        rem=rem,
+        tb=tb,
+        nb=nb,
+        pc=pc,
+        nch=nch,
+        panels_outer=weights_bytes > 4 * g.batch * g.h * g.w * g.c,
+        parallel=_work(g) >= PARALLEL_MIN_WORK,
+    )
 
 
 register(ConvNhwcKernel())

@@ -15,6 +15,7 @@ are bounded for any panel width up to ``MAX_PANEL`` floats.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ from compiler.providers.c.common import (
     scratch_arg,
     shape_of,
 )
+from compiler.providers.geometry import MatmulProduct, claimed
 
 __all__ = ["Tiling", "Epilogue", "GemmContext", "choose_tiling", "packed_nbytes", "activation", "fused_ok"]
 
@@ -98,10 +100,7 @@ class GemmContext:
     t: Tiling
     e: Epilogue
     path: str  # "dot" | "direct" | "packed"
-    sam: int  # A(m, k) = a[m * sam + k * sak]
-    sak: int
-    sbk: int  # B(k, n) = b[k * sbk + n * sbn]
-    sbn: int
+    p: MatmulProduct  # A(m, k) = a[m * p.sam + k * p.sak], B(k, n) = b[k * p.sbk + n * p.sbn]
     nb: int  # batches (MatMul)
     a_off: tuple[int, ...]  # per-batch element offsets into A and B
     b_off: tuple[int, ...]
@@ -166,80 +165,49 @@ def fused_ok(node: Node) -> bool:
 
 @dataclass(frozen=True)
 class _Product:
-    """One (batched) matrix product as strides and sizes."""
+    """The product as the kernel runs it: ``p`` with a dot path's immaterial strides set to 1,
+    each batch's element offsets into A and B, and the path."""
 
-    m: int
-    n: int
-    k: int
-    sam: int
-    sak: int
-    sbk: int
-    sbn: int
+    p: MatmulProduct
     a_off: tuple[int, ...]
     b_off: tuple[int, ...]
     path: str
 
 
-def _gemm_product(node: Node) -> _Product | None:
-    a_shape, b_shape = shape_of(node.input(0)), shape_of(node.input(1))
-    if len(a_shape) != 2 or len(b_shape) != 2:
-        return None
-    try:
-        ta, tb = int(node.attrs["transA"]), int(node.attrs["transB"])
-        float(node.attrs["alpha"]), float(node.attrs["beta"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    m, k = (a_shape[1], a_shape[0]) if ta else a_shape
-    kb, n = (b_shape[1], b_shape[0]) if tb else b_shape
-    if k != kb or shape_of(node.outputs[0]) != (m, n):
-        return None
-    sam, sak = (1, m) if ta else (k, 1)
-    sbk, sbn = (1, k) if tb else (n, 1)
-    if (sak == 1 or m == 1) and (sbk == 1 or n == 1) and (m <= DOT_MAX_ROWS or n <= 2):
-        path = "dot"
-        sak, sbk = 1, 1  # with one row (column) the other stride is immaterial
-    else:
-        path = "packed" if tb or m >= PACK_MIN_ROWS else "direct"
-    return _Product(m, n, k, sam, sak, sbk, sbn, (0,), (0,), path)
+def _path(node: Node, p: MatmulProduct, b_off: list[int], batches: int) -> str:
+    """"dot" (dot products: one row or column, or few rows on k-contiguous operands), "packed"
+    (B packed into the tile's panels once) or "direct"."""
+    if node.op_type == "MatMul":
+        if p.n == 1:
+            return "dot"
+        return "packed" if len(set(b_off)) == 1 and p.m * batches >= PACK_MIN_ROWS else "direct"
+    if (p.sak == 1 or p.m == 1) and (p.sbk == 1 or p.n == 1) and (p.m <= DOT_MAX_ROWS or p.n <= 2):
+        return "dot"
+    return "packed" if int(node.attrs["transB"]) or p.m >= PACK_MIN_ROWS else "direct"
 
 
-def _matmul_product(node: Node) -> _Product | None:
-    a_shape, b_shape, y_shape = shape_of(node.input(0)), shape_of(node.input(1)), shape_of(node.outputs[0])
-    if not a_shape or not b_shape:
+def _product(node: Node) -> _Product | None:
+    """The node's product with its batches' A / B offsets (one B for every batch: packed once)."""
+    p = MatmulProduct.from_node(node)
+    if p is None:
         return None
-    a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
-    b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
-    m, k = a2[-2:]
-    kb, n = b2[-2:]
-    if k != kb:
-        return None
-    try:
-        batch = tuple(int(d) for d in np.broadcast_shapes(a2[:-2], b2[:-2]))
-    except ValueError:
-        return None
-    expect = batch + ((m,) if len(a_shape) > 1 else ()) + ((n,) if len(b_shape) > 1 else ())
-    if tuple(y_shape) != expect:
-        return None
-    sa = broadcast_strides(a2[:-2], batch)
-    sb = broadcast_strides(b2[:-2], batch)
+    if node.op_type != "MatMul":
+        try:
+            float(node.attrs["alpha"]), float(node.attrs["beta"])
+        except (KeyError, TypeError, ValueError):
+            return None
     a_off, b_off = [], []
-    for idx in np.ndindex(*batch):
-        a_off.append(sum(i * s for i, s in zip(idx, sa, strict=True)) * m * k)
-        b_off.append(sum(i * s for i, s in zip(idx, sb, strict=True)) * k * n)
-    if n == 1:
-        path = "dot"
-    elif len(set(b_off)) == 1 and m * len(a_off) >= PACK_MIN_ROWS:
-        path = "packed"  # one B for every batch: pack it once
-    else:
-        path = "direct"
-    return _Product(m, n, k, k, 1, 1 if n == 1 else n, 1, tuple(a_off), tuple(b_off), path)
+    for idx in np.ndindex(*p.batch):
+        a_off.append(sum(i * s for i, s in zip(idx, p.a_batch, strict=True)) * p.m * p.k)
+        b_off.append(sum(i * s for i, s in zip(idx, p.b_batch, strict=True)) * p.k * p.n)
+    path = _path(node, p, b_off, len(a_off))
+    if path == "dot":  # one row (column): the other stride is immaterial
+        p = dataclasses.replace(p, sak=1, sbk=1)
+    return _Product(p, tuple(a_off), tuple(b_off), path)
 
 
 class GemmKernel:
     kinds: tuple[str, ...] = ("Gemm", "onnx_aot.FusedGemm", "MatMul")
-
-    def _product(self, node: Node) -> _Product | None:
-        return _matmul_product(node) if node.op_type == "MatMul" else _gemm_product(node)
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or not fused_ok(node) or len(node.outputs) != 1:
@@ -247,31 +215,30 @@ class GemmKernel:
         n_in = 2 if node.op_type == "MatMul" else 3
         if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in:
             return False
-        prod = self._product(node)
-        if prod is None or min(prod.m, prod.n, prod.k) < 1:
+        prod = _product(node)
+        if prod is None or min(prod.p.m, prod.p.n, prod.p.k) < 1:
             return False
         c = node.input(2)
         if c is not None:
             try:
-                broadcast_strides(shape_of(c), (prod.m, prod.n))
+                broadcast_strides(shape_of(c), (prod.p.m, prod.p.n))
             except ValueError:
                 return False
         return True
 
     def scratch_nbytes(self, node: Node) -> int:
-        prod = self._product(node)
-        assert prod is not None, node.describe()
-        return packed_nbytes(prod.k, prod.n) if prod.path == "packed" else 0
+        prod = claimed(_product(node), node)
+        return packed_nbytes(prod.p.k, prod.p.n) if prod.path == "packed" else 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        prod = self._product(node)
-        assert prod is not None, node.describe()
-        t = choose_tiling(prod.m, prod.n, prod.k, target)
+        prod = claimed(_product(node), node)
+        p = prod.p
+        t = choose_tiling(p.m, p.n, p.k, target)
         c = node.input(2)
         alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
         beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
-        sm, sn = broadcast_strides(shape_of(c), (prod.m, prod.n)) if c is not None else (0, 0)
+        sm, sn = broadcast_strides(shape_of(c), (p.m, p.n)) if c is not None else (0, 0)
         e = Epilogue(
             alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
             bias=c is not None,
@@ -295,14 +262,11 @@ class GemmKernel:
             t=t,
             e=e,
             path=prod.path,
-            sam=prod.sam,
-            sak=prod.sak,
-            sbk=prod.sbk,
-            sbn=prod.sbn,
+            p=p,
             nb=nb,
             a_off=prod.a_off,
             b_off=prod.b_off,
-            parallel=2 * nb * prod.m * prod.n * prod.k >= PARALLEL_MIN_WORK,
+            parallel=2 * nb * p.m * p.n * p.k >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/gemm.c.j2", ctx, ctx.fn, tuple(args))
 

@@ -27,6 +27,7 @@ from compiler.providers.c.common import (
     register,
     shape_of,
 )
+from compiler.providers.geometry import PoolGeometry, claimed
 
 __all__ = ["PoolContext", "ChannelContext", "SoftmaxContext", "PoolKernel", "ChannelKernel", "SoftmaxKernel"]
 
@@ -45,61 +46,11 @@ class PoolContext:
     params: tuple[Param, ...]
     op: str  # "max" | "avg"
     nc: int
-    h: int
-    w: int
-    oh: int
-    ow: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    pb: int
-    pr: int
-    dh: int
-    dw: int
+    g: PoolGeometry
     count_include_pad: bool
     parallel: bool
     ow_lo: int  # output columns [ow_lo, ow_hi) have every window tap inside the input row
     ow_hi: int
-
-
-def _interior(g: dict[str, int]) -> tuple[int, int]:
-    """The output columns whose windows lie wholly inside the input row."""
-    lo = min(-(-g["pl"] // g["sw"]), g["ow"])
-    last = g["w"] - 1 + g["pl"] - (g["kw"] - 1) * g["dw"]  # ow * sw <= last
-    hi = min(last // g["sw"] + 1, g["ow"]) if last >= 0 else 0
-    return lo, max(lo, hi)
-
-
-def _pool_geometry(node: Node) -> dict[str, int] | None:
-    xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
-    a = node.attrs
-    try:
-        ks, st, pads = list(a["kernel_shape"]), list(a["strides"]), list(a["pads"])
-        dil = list(a["dilations"]) if "dilations" in a else [1] * len(ks)
-        ceil = int(a["ceil_mode"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    rank = len(xs) - 2
-    if rank not in (1, 2) or len(ys) != len(xs) or ys[:2] != xs[:2]:
-        return None
-    if len(ks) != rank or len(st) != rank or len(dil) != rank or len(pads) != 2 * rank:
-        return None
-    if min(ks) < 1 or min(st) < 1 or min(dil) < 1 or min(pads) < 0:
-        return None
-    for d in range(rank):
-        span = (ks[d] - 1) * dil[d] + 1
-        num = xs[2 + d] + pads[d] + pads[rank + d] - span
-        allowed = {num // st[d] + 1} | ({-(-num // st[d]) + 1, -(-num // st[d])} if ceil else set())
-        if ys[2 + d] not in allowed or ys[2 + d] < 1:
-            return None
-    if rank == 1:
-        return dict(h=1, w=xs[2], oh=1, ow=ys[2], kh=1, kw=ks[0], sh=1, sw=st[0], pt=0, pl=pads[0], pb=0,
-                    pr=pads[1], dh=1, dw=dil[0])  # fmt: skip
-    return dict(h=xs[2], w=xs[3], oh=ys[2], ow=ys[3], kh=ks[0], kw=ks[1], sh=st[0], sw=st[1], pt=pads[0],
-                pl=pads[1], pb=pads[2], pr=pads[3], dh=dil[0], dw=dil[1])  # fmt: skip
 
 
 class PoolKernel:
@@ -110,29 +61,28 @@ class PoolKernel:
             return False
         if node.op_type == "AveragePool" and "count_include_pad" not in node.attrs:
             return False
-        g = _pool_geometry(node)
-        return g is not None and (node.op_type == "MaxPool" or (g["dh"] == 1 and g["dw"] == 1))
+        g = PoolGeometry.from_node(node, "NCHW")
+        return g is not None and (node.op_type == "MaxPool" or (g.dh == 1 and g.dw == 1))
 
     def scratch_nbytes(self, node: Node) -> int:
         return 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        g = _pool_geometry(node)
-        assert g is not None, node.describe()
-        xs = shape_of(node.input(0))
+        g = claimed(PoolGeometry.from_node(node, "NCHW"), node)
         args = [*input_args(step), *output_args(step)]
+        ow_lo, ow_hi = g.cols.inside()
         ctx = PoolContext(
             fn=fn_name(step),
             comment=comment(node),
             params=params(["x", "y"], args, [True, True]),
             op="max" if node.op_type == "MaxPool" else "avg",
-            nc=xs[0] * xs[1],
+            nc=g.batch * g.c,
+            g=g,
             count_include_pad=node.op_type == "AveragePool" and bool(int(node.attrs["count_include_pad"])),
-            parallel=xs[0] * xs[1] * g["oh"] * g["ow"] * g["kh"] * g["kw"] >= PARALLEL_MIN_WORK,
-            ow_lo=_interior(g)[0],
-            ow_hi=_interior(g)[1],
-            **g,
+            parallel=g.batch * g.c * g.oh * g.ow * g.kh * g.kw >= PARALLEL_MIN_WORK,
+            ow_lo=ow_lo,
+            ow_hi=ow_hi,
         )
         return StepCode("c/pool.c.j2", ctx, ctx.fn, tuple(args))
 

@@ -6,8 +6,8 @@ folded in. Output pixels whose windows lie wholly inside the input (a rectangle 
 time) unroll the taps (up to 64) at constant offsets with no bounds checks; the border pixels clip their
 window to the input rows and columns at run time. Both paths fold the taps in the reference's
 order (row-major over the window), skipping padding, so AveragePool sums are the reference's to
-the bit; divisors come from per-axis count tables computed here the way the reference counts
-(``count_include_pad``, ceil-mode windows reaching past the declared padding, dilations). MaxPool
+the bit; divisors come from per-axis count tables, the reference's own (``window_counts``:
+``count_include_pad``, ceil-mode windows reaching past the declared padding, dilations). MaxPool
 propagates NaN like ``numpy.maximum``.
 
 ``onnx_aot.GlobalAveragePoolNhwc`` and ``onnx_aot.LRNNhwc`` (``templates/c/channel_nhwc.c.j2``):
@@ -18,7 +18,6 @@ channel-chunk accumulators summed pixel by pixel; LRN per pixel from a zero-padd
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 
 from compiler.codegen.elementwise import literal
@@ -38,7 +37,7 @@ from compiler.providers.c.common import (
     register,
     shape_of,
 )
-from runtime.kernels.window import pool_out_size
+from compiler.providers.geometry import PoolGeometry, claimed
 
 __all__ = [
     "Channels",
@@ -47,7 +46,6 @@ __all__ = [
     "PoolNhwcKernel",
     "ChannelNhwcKernel",
     "channel_walk",
-    "pool_geometry",
 ]
 
 UNROLL = 4  # vectors of channels a pool keeps in registers per pass over a window
@@ -85,77 +83,6 @@ def channel_walk(c: int, vw: int, unroll: int = UNROLL) -> Channels:
     return Channels(c, vw, unroll, blocks, tuple(singles), 0)
 
 
-@dataclass(frozen=True)
-class Geometry:
-    n: int
-    h: int
-    w: int
-    c: int
-    oh: int
-    ow: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    pb: int
-    pr: int
-    dh: int
-    dw: int
-
-
-def _ints(value: object, length: int) -> list[int] | None:
-    if not isinstance(value, (list, tuple)) or len(value) != length:
-        return None
-    try:
-        return [operator.index(v) for v in value]
-    except TypeError:
-        return None
-
-
-def pool_geometry(node: Node) -> Geometry | None:
-    """The 2-D window geometry of an NHWC pool node, or None when the C kernel cannot run it
-    (attributes missing or malformed, not 4-D, an output shape other than ONNX's)."""
-    xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
-    a = node.attrs
-    if len(xs) != 4 or len(ys) != 4 or ys[0] != xs[0] or ys[3] != xs[3]:
-        return None
-    ks, st = _ints(a.get("kernel_shape"), 2), _ints(a.get("strides"), 2)
-    pads = _ints(a.get("pads"), 4)
-    dil = _ints(a.get("dilations"), 2) if "dilations" in a else [1, 1]
-    ceil = a.get("ceil_mode")
-    if ks is None or st is None or pads is None or dil is None or ceil not in (0, 1):
-        return None
-    if min(ks) < 1 or min(st) < 1 or min(dil) < 1 or min(pads) < 0:
-        return None
-    for d in range(2):
-        out = pool_out_size(xs[1 + d], ks[d], st[d], dil[d], pads[d], pads[2 + d], int(ceil))
-        if out < 1 or ys[1 + d] != out:
-            return None
-    return Geometry(n=xs[0], h=xs[1], w=xs[2], c=xs[3], oh=ys[1], ow=ys[2], kh=ks[0], kw=ks[1],
-                    sh=st[0], sw=st[1], pt=pads[0], pl=pads[1], pb=pads[2], pr=pads[3], dh=dil[0],
-                    dw=dil[1])  # fmt: skip
-
-
-def _inside(size: int, kernel: int, stride: int, dilation: int, begin: int, out: int) -> tuple[int, int]:
-    """The outputs [lo, hi) along one axis whose windows lie wholly inside the input."""
-    lo = min(-(-begin // stride), out)
-    last = size - 1 + begin - (kernel - 1) * dilation  # o * stride <= last
-    hi = min(last // stride + 1, out) if last >= 0 else 0
-    return lo, max(lo, hi)
-
-
-def _counts(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int, out: int,
-            include_pad: bool) -> tuple[int, ...]:  # fmt: skip
-    """How many taps of each window along one axis AveragePool counts: the real elements, or with
-    ``include_pad`` those plus the declared padding (never the extra end padding of ceil mode)."""
-    lo, hi = (-begin, size + end) if include_pad else (0, size)
-    return tuple(
-        sum(1 for j in range(kernel) if lo <= o * stride - begin + j * dilation < hi) for o in range(out)
-    )
-
-
 # -- MaxPool / AveragePool -----------------------------------------------------------------------
 
 
@@ -165,7 +92,7 @@ class PoolNhwcContext:
     comment: str
     params: tuple[Param, ...]
     op: str  # "max" | "avg"
-    g: Geometry
+    g: PoolGeometry
     ch: Channels
     oh_lo: int  # output rows [oh_lo, oh_hi) and columns [ow_lo, ow_hi): windows inside the input
     oh_hi: int
@@ -186,20 +113,19 @@ class PoolNhwcKernel:
             return False
         if node.kind == "onnx_aot.AveragePoolNhwc" and node.attrs.get("count_include_pad") not in (0, 1):
             return False
-        return pool_geometry(node) is not None
+        return PoolGeometry.from_node(node, "NHWC") is not None
 
     def scratch_nbytes(self, node: Node) -> int:
         return 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        g = pool_geometry(node)
-        assert g is not None, node.describe()
+        g = claimed(PoolGeometry.from_node(node, "NHWC"), node)
         avg = node.kind == "onnx_aot.AveragePoolNhwc"
         include = avg and bool(int(node.attrs["count_include_pad"]))
         args = [*input_args(step), *output_args(step)]
-        oh_lo, oh_hi = _inside(g.h, g.kh, g.sh, g.dh, g.pt, g.oh)
-        ow_lo, ow_hi = _inside(g.w, g.kw, g.sw, g.dw, g.pl, g.ow)
+        oh_lo, oh_hi = g.rows.inside()
+        ow_lo, ow_hi = g.cols.inside()
         ctx = PoolNhwcContext(
             fn=fn_name(step),
             comment=comment(node),
@@ -214,9 +140,9 @@ class PoolNhwcKernel:
             taps=tuple((i * g.dh * g.w + j * g.dw) * g.c for i in range(g.kh) for j in range(g.kw))
             if g.kh * g.kw <= MAX_UNROLLED_TAPS
             else (),
-            count_h=_counts(g.h, g.kh, g.sh, g.dh, g.pt, g.pb, g.oh, include) if avg else (),
-            count_w=_counts(g.w, g.kw, g.sw, g.dw, g.pl, g.pr, g.ow, include) if avg else (),
-            parallel=g.n * g.oh * g.ow * g.c * g.kh * g.kw >= PARALLEL_MIN_WORK and g.n * g.oh > 1,
+            count_h=g.rows.counts(include) if avg else (),
+            count_w=g.cols.counts(include) if avg else (),
+            parallel=g.batch * g.oh * g.ow * g.c * g.kh * g.kw >= PARALLEL_MIN_WORK and g.batch * g.oh > 1,
         )
         return StepCode("c/pool_nhwc.c.j2", ctx, ctx.fn, tuple(args))
 

@@ -41,6 +41,7 @@ from compiler.providers.c.common import (
     shape_of,
 )
 from compiler.providers.c.gemm import Epilogue, Tiling, choose_tiling
+from compiler.providers.geometry import ConvTransposeGeometry, claimed
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.spatial import ResizeTaps, resize_plan
 
@@ -155,78 +156,32 @@ class ConvTransposeContext:
     t: Tiling  # the product W_g^T (mg * kh * kw x cg) times X_g (cg x h * w)
     e: Epilogue
     bias: bool
-    batch: int
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    cg: int  # input channels per group
-    mg: int  # output channels per group
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
+    g: ConvTransposeGeometry
     parallel: bool
-
-
-def _conv_transpose_geometry(node: Node) -> dict[str, int] | None:
-    """The ConvTranspose as 2-D NCHW (1-D as H = 1), or None when the kernel does not handle it."""
-    x, wv = node.input(0), node.input(1)
-    if x is None or wv is None or len(node.outputs) != 1:
-        return None
-    xs, ws, ys = shape_of(x), shape_of(wv), shape_of(node.outputs[0])
-    a = node.attrs
-    try:
-        ks, st, pads, dil, group = (list(a["kernel_shape"]), list(a["strides"]), list(a["pads"]),
-                                    list(a["dilations"]), int(a["group"]))
-    except (KeyError, TypeError, ValueError):
-        return None
-    rank = len(xs) - 2
-    if rank not in (1, 2) or len(ws) != rank + 2 or len(ys) != rank + 2 or len(pads) != 2 * rank:
-        return None
-    if min(xs + ws + ys) < 1:
-        return None
-    if tuple(ws[2:]) != tuple(ks) or group < 1 or xs[1] % group or ws[0] != xs[1]:
-        return None
-    if min(st) < 1 or min(dil) < 1 or ys[:2] != (xs[0], ws[1] * group):
-        return None
-    if rank == 1:  # as 2-D with H = 1
-        return dict(batch=xs[0], c=xs[1], h=1, w=xs[2], m=ys[1], oh=1, ow=ys[2], cg=xs[1] // group, mg=ws[1],
-                    kh=1, kw=ks[0], sh=1, sw=st[0], pt=0, pl=pads[0], dh=1, dw=dil[0])  # fmt: skip
-    return dict(batch=xs[0], c=xs[1], h=xs[2], w=xs[3], m=ys[1], oh=ys[2], ow=ys[3], cg=xs[1] // group,
-                mg=ws[1], kh=ks[0], kw=ks[1], sh=st[0], sw=st[1], pt=pads[0], pl=pads[1], dh=dil[0],
-                dw=dil[1])  # fmt: skip
 
 
 class ConvTransposeKernel:
     kinds: tuple[str, ...] = ("ConvTranspose",)
 
     def supports(self, node: Node) -> bool:
-        if not all_float32(node) or len(node.inputs) > 3 or _conv_transpose_geometry(node) is None:
+        if not all_float32(node) or len(node.inputs) > 3:
             return False
+        g = ConvTransposeGeometry.from_node(node, "NCHW")
         b = node.input(2)
-        return b is None or shape_of(b) == (shape_of(node.outputs[0])[1],)
+        return g is not None and (b is None or shape_of(b) == (g.m,))
 
     def scratch_nbytes(self, node: Node) -> int:
-        g = _conv_transpose_geometry(node)
-        assert g is not None, node.describe()
-        return 4 * g["mg"] * g["kh"] * g["kw"] * g["h"] * g["w"]  # one image and group's columns
+        g = claimed(ConvTransposeGeometry.from_node(node, "NCHW"), node)
+        return 4 * g.mg * g.kh * g.kw * g.h * g.w  # one image and group's columns
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        g = _conv_transpose_geometry(node)
-        assert g is not None, node.describe()
+        g = claimed(ConvTransposeGeometry.from_node(node, "NCHW"), node)
         bias = node.input(2) is not None
         scratch = scratch_arg(step, self.scratch_nbytes(node))
         args = [*input_args(step), *output_args(step), *scratch]
         names = ["x", "w"] + (["bias"] if bias else []) + ["y", "scratch"]
-        t = choose_tiling(g["mg"] * g["kh"] * g["kw"], g["h"] * g["w"], g["cg"], target)
+        t = choose_tiling(g.mg * g.kh * g.kw, g.h * g.w, g.cg, target)
         ctx = ConvTransposeContext(
             fn=fn_name(step),
             comment=comment(node),
@@ -234,8 +189,8 @@ class ConvTransposeKernel:
             t=t,
             e=Epilogue("", False, "", 0, 0, False, "v"),
             bias=bias,
-            parallel=2 * g["batch"] * (g["m"] // g["mg"]) * t.m * t.n * t.k >= PARALLEL_MIN_WORK,
-            **g,
+            g=g,
+            parallel=2 * g.batch * g.groups * t.m * t.n * t.k >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/spatial_conv_transpose.c.j2", ctx, ctx.fn, tuple(args))
 

@@ -25,10 +25,10 @@ from compiler.providers.c.common import (
     comment,
     fn_name,
     register,
-    shape_of,
 )
 from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
 from compiler.providers.c.gemm import Epilogue, Tiling, choose_tiling
+from compiler.providers.geometry import WinogradGeometry, claimed
 from runtime.kernels.winograd import MATRICES
 
 __all__ = ["WinogradContext", "WinogradKernel"]
@@ -42,22 +42,11 @@ class WinogradContext:
     t: Tiling  # one of the 16 products: M x tiles x C
     e: Epilogue  # applied by the output transform
     plain: Epilogue  # the products' tiles store plain sums
-    batch: int
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    tile: int  # outputs per tile side (m); input patches are (m + 2) x (m + 2)
+    g: WinogradGeometry  # g.tile outputs per tile side; input patches are (tile + 2) x (tile + 2)
     bt: tuple[tuple[tuple[int, str], ...], ...]  # B^T: per entry (sign, literal of |value|, "" for 1)
     at: tuple[tuple[tuple[int, str], ...], ...]  # A^T, the same way
-    th: int  # rows of tiles
-    tw: int  # tiles per row
     rowpad: int  # floats in one zero-padded input row: the m * (tw + 1) columns the phases read
     tp: int  # row stride of the transformed input: tiles rounded up to ROW_ALIGN
-    pt: int
-    pl: int
     parallel: bool
 
 
@@ -79,72 +68,26 @@ def _signed(matrix: tuple[tuple[float, ...], ...]) -> tuple[tuple[tuple[int, str
     return tuple(tuple(entry(v) for v in row) for row in matrix)
 
 
-@dataclass(frozen=True)
-class _Geometry:
-    batch: int
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    pt: int
-    pl: int
-    tile: int  # m
-
-    @property
-    def th(self) -> int:
-        return -(-self.oh // self.tile)
-
-    @property
-    def tw(self) -> int:
-        return -(-self.ow // self.tile)
-
-    @property
-    def tiles(self) -> int:
-        return self.th * self.tw
-
-
-def _geometry(node: Node) -> _Geometry | None:
-    x, u = node.input(0), node.input(1)
-    if x is None or u is None or len(node.outputs) != 1:
-        return None
-    xs, us, ys = shape_of(x), shape_of(u), shape_of(node.outputs[0])
-    try:
-        pads = [int(p) for p in node.attrs["pads"]]
-    except (KeyError, TypeError, ValueError):
-        return None
-    if len(xs) != 4 or len(us) != 3 or len(ys) != 4 or len(pads) != 4 or min(pads) < 0 or max(pads) > 2:
-        return None
-    n, c, h, w = xs
-    m = us[1]
-    tile = next((t for t in MATRICES if (t + 2) ** 2 == us[0]), None)
-    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
-    if tile is None or us[1:] != (m, c) or ys != (n, m, oh, ow) or oh < 1 or ow < 1:
-        return None
-    return _Geometry(n, c, h, w, m, oh, ow, pads[0], pads[1], tile)
-
-
 class WinogradKernel:
     kinds: tuple[str, ...] = ("onnx_aot.WinogradConv",)
 
     def supports(self, node: Node) -> bool:
-        g = _geometry(node)
+        g = WinogradGeometry.from_node(node, "NCHW")
         return g is not None and epilogue_operands_ok(node, g.m)
 
     def scratch_nbytes(self, node: Node) -> int:
-        g = _geometry(node)
-        assert g is not None, node.describe()
+        g = claimed(WinogradGeometry.from_node(node, "NCHW"), node)
         # transformed input (a^2 x C x padded tiles) and the a^2 products (a^2 x M x tiles)
-        return 4 * (g.tile + 2) ** 2 * (g.c * _padded(g.tiles) + g.m * g.tiles)
+        tiles = g.th * g.tw
+        return 4 * (g.tile + 2) ** 2 * (g.c * _padded(tiles) + g.m * tiles)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        g = _geometry(node)
-        assert g is not None, node.describe()
+        g = claimed(WinogradGeometry.from_node(node, "NCHW"), node)
         e, args, step_params = conv_operands(step, "u", self.scratch_nbytes(node))
         plain = Epilogue("", False, "", 0, 0, False, "v", "v")
-        t = choose_tiling(g.m, g.tiles, g.c, target)
+        tiles = g.th * g.tw
+        t = choose_tiling(g.m, tiles, g.c, target)
         ctx = WinogradContext(
             fn=fn_name(step),
             comment=comment(node),
@@ -152,23 +95,12 @@ class WinogradKernel:
             t=t,
             e=e,
             plain=plain,
-            batch=g.batch,
-            c=g.c,
-            h=g.h,
-            w=g.w,
-            m=g.m,
-            oh=g.oh,
-            ow=g.ow,
-            tile=g.tile,
+            g=g,
             bt=_signed(MATRICES[g.tile][0]),
             at=_signed(MATRICES[g.tile][2]),
-            th=g.th,
-            tw=g.tw,
             rowpad=max(g.tile * (g.tw + 1), g.pl + g.w),
-            tp=_padded(g.tiles),
-            pt=g.pt,
-            pl=g.pl,
-            parallel=2 * (g.tile + 2) ** 2 * g.batch * g.m * g.c * g.tiles >= PARALLEL_MIN_WORK,
+            tp=_padded(tiles),
+            parallel=2 * (g.tile + 2) ** 2 * g.batch * g.m * g.c * tiles >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/winograd.c.j2", ctx, ctx.fn, tuple(args))
 

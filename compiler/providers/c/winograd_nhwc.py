@@ -48,10 +48,10 @@ from compiler.providers.c.common import (
     comment,
     fn_name,
     register,
-    shape_of,
 )
 from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
 from compiler.providers.c.gemm import Epilogue
+from compiler.providers.geometry import WinogradGeometry, claimed
 from runtime.kernels.nhwc import PANEL
 from runtime.kernels.winograd import MATRICES
 
@@ -158,19 +158,9 @@ class WinogradNhwcContext:
     nv: int  # vectors per register tile row
     nr: int  # columns per register tile (nv * vw; PANEL is a multiple)
     spread: bool  # the products' row tiles prefetch a share of the next panel each (big weights)
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    pt: int
-    pl: int
-    tile: int  # outputs per tile side (m); input patches are a x a, a = m + 2
+    g: WinogradGeometry  # g.tile outputs per tile side; input patches are a x a, a = tile + 2
     bt: Program  # B^T
     at: Program  # A^T
-    th: int  # rows of tiles
-    tw: int  # tiles per row
     tiles: int  # all images' tiles
     block: int  # most tiles per block
     nblocks: int  # blocks when the threads share them
@@ -186,41 +176,26 @@ class WinogradNhwcContext:
 
 
 @dataclass(frozen=True)
-class _Geometry:
-    batch: int
-    c: int
-    h: int
-    w: int
-    m: int
-    oh: int
-    ow: int
-    pt: int
-    pl: int
-    tile: int
+class _Blocks:
+    """How the kernel blocks a conv's tiles and lays out its scratch."""
+
+    g: WinogradGeometry
 
     @property
     def a2(self) -> int:
-        return (self.tile + 2) ** 2
-
-    @property
-    def th(self) -> int:
-        return -(-self.oh // self.tile)
-
-    @property
-    def tw(self) -> int:
-        return -(-self.ow // self.tile)
+        return (self.g.tile + 2) ** 2
 
     @property
     def tiles(self) -> int:
-        return self.batch * self.th * self.tw
+        return self.g.batch * self.g.th * self.g.tw
 
     @property
     def panels(self) -> int:
-        return -(-self.m // PANEL)
+        return -(-self.g.m // PANEL)
 
     @property
     def cs(self) -> int:
-        return max(self.c, PANEL)
+        return max(self.g.c, PANEL)
 
     @property
     def vt(self) -> int:
@@ -245,7 +220,7 @@ class _Geometry:
 
     @property
     def weights_nbytes(self) -> int:
-        return 4 * self.a2 * self.c * self.panels * PANEL
+        return 4 * self.a2 * self.g.c * self.panels * PANEL
 
     @property
     def min_chunk(self) -> int:
@@ -253,47 +228,28 @@ class _Geometry:
 
     @property
     def serial(self) -> bool:
-        return 2 * self.a2 * self.tiles * self.c * self.m < PARALLEL_MIN_WORK
+        return 2 * self.a2 * self.tiles * self.g.c * self.g.m < PARALLEL_MIN_WORK
 
 
-def _geometry(node: Node) -> _Geometry | None:
-    x, u = node.input(0), node.input(1)
-    if x is None or u is None or len(node.outputs) != 1:
-        return None
-    xs, us, ys = shape_of(x), shape_of(u), shape_of(node.outputs[0])
-    try:
-        pads = [int(p) for p in node.attrs["pads"]]
-    except (KeyError, TypeError, ValueError):
-        return None
-    if len(xs) != 4 or len(us) != 4 or len(ys) != 4 or len(pads) != 4 or min(pads) < 0 or max(pads) > 2:
-        return None
-    n, h, w, c = xs
-    m = ys[3]
-    tile = next((t for t in MATRICES if (t + 2) ** 2 == us[0]), None)
-    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
-    if tile is None or us[1:] != (-(-m // PANEL), c, PANEL) or ys != (n, oh, ow, m) or oh < 1 or ow < 1:
-        return None
-    if min(n, c, m) < 1:
-        return None
-    return _Geometry(n, c, h, w, m, oh, ow, pads[0], pads[1], tile)
+def _blocks(node: Node) -> _Blocks | None:
+    g = WinogradGeometry.from_node(node, "NHWC")
+    return None if g is None else _Blocks(g)
 
 
 class WinogradNhwcKernel:
     kinds: tuple[str, ...] = ("onnx_aot.WinogradConvNhwc",)
 
     def supports(self, node: Node) -> bool:
-        g = _geometry(node)
-        return g is not None and epilogue_operands_ok(node, g.m)
+        b = _blocks(node)
+        return b is not None and epilogue_operands_ok(node, b.g.m)
 
     def scratch_nbytes(self, node: Node) -> int:
-        g = _geometry(node)
-        assert g is not None, node.describe()
-        return 4 * (1 if g.serial else g.slots) * g.block * (g.vt + g.st)
+        b = claimed(_blocks(node), node)
+        return 4 * (1 if b.serial else b.slots) * b.block * (b.vt + b.st)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        g = _geometry(node)
-        assert g is not None, node.describe()
+        b = claimed(_blocks(node), node)
         e, args, step_params = conv_operands(step, "u", self.scratch_nbytes(node))
         vw = target.vector_bytes // 4
         wide = target.vector_registers >= 32
@@ -308,32 +264,22 @@ class WinogradNhwcKernel:
             mr=mr,
             nv=nv,
             nr=nv * vw,
-            spread=g.weights_nbytes > SPREAD_WEIGHTS,
-            c=g.c,
-            h=g.h,
-            w=g.w,
-            m=g.m,
-            oh=g.oh,
-            ow=g.ow,
-            pt=g.pt,
-            pl=g.pl,
-            tile=g.tile,
-            bt=transform_program(MATRICES[g.tile][0]),
-            at=transform_program(MATRICES[g.tile][2]),
-            th=g.th,
-            tw=g.tw,
-            tiles=g.tiles,
-            block=g.block,
-            nblocks=g.nblocks,
-            cs=g.cs,
-            panels=g.panels,
-            vt=g.vt,
-            st=g.st,
-            slot=g.block * (g.vt + g.st),
-            slots=g.slots,
+            spread=b.weights_nbytes > SPREAD_WEIGHTS,
+            g=b.g,
+            bt=transform_program(MATRICES[b.g.tile][0]),
+            at=transform_program(MATRICES[b.g.tile][2]),
+            tiles=b.tiles,
+            block=b.block,
+            nblocks=b.nblocks,
+            cs=b.cs,
+            panels=b.panels,
+            vt=b.vt,
+            st=b.st,
+            slot=b.block * (b.vt + b.st),
+            slots=b.slots,
             min_share=MIN_SHARE,
-            min_chunk=g.min_chunk,
-            serial=g.serial,
+            min_chunk=b.min_chunk,
+            serial=b.serial,
         )
         return StepCode("c/winograd_nhwc.c.j2", ctx, ctx.fn, tuple(args))
 

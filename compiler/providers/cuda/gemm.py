@@ -9,8 +9,9 @@
   broadcast through the shared index math), or, with at most ``GEMV_MAX_ROWS`` rows, a
   bandwidth-bound matrix-vector kernel. Epilogue ``act(alpha * acc + beta * C)``.
 
-Geometry and attribute checks are the C provider's (``c.conv.conv_geometry``,
-``c.gemm`` products): the op semantics are shared; the kernels are not.
+Geometry comes from ``compiler/providers/geometry.py`` (``ConvGeometry``, ``MatmulProduct``) and
+the attribute checks from the C provider's kernels: the op semantics are shared; the kernels are
+not.
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from compiler.codegen.elementwise import broadcast_strides, literal, loop_nest, unflatten
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.conv import ConvKernel, conv_geometry
-from compiler.providers.c.gemm import GemmKernel, _gemm_product, _matmul_product, activation
+from compiler.providers.c.conv import ConvKernel
+from compiler.providers.c.gemm import GemmKernel, activation
 from compiler.providers.cuda.common import (
     MAX_GRID_YZ,
     THREADS,
@@ -40,6 +39,7 @@ from compiler.providers.cuda.common import (
     shape_of,
 )
 from compiler.providers.cuda.elementwise import used_indices
+from compiler.providers.geometry import ConvGeometry, MatmulProduct, claimed
 
 __all__ = ["TiledContext", "GemvContext", "DirectConvContext", "GEMV_MAX_ROWS"]
 
@@ -84,30 +84,10 @@ class TiledContext:
     k: int
     a_kfast: bool  # A staged with k the fastest-varying (A contiguous along k)
     b_nfast: bool  # B staged with n the fastest-varying (B contiguous along n)
-    # conv
-    groups: int
-    mtot: int
-    mg: int
-    cg: int
-    c: int
-    h: int
-    w: int
-    oh: int
-    ow: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
+    g: ConvGeometry | None  # conv
     has_res: bool
     # gemm
-    sam: int
-    sak: int
-    sbk: int
-    sbn: int
+    p: MatmulProduct | None  # strides sam, sak (A) and sbk, sbn (B)
     batch_index: tuple[tuple[str, str], ...]
     a_batch: str
     b_batch: str
@@ -127,13 +107,7 @@ class GemvContext:
     params: tuple[Param, ...]
     threads: int
     mode: str  # "warp" | "split"
-    m: int
-    n: int
-    k: int
-    sam: int
-    sak: int
-    sbk: int
-    sbn: int
+    p: MatmulProduct
     batch_index: tuple[tuple[str, str], ...]
     a_batch: str
     b_batch: str
@@ -153,26 +127,10 @@ class DirectConvContext:
     threads: int
     total: int
     index: tuple[tuple[str, str], ...]  # bi, oc, oy, ox from flat
-    c: int
-    h: int
-    w: int
-    cg: int
-    mg: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    dh: int
-    dw: int
+    g: ConvGeometry
     has_bias: bool
     has_res: bool
     act: str
-
-
-_CONV_ZERO = dict(groups=1, mtot=0, mg=0, cg=0, c=0, h=0, w=0, oh=0, ow=0, kh=0, kw=0, sh=0, sw=0,
-                  pt=0, pl=0, dh=0, dw=0, has_res=False)  # fmt: skip
 
 
 class CudaConvKernel:
@@ -181,7 +139,7 @@ class CudaConvKernel:
     def supports(self, node: Node) -> bool:
         if not float32_node(node) or not ConvKernel().supports(node):
             return False
-        g = conv_geometry(node)
+        g = ConvGeometry.from_node(node, "NCHW")
         return g is not None and g.groups <= MAX_GRID_YZ
 
     def scratch_nbytes(self, node: Node) -> int:
@@ -189,49 +147,41 @@ class CudaConvKernel:
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
-        g = conv_geometry(node)
-        assert g is not None, node.describe()
+        g = claimed(ConvGeometry.from_node(node, "NCHW"), node)
         has_bias, has_res = node.input(2) is not None, node.input(3) is not None
         names = ["x", "w"] + (["bias"] if has_bias else []) + (["z"] if has_res else []) + ["y"]
         restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else []) + [False]
         params = tuple(Param(n, "float", n != "y", r) for n, r in zip(names, restrict, strict=True))
         args = (*input_ptrs(step), *output_ptrs(step))
-        mg, cg, p = g.m // g.groups, g.c // g.groups, g.oh * g.ow
+        p = g.oh * g.ow
         act = activation(node)
-        if mg <= DIRECT_MAX_CHANNELS:
+        if g.mg <= DIRECT_MAX_CHANNELS:
             total = g.batch * g.m * p
             dims = (g.batch, g.m, g.oh, g.ow)
             dctx = DirectConvContext(
                 name="", comment=comment(node), params=params, threads=THREADS, total=total,
-                index=unflatten(dims, ("bi", "oc", "oy", "ox"), "flat"), c=g.c, h=g.h, w=g.w, cg=cg,
-                mg=mg, kh=g.kh, kw=g.kw, sh=g.sh, sw=g.sw, pt=g.pt, pl=g.pl, dh=g.dh, dw=g.dw,
-                has_bias=has_bias, has_res=has_res, act=act,
+                index=unflatten(dims, ("bi", "oc", "oy", "ox"), "flat"), g=g, has_bias=has_bias,
+                has_res=has_res, act=act,
             )  # fmt: skip
             grid = (blocks(total, THREADS), 1, 1)
             return (KernelCode("cuda/conv_direct.cu.j2", dctx, grid, (THREADS, 1, 1), 0, args),)
         n = g.batch * p
-        t = _tile(mg, n, g.groups)
+        t = _tile(g.mg, n, g.groups)
         ctx = TiledContext(
             name="", comment=comment(node), params=params, threads=THREADS, mode="conv",
-            bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn, m=mg, n=n, k=g.k, a_kfast=True, b_nfast=True,
-            groups=g.groups, mtot=g.m, mg=mg, cg=cg, c=g.c, h=g.h, w=g.w, oh=g.oh, ow=g.ow, kh=g.kh,
-            kw=g.kw, sh=g.sh, sw=g.sw, pt=g.pt, pl=g.pl, dh=g.dh, dw=g.dw, has_res=has_res,
-            sam=0, sak=0, sbk=0, sbn=0, batch_index=(), a_batch="0", b_batch="0", alpha="", beta="",
-            bias_sm=0, bias_sn=0, has_bias=has_bias, act=act,
+            bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn, m=g.mg, n=n, k=g.k, a_kfast=True, b_nfast=True,
+            g=g, has_res=has_res, p=None, batch_index=(), a_batch="0", b_batch="0",
+            alpha="", beta="", bias_sm=0, bias_sn=0, has_bias=has_bias, act=act,
         )  # fmt: skip
-        grid = (blocks(n, t.bn), blocks(mg, t.bm), g.groups)
+        grid = (blocks(n, t.bn), blocks(g.mg, t.bm), g.groups)
         return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
 
 
 @dataclass(frozen=True)
 class _Batched:
-    m: int
-    n: int
-    k: int
-    sam: int
-    sak: int
-    sbk: int
-    sbn: int
+    """The product with MatMul's (broadcast) batches as index math over blockIdx.z."""
+
+    p: MatmulProduct
     batches: int
     index: tuple[tuple[str, str], ...]
     a_batch: str
@@ -239,31 +189,16 @@ class _Batched:
 
 
 def _batched(node: Node) -> _Batched | None:
-    """The product as strides, with MatMul's (broadcast) batches as index math over blockIdx.z."""
-    if node.op_type != "MatMul":
-        prod = _gemm_product(node)
-        if prod is None:
-            return None
-        a_shape, b_shape = shape_of(node.input(0)), shape_of(node.input(1))
-        ta, tb = int(node.attrs["transA"]), int(node.attrs["transB"])
-        m, k = (a_shape[1], a_shape[0]) if ta else a_shape
-        n = b_shape[0] if tb else b_shape[1]
-        sam, sak = (1, m) if ta else (k, 1)
-        sbk, sbn = (1, k) if tb else (n, 1)
-        return _Batched(m, n, k, sam, sak, sbk, sbn, 1, (), "0", "0")
-    if _matmul_product(node) is None:
+    p = MatmulProduct.from_node(node)
+    if p is None:
         return None
-    a_shape, b_shape = shape_of(node.input(0)), shape_of(node.input(1))
-    a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
-    b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
-    m, k = a2[-2:]
-    n = b2[-1]
-    batch = tuple(int(d) for d in np.broadcast_shapes(a2[:-2], b2[:-2]))
-    sa = [s * m * k for s in broadcast_strides(a2[:-2], batch)]
-    sb = [s * k * n for s in broadcast_strides(b2[:-2], batch)]
-    nest = loop_nest(batch, [sa, sb])
+    if node.op_type != "MatMul":
+        return _Batched(p, 1, (), "0", "0")
+    sa = [s * p.m * p.k for s in p.a_batch]
+    sb = [s * p.k * p.n for s in p.b_batch]
+    nest = loop_nest(p.batch, [sa, sb])
     index = used_indices(unflatten(nest.dims, nest.names, "bz"), nest.in_index)
-    return _Batched(m, n, k, k, 1, n, 1, math.prod(batch), index, nest.in_index[0], nest.in_index[1])
+    return _Batched(p, math.prod(p.batch), index, nest.in_index[0], nest.in_index[1])
 
 
 class CudaGemmKernel:
@@ -280,40 +215,38 @@ class CudaGemmKernel:
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
-        prod = _batched(node)
-        assert prod is not None, node.describe()
-        c = node.input(2)
+        prod = claimed(_batched(node), node)
+        p, c = prod.p, node.input(2)
         alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
         beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
-        sm, sn = broadcast_strides(shape_of(c), (prod.m, prod.n)) if c is not None else (0, 0)
+        sm, sn = broadcast_strides(shape_of(c), (p.m, p.n)) if c is not None else (0, 0)
         names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"]
         params = tuple(Param(n, "float", n != "y", n != "y") for n in names)
         args: tuple[KArg, ...] = (*input_ptrs(step), *output_ptrs(step))
         common = dict(
-            name="", comment=comment(node), params=params, m=prod.m, n=prod.n, k=prod.k,
-            sam=prod.sam, sak=prod.sak, sbk=prod.sbk, sbn=prod.sbn, batch_index=prod.index,
+            name="", comment=comment(node), params=params, p=p, batch_index=prod.index,
             a_batch=prod.a_batch, b_batch=prod.b_batch,
             alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
             beta="" if beta == 1.0 else f"{literal(beta)} * ",
             bias_sm=sm, bias_sn=sn, has_bias=c is not None, act=activation(node),
         )  # fmt: skip
-        if prod.m <= GEMV_MAX_ROWS:
-            if prod.sbk == 1 and prod.n > 1:
+        if p.m <= GEMV_MAX_ROWS:
+            if p.sbk == 1 and p.n > 1:
                 gctx = GemvContext(threads=THREADS, mode="warp", **common)  # type: ignore[arg-type]
-                grid = (blocks(prod.n, THREADS // 32), 1, prod.batches)
+                grid = (blocks(p.n, THREADS // 32), 1, prod.batches)
                 block = (THREADS, 1, 1)
             else:
                 gctx = GemvContext(threads=THREADS, mode="split", **common)  # type: ignore[arg-type]
-                grid = (blocks(prod.n, 32), 1, prod.batches)
+                grid = (blocks(p.n, 32), 1, prod.batches)
                 block = (32, 8, 1)
             return (KernelCode("cuda/gemv.cu.j2", gctx, grid, block, 0, args),)
-        t = _tile(prod.m, prod.n, prod.batches)
+        t = _tile(p.m, p.n, prod.batches)
         ctx = TiledContext(
-            threads=THREADS, mode="gemm", bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn,
-            a_kfast=prod.sak == 1, b_nfast=prod.sbn == 1 or prod.sbk != 1,
-            **_CONV_ZERO, **common,  # type: ignore[arg-type]
+            threads=THREADS, mode="gemm", bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn, m=p.m, n=p.n, k=p.k,
+            a_kfast=p.sak == 1, b_nfast=p.sbn == 1 or p.sbk != 1, g=None, has_res=False,
+            **common,  # type: ignore[arg-type]
         )  # fmt: skip
-        grid = (blocks(prod.n, t.bn), blocks(prod.m, t.bm), prod.batches)
+        grid = (blocks(p.n, t.bn), blocks(p.m, t.bm), prod.batches)
         return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
 
 

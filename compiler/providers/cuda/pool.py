@@ -21,7 +21,7 @@ from compiler.codegen.elementwise import (
 )
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.pool import ChannelKernel, PoolKernel, SoftmaxKernel, _pool_geometry
+from compiler.providers.c.pool import ChannelKernel, PoolKernel, SoftmaxKernel
 from compiler.providers.cuda.common import (
     THREADS,
     KernelCode,
@@ -35,6 +35,7 @@ from compiler.providers.cuda.common import (
     shape_of,
 )
 from compiler.providers.cuda.elementwise import used_indices
+from compiler.providers.geometry import PoolGeometry, claimed
 
 __all__ = ["CudaPoolContext", "CudaChannelContext", "RowsContext"]
 
@@ -54,18 +55,7 @@ class CudaPoolContext:
     op: str  # "max" | "avg"
     total: int
     index: tuple[tuple[str, str], ...]  # nc, oy, ox from flat
-    h: int
-    w: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    pt: int
-    pl: int
-    pb: int
-    pr: int
-    dh: int
-    dw: int
+    g: PoolGeometry
     count_include_pad: bool
 
 
@@ -80,17 +70,13 @@ class CudaPoolKernel:
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
-        g = _pool_geometry(node)
-        assert g is not None, node.describe()
-        xs = shape_of(node.input(0))
-        nc = xs[0] * xs[1]
-        total = nc * g["oh"] * g["ow"]
+        g = claimed(PoolGeometry.from_node(node, "NCHW"), node)
+        nc = g.batch * g.c
+        total = nc * g.oh * g.ow
         ctx = CudaPoolContext(
             name="", comment=comment(node), params=_params(["x", "y"], True), threads=THREADS,
             op="max" if node.op_type == "MaxPool" else "avg", total=total,
-            index=unflatten((nc, g["oh"], g["ow"]), ("nc", "oy", "ox"), "flat"),
-            h=g["h"], w=g["w"], kh=g["kh"], kw=g["kw"], sh=g["sh"], sw=g["sw"], pt=g["pt"],
-            pl=g["pl"], pb=g["pb"], pr=g["pr"], dh=g["dh"], dw=g["dw"],
+            index=unflatten((nc, g.oh, g.ow), ("nc", "oy", "ox"), "flat"), g=g,
             count_include_pad=node.op_type == "AveragePool" and bool(int(node.attrs["count_include_pad"])),
         )  # fmt: skip
         args = (*input_ptrs(step), *output_ptrs(step))
