@@ -17,6 +17,7 @@ import numpy as np
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import finish, prod, window_slices
 from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.window import conv_out_size
 
 __all__: list[str] = []
 
@@ -205,7 +206,7 @@ def reverse_sequence_kernel(
 def _block_counts(image: Sequence[int], block: Sequence[int], strides: Sequence[int],
                   dilations: Sequence[int], pads: Sequence[int]) -> list[int]:
     n = len(image)
-    return [(image[i] + pads[i] + pads[i + n] - dilations[i] * (block[i] - 1) - 1) // strides[i] + 1
+    return [conv_out_size(image[i], block[i], strides[i], dilations[i], pads[i], pads[i + n])
             for i in range(n)]
 
 

@@ -15,6 +15,7 @@ from compiler.frontend.canonical.context import CanonContext, flat_ints, shape_o
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from runtime.errors import UnsupportedOpError
+from runtime.kernels.window import conv_out_size
 
 __all__ = ["DATA_DEPENDENT_OPS"]
 
@@ -148,7 +149,7 @@ def _col2im(ctx: CanonContext) -> list[Node]:
     if min(block + strides + dilations) < 1:
         raise ctx.error(f"block_shape {block}, strides {strides} and dilations {dilations} must be positive")
     x = shape_of(ctx.inputs[0])
-    blocks = [(size + pads[i] + pads[i + n] - d * (kk - 1) - 1) // s + 1
+    blocks = [conv_out_size(size, kk, s, d, pads[i], pads[i + n])
               for i, (size, kk, s, d) in enumerate(zip(image, block, strides, dilations, strict=True))]
     if len(x) != 3 or x[1] % math.prod(block) or x[2] != math.prod(blocks) or min(blocks) < 1:
         raise ctx.error(f"input of shape {x} does not hold blocks {block} sliding over image {image} "

@@ -18,6 +18,7 @@ from compiler.frontend.canonical.context import CanonContext, shape_of
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node, Value
 from runtime.errors import UnsupportedOpError
+from runtime.kernels.window import conv_transpose_out_size
 
 __all__: list[str] = []
 
@@ -149,8 +150,8 @@ def _max_unpool(ctx: CanonContext) -> list[Node]:
     pads = [int(p) for p in ctx.attr("pads", [0] * (2 * n))]
     if len(kernel) != n or len(strides) != n or len(pads) != 2 * n:
         raise ctx.error("kernel_shape/strides/pads do not match the input's spatial rank")
-    unpooled = list(shape[:2]) + [(shape[2 + i] - 1) * strides[i] - pads[i] - pads[i + n] + kernel[i]
-                                  for i in range(n)]
+    unpooled = list(shape[:2]) + [conv_transpose_out_size(shape[2 + i], kernel[i], strides[i], 1, pads[i],
+                                                          pads[i + n], 0) for i in range(n)]
     out = shape_of(ctx.outputs[0])
     if len(out) != len(unpooled) or any(o < u for o, u in zip(out, unpooled, strict=True)):
         raise UnsupportedOpError(f"{ctx.describe()}: output_shape {list(out)} smaller than the unpooled "

@@ -15,6 +15,7 @@ from compiler.frontend.canonical.context import CanonContext
 from compiler.frontend.canonical.conv import spatial_dims
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
+from runtime.kernels.window import conv_out_size
 
 __all__: list[str] = []
 
@@ -44,7 +45,7 @@ def _deform_conv(ctx: CanonContext) -> list[Node]:
         raise ctx.error(f"X {x.shape} and W {w.shape} do not fit group {groups}, "
                         f"offset_group {offset_groups}")
     taps = math.prod(kernel)
-    out = tuple((size + pads[d] + pads[d + n] - dilations[d] * (kernel[d] - 1) - 1) // strides[d] + 1
+    out = tuple(conv_out_size(size, kernel[d], strides[d], dilations[d], pads[d], pads[d + n])
                 for d, size in enumerate(spatial))
     want = (x.shape[0], offset_groups * taps * n, *out)
     if offset.shape != want:
