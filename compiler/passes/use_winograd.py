@@ -26,6 +26,7 @@ import numpy as np
 
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node
 from compiler.passes.base import NO_ACTIVATION, Pass, PassResult, add_constant, replace_nodes
+from compiler.providers.geometry import ConvGeometry, WinogradGeometry
 from runtime.kernels.winograd import MATRICES
 
 __all__ = ["MIN_CHANNELS", "TILE4_MIN", "UseWinograd", "tile_for", "winograd_weights"]
@@ -65,18 +66,8 @@ def _eligible(node: Node) -> bool:
     b = node.input(2)
     if b is not None and (b.const is None and b.shape != (w.const.shape[0],)):
         return False
-    a = node.attrs
-    try:
-        kernel, strides, dilations = list(a["kernel_shape"]), list(a["strides"]), list(a["dilations"])
-        pads, group = [int(p) for p in a["pads"]], int(a["group"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    if kernel != [3, 3] or strides != [1, 1] or dilations != [1, 1] or group != 1:
-        return False
-    if len(pads) != 4 or min(pads) < 0 or max(pads) > 2:
-        return False
-    m, c = int(w.const.shape[0]), int(w.const.shape[1])
-    return w.const.shape == (m, c, 3, 3) and x.shape[1] == c and m >= MIN_CHANNELS and c >= MIN_CHANNELS
+    g = ConvGeometry.from_node(node, "NCHW")
+    return g is not None and WinogradGeometry.fits(g) and min(g.m, g.c) >= MIN_CHANNELS
 
 
 class UseWinograd(Pass):

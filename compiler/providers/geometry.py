@@ -319,12 +319,17 @@ class WinogradGeometry(ConvGeometry):
         """Tiles per row."""
         return -(-self.ow // self.tile)
 
+    @staticmethod
+    def fits(g: ConvGeometry) -> bool:
+        """Whether Winograd F(m x m, 3x3) computes the conv ``g``: 2-D, 3x3, stride 1, dilation 1,
+        one group, pads of at most 2 (what ``passes/use_winograd.py`` lowers, what the kernels run)."""
+        return (g.rank == 2 and g.groups == 1 and max(g.pt, g.pl, g.pb, g.pr) <= 2
+                and (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (3, 3, 1, 1, 1, 1))  # fmt: skip
+
     @classmethod
     def from_node(cls, node: Node, layout: Layout) -> WinogradGeometry | None:  # type: ignore[override]
         g, us = _conv(node, layout, (2,)), _shape(node.input(1))
-        if g is None or us is None or g.batch < 1 or g.groups != 1 or max(g.pt, g.pl, g.pb, g.pr) > 2:
-            return None
-        if (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) != (3, 3, 1, 1, 1, 1):
+        if g is None or us is None or g.batch < 1 or not cls.fits(g):
             return None
         tile = next((t for t in MATRICES if (t + 2) ** 2 == us[0]), None) if us else None
         if tile is None:
