@@ -1,4 +1,5 @@
-"""Helpers shared by the reference kernels: result conformance, padding and window slices.
+"""Helpers shared by the reference kernels: optional inputs, result conformance, padding and
+window slices.
 
 Conv and the pools read their windows the same way here (the padded input, the strided slice a
 kernel offset reads); their sizes come from ``runtime/kernels/window.py``. Everything takes the
@@ -17,7 +18,15 @@ import numpy as np
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.registry import OutputSpec
 
-__all__ = ["finish", "pad_spatial", "prod", "window_slices"]
+__all__ = ["finish", "fill_optional", "pad_spatial", "prod", "window_slices"]
+
+
+def fill_optional(kind: str, inputs: Sequence[Any], count: int) -> list[Any]:
+    """``inputs`` followed by None up to ``count`` entries: a node may leave out its trailing
+    optional inputs, and an omitted one reads as None either way."""
+    if len(inputs) > count:
+        raise RuntimeKernelError(f"{kind}: {len(inputs)} inputs, expected at most {count}")
+    return [*inputs, *[None] * (count - len(inputs))]
 
 
 def finish(

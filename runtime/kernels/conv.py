@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish, pad_spatial, prod, window_slices
+from runtime.kernels.common import fill_optional, finish, pad_spatial, prod, window_slices
 from runtime.kernels.registry import OutputSpec, register
 from runtime.kernels.window import conv_out_size
 
@@ -63,6 +63,5 @@ def conv(xp: Any, x: Any, w: Any, b: Any | None, attrs: dict[str, Any]) -> Any:
 @register("Conv")
 def conv_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """Conv: X, W, B? -> Y."""
-    x, w, *rest = inputs
-    b = rest[0] if rest else None
+    x, w, b = fill_optional("Conv", inputs, 3)
     return finish(xp, "Conv", [conv(xp, x, w, b, attrs)], outputs)

@@ -2,7 +2,9 @@
 
 Each is the composition of the plain kernels' functions it replaces, so the reference provider
 checks a fusion pass by running the same numbers both ways. The activation epilogue (""/Relu/
-Clip/LeakyRelu with act_min / act_max / act_alpha) maps onto the elementwise table.
+Clip/LeakyRelu with act_min / act_max / act_alpha) maps onto the elementwise table; a fused conv's
+whole epilogue (bias, residual, activation: :func:`conv_epilogue`) is shared with WinogradConv and
+the NHWC convs.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import RuntimeKernelError, UnsupportedOpError
-from runtime.kernels.common import finish
+from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.conv import conv
 from runtime.kernels.elementwise import apply_elementwise
 from runtime.kernels.linalg import gemm
 from runtime.kernels.registry import OutputSpec, register
 
-__all__ = ["apply_activation", "run_program"]
+__all__ = ["apply_activation", "conv_epilogue", "run_program"]
 
 
 def apply_activation(xp: Any, y: Any, attrs: dict[str, Any]) -> Any:
@@ -33,18 +35,26 @@ def apply_activation(xp: Any, y: Any, attrs: dict[str, Any]) -> Any:
     raise UnsupportedOpError(f"fused activation {activation!r} is not supported")
 
 
+def conv_epilogue(
+    xp: Any, y: Any, b: Any | None, z: Any | None, attrs: dict[str, Any], *, channel_axis: int = 1
+) -> Any:
+    """act(y + B + Z) of a fused conv's output ``y``: the bias ``b`` (M,) along ``channel_axis``, the
+    residual ``z`` with y's shape, each when present, then the activation of ``attrs``."""
+    if b is not None:
+        y = y + b.reshape([-1 if axis == channel_axis else 1 for axis in range(y.ndim)])
+    if z is not None:
+        y = y + z
+    return apply_activation(xp, y, attrs)
+
+
 @register("onnx_aot.FusedConv")
 def fused_conv_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """act(conv(X, W) + B + Z): Z, when present, is a residual with the output's shape."""
-    x, w, *rest = inputs
-    b = rest[0] if len(rest) > 0 else None
-    z = rest[1] if len(rest) > 1 else None
-    y = conv(xp, x, w, b, attrs)
-    if z is not None:
-        y = y + z
-    return finish(xp, "onnx_aot.FusedConv", [apply_activation(xp, y, attrs)], outputs)
+    x, w, b, z = fill_optional("onnx_aot.FusedConv", inputs, 4)
+    y = conv_epilogue(xp, conv(xp, x, w, None, attrs), b, z, attrs)
+    return finish(xp, "onnx_aot.FusedConv", [y], outputs)
 
 
 @register("onnx_aot.FusedGemm")
@@ -52,8 +62,7 @@ def fused_gemm_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """act(alpha * op(A) @ op(B) + beta * C)."""
-    a, b, *rest = inputs
-    c = rest[0] if rest else None
+    a, b, c = fill_optional("onnx_aot.FusedGemm", inputs, 3)
     y = apply_activation(xp, gemm(xp, a, b, c, attrs), attrs)
     return finish(xp, "onnx_aot.FusedGemm", [y], outputs)
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish, prod, window_slices
+from runtime.kernels.common import fill_optional, finish, prod, window_slices
 from runtime.kernels.registry import OutputSpec, register
 from runtime.kernels.window import conv_out_size
 
@@ -127,8 +127,9 @@ def tensor_scatter_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """TensorScatter: write ``update`` into the cache along ``axis`` at each batch's write index."""
-    past, update = inputs[0], inputs[1]
-    write = inputs[2] if len(inputs) > 2 and inputs[2] is not None else xp.zeros(past.shape[0], xp.int64)
+    past, update, write = fill_optional("TensorScatter", inputs, 3)
+    if write is None:
+        write = xp.zeros(past.shape[0], xp.int64)
     axis = int(attrs["axis"])
     capacity, length = int(past.shape[axis]), int(update.shape[axis])
     out = past.copy()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.kernels.common import finish
+from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.registry import OutputSpec, register
 
 __all__ = ["gemm"]
@@ -32,8 +32,7 @@ def gemm(xp: Any, a: Any, b: Any, c: Any | None, attrs: dict[str, Any]) -> Any:
 @register("Gemm")
 def gemm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """Gemm: A, B, C? -> Y (C broadcast to Y's shape)."""
-    a, b, *rest = inputs
-    c = rest[0] if rest else None
+    a, b, c = fill_optional("Gemm", inputs, 3)
     return finish(xp, "Gemm", [gemm(xp, a, b, c, attrs)], outputs)
 
 

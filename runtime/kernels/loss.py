@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish
+from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.registry import OutputSpec, register
 
 __all__ = ["negative_log_likelihood"]
@@ -45,7 +45,6 @@ def negative_log_likelihood_loss_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """NegativeLogLikelihoodLoss(X, target, weight?) with ``reduction`` and ``ignore_index`` (or None)."""
-    x, target, *rest = inputs
-    weight = rest[0] if rest else None
+    x, target, weight = fill_optional("NegativeLogLikelihoodLoss", inputs, 3)
     loss = negative_log_likelihood(xp, x, target, weight, attrs["reduction"], attrs["ignore_index"])
     return finish(xp, "NegativeLogLikelihoodLoss", [loss], outputs)

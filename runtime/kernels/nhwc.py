@@ -21,17 +21,18 @@ against the same numbers as their NCHW counterparts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish
+from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.conv import conv
-from runtime.kernels.fused import apply_activation
+from runtime.kernels.fused import conv_epilogue
 from runtime.kernels.nn import lrn_kernel
 from runtime.kernels.pool import average_pool, max_pool
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.registry import Kernel, OutputSpec, register
 from runtime.kernels.winograd import winograd_conv
 
 __all__ = [
@@ -126,58 +127,50 @@ def _nhwc(xp: Any, y: Any) -> Any:
     return xp.ascontiguousarray(y.transpose(TO_NHWC))
 
 
-def _epilogue(xp: Any, y: Any, rest: list[Any], attrs: dict[str, Any]) -> Any:
-    """NCHW ``y`` + bias + NHWC residual, activation; returns NHWC."""
-    b = rest[0] if len(rest) > 0 else None
-    z = rest[1] if len(rest) > 1 else None
-    if b is not None:
-        y = y + b.reshape(1, -1, 1, 1)
-    y = _nhwc(xp, y)
-    if z is not None:
-        y = y + z
-    return apply_activation(xp, y, attrs)
+def _conv_nhwc_kernel(
+    kind: str, unpack: Callable[[Any, int], Any], conv_nchw: Callable[[Any, Any, Any, dict[str, Any]], Any]
+) -> Kernel:
+    """The kernel of ``onnx_aot.<kind>(X, W, B?, Z?)``: act(conv(X, W) + B + Z) in NHWC, the packed
+    weights unpacked by ``unpack(packed, M)`` for the NCHW ``conv_nchw(xp, x, w, attrs)`` between two
+    transposes, then the fused epilogue (:func:`conv_epilogue`) on the NHWC result."""
+
+    def kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+        x, packed, b, z = fill_optional(f"onnx_aot.{kind}", inputs, 4)
+        w = unpack(packed, int(outputs[0][0][3]))
+        y = _nhwc(xp, conv_nchw(xp, _nchw(xp, x, kind), w, attrs))
+        y = conv_epilogue(xp, y, b, z, attrs, channel_axis=3)
+        return finish(xp, f"onnx_aot.{kind}", [y], outputs)
+
+    return kernel
 
 
-@register("onnx_aot.ConvNhwc")
-def conv_nhwc_kernel(
-    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
-) -> list[Any]:
-    """act(conv(X, W) + B + Z) in NHWC, W packed (:func:`pack_conv_weights`)."""
-    x, wp, *rest = inputs
-    m = int(outputs[0][0][3])
-    w = unpack_conv_weights(wp, m)
-    y = conv(xp, _nchw(xp, x, "ConvNhwc"), w, None, attrs)
-    return finish(xp, "onnx_aot.ConvNhwc", [_epilogue(xp, y, rest, attrs)], outputs)
+# FusedConv with W packed by pack_conv_weights; WinogradConv with U packed by pack_winograd_weights.
+register("onnx_aot.ConvNhwc")(
+    _conv_nhwc_kernel("ConvNhwc", unpack_conv_weights, lambda xp, x, w, attrs: conv(xp, x, w, None, attrs))
+)
+register("onnx_aot.WinogradConvNhwc")(
+    _conv_nhwc_kernel(
+        "WinogradConvNhwc",
+        unpack_winograd_weights,
+        lambda xp, x, u, attrs: winograd_conv(xp, x, xp.ascontiguousarray(u), attrs),
+    )
+)
 
 
-@register("onnx_aot.WinogradConvNhwc")
-def winograd_conv_nhwc_kernel(
-    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
-) -> list[Any]:
-    """WinogradConv in NHWC, U packed (:func:`pack_winograd_weights`)."""
-    x, up, *rest = inputs
-    m = int(outputs[0][0][3])
-    u = unpack_winograd_weights(up, m)
-    y = winograd_conv(xp, _nchw(xp, x, "WinogradConvNhwc"), xp.ascontiguousarray(u), attrs)
-    return finish(xp, "onnx_aot.WinogradConvNhwc", [_epilogue(xp, y, rest, attrs)], outputs)
+def _pool_nhwc_kernel(kind: str, pool: Callable[[Any, Any, dict[str, Any]], Any]) -> Kernel:
+    """The kernel of ``onnx_aot.<kind>``: the NCHW ``pool`` over the H and W axes of an NHWC
+    tensor, between two transposes."""
+
+    def kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+        y = pool(xp, _nchw(xp, inputs[0], kind), attrs)
+        return finish(xp, f"onnx_aot.{kind}", [_nhwc(xp, y)], outputs)
+
+    return kernel
 
 
-@register("onnx_aot.MaxPoolNhwc")
-def max_pool_nhwc_kernel(
-    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
-) -> list[Any]:
-    """MaxPool (one output) over the H and W axes of an NHWC tensor."""
-    y = max_pool(xp, _nchw(xp, inputs[0], "MaxPoolNhwc"), attrs)
-    return finish(xp, "onnx_aot.MaxPoolNhwc", [_nhwc(xp, y)], outputs)
-
-
-@register("onnx_aot.AveragePoolNhwc")
-def average_pool_nhwc_kernel(
-    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
-) -> list[Any]:
-    """AveragePool over the H and W axes of an NHWC tensor."""
-    y = average_pool(xp, _nchw(xp, inputs[0], "AveragePoolNhwc"), attrs)
-    return finish(xp, "onnx_aot.AveragePoolNhwc", [_nhwc(xp, y)], outputs)
+# MaxPool (one output) and AveragePool over the H and W axes of an NHWC tensor.
+register("onnx_aot.MaxPoolNhwc")(_pool_nhwc_kernel("MaxPoolNhwc", max_pool))
+register("onnx_aot.AveragePoolNhwc")(_pool_nhwc_kernel("AveragePoolNhwc", average_pool))
 
 
 @register("onnx_aot.GlobalAveragePoolNhwc")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.kernels.common import finish
+from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.registry import OutputSpec, register
 
 __all__ = ["log_softmax", "softmax"]
@@ -136,8 +136,7 @@ def layer_normalization_kernel(
     The optional second and third outputs have the input's shape with the normalized axes kept
     as size 1, as ONNX defines them.
     """
-    x, scale, *rest = inputs
-    bias = rest[0] if rest else None
+    x, scale, bias = fill_optional("LayerNormalization", inputs, 3)
     axes = tuple(range(int(attrs["axis"]), x.ndim))
     work = _widened(xp, x)
     mean = xp.mean(work, axis=axes, keepdims=True)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError, UnsupportedOpError
-from runtime.kernels.common import finish
+from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.registry import OutputSpec, register
 
 __all__: list[str] = []
@@ -105,7 +105,7 @@ def attention_kernel(
     Outputs Y and, when present, the qk_matmul_output selected by ``qk_matmul_output_mode``. A query
     row whose bias disallows every key yields zeros in Y and in the mode-3 probabilities.
     """
-    q, k, v, mask, nonpad = (list(inputs) + [None] * 5)[:5]
+    q, k, v, mask, nonpad = fill_optional("Attention", inputs, 5)
     compute = np.dtype(attrs["compute_dtype"])
     root = _rounded_sqrt_scale(float(attrs["scale"]), q.dtype)
     group = q.shape[1] // k.shape[1]
@@ -183,8 +183,7 @@ def rotary_embedding_kernel(
     X is (B, H, S, D) or (B, S, H*D); the caches are (max_position, dim/2) indexed by position_ids,
     or (B, S, dim/2) without them. Halves (x[:d/2], x[d/2:]) or interleaved pairs are rotated.
     """
-    x, cos, sin = inputs[:3]
-    positions = inputs[3] if len(inputs) > 3 else None
+    x, cos, sin, positions = fill_optional("RotaryEmbedding", inputs, 4)
     heads, dim = int(attrs["num_heads"]), int(attrs["rotary_embedding_dim"])
     compute = _compute_dtype(x)
     if x.ndim == 4:
@@ -228,7 +227,7 @@ def causal_conv_with_state_kernel(
     Outputs the (optionally SiLU-activated) convolution and, when present, the last k-1 positions of
     the padded sequence (the carry state for the next call).
     """
-    x, weight, bias, past = (list(inputs) + [None] * 4)[:4]
+    x, weight, bias, past = fill_optional("CausalConvWithState", inputs, 4)
     batch, channels, length = x.shape
     taps = weight.shape[2]
     if past is None:
@@ -263,7 +262,7 @@ def linear_attention_kernel(
     State S (B, H_kv, d_k, d_v) starts at past_state (or zeros); per token: gated rules decay S by
     exp(decay), delta rules replace v by beta * (v - S^T k), then S += k v^T and o = scale * q^T S.
     """
-    query, key, value, past, decay, beta = (list(inputs) + [None] * 6)[:6]
+    query, key, value, past, decay, beta = fill_optional("LinearAttention", inputs, 6)
     q_heads, kv_heads = int(attrs["q_num_heads"]), int(attrs["kv_num_heads"])
     b, steps, _ = query.shape
     f32 = np.dtype(np.float32)

@@ -13,13 +13,14 @@ declared pads (count_include_pad=1); the extra end padding that ceil mode needs 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import finish, pad_spatial, prod, window_slices
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.registry import Kernel, OutputSpec, register
 from runtime.kernels.window import end_padding, pool_out_size, window_counts
 
 __all__ = ["average_pool", "lp_pool", "max_pool", "max_pool_with_indices"]
@@ -169,21 +170,20 @@ def max_unpool_kernel(
     return finish(xp, "MaxUnpool", [y], outputs)
 
 
-@register("GlobalAveragePool")
-def global_average_pool_kernel(
-    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
-) -> list[Any]:
-    """GlobalAveragePool: mean over every spatial axis, kept as size 1."""
-    x = inputs[0]
-    axes = tuple(range(2, x.ndim))
-    return finish(xp, "GlobalAveragePool", [xp.mean(x, axis=axes, keepdims=True)], outputs)
+def _global_pool_kernel(kind: str, reduce: Callable[[Any, Any, tuple[int, ...]], Any]) -> Kernel:
+    """The kernel of ``kind``: ``reduce(xp, x, axes)`` over every spatial axis of X, each kept as size 1."""
+
+    def kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+        x = inputs[0]
+        return finish(xp, kind, [reduce(xp, x, tuple(range(2, x.ndim)))], outputs)
+
+    return kernel
 
 
-@register("GlobalMaxPool")
-def global_max_pool_kernel(
-    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
-) -> list[Any]:
-    """GlobalMaxPool: maximum over every spatial axis, kept as size 1."""
-    x = inputs[0]
-    axes = tuple(range(2, x.ndim))
-    return finish(xp, "GlobalMaxPool", [xp.max(x, axis=axes, keepdims=True)], outputs)
+# GlobalAveragePool: the mean of every spatial axis; GlobalMaxPool: the maximum.
+register("GlobalAveragePool")(
+    _global_pool_kernel("GlobalAveragePool", lambda xp, x, axes: xp.mean(x, axis=axes, keepdims=True))
+)
+register("GlobalMaxPool")(
+    _global_pool_kernel("GlobalMaxPool", lambda xp, x, axes: xp.max(x, axis=axes, keepdims=True))
+)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish
+from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.registry import OutputSpec, register
 
 __all__: list[str] = []
@@ -96,10 +96,10 @@ class _Direction:
                        + bias[:width]).reshape(seq, batch, width)
 
 
-def _run(xp: Any, inputs: list[Any], attrs: dict[str, Any], n_funcs: int,
+def _run(xp: Any, kind: str, inputs: list[Any], attrs: dict[str, Any], n_funcs: int,
          cell: Callable[..., tuple[Any, Any]], with_cell: bool) -> list[Any]:
     """Run every direction; returns Y (seq, dirs, batch, hidden), Y_h[, Y_c] (dirs, batch, hidden)."""
-    x, w, r, b, lens_in, h0, c0 = (list(inputs) + [None] * 7)[:7]
+    x, w, r, b, lens_in, h0, c0 = fill_optional(kind, inputs, 8)[:7]
     dtype = np.result_type(x.dtype, np.float32)
     hidden = int(attrs["hidden_size"])
     layout = int(attrs["layout"])
@@ -175,21 +175,23 @@ def _lstm_cell_for(peepholes: Any, input_forget: bool) -> Callable[..., tuple[An
 @register("RNN")
 def rnn_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """RNN: X, W, R, B?, sequence_lens?, initial_h? -> Y, Y_h."""
-    return finish(xp, "RNN", _run(xp, inputs, attrs, 1, _rnn_cell, False), outputs)
+    return finish(xp, "RNN", _run(xp, "RNN", inputs, attrs, 1, _rnn_cell, False), outputs)
 
 
 @register("GRU")
 def gru_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """GRU: X, W, R, B?, sequence_lens?, initial_h? -> Y, Y_h (gates z, r, h)."""
     cell = _gru_cell_for(bool(attrs["linear_before_reset"]))
-    return finish(xp, "GRU", _run(xp, inputs, attrs, 2, cell, False), outputs)
+    return finish(xp, "GRU", _run(xp, "GRU", inputs, attrs, 2, cell, False), outputs)
 
 
 @register("LSTM")
 def lstm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """LSTM: X, W, R, B?, sequence_lens?, initial_h?, initial_c?, P? -> Y, Y_h, Y_c (gates i, o, f, c)."""
     dtype = np.result_type(inputs[0].dtype, np.float32)
-    peepholes = inputs[7].astype(dtype) if len(inputs) > 7 and inputs[7] is not None else None
+    peepholes = fill_optional("LSTM", inputs, 8)[7]
+    if peepholes is not None:
+        peepholes = peepholes.astype(dtype)
     cell = _lstm_cell_for(peepholes, bool(attrs["input_forget"]))
-    return finish(xp, "LSTM", _run(xp, inputs, attrs, 3, cell, True), outputs)
+    return finish(xp, "LSTM", _run(xp, "LSTM", inputs, attrs, 3, cell, True), outputs)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.kernels.common import finish
+from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.conv import conv
 from runtime.kernels.registry import OutputSpec, register
 
@@ -41,7 +41,7 @@ def _saturate(xp: Any, y: Any, dtype: Any) -> Any:
 def quantize_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                     outputs: list[OutputSpec]) -> list[Any]:
     """QuantizeLinear: x, y_scale, y_zero_point? -> y = saturate(rint(x / y_scale) + y_zero_point)."""
-    x, scale, zero = (list(inputs) + [None] * 3)[:3]
+    x, scale, zero = fill_optional("QuantizeLinear", inputs, 3)
     axis, block = int(attrs["axis"]), int(attrs["block_size"])
     precision = np.dtype(attrs["precision"])
     y = xp.rint(x.astype(precision) / _expand(xp, scale, x.shape, axis, block).astype(precision))
@@ -55,7 +55,7 @@ def quantize_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
 def dequantize_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                       outputs: list[OutputSpec]) -> list[Any]:
     """DequantizeLinear: x, x_scale, x_zero_point? -> y = (x - x_zero_point) * x_scale."""
-    x, scale, zero = (list(inputs) + [None] * 3)[:3]
+    x, scale, zero = fill_optional("DequantizeLinear", inputs, 3)
     axis, block = int(attrs["axis"]), int(attrs["block_size"])
     compute = np.result_type(np.dtype(attrs["to"]), np.float32)
     shifted = x.astype(np.int64)
@@ -111,7 +111,7 @@ def _requantize(xp: Any, acc: Any, factor: Any, zero: Any, dtype: Any) -> Any:
 def matmul_integer_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                           outputs: list[OutputSpec]) -> list[Any]:
     """MatMulInteger: A, B, a_zero_point?, b_zero_point? -> (A - a_zp) @ (B - b_zp) in int32."""
-    a, b, a_zero, b_zero = (list(inputs) + [None] * 4)[:4]
+    a, b, a_zero, b_zero = fill_optional("MatMulInteger", inputs, 4)
     acc = xp.matmul(_centered(a, a_zero, _rows), _centered(b, b_zero, _cols))
     return finish(xp, "MatMulInteger", [acc.astype(np.int64).astype(np.int32)], outputs)
 
@@ -147,7 +147,7 @@ def _filter_param(param: Any, rank: int) -> Any:
 def conv_integer_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                         outputs: list[OutputSpec]) -> list[Any]:
     """ConvInteger: x, w, x_zero_point?, w_zero_point? -> Conv(x - x_zp, w - w_zp) in int32."""
-    x, w, x_zero, w_zero = (list(inputs) + [None] * 4)[:4]
+    x, w, x_zero, w_zero = fill_optional("ConvInteger", inputs, 4)
     xs = _centered(x, x_zero, lambda z: z.reshape(()))
     ws = _centered(w, w_zero, lambda z: _filter_param(z, w.ndim))
     acc = conv(xp, xs, ws, None, attrs)
@@ -158,7 +158,7 @@ def conv_integer_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
 def qlinear_conv_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                         outputs: list[OutputSpec]) -> list[Any]:
     """QLinearConv: x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B? -> quantized Conv + B."""
-    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (list(inputs) + [None])[:9]
+    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = fill_optional("QLinearConv", inputs, 9)
     xs = _centered(x, x_zero, lambda z: z.reshape(()))
     ws = _centered(w, w_zero, lambda z: _filter_param(z, w.ndim))
     acc = conv(xp, xs, ws, bias.astype(np.float64) if bias is not None else None, attrs)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish, prod
+from runtime.kernels.common import fill_optional, finish, prod
 from runtime.kernels.registry import OutputSpec, register
 
 __all__: list[str] = []
@@ -66,7 +66,7 @@ def _sample(xp: Any, x: Any, pos: Any, groups: int) -> Any:
 def deform_conv_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                        outputs: list[OutputSpec]) -> list[Any]:
     """DeformConv: X, W, offset, B?, mask? -> Y (N, M, *out)."""
-    x, w, offset, bias, mask = (list(inputs) + [None] * 5)[:5]
+    x, w, offset, bias, mask = fill_optional("DeformConv", inputs, 5)
     n, c, m = int(x.shape[0]), int(x.shape[1]), int(w.shape[0])
     out_shape = tuple(int(s) for s in offset.shape[2:])
     pixels, taps, groups = prod(out_shape), prod(attrs["kernel_shape"]), int(attrs["group"])

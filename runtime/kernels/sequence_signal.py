@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish
+from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.registry import OutputSpec, register
 
 __all__: list[str] = []
@@ -67,8 +67,8 @@ def stft_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list
 
     Frame f covers samples [f * frame_step, f * frame_step + frame_length), weighted by the window.
     """
-    signal = _complex(xp, inputs[0])
-    window = inputs[1] if len(inputs) > 1 else None
+    signal, window = fill_optional("STFT", inputs, 2)
+    signal = _complex(xp, signal)
     step, length = int(attrs["frame_step"]), int(attrs["frame_length"])
     frames = 1 + (int(signal.shape[1]) - length) // step
     index = xp.arange(frames)[:, None] * step + xp.arange(length)[None, :]

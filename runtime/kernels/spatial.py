@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish, prod
+from runtime.kernels.common import fill_optional, finish, prod
 from runtime.kernels.registry import OutputSpec, register
 from runtime.kernels.window import reach
 
@@ -176,8 +176,7 @@ _ALL2 = (slice(None), slice(None))  # every image and channel
 def conv_transpose_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                           outputs: list[OutputSpec]) -> list[Any]:
     """ConvTranspose: X, W, B? -> Y; output o gets x[i] * w[k] where o = i*stride + k*dilation - pad."""
-    x, w, *rest = inputs
-    b = rest[0] if rest else None
+    x, w, b = fill_optional("ConvTranspose", inputs, 3)
     kernel = [int(k) for k in attrs["kernel_shape"]]
     strides, dilations = [int(s) for s in attrs["strides"]], [int(d) for d in attrs["dilations"]]
     group, nd = int(attrs["group"]), len(kernel)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish
-from runtime.kernels.fused import apply_activation
+from runtime.kernels.common import fill_optional, finish
+from runtime.kernels.fused import conv_epilogue
 from runtime.kernels.registry import OutputSpec, register
 from runtime.kernels.window import conv_out_size
 
@@ -98,12 +98,6 @@ def winograd_conv_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """FusedConv of a 3x3, stride-1 conv whose weights are Winograd-transformed: act(conv + B + Z)."""
-    x, u, *rest = inputs
-    b = rest[0] if len(rest) > 0 else None
-    z = rest[1] if len(rest) > 1 else None
-    y = winograd_conv(xp, x, u, attrs)
-    if b is not None:
-        y = y + b.reshape(1, -1, 1, 1)
-    if z is not None:
-        y = y + z
-    return finish(xp, "onnx_aot.WinogradConv", [apply_activation(xp, y, attrs)], outputs)
+    x, u, b, z = fill_optional("onnx_aot.WinogradConv", inputs, 4)
+    y = conv_epilogue(xp, winograd_conv(xp, x, u, attrs), b, z, attrs)
+    return finish(xp, "onnx_aot.WinogradConv", [y], outputs)
