@@ -20,6 +20,7 @@ from compiler.ir.graph import Graph, Node, Value
 
 __all__ = [
     "add_constant",
+    "bypass",
     "NONDETERMINISTIC",
     "NO_ACTIVATION",
     "Pass",
@@ -112,6 +113,13 @@ def note_eliminated(graph: Graph, removed: Sequence[Node], pass_name: str) -> No
         for name in node.origin:
             if name and name not in alive and name not in graph.eliminated:
                 graph.eliminated[name] = pass_name
+
+
+def bypass(graph: Graph, node: Node, values: Sequence[Value]) -> None:
+    """Remove ``node``; whatever used its outputs uses ``values`` instead (one per output, in order)."""
+    for old, new in zip(node.outputs, values, strict=True):
+        graph.replace_all_uses(old, new)
+    graph.remove_node(node)
 
 
 def replace_nodes(graph: Graph, old: Sequence[Node], new: Node, *, at: Node | None = None) -> Node:

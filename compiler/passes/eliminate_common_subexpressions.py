@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from compiler.ir.graph import Graph, Node, Value
-from compiler.passes.base import NONDETERMINISTIC, Pass, PassResult, note_eliminated
+from compiler.passes.base import NONDETERMINISTIC, Pass, PassResult, bypass, note_eliminated
 
 __all__ = ["EliminateCommonSubexpressions"]
 
@@ -63,9 +63,7 @@ class EliminateCommonSubexpressions(Pass):
             first = seen.setdefault(key, node)
             if first is node or any(graph.is_graph_output(v) for v in node.outputs):
                 continue
-            for duplicate, kept in zip(node.outputs, first.outputs, strict=True):
-                graph.replace_all_uses(duplicate, kept)
-            graph.remove_node(node)
+            bypass(graph, node, first.outputs)
             removed.append(node)
         note_eliminated(graph, removed, self.name)
         if merged_constants:

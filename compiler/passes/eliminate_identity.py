@@ -10,7 +10,7 @@ constant, another graph output or an output of a multi-output node, the Identity
 from __future__ import annotations
 
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.passes.base import Pass, PassResult, note_eliminated, replace_nodes
+from compiler.passes.base import Pass, PassResult, bypass, note_eliminated, replace_nodes
 
 __all__ = ["EliminateIdentity"]
 
@@ -28,8 +28,7 @@ class EliminateIdentity(Pass):
             if src is None:
                 continue
             if not graph.is_graph_output(out):
-                graph.replace_all_uses(out, src)
-                graph.remove_node(node)
+                bypass(graph, node, [src])
                 removed.append(node)
             elif self._hand_output_to_producer(graph, node, src, out):
                 removed.append(node)

@@ -21,6 +21,7 @@ from compiler.passes.base import (
     Pass,
     PassResult,
     add_constant,
+    bypass,
     note_eliminated,
     replace_nodes,
 )
@@ -56,16 +57,20 @@ class FoldConstants(Pass):
             if any(graph.is_graph_output(v) for v in node.outputs):
                 self._copy_into_output(graph, node, arrays[0])
             else:
-                for value, array in zip(node.outputs, arrays, strict=True):
-                    const = add_constant(graph, value.name, array)
-                    const.origin = value.origin if value.origin is not None else value.name
-                    graph.replace_all_uses(value, const)
-                graph.remove_node(node)
+                bypass(graph, node, [self._constant(graph, value, array)
+                                     for value, array in zip(node.outputs, arrays, strict=True)])
                 removed.append(node)
         note_eliminated(graph, removed, self.name)
         if modified:
             graph.prune_constants()
         return PassResult(graph, modified)
+
+    @staticmethod
+    def _constant(graph: Graph, value: Value, array: np.ndarray) -> Value:
+        """The folded ``value`` as a new constant (keeping where it came from)."""
+        const = add_constant(graph, value.name, array)
+        const.origin = value.origin if value.origin is not None else value.name
+        return const
 
     @staticmethod
     def _copy_into_output(graph: Graph, node: Node, array: np.ndarray) -> None:
