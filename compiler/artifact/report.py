@@ -52,8 +52,8 @@ class Frame:
     bottom: str
 
 
-FRAME = Frame(*map(_f, (LEFT + PLOT_W + RIGHT, TOP + PLOT_H + BOTTOM, LEFT, TOP, PLOT_W, PLOT_H,
-                        LEFT + PLOT_W, TOP + PLOT_H)))
+FRAME = Frame(width=_f(LEFT + PLOT_W + RIGHT), height=_f(TOP + PLOT_H + BOTTOM), left=_f(LEFT), top=_f(TOP),
+              plot_w=_f(PLOT_W), plot_h=_f(PLOT_H), right=_f(LEFT + PLOT_W), bottom=_f(TOP + PLOT_H))
 
 
 @dataclass(frozen=True)
