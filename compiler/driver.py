@@ -21,6 +21,7 @@ import onnx
 
 from compiler.artifact.golden import DEFAULT_CASES, make_golden
 from compiler.artifact.writer import write_artifact
+from compiler.codegen.options import BuildOptions
 from compiler.frontend.importer import import_model
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node
 from compiler.limits import check_arena_limit
@@ -29,7 +30,7 @@ from compiler.memory.lifetimes import assign_storage
 from compiler.partition.partitioner import partition_graph
 from compiler.passes import optimize
 from compiler.plan import build_plan
-from compiler.providers.base import BuildOptions, Provider
+from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
 from runtime.errors import CompileError
 from runtime.isa import X86_LEVELS, host_x86_level

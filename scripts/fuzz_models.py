@@ -396,11 +396,10 @@ def _providers(build: bool) -> list[Any] | None:
     from compiler.providers.reference import ReferenceProvider
 
     class SourceOnlyCProvider(CProvider):  # claims and renders like the C provider, builds nothing
-        def generate(self, partitions: Any, kernels_dir: Path, options: Any) -> dict[str, object]:
+        def generate(self, partitions: Any, kernels_dir: Path, options: Any) -> None:
             source = self.render_source(list(partitions), target_info(options))
             kernels_dir.mkdir(parents=True, exist_ok=True)
             (kernels_dir / SOURCE_NAME).write_text(source.model)
-            return {"sources": [SOURCE_NAME]}
 
     return [SourceOnlyCProvider(), ReferenceProvider()]
 

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from compiler.codegen.options import BuildOptions
 from compiler.driver import compile_model
 from compiler.ir.graph import Graph, Node, Value
-from compiler.providers.base import BuildOptions, Location, PartitionPlan, StepPlan
+from compiler.providers.base import Location, PartitionPlan, StepPlan
 from compiler.providers.c.pad import pad_tables
 from runtime.kernels import get_kernel
 from runtime.providers.c import CLibrary

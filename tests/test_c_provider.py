@@ -24,8 +24,9 @@ from onnx import helper, numpy_helper
 from compiler.codegen import toolchain
 from compiler.codegen.elementwise import coalesce, emit_program, literal, node_program
 from compiler.codegen.env import render, templates_dir
+from compiler.codegen.options import BuildOptions
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.providers.base import BuildOptions, Location, PartitionPlan, StepPlan
+from compiler.providers.base import GeneratedC, Location, PartitionPlan, StepPlan
 from compiler.providers.c.provider import CProvider
 from runtime.errors import ArtifactError, CompileError, RuntimeKernelError
 from runtime.providers.c import CLibrary
@@ -57,7 +58,7 @@ class Built:
     arena: np.ndarray
     weights: np.ndarray
     kernels_dir: Path
-    facts: dict[str, object]
+    facts: GeneratedC
     views: dict[str, str] = field(default_factory=dict)
 
     def run(self, feeds: dict[str, np.ndarray], timings: np.ndarray | None = None) -> list[np.ndarray]:
@@ -760,8 +761,9 @@ def test_generate_is_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     for k in range(2):
         monkeypatch.setenv("ONNX_AOT_CACHE_DIR", str(tmp_path / f"cache{k}"))  # really compile twice
         built = build(graph, tmp_path / f"build{k}")
-        assert built.facts["sources"] == ["model.c"] and built.facts["library"] == "model.so"
-        assert "-O3" in built.facts["flags"] and "-ffast-math" not in built.facts["flags"]  # type: ignore[operator]
+        (only,) = built.facts.builds
+        assert only.source == "model.c" and only.library == "model.so"
+        assert "-O3" in only.flags and "-ffast-math" not in only.flags
         results.append(
             ((tmp_path / f"build{k}/model.c").read_bytes(), (tmp_path / f"build{k}/model.so").read_bytes())
         )
@@ -774,7 +776,7 @@ def test_build_cache_hits_the_second_time(tmp_path: Path, monkeypatch: pytest.Mo
     source = "int onnx_aot_cache_probe(void) { return 7; }\n"
     first = toolchain.build_shared(source, tmp_path / "a.so", BuildOptions())
     second = toolchain.build_shared(source, tmp_path / "b.so", BuildOptions())
-    assert first["cached"] is False and second["cached"] is True
+    assert first.cached is False and second.cached is True
     assert (tmp_path / "a.so").read_bytes() == (tmp_path / "b.so").read_bytes()
     assert len(list((tmp_path / "cache").glob("*.so"))) == 1
 

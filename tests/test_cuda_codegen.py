@@ -24,8 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler import compile_model
 from compiler.codegen import nvcc as nvcc_mod
+from compiler.codegen.options import BuildOptions
 from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.providers.base import BuildOptions
 from compiler.providers.cuda.provider import CudaProvider
 from runtime.errors import CompileError
 from tests.support.zoo import ZOO, zoo_model

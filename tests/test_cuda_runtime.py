@@ -454,7 +454,7 @@ def test_a_session_runs_a_compiled_cuda_plan_through_the_fake(
 
 
 def _no_nvcc_build() -> Any:
-    from compiler.providers.base import BuildOptions
+    from compiler.codegen.options import BuildOptions
 
     return BuildOptions(extra={"nvcc": "none"})
 

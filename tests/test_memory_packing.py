@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.memory import greedy, native, packing
+from compiler.memory import greedy, packing, placement_c
 from compiler.memory.exact import BranchAndBound, Budget
 from compiler.memory.packing import (
     DEFAULT_BUDGET_MS,
@@ -227,19 +227,19 @@ def test_thousand_buffers_plan_quickly() -> None:
     assert elapsed < 6 * DEFAULT_BUDGET_MS / 1000, f"the search took {elapsed:.3f} s"
 
 
-# ---- the native placement loop against its Python specification ----
+# ---- the C placement loop against its Python specification ----
 
 
-def _native_or_skip() -> None:
-    if not native.native_available():
-        pytest.skip("the native planner loop could not be built here (no C compiler)")
+def _c_loop_or_skip() -> None:
+    if not placement_c.c_loop_available():
+        pytest.skip("the planner's C loop could not be built here (no C compiler)")
 
 
 @pytest.mark.parametrize("mode", ["scan", "lists"])
 @pytest.mark.parametrize("seed", range(40))
-def test_native_placement_equals_the_python_loop(seed: int, mode: str, monkeypatch) -> None:
-    _native_or_skip()
-    # force one of the two native algorithms whatever the instance's size
+def test_c_placement_equals_the_python_loop(seed: int, mode: str, monkeypatch) -> None:
+    _c_loop_or_skip()
+    # force one of the two C algorithms whatever the instance's size
     monkeypatch.setattr(greedy, "SCAN_LIMIT", 1 << 30 if mode == "scan" else 0)
     monkeypatch.setattr(greedy, "SCAN_RATIO", 0)
     rng = random.Random(seed)
@@ -255,20 +255,20 @@ def test_native_placement_equals_the_python_loop(seed: int, mode: str, monkeypat
             assert greedy.place_fresh(p, order, fit, limit) == greedy.place_fresh_python(p, order, fit, limit)
 
 
-def test_planner_without_the_native_loop_gives_the_same_plan(monkeypatch) -> None:
-    _native_or_skip()
+def test_planner_without_the_c_loop_gives_the_same_plan(monkeypatch) -> None:
+    _c_loop_or_skip()
     bufs = random_buffers(7, n=400, steps=400, mean_life=20)
-    with_native = plan_offsets(bufs, 64)
+    with_c = plan_offsets(bufs, 64)
     monkeypatch.setenv("ONNX_AOT_PLANNER", "python")
-    native._library.cache_clear()
+    placement_c._library.cache_clear()
     try:
-        assert not native.native_available()
+        assert not placement_c.c_loop_available()
         without = plan_offsets(bufs, 64)
     finally:
         monkeypatch.delenv("ONNX_AOT_PLANNER")
-        native._library.cache_clear()
-    assert without == with_native
-    assert native.native_available()
+        placement_c._library.cache_clear()
+    assert without == with_c
+    assert placement_c.c_loop_available()
 
 
 # ---- the search ----

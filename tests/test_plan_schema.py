@@ -16,7 +16,7 @@ import pytest
 
 from compiler import compile_model
 from compiler.artifact.writer import dump_json
-from compiler.providers.base import BuildOptions
+from compiler.codegen.options import BuildOptions
 from runtime.errors import ArtifactError
 from runtime.json_fields import Where
 from runtime.plan_schema import FORMAT_VERSION, Plan, ValueLocation

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from compiler.codegen.options import BuildOptions
 from compiler.driver import compile_graph
 from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import AOT_DOMAIN, Graph
-from compiler.providers.base import BuildOptions
 from compiler.providers.c.pool_nhwc import MAX_LRN_CHANNELS, channel_walk
 from compiler.providers.c.provider import CProvider
 from runtime import Session

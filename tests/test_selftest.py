@@ -95,8 +95,8 @@ def test_a_patched_library_fails_verify(pristine: Path, tmp_path: Path) -> None:
     shutil.copytree(pristine, art)
     import re
 
+    from compiler.codegen.options import BuildOptions
     from compiler.codegen.toolchain import compile_flags
-    from compiler.providers.base import BuildOptions
 
     source = (art / "kernels/cpu/model.c").read_text()
     # the entry hands a kernel its weights one float further on: every conv weight shifts

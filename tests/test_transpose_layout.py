@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from compiler.codegen.options import BuildOptions
 from compiler.driver import compile_graph
-from compiler.providers.base import BuildOptions
 from compiler.providers.c.movement import batched_2d, register_transpose, transpose_blocks
 from runtime import Session
 from tests.cpu_targets import level_params

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 import compiler.providers.c.winograd_nhwc as K
+from compiler.codegen.options import BuildOptions
 from compiler.driver import compile_graph
 from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import AOT_DOMAIN, Graph
 from compiler.passes.use_winograd import winograd_weights
-from compiler.providers.base import BuildOptions
 from compiler.providers.c.winograd_nhwc import Program, _blocks, transform_program
 from runtime import Session
 from runtime.errors import CpuFallbackWarning

@@ -18,14 +18,14 @@ from compiler.artifact.atomic import make_temp_dir, replace_dir, sweep_leftovers
 from compiler.artifact.c_header import write_c_header
 from compiler.artifact.cpu_target import cpu_target
 from compiler.artifact.report import render_memory_html
+from compiler.codegen.options import BuildOptions
 from compiler.plan import CompiledPlan, attach_code
-from compiler.providers.base import BuildOptions, Provider
+from compiler.providers.base import Generated, GeneratedC, GeneratedCuda, Provider
 from compiler.version import __version__
 from runtime.artifact import FORMAT_VERSION, MANIFEST, PLAN, WEIGHTS, sha256_file
 from runtime.errors import CompileError, OnnxAotError
 from runtime.integrity import sampled_sha256
-from runtime.json_fields import Where
-from runtime.plan_schema import CudaModule, KernelLaunch, Plan
+from runtime.plan_schema import CudaModule, Plan
 
 __all__ = ["write_artifact", "dump_json"]
 
@@ -77,7 +77,7 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
                 say: Callable[[str], None]) -> None:
     (tmp / WEIGHTS).write_bytes(compiled.weights)
     plan = compiled.plan
-    provider_facts: dict[str, Any] = {}
+    generated: dict[str, GeneratedC | GeneratedCuda] = {}
     for provider in providers:
         parts = [p for p in compiled.partitions if p.provider == provider.name]
         if not parts:
@@ -86,7 +86,7 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
         kernels_dir = tmp / rel_dir
         kernels_dir.mkdir(parents=True, exist_ok=True)
         try:
-            facts = dict(provider.generate(parts, kernels_dir, build))
+            code = provider.generate(parts, kernels_dir, build)
         except OnnxAotError:
             raise
         except Exception as exc:  # a provider bug must still surface as our error type
@@ -95,11 +95,11 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
             kernels_dir.rmdir()
             if not any(kernels_dir.parent.iterdir()):
                 kernels_dir.parent.rmdir()
-        plan = _attach_facts(plan, provider.name, rel_dir, facts)
-        if facts:
-            provider_facts[provider.name] = facts
-        if facts.get("library"):
-            say(f"built {rel_dir}/{facts['library']}")
+        plan = _attach_code(plan, provider.name, rel_dir, code)
+        if code is not None:
+            generated[provider.name] = code
+        if isinstance(code, GeneratedC):
+            say(f"built {rel_dir}/{code.library}")
     if options.get("target", "cpu") == "cpu" or any(p.runner == "c" for p in plan.partitions):
         write_c_header(tmp / KERNEL_DIRS["host"], plan)  # run from C without Python (docs/deploy.md)
     (tmp / PLAN).write_bytes(dump_json(plan.to_json()))
@@ -114,18 +114,11 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
         files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
         if rel == WEIGHTS:  # what the default (fast) load checks
             files[rel]["sample_sha256"] = sampled_sha256(path)
-    target: dict[str, Any] = {"machine": platform.machine(), "providers": provider_facts}
-    for facts in provider_facts.values():
-        if "isa" in facts and "flags" in facts and "library" in facts:  # a native CPU build
-            cpu = cpu_target(str(facts["cc"]), list(facts["flags"]), str(facts["isa"]))
-            if facts.get("builds"):  # every build, preferred first (runtime/cpu_builds.py)
-                rel_dir = KERNEL_DIRS["host"]
-                cpu["builds"] = [
-                    {"library": f"{rel_dir}/{b['library']}", "source": f"{rel_dir}/{b['source']}",
-                     "march": str(b["isa"]), "flags": list(b["flags"]),
-                     "features": cpu_target(str(facts["cc"]), list(b["flags"]), str(b["isa"]))["features"]}
-                    for b in facts["builds"]]
-            target["cpu"] = cpu
+    target: dict[str, Any] = {"machine": platform.machine(),
+                              "providers": {name: code.manifest() for name, code in generated.items()}}
+    for code in generated.values():
+        if isinstance(code, GeneratedC):  # a native CPU build
+            target["cpu"] = _cpu_target(code)
     manifest = {
         "format_version": FORMAT_VERSION,
         "compiler": {"name": "onnx-aot", "version": __version__},
@@ -137,22 +130,27 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
     (tmp / MANIFEST).write_bytes(dump_json(manifest))
 
 
-def _attach_facts(plan: Plan, provider: str, rel_dir: str, facts: dict[str, Any]) -> Plan:
-    """``plan`` with the code ``provider`` generated: its C ``library``, its CUDA module (source,
-    cubins per arch, PTX) and each step's ``launches`` (moved out of ``facts``: the manifest
-    stays small)."""
-    launches = facts.pop("launches", None)
-    module = None
-    if "cubins" in facts:
-        cubins = facts["cubins"]
-        assert isinstance(cubins, dict)
-        module = CudaModule(f"{rel_dir}/{facts['source']}",
-                            {arch: f"{rel_dir}/{name}" for arch, name in sorted(cubins.items())},
-                            f"{rel_dir}/{facts['ptx']}" if facts.get("ptx") else None)
-    where = Where(f"launches of provider {provider!r}")
-    by_step = {int(key): tuple(KernelLaunch.from_json(launch, where.item(key).item(k))
-                               for k, launch in enumerate(records))
-               for key, records in (launches or {}).items()}
-    library = facts.get("library")
-    return attach_code(plan, provider, library=f"{rel_dir}/{library}" if library else None, module=module,
-                       launches=by_step)
+def _attach_code(plan: Plan, provider: str, rel_dir: str, code: Generated) -> Plan:
+    """``plan`` with the code ``provider`` generated: its C library, or its CUDA module (source,
+    cubins per arch, PTX) and each step's launches (in plan.json: the manifest stays small)."""
+    if isinstance(code, GeneratedC):
+        return attach_code(plan, provider, library=f"{rel_dir}/{code.library}")
+    if isinstance(code, GeneratedCuda):
+        module = CudaModule(f"{rel_dir}/{code.source}",
+                            {arch: f"{rel_dir}/{name}" for arch, name in sorted(code.cubins.items())},
+                            f"{rel_dir}/{code.ptx}" if code.ptx else None)
+        return attach_code(plan, provider, module=module, launches=code.launches)
+    return plan
+
+
+def _cpu_target(code: GeneratedC) -> dict[str, Any]:
+    """The manifest's ``target.cpu``: the preferred build's features and every build, preferred
+    first (runtime/cpu_builds.py)."""
+    first = code.builds[0]
+    cpu = cpu_target(code.cc, list(first.flags), first.isa)
+    rel_dir = KERNEL_DIRS["host"]
+    cpu["builds"] = [
+        {"library": f"{rel_dir}/{b.library}", "source": f"{rel_dir}/{b.source}", "march": b.isa,
+         "flags": list(b.flags), "features": cpu_target(code.cc, list(b.flags), b.isa)["features"]}
+        for b in code.builds]
+    return cpu

@@ -5,7 +5,7 @@ sm_80 and sm_90) and, for forward compatibility, to PTX for one virtual architec
 (compute_80), with warnings as errors (nvcc's ``-Werror all-warnings`` and ptxas's
 ``-Werror``). The source is compiled under a fixed name in a fresh temporary folder, so no path
 or time reaches the outputs. Each output is cached by sha256(source, flags, nvcc version,
-target) in ``$ONNX_AOT_CACHE_DIR/cuda`` (default ``~/.cache/onnx-aot/cuda``); missing targets
+target) in the build cache (``compiler.codegen.build_cache.cuda_cache_dir``); missing targets
 are built in parallel nvcc processes. Without nvcc, nothing is built and the runtime compiles
 the shipped source with NVRTC.
 """
@@ -13,8 +13,6 @@ the shipped source with NVRTC.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import re
 import shlex
@@ -24,7 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler.providers.base import BuildOptions
+from compiler.codegen.build_cache import BuildCache, content_key, copy_atomic, cuda_cache_dir, trim_output
+from compiler.codegen.options import BuildOptions
 from runtime.errors import CompileError
 
 __all__ = [
@@ -33,7 +32,6 @@ __all__ = [
     "DEFAULT_PTX_ARCH",
     "NVCC_FLAGS",
     "build_cuda",
-    "cache_dir",
     "find_nvcc",
     "min_driver",
     "nvcc_version",
@@ -43,7 +41,6 @@ SOURCE_NAME = "model.cu"
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 DEFAULT_PTX_ARCH = "compute_80"
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Werror", "all-warnings", "-Xptxas", "-Werror")
-_STDERR_LIMIT = 4000
 _ARCH = re.compile(r"(sm|compute)_\d+[a-z]?")
 
 # Minimum Linux driver that loads code from a CUDA major release under minor-version
@@ -98,32 +95,6 @@ def min_driver(cuda_version: str) -> str | None:
     return _MIN_DRIVER.get(major)
 
 
-def cache_dir() -> Path:
-    """``$ONNX_AOT_CACHE_DIR/cuda`` when set, else ``~/.cache/onnx-aot/cuda``."""
-    env = os.environ.get("ONNX_AOT_CACHE_DIR", "")
-    return (Path(env) if env else Path.home() / ".cache" / "onnx-aot") / "cuda"
-
-
-def _trim(text: str) -> str:
-    text = text.strip()
-    if len(text) <= _STDERR_LIMIT:
-        return text
-    return text[:_STDERR_LIMIT] + f"\n... ({len(text) - _STDERR_LIMIT} more characters)"
-
-
-def _copy_atomic(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _target_argv(nvcc: str, flags: tuple[str, ...], arch: str, out: str) -> list[str]:
     mode = "-ptx" if arch.startswith("compute_") else "-cubin"
     return [nvcc, mode, f"-arch={arch}", *flags, SOURCE_NAME, "-o", out]
@@ -150,47 +121,21 @@ def build_cuda(
     targets = {arch: f"model.{arch}.cubin" for arch in archs}
     if ptx_arch:
         targets[ptx_arch] = "model.ptx"
-    keys = {}
-    for arch in targets:
-        blob = json.dumps(
-            {"source": source_text, "flags": flags, "nvcc": version, "arch": arch}, sort_keys=True
-        )
-        keys[arch] = hashlib.sha256(blob.encode()).hexdigest()
+    keys = {arch: content_key(source=source_text, flags=flags, nvcc=version, arch=arch) for arch in targets}
     suffix = {arch: ".ptx" if arch.startswith("compute_") else ".cubin" for arch in targets}
-    missing = [a for a in targets if not (cache_dir() / f"{keys[a]}{suffix[a]}").is_file()]
+    cache = BuildCache(cuda_cache_dir(), mode=0o644)
+    missing = [a for a in targets if not cache.has(keys[a], suffix[a])]
     out_dir = Path(out_dir)
     if missing:
         with tempfile.TemporaryDirectory(prefix="onnx-aot-nvcc-") as tmp:
             work = Path(tmp)
             (work / SOURCE_NAME).write_text(source_text)
-            procs = []
+            _run_nvcc(nvcc, flags, {arch: targets[arch] for arch in missing}, work, out_dir / SOURCE_NAME)
             for arch in missing:
-                argv = _target_argv(nvcc, flags, arch, targets[arch])
-                try:
-                    proc = subprocess.Popen(
-                        argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-                    )
-                except OSError as exc:
-                    raise CompileError(f"cannot run nvcc {nvcc!r}: {exc}") from exc
-                procs.append((arch, argv, proc))
-            failures = []
-            for arch, argv, proc in procs:
-                output, _ = proc.communicate()
-                if proc.returncode != 0:
-                    failures.append(f"nvcc for {arch} failed ({shlex.join(argv)}):\n{_trim(output)}")
-            if failures:
-                raise CompileError(
-                    f"CUDA compilation of {out_dir / SOURCE_NAME} failed:\n" + "\n".join(failures)
-                )
-            for arch in missing:
-                try:
-                    _copy_atomic(work / targets[arch], cache_dir() / f"{keys[arch]}{suffix[arch]}")
-                except OSError:
-                    _copy_atomic(work / targets[arch], out_dir / targets[arch])  # unwritable cache
+                if not cache.store(work / targets[arch], keys[arch], suffix[arch]):
+                    copy_atomic(work / targets[arch], out_dir / targets[arch], 0o644)  # unwritable cache
     for arch, name in targets.items():
-        cached = cache_dir() / f"{keys[arch]}{suffix[arch]}"
-        if cached.is_file():
-            _copy_atomic(cached, out_dir / name)
+        cache.fetch(keys[arch], suffix[arch], out_dir / name)
     return CudaBuild(
         cubins={a: targets[a] for a in archs},
         ptx="model.ptx" if ptx_arch else None,
@@ -200,3 +145,23 @@ def build_cuda(
         flags=flags,
         cached=not missing,
     )
+
+
+def _run_nvcc(nvcc: str, flags: tuple[str, ...], targets: dict[str, str], work: Path, source: Path) -> None:
+    """One nvcc per target (arch -> output file name) in parallel; CompileError naming ``source``."""
+    procs = []
+    for arch, out in targets.items():
+        argv = _target_argv(nvcc, flags, arch, out)
+        try:
+            proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+        except OSError as exc:
+            raise CompileError(f"cannot run nvcc {nvcc!r}: {exc}") from exc
+        procs.append((arch, argv, proc))
+    failures = []
+    for arch, argv, proc in procs:
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            failures.append(f"nvcc for {arch} failed ({shlex.join(argv)}):\n{trim_output(output)}")
+    if failures:
+        raise CompileError(f"CUDA compilation of {source} failed:\n" + "\n".join(failures))

@@ -7,10 +7,10 @@ compiles one whole source.
 ``build_shared`` runs ``cc`` on the source written under a fixed name (``model.c``) in a fresh
 temporary folder, so neither the folder's path nor a timestamp can reach the binary: two builds
 of one source are byte-identical (the GNU build-id is a hash of the content). Built libraries are
-cached by sha256(source, flags, compiler identity, resolved ``-march``) in ``$ONNX_AOT_CACHE_DIR``
-(default ``~/.cache/onnx-aot/cc``), so an identical kernel is never compiled twice; cache entries are
-written atomically (temporary file + rename). ``target_info`` tells code generators what the
-chosen ``-march`` provides (vector width, register count) so they can size register tiles.
+cached by sha256(source, flags, compiler identity, resolved ``-march``) in the build cache
+(``compiler.codegen.build_cache``), so an identical kernel is never compiled twice.
+``target_info`` tells code generators what the chosen ``-march`` provides (vector width,
+register count) so they can size register tiles.
 """
 
 from __future__ import annotations
@@ -19,25 +19,24 @@ import concurrent.futures
 import dataclasses
 import functools
 import hashlib
-import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from compiler.providers.base import BuildOptions
+from compiler.codegen.build_cache import BuildCache, c_cache_dir, content_key, copy_atomic, trim_output
+from compiler.codegen.options import BuildOptions
 from runtime.errors import CompileError
 
-__all__ = ["TargetInfo", "build_shared", "build_units", "cache_dir", "compile_flags", "compiler_version",
-           "target_info"]
+__all__ = [
+    "TargetInfo", "CBuild", "build_shared", "build_units", "compile_flags", "compiler_version", "target_info",
+]
 
 SOURCE_NAME = "model.c"
 LIBRARY_NAME = "model.so"
-_STDERR_LIMIT = 4000  # characters of compiler output kept in a CompileError
 
 # Not -ffast-math: kernels must keep NaN/Inf semantics. -ffp-contract=fast lets gcc form FMAs
 # (ISO C mode turns it off); -fno-math-errno lets sqrtf and friends inline; hidden visibility
@@ -102,7 +101,7 @@ def _resolved_march(cc: str, isa: str) -> str:
 def _target_macros(cc: str, isa: str) -> frozenset[str]:
     proc = _run([cc, f"-march={isa}", "-dM", "-E", "-x", "c", os.devnull])
     if proc.returncode != 0:
-        raise CompileError(f"{cc} rejects -march={isa}: {proc.stderr.strip()[:_STDERR_LIMIT]}")
+        raise CompileError(f"{cc} rejects -march={isa}: {trim_output(proc.stderr)}")
     return frozenset(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define "))
 
 
@@ -126,80 +125,60 @@ def compile_flags(options: BuildOptions) -> list[str]:
     return flags
 
 
-def cache_dir() -> Path:
-    """``$ONNX_AOT_CACHE_DIR`` when set, else ``~/.cache/onnx-aot/cc``."""
-    env = os.environ.get("ONNX_AOT_CACHE_DIR", "")
-    return Path(env) if env else Path.home() / ".cache" / "onnx-aot" / "cc"
+@dataclasses.dataclass(frozen=True)
+class CBuild:
+    """One library built (or taken from the cache): what the manifest records about it."""
+
+    cc: str
+    cc_version: str  # the first line of ``cc --version``
+    flags: tuple[str, ...]  # compile_flags(options)
+    isa: str  # the resolved -march
+    cached: bool  # the library came from the cache
+    units: int = 1  # translation units
+    units_compiled: int = 0  # of those, compiled by this build (the rest came from the cache)
 
 
-def _cache_key(source_text: str, flags: list[str], cc_version: str, march: str) -> str:
-    blob = json.dumps(
-        {"source": source_text, "flags": flags, "cc": cc_version, "march": march}, sort_keys=True
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()
+def _identity(options: BuildOptions) -> tuple[list[str], str, str]:
+    """(flags, compiler version, resolved -march): what every cache key of a build holds."""
+    return compile_flags(options), compiler_version(options.cc), _resolved_march(options.cc, options.isa)
 
 
-def _copy_atomic(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _unit_key(text: str, flags: list[str], version: str, march: str) -> str:
+    return content_key(source=text, flags=flags, cc=version, march=march)
 
 
-def _trim(text: str) -> str:
-    text = text.strip()
-    if len(text) <= _STDERR_LIMIT:
-        return text
-    return text[:_STDERR_LIMIT] + f"\n... ({len(text) - _STDERR_LIMIT} more characters)"
-
-
-def build_shared(source_text: str, out_path: Path, options: BuildOptions) -> dict[str, object]:
+def build_shared(source_text: str, out_path: Path, options: BuildOptions) -> CBuild:
     """Compile ``source_text`` into the shared library ``out_path`` (through the build cache).
 
-    Returns the manifest facts (``cc``, ``cc_version``, ``flags``, ``isa``) plus ``cached``, whether
-    the library came from the cache. On failure raises ``CompileError`` with the compiler's
-    trimmed stderr, naming the source file (kept next to ``out_path``).
+    On failure raises ``CompileError`` with the compiler's trimmed stderr, naming the source file
+    (kept next to ``out_path``).
     """
     out_path = Path(out_path)
-    flags = compile_flags(options)
-    version = compiler_version(options.cc)
-    march = _resolved_march(options.cc, options.isa)
-    key = _cache_key(source_text, flags, version, march)
-    facts: dict[str, object] = {"cc": options.cc, "cc_version": version, "flags": flags, "isa": march}
-    cached = cache_dir() / f"{key}.so"
-    if cached.is_file():
-        _copy_atomic(cached, out_path)
-        return {**facts, "cached": True}
+    flags, version, march = _identity(options)
+    key = _unit_key(source_text, flags, version, march)
+    cache = BuildCache(c_cache_dir())
+    build = CBuild(options.cc, version, tuple(flags), march, cached=True)
+    if cache.fetch(key, ".so", out_path):
+        return build
     with tempfile.TemporaryDirectory(prefix="onnx-aot-cc-") as tmp:
         work = Path(tmp)
         (work / SOURCE_NAME).write_text(source_text)
         argv = [options.cc, *flags, SOURCE_NAME, "-o", LIBRARY_NAME, "-lm"]
-        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, check=False)
+        proc = _run_in(argv, work)
         if proc.returncode != 0:
             kept = out_path.with_suffix(".c")
             if not kept.is_file() or kept.read_text() != source_text:
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 kept.write_text(source_text)
-            raise CompileError(
-                f"C compilation of {kept} failed ({shlex.join(argv)}):\n{_trim(proc.stderr or proc.stdout)}"
-            )
-        built = work / LIBRARY_NAME
-        try:
-            _copy_atomic(built, cached)
-        except OSError:
-            pass  # an unwritable cache only costs a rebuild next time
-        _copy_atomic(built, out_path)
-    return {**facts, "cached": False}
+            raise CompileError(f"C compilation of {kept} failed ({shlex.join(argv)}):\n"
+                               f"{trim_output(proc.stderr or proc.stdout)}")
+        cache.store(work / LIBRARY_NAME, key, ".so")
+        copy_atomic(work / LIBRARY_NAME, out_path)
+    return dataclasses.replace(build, cached=False, units_compiled=1)
 
 
 def build_units(units: Sequence[str], out_path: Path, options: BuildOptions,
-                source_name: str = SOURCE_NAME) -> dict[str, object]:
+                source_name: str = SOURCE_NAME) -> CBuild:
     """Compile each translation unit in ``units`` to an object and link them into ``out_path``.
 
     Objects are cached by sha256(unit, flags, compiler, ``-march``) like whole libraries, so a unit
@@ -210,56 +189,48 @@ def build_units(units: Sequence[str], out_path: Path, options: BuildOptions,
     ``out_path``) is what a CompileError names.
     """
     out_path = Path(out_path)
-    flags = compile_flags(options)
-    object_flags = [f for f in flags if f != "-shared"]
-    version = compiler_version(options.cc)
-    march = _resolved_march(options.cc, options.isa)
-    facts: dict[str, object] = {"cc": options.cc, "cc_version": version, "flags": flags, "isa": march}
-    keys = [_cache_key(unit, flags, version, march) for unit in units]
-    library_key = hashlib.sha256(json.dumps(["units", *keys]).encode()).hexdigest()
-    cached = cache_dir() / f"{library_key}.so"
-    if cached.is_file():
-        _copy_atomic(cached, out_path)
-        return {**facts, "cached": True, "units": len(units), "units_compiled": 0}
+    flags, version, march = _identity(options)
+    keys = [_unit_key(unit, flags, version, march) for unit in units]
+    cache = BuildCache(c_cache_dir())
+    build = CBuild(options.cc, version, tuple(flags), march, cached=True, units=len(units))
+    library_key = content_key(units=keys)
+    if cache.fetch(library_key, ".so", out_path):
+        return build
     with tempfile.TemporaryDirectory(prefix="onnx-aot-cc-") as tmp:
         work = Path(tmp)
         todo = []
         for unit, key in dict(zip(units, keys, strict=True)).items():
-            obj = cache_dir() / f"{key}.o"
-            if obj.is_file():
-                shutil.copyfile(obj, work / f"u_{key[:24]}.o")
-            else:
+            if not cache.fetch(key, ".o", work / f"u_{key[:24]}.o"):
                 (work / f"u_{key[:24]}.c").write_text(unit)
                 todo.append(key)
-        workers = max(1, min(len(todo), os.cpu_count() or 1))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            results = list(pool.map(lambda key: _compile_object(options.cc, object_flags, work, key), todo))
-        failed = [(key, proc) for key, proc in zip(todo, results, strict=True) if proc.returncode != 0]
-        if failed:
-            key, proc = failed[0]
-            function = _first_function(work / f"u_{key[:24]}.c")
-            raise CompileError(
-                f"C compilation of {out_path.parent / source_name} failed in {function} "
-                f"({len(failed)} of {len(todo)} unit(s) failed):\n{_trim(proc.stderr or proc.stdout)}"
-            )
+        _compile_objects(todo, work, [f for f in flags if f != "-shared"], options.cc,
+                         out_path.parent / source_name)
         for key in todo:
-            try:
-                _copy_atomic(work / f"u_{key[:24]}.o", cache_dir() / f"{key}.o")
-            except OSError:
-                pass  # an unwritable cache only costs a rebuild next time
+            cache.store(work / f"u_{key[:24]}.o", key, ".o")
         objects = [f"u_{key[:24]}.o" for key in dict.fromkeys(keys)]
         argv = [options.cc, "-shared", "-fopenmp", "-fPIC", *objects, "-o", LIBRARY_NAME, "-lm"]
         proc = _run_in(argv, work)
         if proc.returncode != 0:
             raise CompileError(f"linking {out_path} failed ({shlex.join(argv)}):\n"
-                               f"{_trim(proc.stderr or proc.stdout)}")
-        built = work / LIBRARY_NAME
-        try:
-            _copy_atomic(built, cached)
-        except OSError:
-            pass
-        _copy_atomic(built, out_path)
-    return {**facts, "cached": False, "units": len(units), "units_compiled": len(todo)}
+                               f"{trim_output(proc.stderr or proc.stdout)}")
+        cache.store(work / LIBRARY_NAME, library_key, ".so")
+        copy_atomic(work / LIBRARY_NAME, out_path)
+    return dataclasses.replace(build, cached=False, units_compiled=len(todo))
+
+
+def _compile_objects(keys: list[str], work: Path, flags: list[str], cc: str, source: Path) -> None:
+    """Compile ``u_<key>.c`` to ``u_<key>.o`` in ``work`` for each key, one ``cc`` per core."""
+    workers = max(1, min(len(keys), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda key: _compile_object(cc, flags, work, key), keys))
+    failed = [(key, proc) for key, proc in zip(keys, results, strict=True) if proc.returncode != 0]
+    if failed:
+        key, proc = failed[0]
+        function = _first_function(work / f"u_{key[:24]}.c")
+        raise CompileError(
+            f"C compilation of {source} failed in {function} "
+            f"({len(failed)} of {len(keys)} unit(s) failed):\n{trim_output(proc.stderr or proc.stdout)}"
+        )
 
 
 def _run_in(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from functools import cached_property
 
 import numpy as np
 
-from compiler.memory.native import native_available, native_place
+from compiler.memory.placement_c import c_loop_available, place_in_c
 
 __all__ = [
     "Fit", "MORE_STRATEGIES", "Order", "Problem", "STRATEGIES", "best_fit", "first_fit", "order_by_pressure",
@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 
-# The native loop either scans every placed buffer (n^2 / 2 simple steps, ~3 ns each, no conflict
+# The C loop either scans every placed buffer (n^2 / 2 simple steps, ~3 ns each, no conflict
 # lists to build) or visits conflict lists (~60 ns per conflicting pair, building the lists in
 # numpy included). It scans up to SCAN_LIMIT buffers, and beyond that while n^2 stays within
 # SCAN_RATIO x the conflict count (measured crossover: ~40).
@@ -194,17 +194,17 @@ def place_fresh(p: Problem, order: Sequence[int], fit: Fit, limit: int = -1) -> 
     """Place the buffers in ``order`` with ``fit``: (offsets, arena), arena -1 once past ``limit``.
 
     For the two fits defined here the loop runs in C where it can be built
-    (``compiler.memory.native``); this Python loop is its specification and its fallback.
+    (``compiler.memory.placement_c``); this Python loop is its specification and its fallback.
     """
-    if (fit is best_fit or fit is first_fit) and native_available():
+    if (fit is best_fit or fit is first_fit) and c_loop_available():
         ordered = np.asarray(order, dtype=np.int64)
         n = len(p.nonempty)
         if n <= SCAN_LIMIT or n * n <= SCAN_RATIO * sum(p.degree):
-            placed = native_place(ordered, p.arrays[0], fit is best_fit, limit,
+            placed = place_in_c(ordered, p.arrays[0], fit is best_fit, limit,
                                   first=p.arrays[1], last=p.arrays[2])
         else:
             indptr, indices = p.earlier_csr(order)
-            placed = native_place(ordered, p.arrays[0], fit is best_fit, limit,
+            placed = place_in_c(ordered, p.arrays[0], fit is best_fit, limit,
                                   indptr=indptr, indices=indices)
         if placed is not None:
             return placed
@@ -212,7 +212,7 @@ def place_fresh(p: Problem, order: Sequence[int], fit: Fit, limit: int = -1) -> 
 
 
 def place_fresh_python(p: Problem, order: Sequence[int], fit: Fit, limit: int = -1) -> tuple[list[int], int]:
-    """``place_fresh`` in Python: the specification of the native loop."""
+    """``place_fresh`` in Python: the specification of the C loop."""
     size = p.size
     earlier = p.earlier(order)
     spans = [(0, 0)] * p.n

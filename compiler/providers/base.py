@@ -1,20 +1,29 @@
 """The compile-side provider interface and the plan records providers generate code from.
 
 A provider claims the nodes it can run (with their attributes, dtypes and shapes) and, for the
-partitions it was given, writes the kernel sources and binaries into the artifact. The run side
-of each provider lives in ``runtime/providers/`` so the runtime never needs the compiler.
+partitions it was given, writes the kernel sources and binaries into the artifact and returns
+what it wrote as a typed record (``GeneratedC``, ``GeneratedCuda``; None when it writes nothing),
+which the artifact writer turns into the manifest's ``target.providers`` facts and the plan's
+library / module / launch fields. The run side of each provider lives in ``runtime/providers/``
+so the runtime never needs the compiler.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from compiler.codegen.options import BuildOptions
 from compiler.ir.graph import Graph, Node, Value
 from runtime.errors import CompileError
+from runtime.plan_schema import KernelLaunch
 
-__all__ = ["Location", "StepPlan", "PartitionPlan", "BuildOptions", "Provider", "shape_of"]
+__all__ = [
+    "Location", "StepPlan", "PartitionPlan", "Provider", "shape_of",
+    "CLibraryBuild", "GeneratedC", "GeneratedCuda", "Generated",
+]
 
 
 @dataclass(frozen=True)
@@ -29,9 +38,6 @@ class Location:
     space: str
     offset: int
     memory_space: str = "host"  # for "arena" and "weights": which space's arena / weights copy
-
-    def to_json(self) -> list[object]:
-        return [self.space, self.offset]
 
 
 @dataclass(frozen=True)
@@ -59,19 +65,71 @@ class PartitionPlan:
 
 
 @dataclass(frozen=True)
-class BuildOptions:
-    """Toolchain choices recorded in the manifest."""
+class CLibraryBuild:
+    """One build of a model's C kernels; paths relative to the provider's kernels folder."""
 
-    cc: str = "cc"
-    isa: str = "native"  # -march value
-    # a second, portable build of the same kernels (-march value; None: only ``isa``), shipped so
-    # the artifact also runs on CPUs that lack ``isa``'s features (compile_model sets x86-64-v2)
-    portable_isa: str | None = None
-    # its optimization flags: -O2 compiles ~20% faster than -O3 and runs ResNet-50 within ~3%
-    # (docs/performance.md), which keeps a cold compile of both builds within budget
-    portable_opt_flags: tuple[str, ...] = ("-O2",)
-    opt_flags: tuple[str, ...] = ("-O3",)
-    extra: dict[str, str] = field(default_factory=dict)
+    isa: str  # the resolved -march
+    flags: tuple[str, ...]
+    source: str
+    library: str
+
+
+@dataclass(frozen=True)
+class GeneratedC:
+    """What the C provider wrote: its builds, preferred first (the first is ``source`` + ``library``)."""
+
+    cc: str
+    cc_version: str
+    builds: tuple[CLibraryBuild, ...]
+
+    @property
+    def library(self) -> str:
+        return self.builds[0].library
+
+    def manifest(self) -> dict[str, Any]:
+        """The manifest's ``target.providers.c`` facts."""
+        first = self.builds[0]
+        return {
+            "cc": self.cc,
+            "cc_version": self.cc_version,
+            "flags": list(first.flags),
+            "isa": first.isa,
+            "sources": [first.source],
+            "library": first.library,
+            "builds": [{"isa": b.isa, "flags": list(b.flags), "source": b.source, "library": b.library}
+                       for b in self.builds],
+        }
+
+
+@dataclass(frozen=True)
+class GeneratedCuda:
+    """What the CUDA provider wrote: the source, cubins and PTX built from it (none without nvcc),
+    and each step's launches (plan.json's records, by global step index; ``()`` for a step that
+    launches nothing)."""
+
+    source: str
+    cubins: Mapping[str, str]  # arch -> file name, in build order
+    ptx: str | None
+    ptx_arch: str | None
+    nvcc_version: str | None
+    cuda_version: str | None
+    min_driver: str | None
+    nvcc_flags: tuple[str, ...] | None  # None: nothing was built
+    launches: Mapping[int, tuple[KernelLaunch, ...]]
+
+    def manifest(self) -> dict[str, Any]:
+        """The manifest's ``target.providers.cuda`` facts (the launches go to plan.json)."""
+        facts: dict[str, Any] = {
+            "source": self.source, "cubins": dict(self.cubins), "ptx": self.ptx,
+            "ptx_arch": self.ptx_arch, "nvcc_version": self.nvcc_version,
+            "cuda_version": self.cuda_version, "min_driver": self.min_driver,
+        }
+        if self.nvcc_flags is not None:
+            facts["nvcc_flags"] = list(self.nvcc_flags)
+        return facts
+
+
+Generated = GeneratedC | GeneratedCuda | None
 
 
 class Provider(Protocol):
@@ -89,11 +147,9 @@ class Provider(Protocol):
 
     def generate(
         self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
-    ) -> dict[str, object]:
-        """Write sources (and binaries) for ``partitions`` under ``kernels_dir``.
-
-        Returns the facts the manifest records (compiler, flags, ISA, file names).
-        """
+    ) -> Generated:
+        """Write sources (and binaries) for ``partitions`` under ``kernels_dir``; say what was written
+        (None: nothing)."""
         ...
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from compiler.codegen.options import BuildOptions
 from compiler.ir.graph import Graph, Node
-from compiler.providers.base import BuildOptions, PartitionPlan
+from compiler.providers.base import PartitionPlan
 from runtime.kernels import supported_kinds
 
 __all__ = ["ReferenceProvider"]
@@ -36,5 +37,5 @@ class ReferenceProvider:
 
     def generate(
         self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
-    ) -> dict[str, object]:
-        return {}
+    ) -> None:
+        return None

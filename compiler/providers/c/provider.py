@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from compiler.codegen.env import render
-from compiler.codegen.toolchain import TargetInfo, build_units, target_info
+from compiler.codegen.options import BuildOptions
+from compiler.codegen.toolchain import CBuild, TargetInfo, build_units, target_info
 from compiler.ir.graph import Graph, Node
-from compiler.providers.base import BuildOptions, PartitionPlan
+from compiler.providers.base import CLibraryBuild, GeneratedC, PartitionPlan
 from compiler.providers.c import (
     conv,
     conv_nhwc,
@@ -214,7 +215,7 @@ class CProvider:
 
     def generate(
         self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
-    ) -> dict[str, object]:
+    ) -> GeneratedC:
         """Render and build the model's C kernels under ``kernels_dir``, once per build.
 
         The primary build (``options.isa``) is ``model.c`` + ``model.so``; with
@@ -222,9 +223,8 @@ class CProvider:
         goes to ``<portable_isa>/model.c`` + ``model.so``, built with ``portable_opt_flags``.
         Each build's source is rendered with its own ``TargetInfo`` (vector width, registers);
         their entries must make the same calls with the same operands (checked here), so either
-        library runs the one plan. The builds run in parallel. Returns the primary build's facts
-        plus ``builds``: every build's ``isa``, ``flags``, ``source`` and ``library`` (relative
-        to ``kernels_dir``), preferred first.
+        library runs the one plan. The builds run in parallel. Returns every build's ``isa``,
+        ``flags``, ``source`` and ``library`` (relative to ``kernels_dir``), preferred first.
         """
         kernels_dir = Path(kernels_dir)
         plans: list[tuple[BuildOptions, str]] = [(options, "")]
@@ -241,24 +241,18 @@ class CProvider:
             (kernels_dir / sub).mkdir(parents=True, exist_ok=True)
             (kernels_dir / sub / SOURCE_NAME).write_text(source.model)
 
-        def build(k: int) -> dict[str, object]:
+        def build(k: int) -> CBuild:
             opts, sub = plans[k]
             return build_units(sources[k].units, kernels_dir / sub / LIBRARY_NAME, opts, sub + SOURCE_NAME)
 
         if len(plans) == 1:
-            all_facts = [build(0)]
+            built = [build(0)]
         else:
             with concurrent.futures.ThreadPoolExecutor(len(plans)) as pool:
-                all_facts = list(pool.map(build, range(len(plans))))
-        facts = all_facts[0]
-        return {
-            "cc": facts["cc"],
-            "cc_version": facts["cc_version"],
-            "flags": facts["flags"],
-            "isa": facts["isa"],
-            "sources": [SOURCE_NAME],
-            "library": LIBRARY_NAME,
-            "builds": [{"isa": f["isa"], "flags": f["flags"], "source": sub + SOURCE_NAME,
-                        "library": sub + LIBRARY_NAME}
-                       for (_, sub), f in zip(plans, all_facts, strict=True)],
-        }
+                built = list(pool.map(build, range(len(plans))))
+        return GeneratedC(
+            cc=built[0].cc,
+            cc_version=built[0].cc_version,
+            builds=tuple(CLibraryBuild(b.isa, b.flags, sub + SOURCE_NAME, sub + LIBRARY_NAME)
+                         for (_, sub), b in zip(plans, built, strict=True)),
+        )

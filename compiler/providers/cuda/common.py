@@ -22,10 +22,10 @@ import numpy as np
 from compiler.ir.graph import Node
 from compiler.providers.base import Location, StepPlan, shape_of
 from runtime.errors import CompileError
+from runtime.plan_schema import LaunchArg
 
 __all__ = [
     "Param",
-    "KArg",
     "KernelCode",
     "CudaKernel",
     "REGISTRY",
@@ -58,21 +58,6 @@ class Param:
 
 
 @dataclass(frozen=True)
-class KArg:
-    """One launch argument: a pointer (``space`` "arena" / "weights" + byte ``value``) or a scalar
-    (``kind`` "i32" / "i64" / "f32")."""
-
-    kind: str  # "ptr" | "i32" | "i64" | "f32"
-    space: str  # "arena" | "weights" for pointers, "" for scalars
-    value: int | float
-
-    def to_json(self) -> list[object]:
-        if self.kind == "ptr":
-            return ["ptr", self.space, int(self.value)]
-        return [self.kind, self.value]
-
-
-@dataclass(frozen=True)
 class KernelCode:
     """One ``__global__`` function of a step and its launch."""
 
@@ -81,7 +66,7 @@ class KernelCode:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared: int  # bytes of dynamic shared memory
-    args: tuple[KArg, ...]
+    args: tuple[LaunchArg, ...]
 
 
 class CudaKernel(Protocol):
@@ -121,7 +106,7 @@ def comment(node: Node) -> str:
     return "".join(ch if ch.isalnum() or ch in " ._:/-" else "_" for ch in text)
 
 
-def ptr(loc: Location | None, step: StepPlan, what: str, written: bool = False) -> KArg:
+def ptr(loc: Location | None, step: StepPlan, what: str, written: bool = False) -> LaunchArg:
     """The launch argument for ``loc``: device arena or device weights, never the caller's arrays."""
     if loc is None:
         raise CompileError(f"{step.node.describe()}: no location for {what}")
@@ -133,12 +118,12 @@ def ptr(loc: Location | None, step: StepPlan, what: str, written: bool = False) 
         raise CompileError(f"{step.node.describe()}: {what} lives in memory space {loc.memory_space!r}")
     if written and loc.space == "weights":
         raise CompileError(f"{step.node.describe()}: {what} is written but lives in weights")
-    return KArg("ptr", loc.space, int(loc.offset))
+    return LaunchArg("ptr", int(loc.offset), loc.space)
 
 
-def input_ptrs(step: StepPlan) -> list[KArg]:
+def input_ptrs(step: StepPlan) -> list[LaunchArg]:
     """Pointers to the step's present inputs, in input order."""
-    out: list[KArg] = []
+    out: list[LaunchArg] = []
     for i, value in enumerate(step.node.inputs):
         if value is None:
             continue
@@ -147,7 +132,7 @@ def input_ptrs(step: StepPlan) -> list[KArg]:
     return out
 
 
-def output_ptrs(step: StepPlan) -> list[KArg]:
+def output_ptrs(step: StepPlan) -> list[LaunchArg]:
     return [
         ptr(loc, step, f"output {i} ({step.node.outputs[i].name})", written=True)
         for i, loc in enumerate(step.outputs)

@@ -34,7 +34,6 @@ from compiler.providers.c.movement import ConcatKernel, CopyKernel, TransposeKer
 from compiler.providers.cuda.common import (
     MAX_ELEMENTS,
     THREADS,
-    KArg,
     KernelCode,
     Param,
     blocks,
@@ -46,6 +45,7 @@ from compiler.providers.cuda.common import (
     register,
     shape_of,
 )
+from runtime.plan_schema import LaunchArg
 
 __all__ = ["CudaEltwiseContext", "CudaMoveContext", "used_indices"]
 
@@ -102,7 +102,7 @@ class CudaEltwiseKernel:
         consts: dict[int, float] = {}
         exprs: list[str] = []
         params: list[Param] = []
-        args: list[KArg] = []
+        args: list[LaunchArg] = []
         strides: list[tuple[int, ...]] = []
         for k, value in enumerate(inputs):
             c = _scalar_const(value)
@@ -149,7 +149,7 @@ def _move(
     op: str,
     total: int,
     names: Sequence[str],
-    args: Sequence[KArg],
+    args: Sequence[LaunchArg],
     *,
     index: tuple[tuple[str, str], ...] = (),
     in_index: str = "",
@@ -236,7 +236,7 @@ class CudaConcatKernel:
         out_loc = step.outputs[0]
         chunks: list[tuple[str, int, int, bool]] = []
         names: list[str] = []
-        args: list[KArg] = []
+        args: list[LaunchArg] = []
         start = 0
         for k, v in enumerate(node.inputs):
             assert v is not None

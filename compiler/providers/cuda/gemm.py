@@ -27,7 +27,6 @@ from compiler.providers.c.gemm import GemmKernel, activation
 from compiler.providers.cuda.common import (
     MAX_GRID_YZ,
     THREADS,
-    KArg,
     KernelCode,
     Param,
     blocks,
@@ -40,6 +39,7 @@ from compiler.providers.cuda.common import (
 )
 from compiler.providers.cuda.elementwise import used_indices
 from compiler.providers.geometry import ConvGeometry, MatmulProduct, claimed
+from runtime.plan_schema import LaunchArg
 
 __all__ = ["TiledContext", "GemvContext", "DirectConvContext", "GEMV_MAX_ROWS"]
 
@@ -222,7 +222,7 @@ class CudaGemmKernel:
         sm, sn = broadcast_strides(shape_of(c), (p.m, p.n)) if c is not None else (0, 0)
         names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"]
         params = tuple(Param(n, "float", n != "y", n != "y") for n in names)
-        args: tuple[KArg, ...] = (*input_ptrs(step), *output_ptrs(step))
+        args: tuple[LaunchArg, ...] = (*input_ptrs(step), *output_ptrs(step))
         common = dict(
             name="", comment=comment(node), params=params, p=p, batch_index=prod.index,
             a_batch=prod.a_batch, b_batch=prod.b_batch,

@@ -7,13 +7,13 @@ partition from ``templates/cuda`` into ``kernels_dir/model.cu`` and, when nvcc i
 builds ``model.sm_80.cubin``, ``model.sm_90.cubin`` and ``model.ptx`` (compute_80) through the
 cached toolchain (``compiler/codegen/nvcc.py``).
 
-The contract with ``runtime/providers/cuda.py`` (facts returned by ``generate``; the artifact
-writer moves ``launches`` into plan.json, one list per step):
+The contract with ``runtime/providers/cuda.py`` (``generate`` returns a ``GeneratedCuda``; the
+artifact writer puts each step's ``launches`` into its plan.json record):
 
 - kernels are ``extern "C" __global__`` functions named ``k<step index>`` (``k<step>_<j>`` when
   a step has several); a step whose kernel would be identical but for the name reuses the
   first one's function (ResNet repeats its blocks);
-- ``launches[str(step index)]`` is a list, run in order, of ``{"kernel", "grid": [x, y, z],
+- a step's ``launches`` is a list, run in order, of ``{"kernel", "grid": [x, y, z],
   "block": [x, y, z], "shared": bytes of dynamic shared memory, "args": [...]}``; an arg is
   ``["ptr", "arena", byte offset]`` (the device arena, 256-byte aligned), ``["ptr", "weights",
   byte offset]`` (the device copy of weights.bin), ``["i32", int]``, ``["i64", int]`` or
@@ -31,11 +31,13 @@ from typing import Any
 
 from compiler.codegen.env import render
 from compiler.codegen.nvcc import DEFAULT_ARCHS, DEFAULT_PTX_ARCH, build_cuda, find_nvcc, min_driver
+from compiler.codegen.options import BuildOptions
 from compiler.ir.graph import Graph, Node
-from compiler.providers.base import BuildOptions, PartitionPlan
+from compiler.providers.base import GeneratedCuda, PartitionPlan
 from compiler.providers.cuda import elementwise, gemm, pool
 from compiler.providers.cuda.common import REGISTRY, KernelCode
 from runtime.errors import CompileError, OnnxAotError
+from runtime.plan_schema import KernelLaunch
 
 __all__ = ["CudaProvider", "CudaModelContext", "TRANSFER", "KERNEL_MODULES"]
 
@@ -55,16 +57,6 @@ _ARCH_LIST = re.compile(r"\s*,\s*")
 class CudaModelContext:
     n_kernels: int
     functions: tuple[str, ...]
-
-
-def _launch_json(name: str, code: KernelCode) -> dict[str, Any]:
-    return {
-        "kernel": name,
-        "grid": list(code.grid),
-        "block": list(code.block),
-        "shared": code.shared,
-        "args": [a.to_json() for a in code.args],
-    }
 
 
 class CudaProvider:
@@ -97,10 +89,10 @@ class CudaProvider:
             return 0
         return int(REGISTRY[node.kind].scratch_nbytes(node))
 
-    def render(self, partitions: list[PartitionPlan]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+    def render(self, partitions: list[PartitionPlan]) -> tuple[str, dict[int, tuple[KernelLaunch, ...]]]:
         """The model's CUDA source and each step's launches (deterministic: no paths or times)."""
         functions: list[str] = []
-        launches: dict[str, list[dict[str, Any]]] = {}
+        launches: dict[int, tuple[KernelLaunch, ...]] = {}
         # (template, context without name/comment) -> the name of the function rendered for it
         shared: dict[tuple[str, Any], str] = {}
         for part in partitions:
@@ -109,12 +101,12 @@ class CudaProvider:
                     f"partition {part.index} belongs to provider {part.provider!r}, not 'cuda'"
                 )
             for step in part.steps:
-                key = str(step.index)
+                key = step.index
                 if key in launches:
                     raise CompileError(f"step {step.index} appears twice in the CUDA partitions")
                 node = step.node
                 if node.kind == TRANSFER:
-                    launches[key] = []
+                    launches[key] = ()
                     continue
                 if not self.supports(node):
                     raise CompileError(f"{node.describe()} is not supported by the CUDA provider")
@@ -127,8 +119,8 @@ class CudaProvider:
                     if sig not in shared:
                         shared[sig] = name
                         functions.append(render(code.template, dataclasses.replace(code.ctx, name=name)))
-                    records.append(_launch_json(shared[sig], code))
-                launches[key] = records
+                    records.append(KernelLaunch(shared[sig], code.grid, code.block, code.shared, code.args))
+                launches[key] = tuple(records)
         source = render("cuda/model.cu.j2", CudaModelContext(len(functions), tuple(functions)))
         return source, launches
 
@@ -142,8 +134,8 @@ class CudaProvider:
 
     def generate(
         self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
-    ) -> dict[str, object]:
-        """Write ``kernels_dir/model.cu`` and, with nvcc, its cubins and PTX; return the facts.
+    ) -> GeneratedCuda:
+        """Write ``kernels_dir/model.cu`` and, with nvcc, its cubins and PTX; say what was written.
 
         ``options.extra`` may set ``cuda_archs`` ("sm_80,sm_90"), ``cuda_ptx`` ("compute_80";
         "" for none), ``nvcc`` (a path; "none" skips the build) and ``nvcc_flags``.
@@ -156,26 +148,18 @@ class CudaProvider:
             a for a in _ARCH_LIST.split(options.extra.get("cuda_archs", ",".join(DEFAULT_ARCHS))) if a
         )
         ptx_arch = options.extra.get("cuda_ptx", DEFAULT_PTX_ARCH) or None
-        facts: dict[str, object] = {
-            "source": SOURCE_NAME,
-            "cubins": {},
-            "ptx": None,
-            "ptx_arch": None,
-            "nvcc_version": None,
-            "cuda_version": None,
-            "min_driver": None,
-        }
         nvcc = find_nvcc(options)
-        if nvcc is not None and (archs or ptx_arch):
-            built = build_cuda(source, kernels_dir, options, nvcc, archs, ptx_arch)
-            facts.update(
-                cubins=dict(built.cubins),
-                ptx=built.ptx,
-                ptx_arch=ptx_arch if built.ptx else None,
-                nvcc_version=built.nvcc_version,
-                cuda_version=built.cuda_version,
-                min_driver=min_driver(built.cuda_version),
-                nvcc_flags=list(built.flags),
-            )
-        facts["launches"] = launches
-        return facts
+        if nvcc is None or not (archs or ptx_arch):
+            return GeneratedCuda(SOURCE_NAME, {}, None, None, None, None, None, None, launches)
+        built = build_cuda(source, kernels_dir, options, nvcc, archs, ptx_arch)
+        return GeneratedCuda(
+            source=SOURCE_NAME,
+            cubins=dict(built.cubins),
+            ptx=built.ptx,
+            ptx_arch=ptx_arch if built.ptx else None,
+            nvcc_version=built.nvcc_version,
+            cuda_version=built.cuda_version,
+            min_driver=min_driver(built.cuda_version),
+            nvcc_flags=tuple(built.flags),
+            launches=launches,
+        )

@@ -7,8 +7,8 @@ buffers, ~200 live at every step: 200,000 pairs) took ~60 ms. The same loop in C
 within its 10 ms for 1,000 buffers at any density.
 
 The library is compiled without ``-march`` (portable on the build machine's architecture) into
-the build cache (``compiler.codegen.toolchain.cache_dir``), keyed by its source and the C
-compiler's identity, and loaded once per process. Where it cannot be built (no C compiler) or
+the build cache (``compiler.codegen.build_cache``), keyed by its source, the C compiler's identity
+and the machine, and loaded once per process. Where it cannot be built (no C compiler) or
 ``ONNX_AOT_PLANNER=python`` is set, the planner uses the Python loop: both give the same offsets
 (tests compare them), so the plan never depends on which one ran.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import hashlib
 import os
 import subprocess
 import tempfile
@@ -26,7 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["native_available", "native_place"]
+from compiler.codegen.build_cache import BuildCache, c_cache_dir, content_key
+from compiler.codegen.toolchain import compiler_version
+from runtime.errors import CompileError
+
+__all__ = ["c_loop_available", "place_in_c"]
 
 _VERSION = 2
 _I64P = ctypes.POINTER(ctypes.c_int64)
@@ -48,24 +51,21 @@ def _library() -> ctypes.CDLL | None:
     """The loaded planner library, or None where it cannot be had (the Python loop is used)."""
     if os.environ.get("ONNX_AOT_PLANNER", "") == "python":
         return None
-    from compiler.codegen.toolchain import cache_dir, compiler_version
-    from runtime.errors import CompileError
-
     cc = os.environ.get("CC", "") or "cc"
     try:
         source = _source()
         identity = compiler_version(cc)
     except (CompileError, OSError):
         return None
-    key = hashlib.sha256(f"{source}\0{identity}\0{os.uname().machine}".encode()).hexdigest()[:32]
-    path = cache_dir() / f"planner-{key}.so"
-    if not path.is_file():
+    cache = BuildCache(c_cache_dir())
+    key = "planner-" + content_key(source=source, cc=identity, machine=os.uname().machine)[:32]
+    if not cache.has(key, ".so"):
         try:
-            _build(cc, source, path)
+            _build(cc, source, cache, key)
         except (OSError, subprocess.SubprocessError):
             return None
     try:
-        lib = ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(str(cache.path(key, ".so")))
     except OSError:
         return None
     for fn in (lib.onnx_aot_place, lib.onnx_aot_place_scan):
@@ -74,24 +74,17 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-def _build(cc: str, source: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _build(cc: str, source: str, cache: BuildCache, key: str) -> None:
     with tempfile.TemporaryDirectory(prefix="onnx-aot-planner-") as tmp:
         work = Path(tmp)
         (work / "planner.c").write_text(source)
         argv = [cc, "-O3", "-std=c11", "-fPIC", "-shared", "planner.c", "-o", "planner.so"]
         subprocess.run(argv, cwd=work, capture_output=True, check=True, timeout=120)
-        fd, staged = tempfile.mkstemp(prefix=".planner-", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            Path(staged).write_bytes((work / "planner.so").read_bytes())
-            os.replace(staged, path)
-        except BaseException:
-            Path(staged).unlink(missing_ok=True)
-            raise
+        if not cache.store(work / "planner.so", key, ".so"):
+            raise OSError(f"cannot write the planner library into {cache.folder}")
 
 
-def native_available() -> bool:
+def c_loop_available() -> bool:
     """Whether the C placement loop is built and loaded (building it on first use)."""
     return _library() is not None
 
@@ -100,7 +93,7 @@ def _ptr(array: np.ndarray) -> ctypes._Pointer[ctypes.c_int64]:
     return array.ctypes.data_as(_I64P)
 
 
-def native_place(
+def place_in_c(
     order: np.ndarray, size: np.ndarray, best_fit: bool, limit: int, *,
     first: np.ndarray | None = None, last: np.ndarray | None = None,
     indptr: np.ndarray | None = None, indices: np.ndarray | None = None,
@@ -123,7 +116,7 @@ def native_place(
         arena = lib.onnx_aot_place(len(order), _ptr(order), _ptr(size), _ptr(indptr), _ptr(indices),
                                    int(best_fit), limit, _ptr(offsets))
     else:
-        raise TypeError("native_place needs first/last or indptr/indices")
+        raise TypeError("place_in_c needs first/last or indptr/indices")
     if arena == -2:
         raise MemoryError("the memory planner could not allocate its working lists")
     if arena == -1:
