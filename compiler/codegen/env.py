@@ -5,7 +5,10 @@ Kernel source text lives only in the repository's top-level ``templates/`` folde
 (``<repo>/templates`` next to ``compiler/``) and in an installed wheel (the same folder shipped as
 the package data ``compiler/_templates``). The environment is built once, with ``StrictUndefined``
 so a misspelled context field fails the render instead of emitting an empty string, and each
-render takes one frozen dataclass context (bound to the name ``ctx`` in the template).
+render takes one frozen dataclass context (bound to the name ``ctx`` in the template). A kernel's
+own name (and a CUDA kernel's comment) is not part of its context: the provider chooses it when
+it assembles the model and passes it beside ``ctx`` (``fn``, ``name``, ``comment``), so kernels
+whose contexts are equal are one function.
 """
 
 from __future__ import annotations
@@ -51,14 +54,15 @@ def environment() -> jinja2.Environment:
     )
 
 
-def render(template: str, ctx: Any) -> str:
-    """Render ``template`` (a path relative to ``templates/``) with one frozen dataclass context."""
+def render(template: str, ctx: Any, **names: str) -> str:
+    """Render ``template`` (a path relative to ``templates/``) with one frozen dataclass context
+    and the identifiers ``names`` the provider chose (the kernel function's name)."""
     if not dataclasses.is_dataclass(ctx) or isinstance(ctx, type):
         raise TypeError(f"render({template!r}) takes a dataclass instance, got {type(ctx).__name__}")
     params = getattr(type(ctx), "__dataclass_params__", None)
     if params is None or not params.frozen:
         raise TypeError(f"render({template!r}) takes a frozen dataclass, got {type(ctx).__name__}")
     try:
-        return environment().get_template(template).render(ctx=ctx)
+        return environment().get_template(template).render(ctx=ctx, **names)
     except jinja2.TemplateError as exc:
         raise CompileError(f"rendering template {template!r} failed: {exc}") from exc

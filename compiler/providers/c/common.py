@@ -1,6 +1,6 @@
-"""Shared records of the C provider: kernel registry, step code, function parameters.
+"""Shared records of the C provider: the C kernel base, step code, entry arguments.
 
-Each op kind the C provider runs is registered here by a ``CKernel`` (in the modules of
+Each op kind the C provider runs has a ``CKernel`` (listed in ``KERNELS`` of one of the modules of
 ``provider.KERNEL_MODULES``): ``supports`` decides the claim from the node's attributes, dtypes
 and shapes; ``scratch_nbytes`` sizes the step's arena scratch; ``build`` turns a scheduled step
 into ``StepCode`` -- a template, its frozen context and the pointer arguments the partition entry
@@ -11,43 +11,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node, Value
 from compiler.providers.base import Location, StepPlan, shape_of
+from compiler.providers.kit import Kernel, Param
 from runtime.errors import CompileError
 
 __all__ = [
-    "Param",
     "Arg",
     "StepCode",
     "CKernel",
-    "REGISTRY",
-    "register",
     "shape_of",
     "all_float32",
     "same_dtype_movable",
-    "fn_name",
-    "comment",
     "PARALLEL_MIN_WORK",
 ]
 
 # Below this many scalar operations a kernel runs on the calling thread (an OpenMP fork/join
 # costs a few microseconds).
 PARALLEL_MIN_WORK = 1 << 15
-
-
-@dataclass(frozen=True)
-class Param:
-    """One pointer parameter of a step function (``restrict`` only where nothing may alias)."""
-
-    name: str
-    ctype: str
-    const: bool
-    restrict: bool
 
 
 @dataclass(frozen=True)
@@ -66,30 +52,14 @@ class StepCode:
 
     template: str | None  # None: the step needs no code (a view onto the same address)
     ctx: Any  # the frozen context rendered with ``template``
-    fn: str
     args: tuple[Arg, ...]
 
 
-class CKernel(Protocol):
-    kinds: tuple[str, ...]
+class CKernel(Kernel):
+    """A C kernel: ``build`` renders one step as a step function and its call."""
 
-    def supports(self, node: Node) -> bool: ...
-
-    def scratch_nbytes(self, node: Node) -> int: ...
-
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode: ...
-
-
-REGISTRY: dict[str, CKernel] = {}
-
-
-def register(kernel: CKernel) -> CKernel:
-    """Register ``kernel`` for each of its kinds (one kernel per kind)."""
-    for kind in kernel.kinds:
-        if kind in REGISTRY:
-            raise ValueError(f"C kernel for {kind} registered twice")
-        REGISTRY[kind] = kernel
-    return kernel
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        raise NotImplementedError
 
 
 def _values(node: Node) -> list[Value]:
@@ -109,17 +79,6 @@ def same_dtype_movable(node: Node) -> bool:
     dtype = values[0].dtype
     assert dtype is not None
     return dtype.kind in "biufc" and dtype.itemsize in (1, 2, 4, 8) and all(v.dtype == dtype for v in values)
-
-
-def comment(node: Node) -> str:
-    """The node's kind and name, safe inside a C comment."""
-    text = f"{node.kind} {node.name}"
-    return "".join(ch if ch.isalnum() or ch in " ._:/-" else "_" for ch in text)
-
-
-def fn_name(step: StepPlan) -> str:
-    """The step function's C name: stable, legal and unique (global step indices are)."""
-    return f"step_{step.index}"
 
 
 def arg(loc: Location | None, ctype: str, const: bool, step: StepPlan, what: str) -> Arg:

@@ -19,20 +19,18 @@ from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Arg,
-    Param,
+    CKernel,
     StepCode,
     all_float32,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     scratch_arg,
     shape_of,
 )
 from compiler.providers.c.gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok, packed_nbytes
 from compiler.providers.geometry import ConvGeometry, claimed
+from compiler.providers.kit import Param
 
 __all__ = [
     "ConvContext",
@@ -46,8 +44,6 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ConvContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     t: Tiling
     e: Epilogue
@@ -58,8 +54,6 @@ class ConvContext:
 
 @dataclass(frozen=True)
 class DepthwiseContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     e: Epilogue
     g: ConvGeometry  # one input channel per group; g.mg output channels each (channel multiplier)
@@ -106,7 +100,7 @@ def conv_operands(
     return e, args, params(names, args, restrict)
 
 
-class ConvKernel:
+class ConvKernel(CKernel):
     kinds: tuple[str, ...] = ("Conv", "onnx_aot.FusedConv")
 
     def supports(self, node: Node) -> bool:
@@ -133,19 +127,15 @@ class ConvKernel:
         method = conv_method(g)
         if method == "depthwise":
             dctx = DepthwiseContext(
-                fn=fn_name(step),
-                comment=comment(node),
                 params=step_params,
                 e=e,
                 g=g,
                 wp=max(g.pl + g.w, g.cols.reach),
                 parallel=2 * g.batch * g.m * g.oh * g.ow * g.kh * g.kw >= PARALLEL_MIN_WORK,
             )
-            return StepCode("c/depthwise.c.j2", dctx, dctx.fn, tuple(args))
+            return StepCode("c/depthwise.c.j2", dctx, tuple(args))
         t = choose_tiling(g.mg, g.oh * g.ow, g.k, target)
         ctx = ConvContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=step_params,
             t=t,
             e=e,
@@ -153,7 +143,7 @@ class ConvKernel:
             packed=method == "packed",
             parallel=2 * g.batch * g.m * t.n * t.k >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/conv.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/conv.c.j2", ctx, tuple(args))
 
 
-register(ConvKernel())
+KERNELS = (ConvKernel(),)

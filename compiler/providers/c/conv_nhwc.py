@@ -53,15 +53,13 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
-    comment,
-    fn_name,
-    register,
 )
 from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import ConvGeometry, claimed
+from compiler.providers.kit import Param
 from runtime.kernels.nhwc import PANEL
 
 __all__ = ["ConvNhwcContext", "DepthwiseNhwcContext", "ConvNhwcKernel", "tap_mode"]
@@ -97,8 +95,6 @@ class ConvNhwcContext:
     values."""
 
     method: str  # "gemm"
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     e: Epilogue
     vw: int
@@ -130,8 +126,6 @@ class ConvNhwcContext:
 @dataclass(frozen=True)
 class DepthwiseNhwcContext:
     method: str  # "depthwise"
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     e: Epilogue
     vw: int
@@ -174,7 +168,7 @@ def _columns(px: int, kw: int, sw: int, dw: int) -> tuple[tuple[int, tuple[tuple
     return tuple((col, tuple(readers[col])) for col in sorted(readers))
 
 
-class ConvNhwcKernel:
+class ConvNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.ConvNhwc",)
 
     def supports(self, node: Node) -> bool:
@@ -193,23 +187,21 @@ class ConvNhwcKernel:
         node = step.node
         g = claimed(ConvGeometry.from_node(node, "NHWC"), node)
         e, args, step_params = conv_operands(step, "w", self.scratch_nbytes(node))
-        head = (fn_name(step), comment(node), step_params, e, target.vector_bytes // 4)
+        head = (step_params, e, target.vector_bytes // 4)
         ctx = _depthwise_context(g, *head) if g.depthwise else _gemm_context(g, *head, tile_rows(target))
-        return StepCode("c/conv_nhwc.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/conv_nhwc.c.j2", ctx, tuple(args))
 
 
 def _work(g: ConvGeometry) -> int:
     return 2 * g.batch * g.oh * g.ow * g.m * g.kh * g.kw * g.cg
 
 
-def _depthwise_context(g: ConvGeometry, fn: str, note: str, step_params: tuple[Param, ...], e: Epilogue,
+def _depthwise_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue,
                        vw: int) -> DepthwiseNhwcContext:  # fmt: skip
     ow_lo, ow_hi = g.cols.inside()
     px = max(1, min(DW_PIXELS, ow_hi - ow_lo))
     return DepthwiseNhwcContext(
         method="depthwise",
-        fn=fn,
-        comment=note,
         params=step_params,
         e=e,
         vw=vw,
@@ -223,7 +215,7 @@ def _depthwise_context(g: ConvGeometry, fn: str, note: str, step_params: tuple[P
     )
 
 
-def _gemm_context(g: ConvGeometry, fn: str, note: str, step_params: tuple[Param, ...], e: Epilogue, vw: int,
+def _gemm_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, vw: int,
                   mr: int) -> ConvNhwcContext:  # fmt: skip
     mode = tap_mode(g)
     xh, xw = _addressed(g, mode)
@@ -238,8 +230,6 @@ def _gemm_context(g: ConvGeometry, fn: str, note: str, step_params: tuple[Param,
     weights_bytes = 4 * g.groups * np_ * PANEL * g.k
     return ConvNhwcContext(
         method="gemm",
-        fn=fn,
-        comment=note,
         params=step_params,
         e=e,
         vw=vw,
@@ -269,4 +259,4 @@ def _gemm_context(g: ConvGeometry, fn: str, note: str, step_params: tuple[Param,
     )
 
 
-register(ConvNhwcKernel())
+KERNELS = (ConvNhwcKernel(),)

@@ -23,17 +23,15 @@ from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Arg,
-    Param,
+    CKernel,
     StepCode,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     shape_of,
 )
 from compiler.providers.c.dtypes import CType, all_nonempty, ctype_of, offset_expr, prod
+from compiler.providers.kit import Param
 
 __all__ = ["EinsumContext", "EinsumKernel", "Contraction", "contraction"]
 
@@ -99,8 +97,6 @@ def contraction(equation: str, shapes: Sequence[tuple[int, ...]]) -> Contraction
 
 @dataclass(frozen=True)
 class EinsumContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     ctype: str
     nin: int
@@ -169,8 +165,6 @@ def _context(step: StepPlan, t: CType, args: list[Arg]) -> EinsumContext:
     in_names = [f"x{k}" for k in range(len(shapes))]
     work = prod(shape_of(node.outputs[0])) * max(1, prod(con_dims)) * len(shapes)
     return EinsumContext(
-        fn=fn_name(step),
-        comment=comment(node),
         params=params([*in_names, "y"], args, [all_nonempty(node)] * len(args)),
         ctype=t.name,
         nin=len(shapes),
@@ -186,7 +180,7 @@ def _context(step: StepPlan, t: CType, args: list[Arg]) -> EinsumContext:
     )
 
 
-class EinsumKernel:
+class EinsumKernel(CKernel):
     kinds: tuple[str, ...] = ("Einsum",)
 
     def supports(self, node: Node) -> bool:
@@ -199,15 +193,12 @@ class EinsumKernel:
             return False
         return tuple(c.size(lab) for lab in c.output) == shape_of(node.outputs[0])
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         t = _einsum_type(step.node)
         assert t is not None, step.node.describe()
         args = [*input_args(step, t.name), *output_args(step, t.name)]
         ctx = _context(step, t, args)
-        return StepCode("c/reduce_einsum.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/reduce_einsum.c.j2", ctx, tuple(args))
 
 
-register(EinsumKernel())
+KERNELS = (EinsumKernel(),)

@@ -29,16 +29,14 @@ from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Arg,
-    Param,
+    CKernel,
     StepCode,
     all_float32,
     arg,
-    comment,
-    fn_name,
     output_args,
-    register,
     shape_of,
 )
+from compiler.providers.kit import Param
 
 __all__ = ["EltwiseContext", "EltwiseKernel"]
 
@@ -47,8 +45,6 @@ _CHUNK = 4096  # elements per parallel chunk when the nest is a single loop
 
 @dataclass(frozen=True)
 class EltwiseContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     nest: LoopNest
     loads: tuple[tuple[str, str, str], ...]  # (variable, pointer param, index expression)
@@ -64,7 +60,7 @@ def _scalar_const(value: Value) -> float | None:
     return float(np.asarray(value.const, dtype=np.float32).reshape(-1)[0])
 
 
-class EltwiseKernel:
+class EltwiseKernel(CKernel):
     kinds = tuple(sorted(ELEMENTWISE_OPS - {"Equal", "Less", "Greater", "And", "Or", "Not", "Where"})) + (
         "onnx_aot.FusedElementwise",
     )
@@ -83,9 +79,6 @@ class EltwiseKernel:
         except (ValueError, KeyError, TypeError):
             return False
         return program_supported(program, len(node.inputs))
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -113,10 +106,7 @@ class EltwiseKernel:
         emitted = emit_program(program, exprs, consts)
         args += output_args(step)
         names.append("y")
-        fn = fn_name(step)
         ctx = EltwiseContext(
-            fn=fn,
-            comment=comment(node),
             params=tuple(Param(n, a.ctype, a.const, False) for n, a in zip(names, args, strict=True)),
             nest=nest,
             loads=loads,
@@ -125,7 +115,7 @@ class EltwiseKernel:
             parallel=nest.total * max(1, len(program)) >= PARALLEL_MIN_WORK,
             chunk=_CHUNK,
         )
-        return StepCode("c/elementwise.c.j2", ctx, fn, tuple(args))
+        return StepCode("c/elementwise.c.j2", ctx, tuple(args))
 
 
-register(EltwiseKernel())
+KERNELS = (EltwiseKernel(),)

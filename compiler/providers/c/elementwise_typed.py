@@ -31,15 +31,13 @@ from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     Arg,
-    Param,
+    CKernel,
     StepCode,
     arg,
-    comment,
-    fn_name,
     output_args,
-    register,
     shape_of,
 )
+from compiler.providers.kit import Param
 
 __all__ = [
     "MapContext",
@@ -123,8 +121,6 @@ def cast_expr(src: np.dtype, dst: np.dtype, v: str) -> str:
 
 @dataclass(frozen=True)
 class MapContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     nest: LoopNest
     loads: tuple[tuple[str, str, str, str], ...]  # (ctype, variable, pointer param, index expression)
@@ -160,8 +156,6 @@ def _build(step: StepPlan, ctypes: list[tuple[str, str]], out_ctype: str, expr: 
     nest = loop_nest(out_shape, strides)
     names = [f"in{k}" for k in range(len(node.inputs))] + ["y"]
     ctx = MapContext(
-        fn=fn_name(step),
-        comment=comment(node),
         params=tuple(Param(n, a.ctype, a.const, False) for n, a in zip(names, args, strict=True)),
         nest=nest,
         loads=tuple(
@@ -173,8 +167,8 @@ def _build(step: StepPlan, ctypes: list[tuple[str, str]], out_ctype: str, expr: 
         chunk=_CHUNK,
     )
     if nest.total == 0:
-        return StepCode(None, ctx, ctx.fn, ())
-    return StepCode("c/data_map.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode(None, ctx, ())
+    return StepCode("c/data_map.c.j2", ctx, tuple(args))
 
 
 def _dtype(v: Value | None) -> np.dtype:
@@ -182,7 +176,7 @@ def _dtype(v: Value | None) -> np.dtype:
     return v.dtype
 
 
-class CastKernel:
+class CastKernel(CKernel):
     kinds: tuple[str, ...] = ("Cast",)
 
     def supports(self, node: Node) -> bool:
@@ -193,16 +187,13 @@ class CastKernel:
             return False
         return cast_supported(src, dst) and shape_of(node.input(0)) == shape_of(node.outputs[0])
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         src, dst = _dtype(step.node.input(0)), _dtype(step.node.outputs[0])
         var = "float" if src.name == "float16" else value_ctype(src)
         return _build(step, [(value_ctype(src), var)], value_ctype(dst), cast_expr(src, dst, "a0"))
 
 
-class WhereKernel:
+class WhereKernel(CKernel):
     kinds: tuple[str, ...] = ("Where",)
 
     def supports(self, node: Node) -> bool:
@@ -212,16 +203,13 @@ class WhereKernel:
         out = _dtype(node.outputs[0])
         return cond.kind == "b" and x == out and y == out and out.kind in "biuf" and out.name in _VALUE_CTYPES
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         ctype = storage_ctype(_dtype(step.node.outputs[0]))
         loads = [("uint8_t", "uint8_t"), (ctype, ctype), (ctype, ctype)]
         return _build(step, loads, ctype, "(a0 ? a1 : a2)")
 
 
-class CompareKernel:
+class CompareKernel(CKernel):
     kinds: tuple[str, ...] = tuple(_COMPARE) + tuple(_LOGIC)
 
     def supports(self, node: Node) -> bool:
@@ -236,9 +224,6 @@ class CompareKernel:
             return dtype.kind == "b"
         return dtype.name in _VALUE_CTYPES
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         ctype = value_ctype(_dtype(node.input(0)))
@@ -250,5 +235,4 @@ class CompareKernel:
         return _build(step, loads, "uint8_t", expr)
 
 
-for _kernel in (CastKernel(), WhereKernel(), CompareKernel()):
-    register(_kernel)
+KERNELS = (CastKernel(), WhereKernel(), CompareKernel())

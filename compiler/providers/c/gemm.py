@@ -33,19 +33,17 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
     all_float32,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     scratch_arg,
     shape_of,
 )
 from compiler.providers.geometry import MatmulProduct, claimed
+from compiler.providers.kit import Param
 
 __all__ = ["Tiling", "Epilogue", "GemmContext", "choose_tiling", "packed_nbytes", "activation", "fused_ok"]
 
@@ -94,8 +92,6 @@ class Epilogue:
 
 @dataclass(frozen=True)
 class GemmContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     t: Tiling
     e: Epilogue
@@ -206,7 +202,7 @@ def _product(node: Node) -> _Product | None:
     return _Product(p, tuple(a_off), tuple(b_off), path)
 
 
-class GemmKernel:
+class GemmKernel(CKernel):
     kinds: tuple[str, ...] = ("Gemm", "onnx_aot.FusedGemm", "MatMul")
 
     def supports(self, node: Node) -> bool:
@@ -256,8 +252,6 @@ class GemmKernel:
         restrict = [True] * len(ins) + [False] + ([True] if scratch else [])
         nb = len(prod.a_off)
         ctx = GemmContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(names, args, restrict),
             t=t,
             e=e,
@@ -268,7 +262,7 @@ class GemmKernel:
             b_off=prod.b_off,
             parallel=2 * nb * p.m * p.n * p.k >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/gemm.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/gemm.c.j2", ctx, tuple(args))
 
 
-register(GemmKernel())
+KERNELS = (GemmKernel(),)

@@ -31,19 +31,17 @@ from compiler.ir.graph import Node, Value
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
     arg,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     same_dtype_movable,
     shape_of,
 )
 from compiler.providers.c.elementwise_typed import value_ctype
+from compiler.providers.kit import Param
 
 __all__ = [
     "StridedContext",
@@ -78,7 +76,7 @@ def _movable(v: Value) -> bool:
 
 def _no_code(step: StepPlan, ctx: object) -> StepCode:
     """The StepCode of a step whose outputs are all empty: nothing to compute."""
-    return StepCode(None, ctx, fn_name(step), ())
+    return StepCode(None, ctx, ())
 
 
 # -- Slice / Expand / Tile: one strided copy ----------------------------------------------------
@@ -86,8 +84,6 @@ def _no_code(step: StepPlan, ctx: object) -> StepCode:
 
 @dataclass(frozen=True)
 class StridedContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     nest: LoopNest
     base: int  # element offset of the first element read
@@ -152,16 +148,13 @@ def strided_map(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | No
     return shape, base, strides
 
 
-class StridedKernel:
+class StridedKernel(CKernel):
     kinds: tuple[str, ...] = ("Slice", "Expand", "Tile")
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.inputs) != 1 or len(node.outputs) != 1:
             return False
         return strided_map(node) is not None
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -174,8 +167,6 @@ class StridedKernel:
         args = [*input_args(step, ctype), *output_args(step, ctype)]
         nest = loop_nest(shape, [strides])
         ctx = StridedContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [True, True]),
             nest=nest,
             base=base,
@@ -183,7 +174,7 @@ class StridedKernel:
         )
         if out.size == 0:
             return _no_code(step, ctx)
-        return StepCode("c/data_strided.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/data_strided.c.j2", ctx, tuple(args))
 
 
 # -- Gather -------------------------------------------------------------------------------------
@@ -191,8 +182,6 @@ class StridedKernel:
 
 @dataclass(frozen=True)
 class GatherContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     pre: int  # product of the dimensions before the axis
     n: int  # the axis' length
@@ -201,7 +190,7 @@ class GatherContext:
     parallel: bool
 
 
-class GatherKernel:
+class GatherKernel(CKernel):
     kinds: tuple[str, ...] = ("Gather",)
 
     def supports(self, node: Node) -> bool:
@@ -219,9 +208,6 @@ class GatherKernel:
             return False
         return shape_of(y) == xs[:axis] + shape_of(indices) + xs[axis + 1 :]
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         x, indices = node.inputs
@@ -236,8 +222,6 @@ class GatherKernel:
         ]
         pre, count = _prod(xs[:axis]), indices.size
         ctx = GatherContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "ind", "y"], args, [True] * 3),
             pre=pre,
             n=xs[axis],
@@ -247,7 +231,7 @@ class GatherKernel:
         )
         if y.size == 0:
             return _no_code(step, ctx)
-        return StepCode("c/data_gather.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/data_gather.c.j2", ctx, tuple(args))
 
 
 # -- Split --------------------------------------------------------------------------------------
@@ -255,8 +239,6 @@ class GatherKernel:
 
 @dataclass(frozen=True)
 class SplitContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     outer: int
     row_bytes: int  # bytes of one input row (everything from the axis on)
@@ -264,7 +246,7 @@ class SplitContext:
     parallel: bool
 
 
-class SplitKernel:
+class SplitKernel(CKernel):
     kinds: tuple[str, ...] = ("Split",)
 
     def supports(self, node: Node) -> bool:
@@ -278,9 +260,6 @@ class SplitKernel:
             shape_of(v) == xs[:axis] + (size,) + xs[axis + 1 :]
             for v, size in zip(node.outputs, sizes, strict=True)
         )
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -301,8 +280,6 @@ class SplitKernel:
             offset += size * unit
         outer = _prod(xs[:axis])
         ctx = SplitContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(names, args, [True] * len(args)),
             outer=outer,
             row_bytes=offset,
@@ -311,7 +288,7 @@ class SplitKernel:
         )
         if x.size == 0:
             return _no_code(step, ctx)
-        return StepCode("c/data_split.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/data_split.c.j2", ctx, tuple(args))
 
 
 # -- Range --------------------------------------------------------------------------------------
@@ -319,8 +296,6 @@ class SplitKernel:
 
 @dataclass(frozen=True)
 class RangeContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     ctype: str
     floating: bool
@@ -336,7 +311,7 @@ def _scalar(v: Value | None) -> bool:
     return v is not None and v.shape is not None and _prod(v.shape) == 1
 
 
-class RangeKernel:
+class RangeKernel(CKernel):
     """Range(start, limit, delta): element i is start + i * delta, as the reference computes it.
 
     Floats are computed in double (the product rounded before the sum: no FMA contraction) and
@@ -354,9 +329,6 @@ class RangeKernel:
             return False
         return len(shape_of(y)) == 1
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         y = node.outputs[0]
@@ -365,8 +337,6 @@ class RangeKernel:
         start, _, delta = input_args(step, ctype)
         args = [start, delta, *output_args(step, ctype)]
         ctx = RangeContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["start", "delta", "y"], args, [True, True, True]),
             ctype=ctype,
             floating=y.dtype.kind == "f",
@@ -374,8 +344,7 @@ class RangeKernel:
         )
         if y.size == 0:
             return _no_code(step, ctx)
-        return StepCode("c/data_range.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/data_range.c.j2", ctx, tuple(args))
 
 
-for _kernel in (StridedKernel(), GatherKernel(), SplitKernel(), RangeKernel()):
-    register(_kernel)
+KERNELS = (StridedKernel(), GatherKernel(), SplitKernel(), RangeKernel())

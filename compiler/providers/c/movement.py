@@ -27,17 +27,15 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     same_dtype_movable,
     shape_of,
 )
+from compiler.providers.kit import Param
 
 __all__ = [
     "ConcatContext",
@@ -57,8 +55,6 @@ def _prod(dims: tuple[int, ...] | list[int]) -> int:
 
 @dataclass(frozen=True)
 class ConcatContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     outer: int
     row_bytes: int  # bytes of one output row (everything from the axis on)
@@ -142,8 +138,6 @@ class TransposePlanes:
 
 @dataclass(frozen=True)
 class TransposeContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     nest: LoopNest
     parallel: bool
@@ -153,13 +147,11 @@ class TransposeContext:
 
 @dataclass(frozen=True)
 class CopyContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     nbytes: int
 
 
-class ConcatKernel:
+class ConcatKernel(CKernel):
     kinds: tuple[str, ...] = ("Concat",)
 
     def supports(self, node: Node) -> bool:
@@ -177,9 +169,6 @@ class ConcatKernel:
         )
         return same and sum(s[axis] for s in shapes) == ys[axis]
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         out = node.outputs[0]
@@ -196,14 +185,12 @@ class ConcatKernel:
         args = [*input_args(step, ctype), *output_args(step, ctype)]
         names = [f"in{k}" for k in range(len(node.inputs))] + ["y"]
         ctx = ConcatContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(names, args, [False] * len(args)),
             outer=_prod(ys[:axis]),
             row_bytes=offset,
             chunks=tuple(c for c in chunks if c[1] > 0),
         )
-        return StepCode("c/concat.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/concat.c.j2", ctx, tuple(args))
 
 
 def _shuffle_pattern(vw: int, stage: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -285,7 +272,7 @@ def batched_2d(xs: tuple[int, ...], perm: list[int]) -> tuple[int, int, int] | N
     return None
 
 
-class TransposeKernel:
+class TransposeKernel(CKernel):
     kinds: tuple[str, ...] = ("Transpose",)
 
     def supports(self, node: Node) -> bool:
@@ -295,9 +282,6 @@ class TransposeKernel:
         if not isinstance(perm, (list, tuple)) or sorted(int(p) for p in perm) != list(range(len(xs))):
             return False
         return shape_of(node.outputs[0]) == tuple(xs[int(p)] for p in perm)
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -327,27 +311,22 @@ class TransposeKernel:
         elif planes is not None:
             least, pieces = PARALLEL_MIN_WORK, planes.batches * planes.pieces
         ctx = TransposeContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [True, True]),
             nest=nest,
             parallel=nest.total >= least and pieces > 1,
             blocks=blocks,
             planes=planes,
         )
-        return StepCode("c/transpose.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/transpose.c.j2", ctx, tuple(args))
 
 
-class CopyKernel:
+class CopyKernel(CKernel):
     kinds: tuple[str, ...] = ("Reshape", "Identity", "onnx_aot.Copy")
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
             return False
         return math.prod(shape_of(node.input(0))) == math.prod(shape_of(node.outputs[0]))
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -356,15 +335,12 @@ class CopyKernel:
         ctype = storage_ctype(dtype)
         args = [*input_args(step, ctype), *output_args(step, ctype)]
         ctx = CopyContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [False, False]),
             nbytes=node.outputs[0].nbytes,
         )
         if step.inputs[0] == step.outputs[0] or ctx.nbytes == 0:
-            return StepCode(None, ctx, ctx.fn, ())  # a view onto the same bytes: nothing to do
-        return StepCode("c/copy.c.j2", ctx, ctx.fn, tuple(args))
+            return StepCode(None, ctx, ())  # a view onto the same bytes: nothing to do
+        return StepCode("c/copy.c.j2", ctx, tuple(args))
 
 
-for _kernel in (ConcatKernel(), TransposeKernel(), CopyKernel()):
-    register(_kernel)
+KERNELS = (ConcatKernel(), TransposeKernel(), CopyKernel())

@@ -23,17 +23,15 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     same_dtype_movable,
     shape_of,
 )
+from compiler.providers.kit import Param
 
 __all__ = ["PadDim", "PadContext", "PadKernel", "pad_tables"]
 
@@ -64,8 +62,6 @@ class PadDim:
 
 @dataclass(frozen=True)
 class PadContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     ctype: str
     constant: bool  # mode "constant": padding reads ``value``, tables hold -1 there
@@ -147,7 +143,7 @@ def _interior(row: np.ndarray) -> tuple[int, int]:
     return best
 
 
-class PadKernel:
+class PadKernel(CKernel):
     kinds: tuple[str, ...] = ("Pad",)
 
     def supports(self, node: Node) -> bool:
@@ -161,9 +157,6 @@ class PadKernel:
         float(node.attrs["value"])
         return shape_of(node.outputs[0]) == tuple(len(t) for t in tables)
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         x, y = node.input(0), node.outputs[0]
@@ -176,8 +169,6 @@ class PadKernel:
         ctype = storage_ctype(x.dtype)
         args = [*input_args(step, ctype), *output_args(step, ctype)]
         ctx = PadContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [True] * 2),
             ctype=ctype,
             constant=mode == "constant",
@@ -196,8 +187,8 @@ class PadKernel:
             parallel=y.size >= 4 * PARALLEL_MIN_WORK and int(np.prod(rows, dtype=np.int64)) > 1,
         )
         if y.size == 0:
-            return StepCode(None, ctx, ctx.fn, ())
-        return StepCode("c/data_pad.c.j2", ctx, ctx.fn, tuple(args))
+            return StepCode(None, ctx, ())
+        return StepCode("c/data_pad.c.j2", ctx, tuple(args))
 
 
-register(PadKernel())
+KERNELS = (PadKernel(),)

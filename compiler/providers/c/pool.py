@@ -16,18 +16,16 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
     all_float32,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     shape_of,
 )
 from compiler.providers.geometry import PoolGeometry, claimed
+from compiler.providers.kit import Param
 
 __all__ = ["PoolContext", "ChannelContext", "SoftmaxContext", "PoolKernel", "ChannelKernel", "SoftmaxKernel"]
 
@@ -41,8 +39,6 @@ def _prod(dims: tuple[int, ...] | list[int]) -> int:
 
 @dataclass(frozen=True)
 class PoolContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     op: str  # "max" | "avg"
     nc: int
@@ -53,7 +49,7 @@ class PoolContext:
     ow_hi: int
 
 
-class PoolKernel:
+class PoolKernel(CKernel):
     kinds: tuple[str, ...] = ("MaxPool", "AveragePool")
 
     def supports(self, node: Node) -> bool:
@@ -64,17 +60,12 @@ class PoolKernel:
         g = PoolGeometry.from_node(node, "NCHW")
         return g is not None and (node.op_type == "MaxPool" or (g.dh == 1 and g.dw == 1))
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         g = claimed(PoolGeometry.from_node(node, "NCHW"), node)
         args = [*input_args(step), *output_args(step)]
         ow_lo, ow_hi = g.cols.inside()
         ctx = PoolContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [True, True]),
             op="max" if node.op_type == "MaxPool" else "avg",
             nc=g.batch * g.c,
@@ -84,7 +75,7 @@ class PoolKernel:
             ow_lo=ow_lo,
             ow_hi=ow_hi,
         )
-        return StepCode("c/pool.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/pool.c.j2", ctx, tuple(args))
 
 
 # -- per-channel kernels: GlobalAveragePool, GlobalMaxPool, BatchNormalization, LRN ------------
@@ -94,8 +85,6 @@ class PoolKernel:
 class ChannelContext:
     """A kernel over (N, C, spatial...) planes of ``s`` elements."""
 
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     op: str  # "global_avg" | "global_max" | "batchnorm" | "lrn"
     n: int
@@ -110,7 +99,7 @@ class ChannelContext:
     parallel: bool
 
 
-class ChannelKernel:
+class ChannelKernel(CKernel):
     kinds: tuple[str, ...] = ("GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "LRN")
 
     def supports(self, node: Node) -> bool:
@@ -131,9 +120,6 @@ class ChannelKernel:
             and all(v is not None and shape_of(v) == (xs[1],) for v in ins[1:])
             and "epsilon" in node.attrs
         )
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -156,8 +142,6 @@ class ChannelKernel:
         size = int(a["size"]) if op == "lrn" else 1
         s = _prod(xs[2:])
         ctx = ChannelContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(names, args, restrict),
             op=op,
             n=xs[0],
@@ -171,7 +155,7 @@ class ChannelKernel:
             lrn_bias=literal(float(a["bias"])) if op == "lrn" else "0.0f",
             parallel=_prod(xs) * size >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/channel.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/channel.c.j2", ctx, tuple(args))
 
 
 # -- softmax --------------------------------------------------------------------------------
@@ -179,8 +163,6 @@ class ChannelKernel:
 
 @dataclass(frozen=True)
 class SoftmaxContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     log: bool
     outer: int
@@ -189,7 +171,7 @@ class SoftmaxContext:
     parallel: bool
 
 
-class SoftmaxKernel:
+class SoftmaxKernel(CKernel):
     kinds: tuple[str, ...] = ("Softmax", "LogSoftmax")
 
     def supports(self, node: Node) -> bool:
@@ -199,17 +181,12 @@ class SoftmaxKernel:
         axis = node.attrs.get("axis")
         return isinstance(axis, int) and 0 <= axis < max(len(xs), 1) and shape_of(node.outputs[0]) == xs
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         xs = shape_of(node.input(0))
         axis = int(node.attrs["axis"])
         args = [*input_args(step), *output_args(step)]
         ctx = SoftmaxContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [False, False]),
             log=node.op_type == "LogSoftmax",
             outer=_prod(xs[:axis]),
@@ -217,8 +194,7 @@ class SoftmaxKernel:
             inner=_prod(xs[axis + 1 :]),
             parallel=_prod(xs) * 8 >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/softmax.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/softmax.c.j2", ctx, tuple(args))
 
 
-for _kernel in (PoolKernel(), ChannelKernel(), SoftmaxKernel()):
-    register(_kernel)
+KERNELS = (PoolKernel(), ChannelKernel(), SoftmaxKernel())

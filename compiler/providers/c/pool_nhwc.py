@@ -26,18 +26,16 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
     all_float32,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     shape_of,
 )
 from compiler.providers.geometry import PoolGeometry, claimed
+from compiler.providers.kit import Param
 
 __all__ = [
     "Channels",
@@ -88,8 +86,6 @@ def channel_walk(c: int, vw: int, unroll: int = UNROLL) -> Channels:
 
 @dataclass(frozen=True)
 class PoolNhwcContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     op: str  # "max" | "avg"
     g: PoolGeometry
@@ -105,7 +101,7 @@ class PoolNhwcContext:
     parallel: bool
 
 
-class PoolNhwcKernel:
+class PoolNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.MaxPoolNhwc", "onnx_aot.AveragePoolNhwc")
 
     def supports(self, node: Node) -> bool:
@@ -114,9 +110,6 @@ class PoolNhwcKernel:
         if node.kind == "onnx_aot.AveragePoolNhwc" and node.attrs.get("count_include_pad") not in (0, 1):
             return False
         return PoolGeometry.from_node(node, "NHWC") is not None
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -127,8 +120,6 @@ class PoolNhwcKernel:
         oh_lo, oh_hi = g.rows.inside()
         ow_lo, ow_hi = g.cols.inside()
         ctx = PoolNhwcContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [True, True]),
             op="avg" if avg else "max",
             g=g,
@@ -144,7 +135,7 @@ class PoolNhwcKernel:
             count_w=g.cols.counts(include) if avg else (),
             parallel=g.batch * g.oh * g.ow * g.c * g.kh * g.kw >= PARALLEL_MIN_WORK and g.batch * g.oh > 1,
         )
-        return StepCode("c/pool_nhwc.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/pool_nhwc.c.j2", ctx, tuple(args))
 
 
 # -- GlobalAveragePool, LRN ----------------------------------------------------------------------
@@ -152,8 +143,6 @@ class PoolNhwcKernel:
 
 @dataclass(frozen=True)
 class ChannelNhwcContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     op: str  # "global_avg" | "lrn"
     n: int
@@ -172,7 +161,7 @@ class ChannelNhwcContext:
 _POWERS = {0.75: "sqrt3/4", 0.5: "sqrt", 1.0: "one"}
 
 
-class ChannelNhwcKernel:
+class ChannelNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.GlobalAveragePoolNhwc", "onnx_aot.LRNNhwc")
 
     def supports(self, node: Node) -> bool:
@@ -189,9 +178,6 @@ class ChannelNhwcKernel:
         fits = xs[3] <= MAX_LRN_CHANNELS
         return ys == xs and numbers and isinstance(size, int) and size >= 1 and fits
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         n, h, w, c = shape_of(node.input(0))
@@ -202,8 +188,6 @@ class ChannelNhwcKernel:
         args = [*input_args(step), *output_args(step)]
         chunk = min(CHUNK, c)
         ctx = ChannelNhwcContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [True, True]),
             op="lrn" if lrn else "global_avg",
             n=n,
@@ -221,8 +205,7 @@ class ChannelNhwcKernel:
                 and (n * h * w > 1 if lrn else n * math.ceil(c / chunk) > 1)
             ),
         )
-        return StepCode("c/channel_nhwc.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/channel_nhwc.c.j2", ctx, tuple(args))
 
 
-for _kernel in (PoolNhwcKernel(), ChannelNhwcKernel()):
-    register(_kernel)
+KERNELS = (PoolNhwcKernel(), ChannelNhwcKernel())

@@ -51,18 +51,20 @@ from compiler.providers.c import (
     winograd,
     winograd_nhwc,
 )
-from compiler.providers.c.common import REGISTRY, Arg, StepCode, comment
-from runtime.errors import CompileError, OnnxAotError
+from compiler.providers.c.common import Arg, CKernel, StepCode
+from compiler.providers.kit import KernelTable, comment
+from runtime.errors import CompileError
 
 __all__ = [
     "CProvider", "ABI_VERSION", "CSource", "ModelContext", "EntryContext", "CallSite", "KERNEL_MODULES",
 ]
 
-# The modules whose kernels the C provider runs (each registers its kernels when imported); every
-# other module of this package is named in SUPPORT_MODULES (a test checks that none is left out).
+# The modules whose ``KERNELS`` the C provider runs; every other module of this package is named in
+# SUPPORT_MODULES (a test checks that none is left out).
 KERNEL_MODULES = (conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing, movement, pad,
                   pool, pool_nhwc, reduce, spatial, winograd, winograd_nhwc)
 SUPPORT_MODULES = ("provider", "common", "dtypes")
+KERNELS: KernelTable[CKernel] = KernelTable("C", KERNEL_MODULES)
 
 ABI_VERSION = 1
 SOURCE_NAME = "model.c"
@@ -140,21 +142,13 @@ class CProvider:
 
     def supports(self, node: Node) -> bool:
         """Whether a C kernel handles ``node`` with its attributes, dtypes and shapes."""
-        kernel = REGISTRY.get(node.kind)
-        if kernel is None:
-            return False
-        try:
-            return bool(kernel.supports(node))
-        except (OnnxAotError, KeyError, TypeError, ValueError, IndexError):
-            return False
+        return KERNELS.supports(node)
 
     def claims(self, graph: Graph) -> set[Node]:
-        return {node for node in graph.nodes if self.supports(node)}
+        return KERNELS.claims(graph)
 
     def scratch_nbytes(self, node: Node) -> int:
-        if not self.supports(node):
-            raise CompileError(f"{node.describe()} is not supported by the C provider")
-        return int(REGISTRY[node.kind].scratch_nbytes(node))
+        return KERNELS.scratch_nbytes(node)
 
     def render(self, partitions: list[PartitionPlan], target: TargetInfo) -> str:
         """The model's C source for ``partitions`` (deterministic: no paths, ids or times)."""
@@ -163,15 +157,15 @@ class CProvider:
     def render_source(self, partitions: list[PartitionPlan], target: TargetInfo) -> CSource:
         """The model's C source, whole and split into translation units for the build.
 
-        Kernel functions are named after a hash of their text (rendered without the step's name
-        or comment), so identical kernels -- repeated blocks of one model, or the same kernel in
+        Kernel functions are named after a hash of their text (rendered with a placeholder name),
+        so identical kernels -- repeated blocks of one model, or the same kernel in
         another model -- are one function and one cached object.
         """
         functions: dict[str, str] = {}  # name -> text
         entries: list[EntryContext] = []
         seen_symbols: set[str] = set()
         seen_steps: set[int] = set()
-        names: dict[tuple[str, Any], str] = {}  # (template, context without fn/comment) -> name
+        names: dict[tuple[str, Any], str] = {}  # (template, context) -> function name
         for part in partitions:
             if part.provider != self.name:
                 raise CompileError(f"partition {part.index} belongs to provider {part.provider!r}, not 'c'")
@@ -186,15 +180,12 @@ class CProvider:
                 if step.index in seen_steps:
                     raise CompileError(f"step {step.index} appears twice in the C partitions")
                 seen_steps.add(step.index)
-                if not self.supports(step.node):
-                    raise CompileError(f"{step.node.describe()} is not supported by the C provider")
-                code: StepCode = REGISTRY[step.node.kind].build(step, target)
+                code: StepCode = KERNELS.kernel(step.node).build(step, target)
                 fn: str | None = None
                 if code.template is not None:
-                    key = (code.template, dataclasses.replace(code.ctx, fn="", comment=""))
+                    key = (code.template, code.ctx)
                     if key not in names:
-                        anonymous = dataclasses.replace(code.ctx, fn=_PLACEHOLDER, comment="")
-                        text = render(code.template, anonymous)
+                        text = render(code.template, code.ctx, fn=_PLACEHOLDER)
                         name = "k_" + hashlib.sha256(text.encode()).hexdigest()[:16]
                         functions.setdefault(name, text.replace(_PLACEHOLDER, name))
                         names[key] = name

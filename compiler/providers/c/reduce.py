@@ -20,18 +20,16 @@ from compiler.ir.graph import Node, Value
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
     all_float32,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     shape_of,
 )
 from compiler.providers.c.dtypes import CType, all_nonempty, ctype_of, offset_expr, prod
+from compiler.providers.kit import Param
 
 __all__ = [
     "ReduceContext",
@@ -83,8 +81,6 @@ def _numeric(v: Value | None) -> CType | None:
 
 @dataclass(frozen=True)
 class ReduceContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     t: CType
     op: str  # a value of REDUCE_OPS
@@ -138,7 +134,7 @@ def _reduce_axes(node: Node) -> list[int] | None:
     return axes
 
 
-class ReduceKernel:
+class ReduceKernel(CKernel):
     kinds: tuple[str, ...] = tuple(REDUCE_OPS)
 
     def supports(self, node: Node) -> bool:
@@ -155,9 +151,6 @@ class ReduceKernel:
             return False
         return _reduce_axes(node) is not None
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         xs = shape_of(node.input(0))
@@ -173,8 +166,6 @@ class ReduceKernel:
         outer = prod([g.size for g in kept])
         args = [*input_args(step, t.name), *output_args(step, t.name)]
         ctx = ReduceContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [all_nonempty(node)] * 2),
             t=t,
             op=REDUCE_OPS[node.op_type],
@@ -189,7 +180,7 @@ class ReduceKernel:
             count=prod([xs[a] for a in axes]),
             parallel=prod(xs) >= PARALLEL_MIN_WORK and outer * nblocks > 1,
         )
-        return StepCode("c/reduce.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/reduce.c.j2", ctx, tuple(args))
 
 
 # -- ArgMax / ArgMin ----------------------------------------------------------------------------
@@ -197,8 +188,6 @@ class ReduceKernel:
 
 @dataclass(frozen=True)
 class ArgContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     ctype: str
     floating: bool  # NaN checks are emitted
@@ -210,7 +199,7 @@ class ArgContext:
     parallel: bool
 
 
-class ArgKernel:
+class ArgKernel(CKernel):
     kinds: tuple[str, ...] = ("ArgMax", "ArgMin")
 
     def supports(self, node: Node) -> bool:
@@ -226,9 +215,6 @@ class ArgKernel:
             return False
         return shape_of(y) == _reduced_shape(xs, [axis], bool(int(node.attrs["keepdims"])))
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         x = node.input(0)
@@ -238,8 +224,6 @@ class ArgKernel:
         outer, length, inner = _axis_split(xs, int(node.attrs["axis"]))
         args = [*input_args(step, t.name), *output_args(step, "int64_t")]
         ctx = ArgContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [all_nonempty(node)] * 2),
             ctype=t.name,
             floating=t.kind == "f",
@@ -250,7 +234,7 @@ class ArgKernel:
             inner=inner,
             parallel=prod(xs) >= PARALLEL_MIN_WORK and outer * inner > 1,
         )
-        return StepCode("c/reduce_arg.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/reduce_arg.c.j2", ctx, tuple(args))
 
 
 # -- TopK -------------------------------------------------------------------------------------
@@ -258,8 +242,6 @@ class ArgKernel:
 
 @dataclass(frozen=True)
 class TopKContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     ctype: str
     floating: bool
@@ -271,7 +253,7 @@ class TopKContext:
     parallel: bool
 
 
-class TopKKernel:
+class TopKKernel(CKernel):
     """The k best of each row in a heap kept in the outputs themselves, then heap-sorted."""
 
     kinds: tuple[str, ...] = ("TopK",)
@@ -292,9 +274,6 @@ class TopKKernel:
         ys = xs[:axis] + (k,) + xs[axis + 1 :]
         return shape_of(values) == ys and shape_of(indices) == ys
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         x = node.input(0)
@@ -306,8 +285,6 @@ class TopKKernel:
         rows = outer * inner
         args = [*input_args(step, t.name), output_args(step, t.name)[0], output_args(step, "int64_t")[1]]
         ctx = TopKContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "yv", "yi"], args, [all_nonempty(node)] * 3),
             ctype=t.name,
             floating=t.kind == "f",
@@ -318,7 +295,7 @@ class TopKKernel:
             inner=inner,
             parallel=rows * length * max(1, k.bit_length()) >= PARALLEL_MIN_WORK and rows > 1,
         )
-        return StepCode("c/reduce_topk.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/reduce_topk.c.j2", ctx, tuple(args))
 
 
 # -- LayerNormalization -------------------------------------------------------------------------
@@ -326,8 +303,6 @@ class TopKKernel:
 
 @dataclass(frozen=True)
 class LayerNormContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     outer: int
     n: int  # elements normalized together
@@ -352,7 +327,7 @@ def _per_element_index(v: Value | None, norm: tuple[int, ...]) -> str | None:
     return "j" if trimmed == norm[len(norm) - len(trimmed) :] and prod(trimmed) == prod(norm) else None
 
 
-class LayerNormKernel:
+class LayerNormKernel(CKernel):
     kinds: tuple[str, ...] = ("LayerNormalization",)
 
     def supports(self, node: Node) -> bool:
@@ -371,9 +346,6 @@ class LayerNormKernel:
             return False
         return node.input(2) is None or _per_element_index(node.input(2), norm) is not None
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         xs = shape_of(node.input(0))
@@ -386,8 +358,6 @@ class LayerNormKernel:
         names = ["x", "scale"] + (["bias"] if bias_index is not None else []) + ["y"]
         names += ["mean_out", "inv_std_out"][: len(node.outputs) - 1]
         ctx = LayerNormContext(
-            fn=fn_name(step),
-            comment=comment(node),
             # x and y may share memory (each row is read in full before it is written)
             params=params(names, args, [name not in ("x", "y") for name in names]),
             outer=prod(xs[:axis]),
@@ -399,8 +369,7 @@ class LayerNormKernel:
             stats=len(node.outputs) - 1,
             parallel=prod(xs) * 4 >= PARALLEL_MIN_WORK and prod(xs[:axis]) > 1,
         )
-        return StepCode("c/reduce_layernorm.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/reduce_layernorm.c.j2", ctx, tuple(args))
 
 
-for _kernel in (ReduceKernel(), ArgKernel(), TopKKernel(), LayerNormKernel()):
-    register(_kernel)
+KERNELS = (ReduceKernel(), ArgKernel(), TopKKernel(), LayerNormKernel())

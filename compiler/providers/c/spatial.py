@@ -28,20 +28,18 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
     all_float32,
-    comment,
-    fn_name,
     input_args,
     output_args,
     params,
-    register,
     scratch_arg,
     shape_of,
 )
 from compiler.providers.c.gemm import Epilogue, Tiling, choose_tiling
 from compiler.providers.geometry import ConvTransposeGeometry, claimed
+from compiler.providers.kit import Param
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.spatial import ResizeTaps, resize_plan
 
@@ -69,8 +67,6 @@ class AxisTable:
 
 @dataclass(frozen=True)
 class ResizeContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     outer: int  # product of the unchanged leading axes
     h: int
@@ -106,7 +102,7 @@ def _resize_tables(node: Node) -> tuple[int, int, int, ResizeTaps, ResizeTaps] |
     return math.prod(xs[:-2]), xs[-2], xs[-1], plan[-2], plan[-1]
 
 
-class ResizeKernel:
+class ResizeKernel(CKernel):
     kinds: tuple[str, ...] = ("Resize",)
 
     def supports(self, node: Node) -> bool:
@@ -118,9 +114,6 @@ class ResizeKernel:
         _, _, w, th, tw = tables
         return th.index.size + tw.index.size <= MAX_RESIZE_TAPS and w <= MAX_RESIZE_ROW
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         tables = _resize_tables(node)
@@ -130,8 +123,6 @@ class ResizeKernel:
         nearest = all(t.index.shape[1] == 1 and bool((t.weights == 1.0).all()) for t in (th, tw))
         work = outer * th.index.shape[0] * (w * th.index.shape[1] + tw.index.size)
         ctx = ResizeContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(["x", "y"], args, [True, True]),
             outer=outer,
             h=h,
@@ -142,7 +133,7 @@ class ResizeKernel:
             extrapolation=literal(float(node.attrs["extrapolation_value"])),
             parallel=work >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/spatial_resize.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/spatial_resize.c.j2", ctx, tuple(args))
 
 
 # -- ConvTranspose ------------------------------------------------------------------------------
@@ -150,8 +141,6 @@ class ResizeKernel:
 
 @dataclass(frozen=True)
 class ConvTransposeContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     t: Tiling  # the product W_g^T (mg * kh * kw x cg) times X_g (cg x h * w)
     e: Epilogue
@@ -160,7 +149,7 @@ class ConvTransposeContext:
     parallel: bool
 
 
-class ConvTransposeKernel:
+class ConvTransposeKernel(CKernel):
     kinds: tuple[str, ...] = ("ConvTranspose",)
 
     def supports(self, node: Node) -> bool:
@@ -183,8 +172,6 @@ class ConvTransposeKernel:
         names = ["x", "w"] + (["bias"] if bias else []) + ["y", "scratch"]
         t = choose_tiling(g.mg * g.kh * g.kw, g.h * g.w, g.cg, target)
         ctx = ConvTransposeContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=params(names, args, [True] * len(names)),
             t=t,
             e=Epilogue("", False, "", 0, 0, False, "v"),
@@ -192,8 +179,7 @@ class ConvTransposeKernel:
             g=g,
             parallel=2 * g.batch * g.groups * t.m * t.n * t.k >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/spatial_conv_transpose.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/spatial_conv_transpose.c.j2", ctx, tuple(args))
 
 
-for _kernel in (ResizeKernel(), ConvTransposeKernel()):
-    register(_kernel)
+KERNELS = (ResizeKernel(), ConvTransposeKernel())

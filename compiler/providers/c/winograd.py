@@ -20,15 +20,13 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
-    comment,
-    fn_name,
-    register,
 )
 from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
 from compiler.providers.c.gemm import Epilogue, Tiling, choose_tiling
 from compiler.providers.geometry import WinogradGeometry, claimed
+from compiler.providers.kit import Param
 from runtime.kernels.winograd import MATRICES
 
 __all__ = ["WinogradContext", "WinogradKernel"]
@@ -36,8 +34,6 @@ __all__ = ["WinogradContext", "WinogradKernel"]
 
 @dataclass(frozen=True)
 class WinogradContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     t: Tiling  # one of the 16 products: M x tiles x C
     e: Epilogue  # applied by the output transform
@@ -68,7 +64,7 @@ def _signed(matrix: tuple[tuple[float, ...], ...]) -> tuple[tuple[tuple[int, str
     return tuple(tuple(entry(v) for v in row) for row in matrix)
 
 
-class WinogradKernel:
+class WinogradKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.WinogradConv",)
 
     def supports(self, node: Node) -> bool:
@@ -89,8 +85,6 @@ class WinogradKernel:
         tiles = g.th * g.tw
         t = choose_tiling(g.m, tiles, g.c, target)
         ctx = WinogradContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=step_params,
             t=t,
             e=e,
@@ -102,7 +96,7 @@ class WinogradKernel:
             tp=_padded(tiles),
             parallel=2 * (g.tile + 2) ** 2 * g.batch * g.m * g.c * tiles >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/winograd.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/winograd.c.j2", ctx, tuple(args))
 
 
-register(WinogradKernel())
+KERNELS = (WinogradKernel(),)

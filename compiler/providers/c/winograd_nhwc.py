@@ -43,15 +43,13 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Param,
+    CKernel,
     StepCode,
-    comment,
-    fn_name,
-    register,
 )
 from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import WinogradGeometry, claimed
+from compiler.providers.kit import Param
 from runtime.kernels.nhwc import PANEL
 from runtime.kernels.winograd import MATRICES
 
@@ -149,8 +147,6 @@ def transform_program(matrix: tuple[tuple[float, ...], ...]) -> Program:
 
 @dataclass(frozen=True)
 class WinogradNhwcContext:
-    fn: str
-    comment: str
     params: tuple[Param, ...]
     e: Epilogue  # applied by the output transform
     vw: int  # floats per vector
@@ -236,7 +232,7 @@ def _blocks(node: Node) -> _Blocks | None:
     return None if g is None else _Blocks(g)
 
 
-class WinogradNhwcKernel:
+class WinogradNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.WinogradConvNhwc",)
 
     def supports(self, node: Node) -> bool:
@@ -256,8 +252,6 @@ class WinogradNhwcKernel:
         nv = min(2, PANEL // vw)  # SSE: two of a panel's four vectors per tile, 6 rows
         mr = min(12, (24 if wide else 12) // nv)
         ctx = WinogradNhwcContext(
-            fn=fn_name(step),
-            comment=comment(node),
             params=step_params,
             e=e,
             vw=vw,
@@ -281,7 +275,7 @@ class WinogradNhwcKernel:
             min_chunk=b.min_chunk,
             serial=b.serial,
         )
-        return StepCode("c/winograd_nhwc.c.j2", ctx, ctx.fn, tuple(args))
+        return StepCode("c/winograd_nhwc.c.j2", ctx, tuple(args))
 
 
-register(WinogradNhwcKernel())
+KERNELS = (WinogradNhwcKernel(),)

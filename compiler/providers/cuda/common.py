@@ -1,42 +1,40 @@
-"""Shared records of the CUDA provider: kernel registry, kernel code, launch arguments.
+"""Shared records of the CUDA provider: the CUDA kernel base, kernel code, launch arguments.
 
-Each op kind the CUDA provider runs is registered here by a ``CudaKernel`` (in the modules of
-``provider.KERNEL_MODULES``): ``supports`` decides the claim from the node's
+Each op kind the CUDA provider runs has a ``CudaKernel`` (listed in ``KERNELS`` of one of the
+modules of ``provider.KERNEL_MODULES``): ``supports`` decides the claim from the node's
 attributes, dtypes and shapes; ``scratch_nbytes`` sizes the step's device scratch; ``build``
 turns a scheduled step into a tuple of ``KernelCode`` -- each one ``__global__`` function
 rendered from a template with a frozen context, plus how it is launched: grid, block, dynamic
 shared memory and the arguments, in the order of the kernel's parameters.
 
-Every kernel context has a ``name`` field (the ``extern "C"`` symbol); ``provider.py`` fills it and
-shares one function between steps whose contexts are equal but for the name and comment.
+A kernel's ``extern "C"`` name and its comment are not in its context: ``provider.py`` passes them
+beside the context when it renders the kernel, and renders one function for the steps whose
+contexts are equal.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from compiler.ir.graph import Node
 from compiler.providers.base import Location, StepPlan, shape_of
+from compiler.providers.kit import Kernel
 from runtime.errors import CompileError
 from runtime.plan_schema import LaunchArg
 
 __all__ = [
-    "Param",
     "KernelCode",
     "CudaKernel",
-    "REGISTRY",
-    "register",
     "shape_of",
     "float32_node",
     "ptr",
     "input_ptrs",
     "output_ptrs",
     "blocks",
-    "comment",
     "THREADS",
     "MAX_GRID_YZ",
     "MAX_ELEMENTS",
@@ -48,47 +46,22 @@ MAX_GRID_YZ = 65535
 
 
 @dataclass(frozen=True)
-class Param:
-    """One pointer parameter of a kernel (``__restrict__`` only where nothing may alias)."""
-
-    name: str
-    ctype: str
-    const: bool
-    restrict: bool
-
-
-@dataclass(frozen=True)
 class KernelCode:
     """One ``__global__`` function of a step and its launch."""
 
     template: str
-    ctx: Any  # a frozen dataclass with ``name`` and ``comment`` fields
+    ctx: Any  # the frozen context rendered with ``template``
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared: int  # bytes of dynamic shared memory
     args: tuple[LaunchArg, ...]
 
 
-class CudaKernel(Protocol):
-    kinds: tuple[str, ...]
+class CudaKernel(Kernel):
+    """A CUDA kernel: ``build`` renders one step as ``__global__`` functions and their launches."""
 
-    def supports(self, node: Node) -> bool: ...
-
-    def scratch_nbytes(self, node: Node) -> int: ...
-
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]: ...
-
-
-REGISTRY: dict[str, CudaKernel] = {}
-
-
-def register(kernel: CudaKernel) -> CudaKernel:
-    """Register ``kernel`` for each of its kinds (one kernel per kind)."""
-    for kind in kernel.kinds:
-        if kind in REGISTRY:
-            raise ValueError(f"CUDA kernel for {kind} registered twice")
-        REGISTRY[kind] = kernel
-    return kernel
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        raise NotImplementedError
 
 
 def float32_node(node: Node) -> bool:
@@ -98,12 +71,6 @@ def float32_node(node: Node) -> bool:
         v.dtype == np.float32 and v.shape is not None and 0 < math.prod(v.shape) <= MAX_ELEMENTS
         for v in values
     )
-
-
-def comment(node: Node) -> str:
-    """The node's kind and name, safe inside a C comment."""
-    text = f"{node.kind} {node.name}"
-    return "".join(ch if ch.isalnum() or ch in " ._:/-" else "_" for ch in text)
 
 
 def ptr(loc: Location | None, step: StepPlan, what: str, written: bool = False) -> LaunchArg:

@@ -34,17 +34,16 @@ from compiler.providers.c.movement import ConcatKernel, CopyKernel, TransposeKer
 from compiler.providers.cuda.common import (
     MAX_ELEMENTS,
     THREADS,
+    CudaKernel,
     KernelCode,
-    Param,
     blocks,
-    comment,
     float32_node,
     input_ptrs,
     output_ptrs,
     ptr,
-    register,
     shape_of,
 )
+from compiler.providers.kit import Param
 from runtime.plan_schema import LaunchArg
 
 __all__ = ["CudaEltwiseContext", "CudaMoveContext", "used_indices"]
@@ -59,8 +58,6 @@ def used_indices(pairs: Sequence[tuple[str, str]], exprs: Sequence[str]) -> tupl
 
 @dataclass(frozen=True)
 class CudaEltwiseContext:
-    name: str
-    comment: str
     params: tuple[Param, ...]
     threads: int
     total: int
@@ -73,8 +70,6 @@ class CudaEltwiseContext:
 
 @dataclass(frozen=True)
 class CudaMoveContext:
-    name: str
-    comment: str
     params: tuple[Param, ...]
     threads: int
     op: str  # "copy" | "transpose" | "concat"
@@ -86,14 +81,11 @@ class CudaMoveContext:
     chunks: tuple[tuple[str, int, int, bool], ...]  # concat: (param, width, start, in place)
 
 
-class CudaEltwiseKernel:
+class CudaEltwiseKernel(CudaKernel):
     kinds = EltwiseKernel.kinds
 
     def supports(self, node: Node) -> bool:
         return float32_node(node) and EltwiseKernel().supports(node)
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -122,8 +114,6 @@ class CudaEltwiseKernel:
         args += output_ptrs(step)
         index = unflatten(nest.dims, nest.names, "flat")
         ctx = CudaEltwiseContext(
-            name="",
-            comment=comment(node),
             params=tuple(params),
             threads=THREADS,
             total=nest.total,
@@ -163,8 +153,6 @@ def _move(
     # Only a transpose's input may be __restrict__: a copy or concat may meet its output.
     params = tuple(Param(n, ctype, n != "y", n == "x" and op == "transpose") for n in names)
     ctx = CudaMoveContext(
-        name="",
-        comment=comment(step.node),
         params=params,
         threads=THREADS,
         op=op,
@@ -179,14 +167,11 @@ def _move(
     return KernelCode("cuda/move.cu.j2", ctx, grid, (THREADS, 1, 1), 0, tuple(args))
 
 
-class CudaCopyKernel:
+class CudaCopyKernel(CudaKernel):
     kinds = CopyKernel.kinds
 
     def supports(self, node: Node) -> bool:
         return _movable(node) and CopyKernel().supports(node)
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         total = math.prod(shape_of(step.node.outputs[0]))
@@ -196,14 +181,11 @@ class CudaCopyKernel:
         return (_move(step, "copy", total, ["x", "y"], args),)
 
 
-class CudaTransposeKernel:
+class CudaTransposeKernel(CudaKernel):
     kinds = TransposeKernel.kinds
 
     def supports(self, node: Node) -> bool:
         return _movable(node) and TransposeKernel().supports(node)
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -217,14 +199,11 @@ class CudaTransposeKernel:
         )
 
 
-class CudaConcatKernel:
+class CudaConcatKernel(CudaKernel):
     kinds = ConcatKernel.kinds
 
     def supports(self, node: Node) -> bool:
         return _movable(node) and ConcatKernel().supports(node)
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -263,5 +242,4 @@ class CudaConcatKernel:
         )
 
 
-for _kernel in (CudaEltwiseKernel(), CudaCopyKernel(), CudaTransposeKernel(), CudaConcatKernel()):
-    register(_kernel)
+KERNELS = (CudaEltwiseKernel(), CudaCopyKernel(), CudaTransposeKernel(), CudaConcatKernel())

@@ -27,18 +27,17 @@ from compiler.providers.c.gemm import GemmKernel, activation
 from compiler.providers.cuda.common import (
     MAX_GRID_YZ,
     THREADS,
+    CudaKernel,
     KernelCode,
-    Param,
     blocks,
-    comment,
     float32_node,
     input_ptrs,
     output_ptrs,
-    register,
     shape_of,
 )
 from compiler.providers.cuda.elementwise import used_indices
 from compiler.providers.geometry import ConvGeometry, MatmulProduct, claimed
+from compiler.providers.kit import Param
 from runtime.plan_schema import LaunchArg
 
 __all__ = ["TiledContext", "GemvContext", "DirectConvContext", "GEMV_MAX_ROWS"]
@@ -69,8 +68,6 @@ def _tile(m: int, n: int, z: int) -> _Tile:
 
 @dataclass(frozen=True)
 class TiledContext:
-    name: str
-    comment: str
     params: tuple[Param, ...]
     threads: int
     mode: str  # "conv" | "gemm"
@@ -102,8 +99,6 @@ class TiledContext:
 
 @dataclass(frozen=True)
 class GemvContext:
-    name: str
-    comment: str
     params: tuple[Param, ...]
     threads: int
     mode: str  # "warp" | "split"
@@ -121,8 +116,6 @@ class GemvContext:
 
 @dataclass(frozen=True)
 class DirectConvContext:
-    name: str
-    comment: str
     params: tuple[Param, ...]
     threads: int
     total: int
@@ -133,7 +126,7 @@ class DirectConvContext:
     act: str
 
 
-class CudaConvKernel:
+class CudaConvKernel(CudaKernel):
     kinds = ConvKernel.kinds
 
     def supports(self, node: Node) -> bool:
@@ -141,9 +134,6 @@ class CudaConvKernel:
             return False
         g = ConvGeometry.from_node(node, "NCHW")
         return g is not None and g.groups <= MAX_GRID_YZ
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -159,7 +149,7 @@ class CudaConvKernel:
             total = g.batch * g.m * p
             dims = (g.batch, g.m, g.oh, g.ow)
             dctx = DirectConvContext(
-                name="", comment=comment(node), params=params, threads=THREADS, total=total,
+                params=params, threads=THREADS, total=total,
                 index=unflatten(dims, ("bi", "oc", "oy", "ox"), "flat"), g=g, has_bias=has_bias,
                 has_res=has_res, act=act,
             )  # fmt: skip
@@ -168,7 +158,7 @@ class CudaConvKernel:
         n = g.batch * p
         t = _tile(g.mg, n, g.groups)
         ctx = TiledContext(
-            name="", comment=comment(node), params=params, threads=THREADS, mode="conv",
+            params=params, threads=THREADS, mode="conv",
             bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn, m=g.mg, n=n, k=g.k, a_kfast=True, b_nfast=True,
             g=g, has_res=has_res, p=None, batch_index=(), a_batch="0", b_batch="0",
             alpha="", beta="", bias_sm=0, bias_sn=0, has_bias=has_bias, act=act,
@@ -201,7 +191,7 @@ def _batched(node: Node) -> _Batched | None:
     return _Batched(p, math.prod(p.batch), index, nest.in_index[0], nest.in_index[1])
 
 
-class CudaGemmKernel:
+class CudaGemmKernel(CudaKernel):
     kinds = GemmKernel.kinds
 
     def supports(self, node: Node) -> bool:
@@ -209,9 +199,6 @@ class CudaGemmKernel:
             return False
         prod = _batched(node)
         return prod is not None and prod.batches <= MAX_GRID_YZ
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -224,7 +211,7 @@ class CudaGemmKernel:
         params = tuple(Param(n, "float", n != "y", n != "y") for n in names)
         args: tuple[LaunchArg, ...] = (*input_ptrs(step), *output_ptrs(step))
         common = dict(
-            name="", comment=comment(node), params=params, p=p, batch_index=prod.index,
+            params=params, p=p, batch_index=prod.index,
             a_batch=prod.a_batch, b_batch=prod.b_batch,
             alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
             beta="" if beta == 1.0 else f"{literal(beta)} * ",
@@ -250,5 +237,4 @@ class CudaGemmKernel:
         return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
 
 
-for _kernel in (CudaConvKernel(), CudaGemmKernel()):
-    register(_kernel)
+KERNELS = (CudaConvKernel(), CudaGemmKernel())

@@ -24,18 +24,17 @@ from compiler.providers.base import StepPlan
 from compiler.providers.c.pool import ChannelKernel, PoolKernel, SoftmaxKernel
 from compiler.providers.cuda.common import (
     THREADS,
+    CudaKernel,
     KernelCode,
-    Param,
     blocks,
-    comment,
     float32_node,
     input_ptrs,
     output_ptrs,
-    register,
     shape_of,
 )
 from compiler.providers.cuda.elementwise import used_indices
 from compiler.providers.geometry import PoolGeometry, claimed
+from compiler.providers.kit import Param
 
 __all__ = ["CudaPoolContext", "CudaChannelContext", "RowsContext"]
 
@@ -48,8 +47,6 @@ def _params(names: list[str], restrict: bool) -> tuple[Param, ...]:
 
 @dataclass(frozen=True)
 class CudaPoolContext:
-    name: str
-    comment: str
     params: tuple[Param, ...]
     threads: int
     op: str  # "max" | "avg"
@@ -59,14 +56,11 @@ class CudaPoolContext:
     count_include_pad: bool
 
 
-class CudaPoolKernel:
+class CudaPoolKernel(CudaKernel):
     kinds = PoolKernel.kinds
 
     def supports(self, node: Node) -> bool:
         return float32_node(node) and PoolKernel().supports(node)
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -74,7 +68,7 @@ class CudaPoolKernel:
         nc = g.batch * g.c
         total = nc * g.oh * g.ow
         ctx = CudaPoolContext(
-            name="", comment=comment(node), params=_params(["x", "y"], True), threads=THREADS,
+            params=_params(["x", "y"], True), threads=THREADS,
             op="max" if node.op_type == "MaxPool" else "avg", total=total,
             index=unflatten((nc, g.oh, g.ow), ("nc", "oy", "ox"), "flat"), g=g,
             count_include_pad=node.op_type == "AveragePool" and bool(int(node.attrs["count_include_pad"])),
@@ -85,8 +79,6 @@ class CudaPoolKernel:
 
 @dataclass(frozen=True)
 class CudaChannelContext:
-    name: str
-    comment: str
     params: tuple[Param, ...]
     threads: int
     op: str  # "global_avg" | "global_max" | "batchnorm" | "lrn"
@@ -101,14 +93,11 @@ class CudaChannelContext:
     lrn_bias: str
 
 
-class CudaChannelKernel:
+class CudaChannelKernel(CudaKernel):
     kinds = ChannelKernel.kinds
 
     def supports(self, node: Node) -> bool:
         return float32_node(node) and ChannelKernel().supports(node)
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -123,7 +112,7 @@ class CudaChannelKernel:
         size = int(a["size"]) if op == "lrn" else 1
         s = math.prod(xs[2:])
         ctx = CudaChannelContext(
-            name="", comment=comment(node), params=params, threads=THREADS, op=op, n=xs[0], c=xs[1],
+            params=params, threads=THREADS, op=op, n=xs[0], c=xs[1],
             s=s, eps=literal(float(a["epsilon"])) if op == "batchnorm" else "0.0f",
             lrn_lo=(size - 1) // 2, lrn_hi=size - 1 - (size - 1) // 2,
             lrn_alpha=literal(float(a["alpha"]) / size) if op == "lrn" else "0.0f",
@@ -139,8 +128,6 @@ class CudaChannelKernel:
 
 @dataclass(frozen=True)
 class RowsContext:
-    name: str
-    comment: str
     params: tuple[Param, ...]
     threads: int
     op: str  # "softmax" | "logsoftmax" | "layernorm" | "reduce"
@@ -165,28 +152,25 @@ def _rows(step: StepPlan, ctx: RowsContext) -> tuple[KernelCode, ...]:
 _NO_REDUCE = dict(row_index=(), row_base="0", red_index=(), red_offset="0")
 
 
-class CudaSoftmaxKernel:
+class CudaSoftmaxKernel(CudaKernel):
     kinds = SoftmaxKernel.kinds
 
     def supports(self, node: Node) -> bool:
         return float32_node(node) and SoftmaxKernel().supports(node) and bool(shape_of(node.input(0)))
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
         xs, axis = shape_of(node.input(0)), int(node.attrs["axis"])
         inner = math.prod(xs[axis + 1 :])
         ctx = RowsContext(
-            name="", comment=comment(node), params=_params(["x", "y"], False), threads=THREADS,
+            params=_params(["x", "y"], False), threads=THREADS,
             op=node.op_type.lower(), rows=math.prod(xs[:axis]) * inner, length=xs[axis],
             inner=inner, scale="", eps="", has_bias=False, **_NO_REDUCE,  # type: ignore[arg-type]
         )  # fmt: skip
         return _rows(step, ctx)
 
 
-class CudaLayerNormKernel:
+class CudaLayerNormKernel(CudaKernel):
     kinds: tuple[str, ...] = ("LayerNormalization",)
 
     def supports(self, node: Node) -> bool:
@@ -211,9 +195,6 @@ class CudaLayerNormKernel:
                 return False  # per-element scale / bias only
         return shape_of(node.outputs[0]) == xs
 
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
-
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
         xs, axis = shape_of(node.input(0)), int(node.attrs["axis"])
@@ -221,7 +202,7 @@ class CudaLayerNormKernel:
         has_bias = node.input(2) is not None
         names = ["x", "scale"] + (["bias"] if has_bias else []) + ["y"]
         ctx = RowsContext(
-            name="", comment=comment(node), params=_params(names, False), threads=THREADS,
+            params=_params(names, False), threads=THREADS,
             op="layernorm", rows=math.prod(xs[:axis]), length=length, inner=1,
             scale=literal(1.0 / length), eps=literal(float(node.attrs["epsilon"])),
             has_bias=has_bias, **_NO_REDUCE,  # type: ignore[arg-type]
@@ -240,7 +221,7 @@ def _reduce_axes(node: Node) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-class CudaReduceKernel:
+class CudaReduceKernel(CudaKernel):
     kinds: tuple[str, ...] = ("ReduceMean", "ReduceSum")
 
     def supports(self, node: Node) -> bool:
@@ -254,9 +235,6 @@ class CudaReduceKernel:
         keep = bool(node.attrs["keepdims"])
         expect = tuple(1 if a in axes else d for a, d in enumerate(xs)) if keep else tuple(kept)
         return shape_of(node.outputs[0]) == expect
-
-    def scratch_nbytes(self, node: Node) -> int:
-        return 0
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -272,7 +250,7 @@ class CudaReduceKernel:
         row_base, red_offset = index_expr(kstr, knames), index_expr(rstr, rnames)
         count = math.prod(xs[a] for a in axes)
         ctx = RowsContext(
-            name="", comment=comment(node), params=_params(["x", "y"], True), threads=THREADS,
+            params=_params(["x", "y"], True), threads=THREADS,
             op="reduce", rows=math.prod(kdims), length=count, inner=1,
             scale=literal(1.0 / count) if node.op_type == "ReduceMean" else "", eps="",
             has_bias=False, row_index=used_indices(unflatten(kdims, knames, "row"), [row_base]),
@@ -282,6 +260,5 @@ class CudaReduceKernel:
         return _rows(step, ctx)
 
 
-for _kernel in (CudaPoolKernel(), CudaChannelKernel(), CudaSoftmaxKernel(), CudaLayerNormKernel(),
-                CudaReduceKernel()):  # fmt: skip
-    register(_kernel)
+KERNELS = (CudaPoolKernel(), CudaChannelKernel(), CudaSoftmaxKernel(), CudaLayerNormKernel(),
+                CudaReduceKernel())

@@ -23,7 +23,6 @@ artifact writer puts each step's ``launches`` into its plan.json record):
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,17 +34,18 @@ from compiler.codegen.options import BuildOptions
 from compiler.ir.graph import Graph, Node
 from compiler.providers.base import GeneratedCuda, PartitionPlan
 from compiler.providers.cuda import elementwise, gemm, pool
-from compiler.providers.cuda.common import REGISTRY, KernelCode
-from runtime.errors import CompileError, OnnxAotError
+from compiler.providers.cuda.common import CudaKernel, KernelCode
+from compiler.providers.kit import KernelTable, comment
+from runtime.errors import CompileError
 from runtime.plan_schema import KernelLaunch
 
 __all__ = ["CudaProvider", "CudaModelContext", "TRANSFER", "KERNEL_MODULES"]
 
-# The modules whose kernels the CUDA provider runs (each registers its kernels when imported);
-# every other module of this package is named in SUPPORT_MODULES (a test checks that none is
-# left out).
+# The modules whose ``KERNELS`` the CUDA provider runs; every other module of this package is named
+# in SUPPORT_MODULES (a test checks that none is left out).
 KERNEL_MODULES = (elementwise, gemm, pool)
 SUPPORT_MODULES = ("provider", "common")
+KERNELS: KernelTable[CudaKernel] = KernelTable("CUDA", KERNEL_MODULES)
 
 SOURCE_NAME = "model.cu"
 TRANSFER = "onnx_aot.Transfer"
@@ -69,31 +69,19 @@ class CudaProvider:
 
     def supports(self, node: Node) -> bool:
         """Whether a CUDA kernel handles ``node`` with its attributes, dtypes and shapes."""
-        if node.kind == TRANSFER:
-            return True
-        kernel = REGISTRY.get(node.kind)
-        if kernel is None:
-            return False
-        try:
-            return bool(kernel.supports(node))
-        except (OnnxAotError, KeyError, TypeError, ValueError, IndexError):
-            return False
+        return node.kind == TRANSFER or KERNELS.supports(node)
 
     def claims(self, graph: Graph) -> set[Node]:
         return {node for node in graph.nodes if self.supports(node)}
 
     def scratch_nbytes(self, node: Node) -> int:
-        if not self.supports(node):
-            raise CompileError(f"{node.describe()} is not supported by the CUDA provider")
-        if node.kind == TRANSFER:
-            return 0
-        return int(REGISTRY[node.kind].scratch_nbytes(node))
+        return 0 if node.kind == TRANSFER else KERNELS.scratch_nbytes(node)
 
     def render(self, partitions: list[PartitionPlan]) -> tuple[str, dict[int, tuple[KernelLaunch, ...]]]:
         """The model's CUDA source and each step's launches (deterministic: no paths or times)."""
         functions: list[str] = []
         launches: dict[int, tuple[KernelLaunch, ...]] = {}
-        # (template, context without name/comment) -> the name of the function rendered for it
+        # (template, context) -> the name of the function rendered for it
         shared: dict[tuple[str, Any], str] = {}
         for part in partitions:
             if part.provider != self.name:
@@ -108,17 +96,15 @@ class CudaProvider:
                 if node.kind == TRANSFER:
                     launches[key] = ()
                     continue
-                if not self.supports(node):
-                    raise CompileError(f"{node.describe()} is not supported by the CUDA provider")
-                codes = REGISTRY[node.kind].build(step)
+                codes = KERNELS.kernel(node).build(step)
                 records = []
                 for j, code in enumerate(codes):
                     self._check(code, node)
                     name = f"k{step.index}" if len(codes) == 1 else f"k{step.index}_{j}"
-                    sig = (code.template, dataclasses.replace(code.ctx, name="", comment=""))
+                    sig = (code.template, code.ctx)
                     if sig not in shared:
                         shared[sig] = name
-                        functions.append(render(code.template, dataclasses.replace(code.ctx, name=name)))
+                        functions.append(render(code.template, code.ctx, name=name, comment=comment(node)))
                     records.append(KernelLaunch(shared[sig], code.grid, code.block, code.shared, code.args))
                 launches[key] = tuple(records)
         source = render("cuda/model.cu.j2", CudaModelContext(len(functions), tuple(functions)))

@@ -1,0 +1,96 @@
+"""What the C and CUDA providers share: the kernel table, the kernel base, kernel parameters.
+
+A kernel (``Kernel``) runs one or more op kinds: ``supports`` decides the claim from the node's
+attributes, dtypes and shapes, ``scratch_nbytes`` sizes the step's scratch (none by default), and
+each provider adds its own ``build`` (a C function, CUDA launches). Each kernel module lists its
+kernels in ``KERNELS``; a provider builds its ``KernelTable`` from the explicit list of its kernel
+modules (``KERNEL_MODULES`` in ``c/provider.py`` and ``cuda/provider.py``), so what a provider
+runs is written in one place and importing a module registers nothing by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Generic, TypeVar
+
+from compiler.ir.graph import Graph, Node
+from runtime.errors import CompileError, OnnxAotError
+
+__all__ = ["Kernel", "KernelTable", "Param", "comment"]
+
+
+class Kernel:
+    """The base of every generated kernel: the op kinds it runs, its claim, its scratch."""
+
+    kinds: tuple[str, ...] = ()
+
+    def supports(self, node: Node) -> bool:
+        """Whether this kernel runs ``node`` with its attributes, dtypes and shapes."""
+        raise NotImplementedError
+
+    def scratch_nbytes(self, node: Node) -> int:
+        """Bytes of scratch one step of ``node`` needs (none unless a kernel says otherwise)."""
+        return 0
+
+
+K = TypeVar("K", bound=Kernel)
+
+
+class KernelTable(Generic[K]):
+    """One provider's kernels by op kind (one kernel per kind), from its kernel modules' ``KERNELS``."""
+
+    def __init__(self, provider: str, modules: Sequence[ModuleType]) -> None:
+        self.provider = provider
+        self._kernels: dict[str, K] = {}
+        for module in modules:
+            self._add(module.KERNELS, module.__name__)
+
+    def _add(self, kernels: Iterable[K], where: str) -> None:
+        for kernel in kernels:
+            for kind in kernel.kinds:
+                if kind in self._kernels:
+                    raise ValueError(f"{self.provider} kernel for {kind} registered twice ({where})")
+                self._kernels[kind] = kernel
+
+    def kinds(self) -> frozenset[str]:
+        return frozenset(self._kernels)
+
+    def supports(self, node: Node) -> bool:
+        """Whether a kernel runs ``node``; a kernel's check failing on odd attributes is a no."""
+        kernel = self._kernels.get(node.kind)
+        if kernel is None:
+            return False
+        try:
+            return bool(kernel.supports(node))
+        except (OnnxAotError, KeyError, TypeError, ValueError, IndexError):
+            return False
+
+    def claims(self, graph: Graph) -> set[Node]:
+        return {node for node in graph.nodes if self.supports(node)}
+
+    def kernel(self, node: Node) -> K:
+        """The kernel that runs ``node``; CompileError naming the node when none does."""
+        if not self.supports(node):
+            raise CompileError(f"{node.describe()} is not supported by the {self.provider} provider")
+        return self._kernels[node.kind]
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return int(self.kernel(node).scratch_nbytes(node))
+
+
+@dataclass(frozen=True)
+class Param:
+    """One pointer parameter of a kernel function (``restrict`` only where nothing may alias)."""
+
+    name: str
+    ctype: str
+    const: bool
+    restrict: bool
+
+
+def comment(node: Node) -> str:
+    """The node's kind and name, safe inside a C comment."""
+    text = f"{node.kind} {node.name}"
+    return "".join(ch if ch.isalnum() or ch in " ._:/-" else "_" for ch in text)
