@@ -43,6 +43,8 @@ __all__ = [
     "index_expr",
     "loop_nest",
     "unflatten",
+    "ElementwiseNode",
+    "elementwise_node",
 ]
 
 
@@ -448,3 +450,52 @@ def unflatten(dims: Sequence[int], names: Sequence[str], flat: str) -> tuple[tup
         out.append((names[d], expr))
         inner *= size
     return tuple(reversed(out))
+
+
+@dataclass(frozen=True)
+class ElementwiseNode:
+    """An elementwise node ready to render: its loop nest, loads and statements.
+
+    ``loaded`` are the positions (among the node's present inputs) read from memory, as ``in<k>``
+    into ``x<k>``; every other input is a scalar constant folded into the expressions as a literal.
+    """
+
+    loaded: tuple[int, ...]
+    nest: LoopNest
+    loads: tuple[tuple[str, str, str], ...]  # (variable, pointer, index expression) per loaded input
+    emitted: Emitted
+    program_length: int
+
+
+def scalar_constant(value: Any) -> float | None:
+    """The float32 value of a one-element constant ``value`` (an IR Value), else None."""
+    if value.const is None or value.const.size != 1:
+        return None
+    return float(np.asarray(value.const, dtype=np.float32).reshape(-1)[0])
+
+
+def elementwise_node(
+    kind: str,
+    attrs: Mapping[str, Any],
+    inputs: Sequence[Any],
+    out_shape: Sequence[int],
+    dialect: Dialect = C_DIALECT,
+) -> ElementwiseNode:
+    """The loop nest and statements of an elementwise op over ``inputs`` (IR Values with static
+    shapes, broadcast to ``out_shape``); one-element constants become literals."""
+    consts: dict[int, float] = {}
+    exprs: list[str] = []
+    strides: list[tuple[int, ...]] = []
+    for k, value in enumerate(inputs):
+        c = scalar_constant(value)
+        if c is not None:
+            consts[k] = c
+            exprs.append(literal(c, dialect))
+            continue
+        exprs.append(f"x{k}")
+        strides.append(broadcast_strides(tuple(value.shape), out_shape))
+    nest = loop_nest(out_shape, strides)
+    loaded = tuple(k for k in range(len(inputs)) if k not in consts)
+    loads = tuple((f"x{k}", f"in{k}", idx) for k, idx in zip(loaded, nest.in_index, strict=True))
+    program = node_program(kind, attrs, len(inputs))
+    return ElementwiseNode(loaded, nest, loads, emit_program(program, exprs, consts), len(program))

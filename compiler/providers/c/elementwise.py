@@ -11,24 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from compiler.codegen.elementwise import (
     ELEMENTWISE_OPS,
     LoopNest,
     broadcast_strides,
-    emit_program,
-    literal,
-    loop_nest,
+    elementwise_node,
     node_program,
     program_supported,
 )
 from compiler.codegen.toolchain import TargetInfo
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
-    Arg,
     CKernel,
     StepCode,
     all_float32,
@@ -54,12 +49,6 @@ class EltwiseContext:
     chunk: int
 
 
-def _scalar_const(value: Value) -> float | None:
-    if value.const is None or value.const.size != 1:
-        return None
-    return float(np.asarray(value.const, dtype=np.float32).reshape(-1)[0])
-
-
 class EltwiseKernel(CKernel):
     kinds = tuple(sorted(ELEMENTWISE_OPS - {"Equal", "Less", "Greater", "And", "Or", "Not", "Where"})) + (
         "onnx_aot.FusedElementwise",
@@ -82,37 +71,19 @@ class EltwiseKernel(CKernel):
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        out_shape = shape_of(node.outputs[0])
         inputs = [v for v in node.inputs if v is not None]
-        consts: dict[int, float] = {}
-        exprs: list[str] = []
-        names: list[str] = []
-        args: list[Arg] = []
-        strides: list[tuple[int, ...]] = []
-        for k, value in enumerate(inputs):
-            c = _scalar_const(value)
-            if c is not None:
-                consts[k] = c
-                exprs.append(literal(c))
-                continue
-            exprs.append(f"x{k}")
-            names.append(f"in{k}")
-            args.append(arg(step.inputs[k], "float", True, step, f"input {k} ({value.name})"))
-            strides.append(broadcast_strides(shape_of(value), out_shape))
-        nest = loop_nest(out_shape, strides)
-        loaded = [k for k in range(len(inputs)) if k not in consts]
-        loads = tuple((f"x{k}", f"in{k}", idx) for k, idx in zip(loaded, nest.in_index, strict=True))
-        program = node_program(node.kind, node.attrs, len(inputs))
-        emitted = emit_program(program, exprs, consts)
+        plan = elementwise_node(node.kind, node.attrs, inputs, shape_of(node.outputs[0]))
+        args = [arg(step.inputs[k], "float", True, step, f"input {k} ({inputs[k].name})")
+                for k in plan.loaded]
         args += output_args(step)
-        names.append("y")
+        names = [f"in{k}" for k in plan.loaded] + ["y"]
         ctx = EltwiseContext(
             params=tuple(Param(n, a.ctype, a.const, False) for n, a in zip(names, args, strict=True)),
-            nest=nest,
-            loads=loads,
-            temps=emitted.temps,
-            result=emitted.result,
-            parallel=nest.total * max(1, len(program)) >= PARALLEL_MIN_WORK,
+            nest=plan.nest,
+            loads=plan.loads,
+            temps=plan.emitted.temps,
+            result=plan.emitted.result,
+            parallel=plan.nest.total * max(1, plan.program_length) >= PARALLEL_MIN_WORK,
             chunk=_CHUNK,
         )
         return StepCode("c/elementwise.c.j2", ctx, tuple(args))

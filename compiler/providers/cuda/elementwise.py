@@ -17,19 +17,16 @@ from dataclasses import dataclass
 
 from compiler.codegen.elementwise import (
     CUDA_DIALECT,
-    broadcast_strides,
     contiguous_strides,
-    emit_program,
-    literal,
+    elementwise_node,
     loop_nest,
-    node_program,
     storage_ctype,
     unflatten,
 )
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import same_dtype_movable
-from compiler.providers.c.elementwise import EltwiseKernel, _scalar_const
+from compiler.providers.c.elementwise import EltwiseKernel
 from compiler.providers.c.movement import ConcatKernel, CopyKernel, TransposeKernel
 from compiler.providers.cuda.common import (
     MAX_ELEMENTS,
@@ -89,38 +86,22 @@ class CudaEltwiseKernel(CudaKernel):
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
-        out_shape = shape_of(node.outputs[0])
         inputs = [v for v in node.inputs if v is not None]
-        consts: dict[int, float] = {}
-        exprs: list[str] = []
-        params: list[Param] = []
-        args: list[LaunchArg] = []
-        strides: list[tuple[int, ...]] = []
-        for k, value in enumerate(inputs):
-            c = _scalar_const(value)
-            if c is not None:
-                consts[k] = c
-                exprs.append(literal(c, CUDA_DIALECT))
-                continue
-            exprs.append(f"x{k}")
-            params.append(Param(f"in{k}", "float", True, False))
-            args.append(ptr(step.inputs[k], step, f"input {k} ({value.name})"))
-            strides.append(broadcast_strides(shape_of(value), out_shape))
-        nest = loop_nest(out_shape, strides)
-        loaded = [k for k in range(len(inputs)) if k not in consts]
-        loads = tuple((f"x{k}", f"in{k}", idx) for k, idx in zip(loaded, nest.in_index, strict=True))
-        emitted = emit_program(node_program(node.kind, node.attrs, len(inputs)), exprs, consts)
-        params.append(Param("y", "float", False, False))
+        plan = elementwise_node(node.kind, node.attrs, inputs, shape_of(node.outputs[0]), CUDA_DIALECT)
+        nest = plan.nest
+        args = [ptr(step.inputs[k], step, f"input {k} ({inputs[k].name})") for k in plan.loaded]
         args += output_ptrs(step)
+        names = [f"in{k}" for k in plan.loaded]
+        params = [*(Param(n, "float", True, False) for n in names), Param("y", "float", False, False)]
         index = unflatten(nest.dims, nest.names, "flat")
         ctx = CudaEltwiseContext(
             params=tuple(params),
             threads=THREADS,
             total=nest.total,
             index=used_indices(index, [nest.out_index, *nest.in_index]),
-            loads=loads,
-            temps=emitted.temps,
-            result=emitted.result,
+            loads=plan.loads,
+            temps=plan.emitted.temps,
+            result=plan.emitted.result,
             out_index=nest.out_index,
         )
         grid = (blocks(nest.total, THREADS), 1, 1)
