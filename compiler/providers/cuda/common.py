@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -58,7 +58,27 @@ class KernelCode:
 
 
 class CudaKernel(Kernel):
-    """A CUDA kernel: ``build`` renders one step as ``__global__`` functions and their launches."""
+    """A CUDA kernel: ``build`` renders one step as ``__global__`` functions and their launches.
+
+    A kernel for an op the C provider also runs names that C kernel in ``claims_like``: it takes
+    its kinds and its attribute / shape checks, on operands that ``operands_fit`` (float32 with
+    32-bit element counts unless a kernel says otherwise).
+    """
+
+    claims_like: ClassVar[type[Kernel] | None] = None
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if cls.claims_like is not None and "kinds" not in cls.__dict__:
+            cls.kinds = cls.claims_like.kinds
+
+    def operands_fit(self, node: Node) -> bool:
+        return float32_node(node)
+
+    def supports(self, node: Node) -> bool:
+        if self.claims_like is None:
+            raise NotImplementedError
+        return self.operands_fit(node) and self.claims_like().supports(node)
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         raise NotImplementedError

@@ -34,7 +34,6 @@ from compiler.providers.cuda.common import (
     CudaKernel,
     KernelCode,
     blocks,
-    float32_node,
     input_ptrs,
     output_ptrs,
     ptr,
@@ -79,10 +78,7 @@ class CudaMoveContext:
 
 
 class CudaEltwiseKernel(CudaKernel):
-    kinds = EltwiseKernel.kinds
-
-    def supports(self, node: Node) -> bool:
-        return float32_node(node) and EltwiseKernel().supports(node)
+    claims_like = EltwiseKernel
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -108,11 +104,14 @@ class CudaEltwiseKernel(CudaKernel):
         return (KernelCode("cuda/elementwise.cu.j2", ctx, grid, (THREADS, 1, 1), 0, tuple(args)),)
 
 
-def _movable(node: Node) -> bool:
-    values = [v for v in node.inputs if v is not None] + list(node.outputs)
-    return same_dtype_movable(node) and all(
-        v.shape is not None and 0 < math.prod(v.shape) <= MAX_ELEMENTS for v in values
-    )
+class _MoveKernel(CudaKernel):
+    """A kernel that only moves elements: any fixed-size dtype, 32-bit element counts."""
+
+    def operands_fit(self, node: Node) -> bool:
+        values = [v for v in node.inputs if v is not None] + list(node.outputs)
+        return same_dtype_movable(node) and all(
+            v.shape is not None and 0 < math.prod(v.shape) <= MAX_ELEMENTS for v in values
+        )
 
 
 def _move(
@@ -148,11 +147,8 @@ def _move(
     return KernelCode("cuda/move.cu.j2", ctx, grid, (THREADS, 1, 1), 0, tuple(args))
 
 
-class CudaCopyKernel(CudaKernel):
-    kinds = CopyKernel.kinds
-
-    def supports(self, node: Node) -> bool:
-        return _movable(node) and CopyKernel().supports(node)
+class CudaCopyKernel(_MoveKernel):
+    claims_like = CopyKernel
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         total = math.prod(shape_of(step.node.outputs[0]))
@@ -162,11 +158,8 @@ class CudaCopyKernel(CudaKernel):
         return (_move(step, "copy", total, ["x", "y"], args),)
 
 
-class CudaTransposeKernel(CudaKernel):
-    kinds = TransposeKernel.kinds
-
-    def supports(self, node: Node) -> bool:
-        return _movable(node) and TransposeKernel().supports(node)
+class CudaTransposeKernel(_MoveKernel):
+    claims_like = TransposeKernel
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -180,11 +173,8 @@ class CudaTransposeKernel(CudaKernel):
         )
 
 
-class CudaConcatKernel(CudaKernel):
-    kinds = ConcatKernel.kinds
-
-    def supports(self, node: Node) -> bool:
-        return _movable(node) and ConcatKernel().supports(node)
+class CudaConcatKernel(_MoveKernel):
+    claims_like = ConcatKernel
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node

@@ -30,7 +30,6 @@ from compiler.providers.cuda.common import (
     CudaKernel,
     KernelCode,
     blocks,
-    float32_node,
     input_ptrs,
     output_ptrs,
     shape_of,
@@ -127,10 +126,10 @@ class DirectConvContext:
 
 
 class CudaConvKernel(CudaKernel):
-    kinds = ConvKernel.kinds
+    claims_like = ConvKernel
 
     def supports(self, node: Node) -> bool:
-        if not float32_node(node) or not ConvKernel().supports(node):
+        if not super().supports(node):
             return False
         g = ConvGeometry.from_node(node, "NCHW")
         return g is not None and g.groups <= MAX_GRID_YZ
@@ -192,10 +191,10 @@ def _batched(node: Node) -> _Batched | None:
 
 
 class CudaGemmKernel(CudaKernel):
-    kinds = GemmKernel.kinds
+    claims_like = GemmKernel
 
     def supports(self, node: Node) -> bool:
-        if not float32_node(node) or not GemmKernel().supports(node):
+        if not super().supports(node):
             return False
         prod = _batched(node)
         return prod is not None and prod.batches <= MAX_GRID_YZ

@@ -57,10 +57,7 @@ class CudaPoolContext:
 
 
 class CudaPoolKernel(CudaKernel):
-    kinds = PoolKernel.kinds
-
-    def supports(self, node: Node) -> bool:
-        return float32_node(node) and PoolKernel().supports(node)
+    claims_like = PoolKernel
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -94,10 +91,7 @@ class CudaChannelContext:
 
 
 class CudaChannelKernel(CudaKernel):
-    kinds = ChannelKernel.kinds
-
-    def supports(self, node: Node) -> bool:
-        return float32_node(node) and ChannelKernel().supports(node)
+    claims_like = ChannelKernel
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
@@ -153,10 +147,10 @@ _NO_REDUCE = dict(row_index=(), row_base="0", red_index=(), red_offset="0")
 
 
 class CudaSoftmaxKernel(CudaKernel):
-    kinds = SoftmaxKernel.kinds
+    claims_like = SoftmaxKernel
 
     def supports(self, node: Node) -> bool:
-        return float32_node(node) and SoftmaxKernel().supports(node) and bool(shape_of(node.input(0)))
+        return super().supports(node) and bool(shape_of(node.input(0)))
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
