@@ -43,6 +43,7 @@ from compiler.providers.c import (
     gemm,
     indexing,
     movement,
+    norm,
     pad,
     pool,
     pool_nhwc,
@@ -61,8 +62,8 @@ __all__ = [
 
 # The modules whose ``KERNELS`` the C provider runs; every other module of this package is named in
 # SUPPORT_MODULES (a test checks that none is left out).
-KERNEL_MODULES = (conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing, movement, pad,
-                  pool, pool_nhwc, reduce, spatial, winograd, winograd_nhwc)
+KERNEL_MODULES = (conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing, movement, norm,
+                  pad, pool, pool_nhwc, reduce, spatial, winograd, winograd_nhwc)
 SUPPORT_MODULES = ("provider", "common", "dtypes")
 KERNELS: KernelTable[CKernel] = KernelTable("C", KERNEL_MODULES)
 

@@ -15,6 +15,8 @@ contexts are equal.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from compiler.ir.graph import Node
 from compiler.providers.base import Location, StepPlan, shape_of
-from compiler.providers.kit import Kernel
+from compiler.providers.kit import Kernel, Param
 from runtime.errors import CompileError
 from runtime.plan_schema import LaunchArg
 
@@ -31,18 +33,22 @@ __all__ = [
     "CudaKernel",
     "shape_of",
     "float32_node",
+    "float_params",
     "ptr",
     "input_ptrs",
     "output_ptrs",
     "blocks",
+    "used_indices",
     "THREADS",
     "MAX_GRID_YZ",
+    "WARPS",
     "MAX_ELEMENTS",
 ]
 
 THREADS = 256  # threads per block of the one-thread-per-element kernels
 MAX_ELEMENTS = (1 << 31) - 1  # kernels index with 32-bit ints
 MAX_GRID_YZ = 65535
+WARPS = THREADS // 32  # rows (planes) per block of the warp-per-row kernels
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,18 @@ class CudaKernel(Kernel):
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         raise NotImplementedError
+
+
+def used_indices(pairs: Sequence[tuple[str, str]], exprs: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """The ``(name, expr)`` index definitions some expression in ``exprs`` reads (nvcc warns
+    about the others)."""
+    text = " ".join(exprs)
+    return tuple((n, e) for n, e in pairs if re.search(rf"\b{n}\b", text))
+
+
+def float_params(names: list[str], restrict: bool) -> tuple[Param, ...]:
+    """Float pointer parameters ``names``; all but the output ``y`` const."""
+    return tuple(Param(n, "float", n != "y", restrict) for n in names)
 
 
 def float32_node(node: Node) -> bool:

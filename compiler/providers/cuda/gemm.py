@@ -33,8 +33,8 @@ from compiler.providers.cuda.common import (
     input_ptrs,
     output_ptrs,
     shape_of,
+    used_indices,
 )
-from compiler.providers.cuda.elementwise import used_indices
 from compiler.providers.geometry import ConvGeometry, MatmulProduct, claimed
 from compiler.providers.kit import Param
 from runtime.plan_schema import LaunchArg

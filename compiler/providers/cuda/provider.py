@@ -33,7 +33,7 @@ from compiler.codegen.nvcc import DEFAULT_ARCHS, DEFAULT_PTX_ARCH, build_cuda, f
 from compiler.codegen.options import BuildOptions
 from compiler.ir.graph import Graph, Node
 from compiler.providers.base import GeneratedCuda, PartitionPlan
-from compiler.providers.cuda import elementwise, gemm, pool
+from compiler.providers.cuda import elementwise, gemm, movement, norm, pool
 from compiler.providers.cuda.common import CudaKernel, KernelCode
 from compiler.providers.kit import KernelTable, comment
 from runtime.errors import CompileError
@@ -43,7 +43,7 @@ __all__ = ["CudaProvider", "CudaModelContext", "TRANSFER", "KERNEL_MODULES"]
 
 # The modules whose ``KERNELS`` the CUDA provider runs; every other module of this package is named
 # in SUPPORT_MODULES (a test checks that none is left out).
-KERNEL_MODULES = (elementwise, gemm, pool)
+KERNEL_MODULES = (elementwise, gemm, movement, norm, pool)
 SUPPORT_MODULES = ("provider", "common")
 KERNELS: KernelTable[CudaKernel] = KernelTable("CUDA", KERNEL_MODULES)
 

@@ -1,0 +1,165 @@
+"""CUDA kernels that only move elements: Concat, Transpose, Reshape / Identity / Copy
+(``templates/cuda/move.cu.j2``, one thread per element).
+
+They take any fixed-size dtype; Reshape and Identity launch nothing when the planner made them
+views onto the same bytes, and a Concat nothing when every input was produced in its slice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from compiler.codegen.elementwise import (
+    CUDA_DIALECT,
+    contiguous_strides,
+    loop_nest,
+    storage_ctype,
+    unflatten,
+)
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c.common import same_dtype_movable
+from compiler.providers.c.movement import ConcatKernel, CopyKernel, TransposeKernel
+from compiler.providers.cuda.common import (
+    MAX_ELEMENTS,
+    THREADS,
+    CudaKernel,
+    KernelCode,
+    blocks,
+    input_ptrs,
+    output_ptrs,
+    ptr,
+    shape_of,
+    used_indices,
+)
+from compiler.providers.kit import Param
+from runtime.plan_schema import LaunchArg
+
+__all__ = ["CudaMoveContext", "CudaCopyKernel", "CudaTransposeKernel", "CudaConcatKernel"]
+
+
+@dataclass(frozen=True)
+class CudaMoveContext:
+    params: tuple[Param, ...]
+    threads: int
+    op: str  # "copy" | "transpose" | "concat"
+    total: int
+    index: tuple[tuple[str, str], ...]  # transpose: loop variables
+    in_index: str  # transpose: the input index
+    outer: int  # concat: rows
+    row: int  # concat: elements per output row
+    chunks: tuple[tuple[str, int, int, bool], ...]  # concat: (param, width, start, in place)
+
+
+class _MoveKernel(CudaKernel):
+    """A kernel that only moves elements: any fixed-size dtype, 32-bit element counts."""
+
+    def operands_fit(self, node: Node) -> bool:
+        values = [v for v in node.inputs if v is not None] + list(node.outputs)
+        return same_dtype_movable(node) and all(
+            v.shape is not None and 0 < math.prod(v.shape) <= MAX_ELEMENTS for v in values
+        )
+
+
+def _move(
+    step: StepPlan,
+    op: str,
+    total: int,
+    names: Sequence[str],
+    args: Sequence[LaunchArg],
+    *,
+    index: tuple[tuple[str, str], ...] = (),
+    in_index: str = "",
+    outer: int = 0,
+    row: int = 0,
+    chunks: tuple[tuple[str, int, int, bool], ...] = (),
+) -> KernelCode:
+    dtype = step.node.outputs[0].dtype
+    assert dtype is not None
+    ctype = storage_ctype(dtype, CUDA_DIALECT)
+    # Only a transpose's input may be __restrict__: a copy or concat may meet its output.
+    params = tuple(Param(n, ctype, n != "y", n == "x" and op == "transpose") for n in names)
+    ctx = CudaMoveContext(
+        params=params,
+        threads=THREADS,
+        op=op,
+        total=total,
+        index=index,
+        in_index=in_index,
+        outer=outer,
+        row=row,
+        chunks=chunks,
+    )
+    grid = (blocks(total, THREADS), 1, 1)
+    return KernelCode("cuda/move.cu.j2", ctx, grid, (THREADS, 1, 1), 0, tuple(args))
+
+
+class CudaCopyKernel(_MoveKernel):
+    claims_like = CopyKernel
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        total = math.prod(shape_of(step.node.outputs[0]))
+        if step.inputs[0] == step.outputs[0]:
+            return ()  # a view onto the same bytes
+        args = [*input_ptrs(step), *output_ptrs(step)]
+        return (_move(step, "copy", total, ["x", "y"], args),)
+
+
+class CudaTransposeKernel(_MoveKernel):
+    claims_like = TransposeKernel
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        node = step.node
+        xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
+        own = contiguous_strides(xs)
+        nest = loop_nest(ys, [tuple(own[int(p)] for p in node.attrs["perm"])])
+        index = used_indices(unflatten(nest.dims, nest.names, "flat"), nest.in_index)
+        args = [*input_ptrs(step), *output_ptrs(step)]
+        return (
+            _move(step, "transpose", nest.total, ["x", "y"], args, index=index, in_index=nest.in_index[0]),
+        )
+
+
+class CudaConcatKernel(_MoveKernel):
+    claims_like = ConcatKernel
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        node = step.node
+        out = node.outputs[0]
+        ys, axis = shape_of(out), int(node.attrs["axis"])
+        assert out.dtype is not None
+        inner = math.prod(ys[axis + 1 :])
+        outer = math.prod(ys[:axis])
+        out_loc = step.outputs[0]
+        chunks: list[tuple[str, int, int, bool]] = []
+        names: list[str] = []
+        args: list[LaunchArg] = []
+        start = 0
+        for k, v in enumerate(node.inputs):
+            assert v is not None
+            width = shape_of(v)[axis] * inner
+            loc = step.inputs[k]
+            in_place = (
+                outer == 1
+                and loc is not None
+                and loc.space == out_loc.space
+                and loc.offset == out_loc.offset + start * out.dtype.itemsize
+            )
+            if width:
+                if not in_place:
+                    names.append(f"in{k}")
+                    args.append(ptr(loc, step, f"input {k} ({v.name})"))
+                chunks.append((f"in{k}", width, start, in_place))
+            start += width
+        if all(c[3] for c in chunks):
+            return ()  # every input was produced straight into its slice
+        names.append("y")
+        args += output_ptrs(step)
+        return (
+            _move(step, "concat", outer * start, names, args, outer=outer, row=start, chunks=tuple(chunks)),
+        )
+
+
+KERNELS = (CudaCopyKernel(), CudaTransposeKernel(), CudaConcatKernel())

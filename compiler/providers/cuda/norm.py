@@ -1,0 +1,224 @@
+"""CUDA kernels that normalize or reduce NCHW planes and rows.
+
+Per channel (``templates/cuda/channel.cu.j2``): GlobalAveragePool / GlobalMaxPool (one warp per
+plane), BatchNormalization and LRN (one thread per element). Per row, one warp a row
+(``templates/cuda/rows.cu.j2``): Softmax / LogSoftmax, LayerNormalization, ReduceMean / ReduceSum
+over any axes. Attribute and shape checks are the C kernels' where the C provider runs the op.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from compiler.codegen.elementwise import (
+    broadcast_strides,
+    coalesce,
+    contiguous_strides,
+    index_expr,
+    literal,
+    unflatten,
+)
+from compiler.ir.graph import Node
+from compiler.providers.base import StepPlan
+from compiler.providers.c.norm import ChannelKernel, SoftmaxKernel
+from compiler.providers.cuda.common import (
+    THREADS,
+    WARPS,
+    CudaKernel,
+    KernelCode,
+    blocks,
+    float32_node,
+    float_params,
+    input_ptrs,
+    output_ptrs,
+    shape_of,
+    used_indices,
+)
+from compiler.providers.kit import Param
+
+__all__ = ["CudaChannelContext", "CudaChannelKernel", "RowsContext", "CudaSoftmaxKernel",
+           "CudaLayerNormKernel", "CudaReduceKernel"]
+
+
+@dataclass(frozen=True)
+class CudaChannelContext:
+    params: tuple[Param, ...]
+    threads: int
+    op: str  # "global_avg" | "global_max" | "batchnorm" | "lrn"
+    n: int
+    c: int
+    s: int
+    eps: str
+    lrn_lo: int
+    lrn_hi: int
+    lrn_alpha: str
+    lrn_beta: str
+    lrn_bias: str
+
+
+class CudaChannelKernel(CudaKernel):
+    claims_like = ChannelKernel
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        node = step.node
+        xs = shape_of(node.input(0))
+        a = node.attrs
+        op = {"GlobalAveragePool": "global_avg", "GlobalMaxPool": "global_max",
+              "BatchNormalization": "batchnorm", "LRN": "lrn"}[node.op_type]  # fmt: skip
+        if op == "batchnorm":  # may run in place: nothing restrict
+            params = float_params(["x", "scale", "bias", "mean", "var", "y"], False)
+        else:
+            params = float_params(["x", "y"], True)
+        size = int(a["size"]) if op == "lrn" else 1
+        s = math.prod(xs[2:])
+        ctx = CudaChannelContext(
+            params=params, threads=THREADS, op=op, n=xs[0], c=xs[1],
+            s=s, eps=literal(float(a["epsilon"])) if op == "batchnorm" else "0.0f",
+            lrn_lo=(size - 1) // 2, lrn_hi=size - 1 - (size - 1) // 2,
+            lrn_alpha=literal(float(a["alpha"]) / size) if op == "lrn" else "0.0f",
+            lrn_beta=literal(float(a["beta"])) if op == "lrn" else "0.0f",
+            lrn_bias=literal(float(a["bias"])) if op == "lrn" else "0.0f",
+        )  # fmt: skip
+        per_block = WARPS if op.startswith("global") else THREADS
+        work = xs[0] * xs[1] * (1 if op.startswith("global") else s)
+        args = (*input_ptrs(step), *output_ptrs(step))
+        grid = (blocks(work, per_block), 1, 1)
+        return (KernelCode("cuda/channel.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
+
+
+@dataclass(frozen=True)
+class RowsContext:
+    params: tuple[Param, ...]
+    threads: int
+    op: str  # "softmax" | "logsoftmax" | "layernorm" | "reduce"
+    rows: int
+    length: int
+    inner: int
+    scale: str  # layernorm: 1 / length; reduce: "" (sum) or 1 / count (mean)
+    eps: str
+    has_bias: bool
+    row_index: tuple[tuple[str, str], ...]  # reduce: kept indices from `row`
+    row_base: str
+    red_index: tuple[tuple[str, str], ...]  # reduce: reduced indices from `r`
+    red_offset: str
+
+
+def _rows(step: StepPlan, ctx: RowsContext) -> tuple[KernelCode, ...]:
+    args = (*input_ptrs(step), *output_ptrs(step))
+    grid = (blocks(ctx.rows, WARPS), 1, 1)
+    return (KernelCode("cuda/rows.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
+
+
+_NO_REDUCE = dict(row_index=(), row_base="0", red_index=(), red_offset="0")
+
+
+class CudaSoftmaxKernel(CudaKernel):
+    claims_like = SoftmaxKernel
+
+    def supports(self, node: Node) -> bool:
+        return super().supports(node) and bool(shape_of(node.input(0)))
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        node = step.node
+        xs, axis = shape_of(node.input(0)), int(node.attrs["axis"])
+        inner = math.prod(xs[axis + 1 :])
+        ctx = RowsContext(
+            params=float_params(["x", "y"], False), threads=THREADS,
+            op=node.op_type.lower(), rows=math.prod(xs[:axis]) * inner, length=xs[axis],
+            inner=inner, scale="", eps="", has_bias=False, **_NO_REDUCE,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return _rows(step, ctx)
+
+
+class CudaLayerNormKernel(CudaKernel):
+    kinds: tuple[str, ...] = ("LayerNormalization",)
+
+    def supports(self, node: Node) -> bool:
+        if not float32_node(node) or len(node.outputs) != 1 or not 2 <= len(node.inputs) <= 3:
+            return False
+        if node.input(0) is None or node.input(1) is None:
+            return False
+        xs = shape_of(node.input(0))
+        axis = node.attrs.get("axis")
+        if not isinstance(axis, int) or not 0 <= axis < len(xs) or "epsilon" not in node.attrs:
+            return False
+        norm = xs[axis:]
+        for v in node.inputs[1:]:
+            if v is None:
+                continue
+            vs = shape_of(v)
+            try:
+                broadcast_strides(vs, norm)
+            except ValueError:
+                return False
+            if math.prod(vs) != math.prod(norm):
+                return False  # per-element scale / bias only
+        return shape_of(node.outputs[0]) == xs
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        node = step.node
+        xs, axis = shape_of(node.input(0)), int(node.attrs["axis"])
+        length = math.prod(xs[axis:])
+        has_bias = node.input(2) is not None
+        names = ["x", "scale"] + (["bias"] if has_bias else []) + ["y"]
+        ctx = RowsContext(
+            params=float_params(names, False), threads=THREADS,
+            op="layernorm", rows=math.prod(xs[:axis]), length=length, inner=1,
+            scale=literal(1.0 / length), eps=literal(float(node.attrs["epsilon"])),
+            has_bias=has_bias, **_NO_REDUCE,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return _rows(step, ctx)
+
+
+def _reduce_axes(node: Node) -> tuple[int, ...] | None:
+    xs = shape_of(node.input(0))
+    axes = node.attrs.get("axes")
+    if not isinstance(axes, (list, tuple)) or not isinstance(node.attrs.get("keepdims"), int):
+        return None
+    out = sorted({int(a) for a in axes}) if axes else list(range(len(xs)))
+    if any(not 0 <= a < len(xs) for a in out):
+        return None
+    return tuple(out)
+
+
+class CudaReduceKernel(CudaKernel):
+    kinds: tuple[str, ...] = ("ReduceMean", "ReduceSum")
+
+    def supports(self, node: Node) -> bool:
+        if not float32_node(node) or len(node.inputs) != 1 or len(node.outputs) != 1:
+            return False
+        axes = _reduce_axes(node)
+        if axes is None:
+            return False
+        xs = shape_of(node.input(0))
+        kept = [d for a, d in enumerate(xs) if a not in axes]
+        keep = bool(node.attrs["keepdims"])
+        expect = tuple(1 if a in axes else d for a, d in enumerate(xs)) if keep else tuple(kept)
+        return shape_of(node.outputs[0]) == expect
+
+    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        node = step.node
+        xs = shape_of(node.input(0))
+        axes = _reduce_axes(node)
+        assert axes is not None, node.describe()
+        strides = contiguous_strides(xs)
+        kept = [a for a in range(len(xs)) if a not in axes]
+        kdims, (kstr,) = coalesce([xs[a] for a in kept], [[strides[a] for a in kept]])
+        rdims, (rstr,) = coalesce([xs[a] for a in axes], [[strides[a] for a in axes]])
+        knames = tuple(f"k{d}" for d in range(len(kdims)))
+        rnames = tuple(f"r{d}" for d in range(len(rdims)))
+        row_base, red_offset = index_expr(kstr, knames), index_expr(rstr, rnames)
+        count = math.prod(xs[a] for a in axes)
+        ctx = RowsContext(
+            params=float_params(["x", "y"], True), threads=THREADS,
+            op="reduce", rows=math.prod(kdims), length=count, inner=1,
+            scale=literal(1.0 / count) if node.op_type == "ReduceMean" else "", eps="",
+            has_bias=False, row_index=used_indices(unflatten(kdims, knames, "row"), [row_base]),
+            row_base=row_base, red_index=used_indices(unflatten(rdims, rnames, "r"), [red_offset]),
+            red_offset=red_offset,
+        )  # fmt: skip
+        return _rows(step, ctx)
+
+
+KERNELS = (CudaChannelKernel(), CudaSoftmaxKernel(), CudaLayerNormKernel(), CudaReduceKernel())
