@@ -580,6 +580,26 @@ def test_registry_covers_docs_ops() -> None:
     assert supported_kinds() == frozenset(REGISTRY)
 
 
+def test_every_kernel_module_is_listed() -> None:
+    # The registry is filled by importing the modules of KERNEL_MODULES (a list, not a scan): a
+    # module left out of it would silently register nothing.
+    import pathlib
+
+    import runtime.kernels
+
+    files = {p.stem for p in pathlib.Path(runtime.kernels.__file__).parent.glob("*.py")} - {"__init__"}
+    listed = [m.__name__.rpartition(".")[2] for m in runtime.kernels.KERNEL_MODULES]
+    support = set(runtime.kernels.SUPPORT_MODULES)
+    assert len(listed) == len(set(listed))
+    assert not set(listed) & support
+    assert files == set(listed) | support, (
+        "a module of runtime/kernels is in neither KERNEL_MODULES nor SUPPORT_MODULES "
+        f"(or a listed one is missing): {sorted(files ^ (set(listed) | support))}"
+    )
+    owners = {kernel.__module__ for kernel in REGISTRY.values()}
+    assert owners == {m.__name__ for m in runtime.kernels.KERNEL_MODULES}, "a kernel module registers nothing"
+
+
 def test_get_kernel_names_the_unknown_kind() -> None:
     with pytest.raises(UnsupportedOpError, match="NonMaxSuppression"):
         get_kernel("NonMaxSuppression")

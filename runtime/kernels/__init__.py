@@ -8,12 +8,13 @@ output with exactly that shape and dtype, never modifying its inputs. These kern
 completeness fallback and the oracle generated C / CUDA kernels are tested against; the compiler
 also runs them for constant folding.
 
-Importing this package registers every kernel module below in :data:`REGISTRY`.
+Importing this package registers the kernels of every module in :data:`KERNEL_MODULES` in
+:data:`REGISTRY`.
 """
 
 from __future__ import annotations
 
-from runtime.kernels import (  # noqa: F401  (imported to register their kernels)
+from runtime.kernels import (
     conv,
     elementwise,
     fused,
@@ -21,19 +22,27 @@ from runtime.kernels import (  # noqa: F401  (imported to register their kernels
     linalg,
     loss,
     math_ops,
+    movement,
     nhwc,
-    nn,
-    nn_ext,
+    normalization,
     pool,
+    quantize,
+    recurrent,
     reduce,
-    sequence,
-    sequence_quant,
-    sequence_sample,
-    sequence_signal,
+    sampling,
     spatial,
-    tensor,
+    spectral,
+    transformer,
     winograd,
 )
 from runtime.kernels.registry import REGISTRY, Kernel, OutputSpec, get_kernel, register, supported_kinds
 
-__all__ = ["REGISTRY", "Kernel", "OutputSpec", "get_kernel", "register", "supported_kinds"]
+__all__ = ["KERNEL_MODULES", "REGISTRY", "SUPPORT_MODULES", "Kernel", "OutputSpec", "get_kernel", "register",
+           "supported_kinds"]
+
+# The kernel modules, each registering the reference kernels of one family of ops.
+KERNEL_MODULES = (elementwise, reduce, movement, indexing, math_ops, linalg, conv, pool, normalization,
+                  loss, spatial, fused, winograd, nhwc, transformer, recurrent, quantize, sampling, spectral)
+# The modules they share, which register nothing: a module of this package is in one of the two lists
+# (a test checks it), so a new kernel module cannot be left out of the registry unnoticed.
+SUPPORT_MODULES = ("common", "registry", "window")

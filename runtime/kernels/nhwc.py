@@ -30,7 +30,7 @@ from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import fill_optional, finish
 from runtime.kernels.conv import conv
 from runtime.kernels.fused import conv_epilogue
-from runtime.kernels.nn import lrn_kernel
+from runtime.kernels.normalization import lrn_kernel
 from runtime.kernels.pool import average_pool, max_pool
 from runtime.kernels.registry import Kernel, OutputSpec, register
 from runtime.kernels.winograd import winograd_conv

@@ -1,6 +1,5 @@
 """Reference kernels of the recurrent ops: RNN, GRU and LSTM (canonical forms in
-compiler/frontend/canonical/recurrent.py); the quantization, signal and sampling kernels live in
-sequence_quant.py, sequence_signal.py and sequence_sample.py.
+compiler/frontend/canonical/recurrent.py).
 
 Every direction runs the same forward loop over time. A reverse direction first reverses each
 batch entry within its own ``sequence_lens`` length (and reverses its outputs back), which is what
