@@ -29,6 +29,7 @@ __all__ = [
     "all_float32",
     "same_dtype_movable",
     "PARALLEL_MIN_WORK",
+    "step_args",
 ]
 
 # Below this many scalar operations a kernel runs on the calling thread (an OpenMP fork/join
@@ -108,6 +109,11 @@ def output_args(step: StepPlan, ctype: str = "float") -> list[Arg]:
         arg(loc, ctype, False, step, f"output {i} ({step.node.outputs[i].name})")
         for i, loc in enumerate(step.outputs)
     ]
+
+
+def step_args(step: StepPlan, ctype: str = "float", out_ctype: str | None = None) -> list[Arg]:
+    """Args for the step's present inputs then its outputs (of ``out_ctype``, default ``ctype``)."""
+    return [*input_args(step, ctype), *output_args(step, out_ctype or ctype)]
 
 
 def scratch_arg(step: StepPlan, needed: int) -> list[Arg]:

@@ -22,11 +22,10 @@ from compiler.providers.c.common import (
     CKernel,
     StepCode,
     all_float32,
-    input_args,
-    output_args,
     params,
     scratch_arg,
     shape_of,
+    step_args,
 )
 from compiler.providers.c.gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok, packed_nbytes
 from compiler.providers.geometry import ConvGeometry, claimed
@@ -94,7 +93,7 @@ def conv_operands(
     names = ["x", weights] + (["bias"] if has_bias else []) + (["z"] if has_res else [])
     restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else [])
     scratch = scratch_arg(step, scratch_nbytes)
-    args = [*input_args(step), *output_args(step), *scratch]
+    args = [*step_args(step), *scratch]
     names += ["y"] + (["scratch"] if scratch else [])
     restrict += [False] + ([True] if scratch else [])
     return e, args, params(names, args, restrict)

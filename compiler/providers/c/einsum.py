@@ -25,10 +25,9 @@ from compiler.providers.c.common import (
     Arg,
     CKernel,
     StepCode,
-    input_args,
-    output_args,
     params,
     shape_of,
+    step_args,
 )
 from compiler.providers.c.dtypes import CType, all_nonempty, ctype_of, offset_expr, prod
 from compiler.providers.kit import Param
@@ -196,7 +195,7 @@ class EinsumKernel(CKernel):
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         t = _einsum_type(step.node)
         assert t is not None, step.node.describe()
-        args = [*input_args(step, t.name), *output_args(step, t.name)]
+        args = step_args(step, t.name)
         ctx = _context(step, t, args)
         return StepCode("c/reduce_einsum.c.j2", ctx, tuple(args))
 

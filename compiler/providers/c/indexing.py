@@ -39,6 +39,7 @@ from compiler.providers.c.common import (
     params,
     same_dtype_movable,
     shape_of,
+    step_args,
 )
 from compiler.providers.c.elementwise_typed import value_ctype
 from compiler.providers.kit import Param
@@ -164,7 +165,7 @@ class StridedKernel(CKernel):
         out = node.outputs[0]
         assert out.dtype is not None
         ctype = storage_ctype(out.dtype)
-        args = [*input_args(step, ctype), *output_args(step, ctype)]
+        args = step_args(step, ctype)
         nest = loop_nest(shape, [strides])
         ctx = StridedContext(
             params=params(["x", "y"], args, [True, True]),

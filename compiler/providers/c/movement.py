@@ -29,11 +29,10 @@ from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     CKernel,
     StepCode,
-    input_args,
-    output_args,
     params,
     same_dtype_movable,
     shape_of,
+    step_args,
 )
 from compiler.providers.kit import Param
 
@@ -182,7 +181,7 @@ class ConcatKernel(CKernel):
             nbytes = shape_of(v)[axis] * inner * item
             chunks.append((f"in{k}", nbytes, offset))
             offset += nbytes
-        args = [*input_args(step, ctype), *output_args(step, ctype)]
+        args = step_args(step, ctype)
         names = [f"in{k}" for k in range(len(node.inputs))] + ["y"]
         ctx = ConcatContext(
             params=params(names, args, [False] * len(args)),
@@ -291,7 +290,7 @@ class TransposeKernel(CKernel):
         ctype = storage_ctype(dtype)
         own = contiguous_strides(xs)
         strides = tuple(own[int(p)] for p in node.attrs["perm"])
-        args = [*input_args(step, ctype), *output_args(step, ctype)]
+        args = step_args(step, ctype)
         nest = loop_nest(ys, [strides])
         vw = target.vector_bytes // 4
         shape = batched_2d(xs, [int(p) for p in node.attrs["perm"]])
@@ -333,7 +332,7 @@ class CopyKernel(CKernel):
         dtype = node.outputs[0].dtype
         assert dtype is not None
         ctype = storage_ctype(dtype)
-        args = [*input_args(step, ctype), *output_args(step, ctype)]
+        args = step_args(step, ctype)
         ctx = CopyContext(
             params=params(["x", "y"], args, [False, False]),
             nbytes=node.outputs[0].nbytes,

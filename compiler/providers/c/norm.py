@@ -19,10 +19,9 @@ from compiler.providers.c.common import (
     CKernel,
     StepCode,
     all_float32,
-    input_args,
-    output_args,
     params,
     shape_of,
+    step_args,
 )
 from compiler.providers.kit import Param
 
@@ -79,7 +78,7 @@ class ChannelKernel(CKernel):
             "BatchNormalization": "batchnorm",
             "LRN": "lrn",
         }[node.op_type]
-        args = [*input_args(step), *output_args(step)]
+        args = step_args(step)
         if op == "batchnorm":
             names, restrict = (
                 ["x", "scale", "bias", "mean", "var", "y"],
@@ -130,7 +129,7 @@ class SoftmaxKernel(CKernel):
         node = step.node
         xs = shape_of(node.input(0))
         axis = int(node.attrs["axis"])
-        args = [*input_args(step), *output_args(step)]
+        args = step_args(step)
         ctx = SoftmaxContext(
             params=params(["x", "y"], args, [False, False]),
             log=node.op_type == "LogSoftmax",

@@ -25,11 +25,10 @@ from compiler.providers.c.common import (
     PARALLEL_MIN_WORK,
     CKernel,
     StepCode,
-    input_args,
-    output_args,
     params,
     same_dtype_movable,
     shape_of,
+    step_args,
 )
 from compiler.providers.kit import Param
 
@@ -167,7 +166,7 @@ class PadKernel(CKernel):
         rows = [size for size, _, _ in outer]
         out_strides = contiguous_strides(rows) if rows else ()
         ctype = storage_ctype(x.dtype)
-        args = [*input_args(step, ctype), *output_args(step, ctype)]
+        args = step_args(step, ctype)
         ctx = PadContext(
             params=params(["x", "y"], args, [True] * 2),
             ctype=ctype,

@@ -16,9 +16,8 @@ from compiler.providers.c.common import (
     CKernel,
     StepCode,
     all_float32,
-    input_args,
-    output_args,
     params,
+    step_args,
 )
 from compiler.providers.geometry import PoolGeometry, claimed
 from compiler.providers.kit import Param
@@ -52,7 +51,7 @@ class PoolKernel(CKernel):
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         g = claimed(PoolGeometry.from_node(node, "NCHW"), node)
-        args = [*input_args(step), *output_args(step)]
+        args = step_args(step)
         ow_lo, ow_hi = g.cols.inside()
         ctx = PoolContext(
             params=params(["x", "y"], args, [True, True]),

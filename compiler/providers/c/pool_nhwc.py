@@ -29,10 +29,9 @@ from compiler.providers.c.common import (
     CKernel,
     StepCode,
     all_float32,
-    input_args,
-    output_args,
     params,
     shape_of,
+    step_args,
 )
 from compiler.providers.geometry import PoolGeometry, claimed
 from compiler.providers.kit import Param
@@ -116,7 +115,7 @@ class PoolNhwcKernel(CKernel):
         g = claimed(PoolGeometry.from_node(node, "NHWC"), node)
         avg = node.kind == "onnx_aot.AveragePoolNhwc"
         include = avg and bool(int(node.attrs["count_include_pad"]))
-        args = [*input_args(step), *output_args(step)]
+        args = step_args(step)
         oh_lo, oh_hi = g.rows.inside()
         ow_lo, ow_hi = g.cols.inside()
         ctx = PoolNhwcContext(
@@ -185,7 +184,7 @@ class ChannelNhwcKernel(CKernel):
         a = node.attrs
         size = int(a["size"]) if lrn else 1
         beta = float(a["beta"]) if lrn else 1.0
-        args = [*input_args(step), *output_args(step)]
+        args = step_args(step)
         chunk = min(CHUNK, c)
         ctx = ChannelNhwcContext(
             params=params(["x", "y"], args, [True, True]),

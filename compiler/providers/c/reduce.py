@@ -27,6 +27,7 @@ from compiler.providers.c.common import (
     output_args,
     params,
     shape_of,
+    step_args,
 )
 from compiler.providers.c.dtypes import CType, all_nonempty, ctype_of, offset_expr, prod
 from compiler.providers.kit import Param
@@ -164,7 +165,7 @@ class ReduceKernel(CKernel):
         red = [g for g in (groups[:-1] if last.reduced else groups) if g.reduced]
         nblocks = -(-last.size // COL_BLOCK) if mode == "cols" else 1
         outer = prod([g.size for g in kept])
-        args = [*input_args(step, t.name), *output_args(step, t.name)]
+        args = step_args(step, t.name)
         ctx = ReduceContext(
             params=params(["x", "y"], args, [all_nonempty(node)] * 2),
             t=t,
@@ -222,7 +223,7 @@ class ArgKernel(CKernel):
         assert t is not None, node.describe()
         xs = shape_of(x)
         outer, length, inner = _axis_split(xs, int(node.attrs["axis"]))
-        args = [*input_args(step, t.name), *output_args(step, "int64_t")]
+        args = step_args(step, t.name, "int64_t")
         ctx = ArgContext(
             params=params(["x", "y"], args, [all_nonempty(node)] * 2),
             ctype=t.name,
@@ -354,7 +355,7 @@ class LayerNormKernel(CKernel):
         scale_index = _per_element_index(node.input(1), norm)
         bias_index = _per_element_index(node.input(2), norm)
         assert scale_index is not None, node.describe()
-        args = [*input_args(step), *output_args(step)]
+        args = step_args(step)
         names = ["x", "scale"] + (["bias"] if bias_index is not None else []) + ["y"]
         names += ["mean_out", "inv_std_out"][: len(node.outputs) - 1]
         ctx = LayerNormContext(

@@ -31,11 +31,10 @@ from compiler.providers.c.common import (
     CKernel,
     StepCode,
     all_float32,
-    input_args,
-    output_args,
     params,
     scratch_arg,
     shape_of,
+    step_args,
 )
 from compiler.providers.c.gemm import Epilogue, Tiling, choose_tiling
 from compiler.providers.geometry import ConvTransposeGeometry, claimed
@@ -119,7 +118,7 @@ class ResizeKernel(CKernel):
         tables = _resize_tables(node)
         assert tables is not None, node.describe()
         outer, h, w, th, tw = tables
-        args = [*input_args(step), *output_args(step)]
+        args = step_args(step)
         nearest = all(t.index.shape[1] == 1 and bool((t.weights == 1.0).all()) for t in (th, tw))
         work = outer * th.index.shape[0] * (w * th.index.shape[1] + tw.index.size)
         ctx = ResizeContext(
@@ -168,7 +167,7 @@ class ConvTransposeKernel(CKernel):
         g = claimed(ConvTransposeGeometry.from_node(node, "NCHW"), node)
         bias = node.input(2) is not None
         scratch = scratch_arg(step, self.scratch_nbytes(node))
-        args = [*input_args(step), *output_args(step), *scratch]
+        args = [*step_args(step), *scratch]
         names = ["x", "w"] + (["bias"] if bias else []) + ["y", "scratch"]
         t = choose_tiling(g.mg * g.kh * g.kw, g.h * g.w, g.cg, target)
         ctx = ConvTransposeContext(
