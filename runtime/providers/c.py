@@ -1,7 +1,7 @@
 """The C execution provider, run side: load a generated library and call its partition entries.
 
 Needs numpy's host and ctypes only (never the compiler, onnx or jinja2). The library follows
-ABI version 1 (see ``compiler/providers/c.py``): one ``int entry(void* const* ext, char* arena,
+ABI version 1 (see ``compiler/providers/c/provider.py``): one ``int entry(void* const* ext, char* arena,
 const char* weights, double* step_seconds)`` per partition, plus ``onnx_aot_abi_version`` and
 ``onnx_aot_set_num_threads``. A call costs about a microsecond: argument types are set once and
 the caller passes integer addresses it caches, with a ``(c_void_p * n)`` array it fills.
