@@ -1,4 +1,5 @@
-"""The C provider's data-movement kernels (c/indexing.py, c/pad.py, c/elementwise_typed.py) against the reference kernels.
+"""The C provider's data-movement kernels (c/indexing.py, c/pad.py, c/elementwise_typed.py)
+against the reference kernels.
 
 Each case builds a one-node IR graph with canonical attributes (docs/ops.md), checks that the C
 provider claims it, builds and runs it through ``runtime.providers.c`` (the hand-made plan of
