@@ -6,7 +6,8 @@ point; ``python -m compiler`` (or ``onnx-aot``) is the command line.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from compiler.version import __version__
 

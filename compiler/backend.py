@@ -17,18 +17,22 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
-from onnx.backend.base import Backend, BackendRep, namedtupledict
+from onnx.backend.base import Backend
+from onnx.backend.base import BackendRep
+from onnx.backend.base import namedtupledict
 
 from compiler.driver import compile_model
 from compiler.frontend.canonical import COMPILE_TIME_INPUTS
 from compiler.frontend.importer import reject_unknown_ops
-from runtime.errors import InputError, ModelError
+from runtime.errors import InputError
+from runtime.errors import ModelError
 from runtime.session import Session
 
 __all__ = ["OnnxAotBackend", "OnnxAotRep", "compile_time_inputs", "prepare", "run_model", "run_node",

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from compiler.version import __version__
-from runtime.errors import InputError, OnnxAotError
+from runtime.errors import InputError
+from runtime.errors import OnnxAotError
 
 __all__ = ["main", "parse_bind", "parse_shape"]
 
@@ -221,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from compiler.driver import compile_model, stderr_progress
+    from compiler.driver import compile_model
+    from compiler.driver import stderr_progress
 
     shapes = dict(args.shape)
     start = time.perf_counter()
@@ -262,7 +264,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{spec.name}: {array.dtype} {list(array.shape)} first values {head}")
     print(f"ran in {elapsed * 1000:.2f} ms" + (f" (mean of {args.runs} runs)" if args.runs > 1 else ""))
     if args.profile is not None:
-        from runtime.profiling import format_slowest, load_trace
+        from runtime.profiling import format_slowest
+        from runtime.profiling import load_trace
 
         trace = session.end_profiling(args.profile)
         print(f"profile: {trace} (Chrome-trace JSON); the ten slowest steps:")
@@ -278,7 +281,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from compiler.bench import bench, format_report
+    from compiler.bench import bench
+    from compiler.bench import format_report
 
     result = bench(args.artifact, compare=args.compare, threads=args.threads, runs=args.runs,
                    warmup=args.warmup, cold_reps=args.cold_reps, overhead=args.overhead,
@@ -292,7 +296,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from compiler.artifact.report import render_memory_html
-    from runtime.inspection import format_text, inspect_artifact
+    from runtime.inspection import format_text
+    from runtime.inspection import inspect_artifact
 
     ins = inspect_artifact(args.artifact, top=args.top)
     if args.html:

@@ -12,20 +12,26 @@ import hashlib
 import os
 import platform
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from compiler.artifact.golden import DEFAULT_CASES, make_golden
+from compiler.artifact.golden import DEFAULT_CASES
+from compiler.artifact.golden import make_golden
 from compiler.artifact.writer import write_artifact
 from compiler.codegen.options import BuildOptions
 from compiler.frontend.importer import import_model
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
 from compiler.limits import check_arena_limit
-from compiler.memory import MemoryPlan, plan_offsets, verify_plan
+from compiler.memory import MemoryPlan
+from compiler.memory import plan_offsets
+from compiler.memory import verify_plan
 from compiler.memory.lifetimes import assign_storage
 from compiler.partition.partitioner import partition_graph
 from compiler.passes import optimize
@@ -33,7 +39,8 @@ from compiler.plan import build_plan
 from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
 from runtime.errors import CompileError
-from runtime.isa import X86_LEVELS, host_x86_level
+from runtime.isa import X86_LEVELS
+from runtime.isa import host_x86_level
 
 __all__ = ["compile_model", "compile_graph", "TARGETS", "CPU_TARGETS", "default_providers", "resolve_cpu"]
 

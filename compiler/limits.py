@@ -10,12 +10,14 @@ overflow the int64 arithmetic of shapes and offsets further down.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 
 import numpy as np
 
 from compiler.memory import MemoryPlan
-from runtime.errors import CompileError, ShapeError
+from runtime.errors import CompileError
+from runtime.errors import ShapeError
 
 __all__ = ["MAX_TENSOR_BYTES", "ArenaLimitError", "check_arena_limit", "check_tensor_size"]
 

@@ -15,28 +15,32 @@ from typing import Any
 
 import numpy as np
 
-from compiler.ir.graph import Graph, Node, Value
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.memory import MemoryPlan
 from compiler.memory.lifetimes import Storage
-from compiler.partition.partitioner import Partition, Schedule
-from compiler.providers.base import Location, PartitionPlan, Provider, StepPlan
-from runtime.plan_schema import (
-    FORMAT_VERSION,
-    CudaModule,
-    KernelLaunch,
-    OnnxNodeFate,
-    Plan,
-    PlanArena,
-    PlanBuffer,
-    PlanConstant,
-    PlanOutput,
-    PlanPartition,
-    PlanStep,
-    PlanValue,
-    StepScratch,
-    TensorSpec,
-    ValueLocation,
-)
+from compiler.partition.partitioner import Partition
+from compiler.partition.partitioner import Schedule
+from compiler.providers.base import Location
+from compiler.providers.base import PartitionPlan
+from compiler.providers.base import Provider
+from compiler.providers.base import StepPlan
+from runtime.plan_schema import FORMAT_VERSION
+from runtime.plan_schema import CudaModule
+from runtime.plan_schema import KernelLaunch
+from runtime.plan_schema import OnnxNodeFate
+from runtime.plan_schema import Plan
+from runtime.plan_schema import PlanArena
+from runtime.plan_schema import PlanBuffer
+from runtime.plan_schema import PlanConstant
+from runtime.plan_schema import PlanOutput
+from runtime.plan_schema import PlanPartition
+from runtime.plan_schema import PlanStep
+from runtime.plan_schema import PlanValue
+from runtime.plan_schema import StepScratch
+from runtime.plan_schema import TensorSpec
+from runtime.plan_schema import ValueLocation
 
 __all__ = ["CompiledPlan", "build_plan", "attach_code", "WEIGHT_ALIGNMENT", "jsonable"]
 

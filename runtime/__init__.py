@@ -6,15 +6,15 @@ networkx or jinja2. The import name is ``runtime``; the distribution is ``onnx-a
 
 from __future__ import annotations
 
-from runtime.errors import (
-    ArtifactError,
-    ConcurrentRunError,
-    InputError,
-    OnnxAotError,
-)
+from runtime.errors import ArtifactError
+from runtime.errors import ConcurrentRunError
+from runtime.errors import InputError
+from runtime.errors import OnnxAotError
 from runtime.io_binding import IOBinding
-from runtime.memory import MemorySpace, register_space_factory
-from runtime.plan_info import PlanInfo, load_plan
+from runtime.memory import MemorySpace
+from runtime.memory import register_space_factory
+from runtime.plan_info import PlanInfo
+from runtime.plan_info import load_plan
 from runtime.plan_schema import TensorSpec
 from runtime.session import Session
 from runtime.shared_arena import SharedArena

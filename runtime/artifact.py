@@ -17,10 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from runtime.cpu_builds import CpuBuild, select_cpu_build
+from runtime.cpu_builds import CpuBuild
+from runtime.cpu_builds import select_cpu_build
 from runtime.errors import ArtifactError
-from runtime.integrity import check_format_version, sha256_file, verify_files
-from runtime.plan_schema import FORMAT_VERSION, Plan
+from runtime.integrity import check_format_version
+from runtime.integrity import sha256_file
+from runtime.integrity import verify_files
+from runtime.plan_schema import FORMAT_VERSION
+from runtime.plan_schema import Plan
 
 __all__ = [
     "FORMAT_VERSION",

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import ConcurrentRunError, InputError
+from runtime.errors import ConcurrentRunError
+from runtime.errors import InputError
 
 __all__ = ["host_arena", "device_arena", "arena_for_space", "ExclusiveUse", "needed_message"]
 

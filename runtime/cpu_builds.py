@@ -17,13 +17,19 @@ with ``check_cpu_target``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import ArtifactError, CpuFallbackWarning
-from runtime.isa import check_cpu_target, host_cpu_flags, missing_features, required_features
+from runtime.errors import ArtifactError
+from runtime.errors import CpuFallbackWarning
+from runtime.isa import check_cpu_target
+from runtime.isa import host_cpu_flags
+from runtime.isa import missing_features
+from runtime.isa import required_features
 
 __all__ = ["CpuBuild", "select_cpu_build"]
 

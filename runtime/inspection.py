@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runtime.artifact import load_artifact
 from runtime.errors import ArtifactError
-from runtime.plan_schema import Plan, PlanBuffer, PlanStep, PlanValue
+from runtime.plan_schema import Plan
+from runtime.plan_schema import PlanBuffer
+from runtime.plan_schema import PlanStep
+from runtime.plan_schema import PlanValue
 
 __all__ = ["MEMORY_JSON", "Inspection", "inspect_artifact", "memory_summary", "format_text",
            "format_bytes", "human_bytes"]

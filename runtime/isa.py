@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from runtime.errors import ArtifactError

@@ -10,9 +10,11 @@ a damaged or rewritten file never ends in a raw ``KeyError`` or ``TypeError`` fu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
 from runtime.errors import ArtifactError
 

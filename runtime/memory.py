@@ -11,7 +11,8 @@ register a simulated space (``register_memory_space``) to exercise transfers wit
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 import numpy as np
 

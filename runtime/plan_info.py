@@ -13,9 +13,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.artifact import MANIFEST, PLAN, read_json
+from runtime.artifact import MANIFEST
+from runtime.artifact import PLAN
+from runtime.artifact import read_json
 from runtime.errors import ArtifactError
-from runtime.plan_schema import FORMAT_VERSION, Plan, TensorSpec
+from runtime.plan_schema import FORMAT_VERSION
+from runtime.plan_schema import Plan
+from runtime.plan_schema import TensorSpec
 
 __all__ = ["PlanInfo", "load_plan"]
 

@@ -35,7 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.json_fields import Fields, Where, is_count
+from runtime.json_fields import Fields
+from runtime.json_fields import Where
+from runtime.json_fields import is_count
 
 __all__ = [
     "FORMAT_VERSION", "Dim", "Shape", "TensorSpec", "PlanOutput", "PlanConstant", "PlanArena",

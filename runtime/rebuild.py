@@ -29,7 +29,8 @@ from typing import Any
 
 from runtime.cpu_builds import CpuBuild
 from runtime.errors import ArtifactError
-from runtime.isa import MACRO_FEATURES, host_cpu_flags
+from runtime.isa import MACRO_FEATURES
+from runtime.isa import host_cpu_flags
 
 __all__ = ["CACHE_ENV", "rebuild_cache_dir", "rebuild_flags", "rebuild_library"]
 

@@ -13,14 +13,17 @@ weights show up here before a user's request does. ``Session.verify()`` runs the
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from runtime.errors import ArtifactError, OnnxAotError
+from runtime.errors import ArtifactError
+from runtime.errors import OnnxAotError
 
 __all__ = ["GOLDEN_JSON", "GOLDEN_BIN", "SelfTestError", "OutputCheck", "VerifyReport",
            "relative_error", "run_golden_cases"]

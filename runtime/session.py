@@ -18,19 +18,27 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from runtime.address import data_address
-from runtime.artifact import Artifact, load_artifact
-from runtime.caller_memory import ExclusiveUse, arena_for_space
-from runtime.errors import ArtifactError, InputError
-from runtime.io_binding import IOBinding, SessionIO
+from runtime.artifact import Artifact
+from runtime.artifact import load_artifact
+from runtime.caller_memory import ExclusiveUse
+from runtime.caller_memory import arena_for_space
+from runtime.errors import ArtifactError
+from runtime.errors import InputError
+from runtime.io_binding import IOBinding
+from runtime.io_binding import SessionIO
 from runtime.memory import memory_space
-from runtime.plan_schema import Plan, PlanPartition, TensorSpec
+from runtime.plan_schema import Plan
+from runtime.plan_schema import PlanPartition
+from runtime.plan_schema import TensorSpec
 
 if TYPE_CHECKING:
     from runtime.profiling import Profiler

@@ -12,13 +12,16 @@ survive from one session's run to the next (outputs are the caller's arrays, nev
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
-from runtime.caller_memory import ExclusiveUse, arena_for_space
+from runtime.caller_memory import ExclusiveUse
+from runtime.caller_memory import arena_for_space
 from runtime.errors import InputError
 from runtime.memory import memory_space
-from runtime.plan_info import PlanInfo, load_plan
+from runtime.plan_info import PlanInfo
+from runtime.plan_info import load_plan
 
 __all__ = ["SharedArena"]
 

@@ -20,8 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from compiler.memory.packing import DEFAULT_BUDGET_MS, Buffer, plan_offsets, verify_plan
-from tests.support.classic_planners import CLASSICS, arena_of, tvm_hill_climb
+from compiler.memory.packing import DEFAULT_BUDGET_MS
+from compiler.memory.packing import Buffer
+from compiler.memory.packing import plan_offsets
+from compiler.memory.packing import verify_plan
+from tests.support.classic_planners import CLASSICS
+from tests.support.classic_planners import arena_of
+from tests.support.classic_planners import tvm_hill_climb
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "planner"
@@ -81,7 +86,8 @@ def measure(name: str, bufs: list[Buffer], alignment: int, args: argparse.Namesp
 def extract() -> None:
     """Compile each light-zoo model and save its arena's buffers (id, nbytes, lifetime) as JSON."""
     from compiler import compile_model
-    from tests.support.zoo import ZOO, zoo_model
+    from tests.support.zoo import ZOO
+    from tests.support.zoo import zoo_model
 
     DATA.mkdir(parents=True, exist_ok=True)
     for name in ZOO:

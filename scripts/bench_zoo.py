@@ -46,12 +46,16 @@ from compiler.bench import prepare_environment
 prepare_environment()  # before any kernel library loads libgomp
 
 import onnx  # noqa: E402
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import TensorProto  # noqa: E402
+from onnx import helper  # noqa: E402
 
 from compiler import compile_model  # noqa: E402
-from compiler.bench import bench, import_onnxruntime  # noqa: E402
-from runtime.errors import CompileError, OnnxAotError  # noqa: E402
-from tests.support.zoo import ZOO, zoo_model  # noqa: E402
+from compiler.bench import bench  # noqa: E402
+from compiler.bench import import_onnxruntime  # noqa: E402
+from runtime.errors import CompileError  # noqa: E402
+from runtime.errors import OnnxAotError  # noqa: E402
+from tests.support.zoo import ZOO  # noqa: E402
+from tests.support.zoo import zoo_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

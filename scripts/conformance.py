@@ -68,7 +68,8 @@ def case_names() -> list[str]:
 
 def run_case(name: str) -> tuple[str, str]:
     """Run one case in this process: (status, detail). Never raises."""
-    from runtime.errors import OnnxAotError, UnsupportedOpError
+    from runtime.errors import OnnxAotError
+    from runtime.errors import UnsupportedOpError
     from tests.support.conformance_expected import EXPECTED_FAILURES
 
     cls = _case_class()

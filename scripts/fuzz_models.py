@@ -34,7 +34,8 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,9 @@ MEMORY_LIMIT = 4 << 30  # address space per worker: a huge allocation fails, nev
 def seed_models() -> list[Any]:
     """Tiny valid models covering the common op families (each compiles as it is)."""
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto
+    from onnx import helper
+    from onnx import numpy_helper
 
     rng = np.random.default_rng(0)
 
@@ -159,7 +162,9 @@ def _pick_node(rng: random.Random, m: Any) -> Any:
 
 def mutate(seed_model: Any, kind: str, rng: random.Random) -> bytes:
     """Serialized bytes of ``seed_model`` after one mutation of ``kind``."""
-    from onnx import AttributeProto, TensorProto, helper
+    from onnx import AttributeProto
+    from onnx import TensorProto
+    from onnx import helper
 
     m = type(seed_model)()
     m.CopyFrom(seed_model)
@@ -392,7 +397,8 @@ def _providers(build: bool) -> list[Any] | None:
     if build:
         return None
     from compiler.codegen.toolchain import target_info
-    from compiler.providers.c.provider import SOURCE_NAME, CProvider
+    from compiler.providers.c.provider import SOURCE_NAME
+    from compiler.providers.c.provider import CProvider
     from compiler.providers.reference import ReferenceProvider
 
     class SourceOnlyCProvider(CProvider):  # claims and renders like the C provider, builds nothing

@@ -31,7 +31,9 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +90,13 @@ def compare(got: list[Any], want: list[Any]) -> tuple[bool, float, float]:
 
 def load_model(name: str) -> tuple[Any, dict[str, Any]]:
     if name in TRANSFORMERS:
-        from tests.support.transformer_model import transformer_input, transformer_model
+        from tests.support.transformer_model import transformer_input
+        from tests.support.transformer_model import transformer_model
 
         model = transformer_model(erf=name.endswith("erf"))
         return model, transformer_input(model)
-    from tests.support.zoo import dummy_input, zoo_model
+    from tests.support.zoo import dummy_input
+    from tests.support.zoo import zoo_model
 
     model = zoo_model(name)
     return model, dummy_input(model)
@@ -170,7 +174,8 @@ def check_nvrtc(tmp: Path) -> Row:
     from compiler import compile_model
     from runtime.providers.cuda import CudaPartition
     from tests.support.models import ort_run
-    from tests.support.transformer_model import transformer_input, transformer_model
+    from tests.support.transformer_model import transformer_input
+    from tests.support.transformer_model import transformer_model
 
     row = Row("nvrtc-fallback")
     os.environ["ONNX_AOT_CUDA_CACHE"] = str(tmp / "nvrtc-cache")
@@ -220,7 +225,8 @@ class OnnxTorch:
         import numpy as np
         import torch
         import torch.nn.functional as F  # noqa: N812
-        from onnx import helper, numpy_helper
+        from onnx import helper
+        from onnx import numpy_helper
 
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

@@ -139,7 +139,8 @@ def _env() -> dict[str, str]:
 
 def _tiny_model() -> Any:
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
+    from onnx import helper
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "tiny",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
@@ -189,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(engine, model, feeds, args.threads, args.runs)))
         return 0
 
-    from tests.support.zoo import ZOO, dummy_input, zoo_model
+    from tests.support.zoo import ZOO
+    from tests.support.zoo import dummy_input
+    from tests.support.zoo import zoo_model
 
     names = args.models or list(ZOO)
     unknown = [n for n in names if n not in ZOO]

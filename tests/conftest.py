@@ -9,9 +9,12 @@ import numpy as np
 import onnx
 import pytest
 
-from runtime.isa import TEST_FLAGS_ENV, host_x86_level
-from tests.cpu_targets import LEVELS, features_of
-from tests.support.zoo import dummy_input, zoo_model
+from runtime.isa import TEST_FLAGS_ENV
+from runtime.isa import host_x86_level
+from tests.cpu_targets import LEVELS
+from tests.cpu_targets import features_of
+from tests.support.zoo import dummy_input
+from tests.support.zoo import zoo_model
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.isa import MARCH_FEATURES, X86_LEVELS, host_x86_level
+from runtime.isa import MARCH_FEATURES
+from runtime.isa import X86_LEVELS
+from runtime.isa import host_x86_level
 
 __all__ = ["LEVELS", "level_params", "host_runs", "features_of"]
 

@@ -14,10 +14,13 @@ from onnx import TensorProto as T
 from onnx import helper
 
 import compiler.backend as backend
-from compiler.backend import OnnxAotBackend, compile_time_inputs
+from compiler.backend import OnnxAotBackend
+from compiler.backend import compile_time_inputs
 from compiler.driver import compile_model
 from runtime import Session
-from runtime.errors import InputError, ShapeError, UnsupportedOpError
+from runtime.errors import InputError
+from runtime.errors import ShapeError
+from runtime.errors import UnsupportedOpError
 from scripts import conformance
 from tests.support.models import onnx_model
 

@@ -11,12 +11,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler import compile_model
-from compiler.bench import BenchError, error_stats, for_onnxruntime, initializers_as_inputs, measure_overhead
+from compiler.bench import BenchError
+from compiler.bench import error_stats
+from compiler.bench import for_onnxruntime
+from compiler.bench import initializers_as_inputs
+from compiler.bench import measure_overhead
 from runtime import Session
-from runtime.address import _ctypes_address, data_address
+from runtime.address import _ctypes_address
+from runtime.address import data_address
 from tests.support.commands import cli
 
 REPO = Path(__file__).resolve().parent.parent

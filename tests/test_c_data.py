@@ -20,17 +20,25 @@ from typing import Any
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler.codegen.options import BuildOptions
 from compiler.driver import compile_model
-from compiler.ir.graph import Graph, Node, Value
-from compiler.providers.base import Location, PartitionPlan, StepPlan
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.providers.base import Location
+from compiler.providers.base import PartitionPlan
+from compiler.providers.base import StepPlan
 from compiler.providers.c.pad import pad_tables
 from runtime.kernels import get_kernel
 from runtime.providers.c import CLibrary
 from runtime.session import Session
-from tests.test_c_provider import PROVIDER, aligned_buffer, build
+from tests.test_c_provider import PROVIDER
+from tests.test_c_provider import aligned_buffer
+from tests.test_c_provider import build
 
 RNG = np.random.default_rng(20261123)
 

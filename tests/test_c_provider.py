@@ -12,25 +12,40 @@ from __future__ import annotations
 import ctypes
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler.codegen import toolchain
-from compiler.codegen.elementwise import coalesce, emit_program, literal, node_program
-from compiler.codegen.env import render, templates_dir
+from compiler.codegen.elementwise import coalesce
+from compiler.codegen.elementwise import emit_program
+from compiler.codegen.elementwise import literal
+from compiler.codegen.elementwise import node_program
+from compiler.codegen.env import render
+from compiler.codegen.env import templates_dir
 from compiler.codegen.options import BuildOptions
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.providers.base import GeneratedC, Location, PartitionPlan, StepPlan
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.providers.base import GeneratedC
+from compiler.providers.base import Location
+from compiler.providers.base import PartitionPlan
+from compiler.providers.base import StepPlan
 from compiler.providers.c.provider import CProvider
-from runtime.errors import ArtifactError, CompileError, RuntimeKernelError
+from runtime.errors import ArtifactError
+from runtime.errors import CompileError
+from runtime.errors import RuntimeKernelError
 from runtime.providers.c import CLibrary
-from tests.cpu_targets import host_runs, level_params
+from tests.cpu_targets import host_runs
+from tests.cpu_targets import level_params
 
 RTOL, ATOL = 1e-4, 1e-5
 PROVIDER = CProvider()

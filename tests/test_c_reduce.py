@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler.driver import compile_model
 from compiler.providers.c.einsum import contraction

@@ -15,16 +15,19 @@ Cases the C kernels decline (3-D ConvTranspose, a resized channel axis, float64)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
+from typing import cast
 
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
+from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from compiler.driver import compile_model
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.providers.c.provider import CProvider
 from runtime.kernels import get_kernel
 from runtime.session import Session

@@ -78,7 +78,8 @@ def test_user_errors_are_one_line_with_exit_1(tmp_path: Path) -> None:
 
 
 def test_symbolic_dim_needs_shape(tmp_path: Path) -> None:
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
+    from onnx import helper
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])], "sym",

@@ -24,10 +24,14 @@ import numpy as np
 import pytest
 
 from compiler.driver import compile_graph
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.passes.base import add_constant
 from runtime import Session
-from runtime.isa import MARCH_FEATURES, TEST_FLAGS_ENV
+from runtime.isa import MARCH_FEATURES
+from runtime.isa import TEST_FLAGS_ENV
 from runtime.kernels import get_kernel
 from runtime.kernels.nhwc import pack_conv_weights
 

@@ -21,10 +21,15 @@ from compiler import compile_model
 from compiler.cli import main
 from compiler.driver import resolve_cpu
 from runtime import Session
-from runtime.errors import ArtifactError, CpuFallbackWarning
-from runtime.isa import MARCH_FEATURES, TEST_FLAGS_ENV, host_x86_level
+from runtime.errors import ArtifactError
+from runtime.errors import CpuFallbackWarning
+from runtime.isa import MARCH_FEATURES
+from runtime.isa import TEST_FLAGS_ENV
+from runtime.isa import host_x86_level
 from tests.support.models import small_model
-from tests.support.zoo import for_onnxruntime, random_weight_model, strip_softmax
+from tests.support.zoo import for_onnxruntime
+from tests.support.zoo import random_weight_model
+from tests.support.zoo import strip_softmax
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 CPU targets")
 

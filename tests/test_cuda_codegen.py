@@ -20,15 +20,21 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler import compile_model
 from compiler.codegen import nvcc as nvcc_mod
 from compiler.codegen.options import BuildOptions
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.providers.cuda.provider import CudaProvider
 from runtime.errors import CompileError
-from tests.support.zoo import ZOO, zoo_model
+from tests.support.zoo import ZOO
+from tests.support.zoo import zoo_model
 
 NVCC = nvcc_mod.find_nvcc(BuildOptions())
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (PATH or /usr/local/cuda/bin)")

@@ -26,19 +26,20 @@ import pytest
 
 import runtime.providers.cuda as cuda
 from runtime.artifact import Artifact
-from runtime.errors import ArtifactError, RuntimeKernelError
+from runtime.errors import ArtifactError
+from runtime.errors import RuntimeKernelError
 from runtime.json_fields import Where
 from runtime.memory import memory_space
-from runtime.plan_schema import CudaModule, Plan, PlanPartition
-from runtime.providers.cuda_module import (
-    DeviceInfo,
-    choose_module,
-    module_candidates,
-    nvrtc_cache_dir,
-    nvrtc_cache_key,
-    nvrtc_cache_path,
-    parse_cuda_version,
-)
+from runtime.plan_schema import CudaModule
+from runtime.plan_schema import Plan
+from runtime.plan_schema import PlanPartition
+from runtime.providers.cuda_module import DeviceInfo
+from runtime.providers.cuda_module import choose_module
+from runtime.providers.cuda_module import module_candidates
+from runtime.providers.cuda_module import nvrtc_cache_dir
+from runtime.providers.cuda_module import nvrtc_cache_key
+from runtime.providers.cuda_module import nvrtc_cache_path
+from runtime.providers.cuda_module import parse_cuda_version
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -426,7 +427,8 @@ def test_a_session_runs_a_compiled_cuda_plan_through_the_fake(
     order, the input copied in and the output copied out, eagerly and with graphs."""
     from compiler import compile_model
     from runtime import Session
-    from tests.support.transformer_model import transformer_input, transformer_model
+    from tests.support.transformer_model import transformer_input
+    from tests.support.transformer_model import transformer_model
 
     model = transformer_model(batch=1, seq=8, dim=32, heads=2, ffn=64)
     path = compile_model(model, tmp_path / "art", target="cuda",
@@ -498,8 +500,10 @@ def test_gpu_matches_onnxruntime_with_and_without_graphs(tmp_path: Path, name: s
     _gpu()
     from runtime import Session
     from tests.support.models import ort_run
-    from tests.support.transformer_model import transformer_input, transformer_model
-    from tests.support.zoo import dummy_input, zoo_model
+    from tests.support.transformer_model import transformer_input
+    from tests.support.transformer_model import transformer_model
+    from tests.support.zoo import dummy_input
+    from tests.support.zoo import zoo_model
 
     if name.startswith("transformer"):
         model = transformer_model(erf=name.endswith("erf"))

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
+from onnx import helper
 
 from compiler import compile_model
-from runtime import Session, load_plan
+from runtime import Session
+from runtime import load_plan
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "docs" / "examples" / "run_model.c"

@@ -15,7 +15,9 @@ import pytest
 
 import runtime.providers.cuda as cuda
 from runtime.memory import memory_space
-from tests.test_cuda_runtime import DevArray, FakeCupy, fake_artifact
+from tests.test_cuda_runtime import DevArray
+from tests.test_cuda_runtime import FakeCupy
+from tests.test_cuda_runtime import fake_artifact
 
 
 class DeviceArray(DevArray):
@@ -100,9 +102,11 @@ def test_a_profiled_session_on_a_compiled_cuda_plan(tmp_path: Path, fake: FakeCu
     import sys
 
     from compiler import compile_model
-    from runtime import InputError, Session
+    from runtime import InputError
+    from runtime import Session
     from tests.support.models import small_model
-    from tests.test_cuda_runtime import _fake_nvrtc, _no_nvcc_build
+    from tests.test_cuda_runtime import _fake_nvrtc
+    from tests.test_cuda_runtime import _no_nvcc_build
 
     path = compile_model(small_model(), tmp_path / "art", target="cuda", build=_no_nvcc_build())
     monkeypatch.setitem(sys.modules, "cupy", fake)

@@ -12,7 +12,12 @@ import pytest
 
 import runtime.session as session_module
 from compiler import compile_model
-from runtime import ConcurrentRunError, InputError, PlanInfo, Session, SharedArena, load_plan
+from runtime import ConcurrentRunError
+from runtime import InputError
+from runtime import PlanInfo
+from runtime import Session
+from runtime import SharedArena
+from runtime import load_plan
 from runtime.errors import ArtifactError
 from runtime.memory import HostSpace
 from tests.support.models import small_model

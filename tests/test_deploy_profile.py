@@ -10,12 +10,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
+from onnx import helper
 
 from compiler import compile_model
 from compiler.cli import main
-from runtime import InputError, Session
-from runtime.profiling import load_trace, slowest_steps
+from runtime import InputError
+from runtime import Session
+from runtime.profiling import load_trace
+from runtime.profiling import slowest_steps
 from tests.support.models import small_model
 
 

@@ -61,7 +61,9 @@ def test_zoo_compute_nodes_run_in_c(zoo, name: str) -> None:
 
 @pytest.mark.parametrize("name", ["squeezenet", "resnet50", "densenet121"])
 def test_zoo_plan_has_no_overlapping_live_buffers(zoo, name: str) -> None:
-    from compiler.memory import Buffer, MemoryPlan, verify_plan
+    from compiler.memory import Buffer
+    from compiler.memory import MemoryPlan
+    from compiler.memory import verify_plan
 
     plan = Session(zoo.artifact(name)).plan.to_json()
     for arena in plan["arenas"]:

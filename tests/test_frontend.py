@@ -15,13 +15,20 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler.frontend.importer import import_model
-from compiler.frontend.loader import MAX_OPSET, bind_input_shapes, load_model
+from compiler.frontend.loader import MAX_OPSET
+from compiler.frontend.loader import bind_input_shapes
+from compiler.frontend.loader import load_model
 from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import Graph
-from runtime.errors import ModelError, OnnxAotError, ShapeError, UnsupportedOpError
+from runtime.errors import ModelError
+from runtime.errors import OnnxAotError
+from runtime.errors import ShapeError
+from runtime.errors import UnsupportedOpError
 from tests.support.models import ort_run
 
 F32 = np.float32

@@ -21,27 +21,26 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler import compile_model
-from compiler.ir.graph import Node, Value
-from compiler.providers.geometry import (
-    Axis,
-    ConvGeometry,
-    ConvTransposeGeometry,
-    MatmulProduct,
-    PoolGeometry,
-    WinogradGeometry,
-)
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.providers.geometry import Axis
+from compiler.providers.geometry import ConvGeometry
+from compiler.providers.geometry import ConvTransposeGeometry
+from compiler.providers.geometry import MatmulProduct
+from compiler.providers.geometry import PoolGeometry
+from compiler.providers.geometry import WinogradGeometry
 from runtime import Session
 from runtime.kernels.nhwc import PANEL
-from runtime.kernels.window import (
-    conv_out_size,
-    conv_transpose_out_size,
-    floor_mode_end,
-    pool_out_size,
-    same_pads,
-)
+from runtime.kernels.window import conv_out_size
+from runtime.kernels.window import conv_transpose_out_size
+from runtime.kernels.window import floor_mode_end
+from runtime.kernels.window import pool_out_size
+from runtime.kernels.window import same_pads
 
 ort = pytest.importorskip("onnxruntime")
 F32 = np.float32

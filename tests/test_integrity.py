@@ -17,10 +17,16 @@ import pytest
 from compiler import compile_model
 from runtime import Session
 from runtime.errors import ArtifactError
-from runtime.integrity import sampled_sha256, sha256_file
-from runtime.isa import MARCH_FEATURES, check_cpu_target, host_cpu_flags, missing_features, required_features
+from runtime.integrity import sampled_sha256
+from runtime.integrity import sha256_file
+from runtime.isa import MARCH_FEATURES
+from runtime.isa import check_cpu_target
+from runtime.isa import host_cpu_flags
+from runtime.isa import missing_features
+from runtime.isa import required_features
 from runtime.plan_schema import CudaModule
-from runtime.providers.cuda_module import DeviceInfo, arch_mismatch
+from runtime.providers.cuda_module import DeviceInfo
+from runtime.providers.cuda_module import arch_mismatch
 from tests.support.models import small_model
 
 
@@ -99,7 +105,9 @@ def test_damaged_file_is_detected_before_loading(
 
 def test_weights_flip_outside_the_sample_needs_the_full_hash(tmp_path: Path) -> None:
     # Weights over 256 KiB are sampled (64 blocks of 4 KiB) at load; the full hash is on request.
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto
+    from onnx import helper
+    from onnx import numpy_helper
 
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32), "w")
     graph = helper.make_graph(

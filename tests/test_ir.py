@@ -11,7 +11,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Use, Value
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Use
+from compiler.ir.graph import Value
 from runtime.errors import ModelError
 
 F32 = np.float32

@@ -13,15 +13,23 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler import compile_model
-from compiler.ir.graph import AOT_DOMAIN, Value
-from compiler.passes import LayoutNhwc, optimize
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Value
+from compiler.passes import LayoutNhwc
+from compiler.passes import optimize
 from compiler.passes.layout_nhwc import regions
 from runtime import Session
-from runtime.kernels.nhwc import PANEL, pack_conv_weights
-from tests.support.graphs import CONV_ATTRS, Builder, check, kinds
+from runtime.kernels.nhwc import PANEL
+from runtime.kernels.nhwc import pack_conv_weights
+from tests.support.graphs import CONV_ATTRS
+from tests.support.graphs import Builder
+from tests.support.graphs import check
+from tests.support.graphs import kinds
 
 ACT = {"activation": "", "act_min": 0.0, "act_max": 0.0, "act_alpha": 0.0}
 

@@ -15,10 +15,17 @@ import numpy as np
 import pytest
 
 from compiler.driver import materialize_outputs
-from compiler.ir.evaluate import Interpreter, evaluate
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.memory import Buffer, plan_offsets, verify_plan
-from compiler.memory.lifetimes import Storage, assign_storage
+from compiler.ir.evaluate import Interpreter
+from compiler.ir.evaluate import evaluate
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.memory import Buffer
+from compiler.memory import plan_offsets
+from compiler.memory import verify_plan
+from compiler.memory.lifetimes import Storage
+from compiler.memory.lifetimes import assign_storage
 from compiler.partition.partitioner import partition_graph
 from compiler.providers.reference import ReferenceProvider
 

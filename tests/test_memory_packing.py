@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from compiler.memory import greedy, packing, placement_c
-from compiler.memory.exact import BranchAndBound, Budget
-from compiler.memory.packing import (
-    DEFAULT_BUDGET_MS,
-    Buffer,
-    MemoryPlan,
-    lower_bound,
-    plan_offsets,
-    verify_plan,
-)
+from compiler.memory import greedy
+from compiler.memory import packing
+from compiler.memory import placement_c
+from compiler.memory.exact import BranchAndBound
+from compiler.memory.exact import Budget
+from compiler.memory.packing import DEFAULT_BUDGET_MS
+from compiler.memory.packing import Buffer
+from compiler.memory.packing import MemoryPlan
+from compiler.memory.packing import lower_bound
+from compiler.memory.packing import plan_offsets
+from compiler.memory.packing import verify_plan
 
 STRATEGIES = tuple(greedy.STRATEGIES)
 

@@ -14,14 +14,17 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler import compile_model
 from compiler.providers.c.provider import CProvider
 from compiler.providers.reference import ReferenceProvider
 from runtime import Session
 from runtime.errors import ArtifactError
-from runtime.memory import HostSpace, register_memory_space
+from runtime.memory import HostSpace
+from runtime.memory import register_memory_space
 from tests.support.models import ort_run
 
 

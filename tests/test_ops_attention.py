@@ -18,7 +18,8 @@ from onnx.reference import ReferenceEvaluator
 
 import compiler.backend as backend
 from compiler.frontend.importer import import_model
-from runtime.errors import ModelError, RuntimeKernelError
+from runtime.errors import ModelError
+from runtime.errors import RuntimeKernelError
 
 _RNG = np.random.default_rng(7)
 

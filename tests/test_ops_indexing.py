@@ -19,7 +19,9 @@ from onnx import helper
 
 import compiler.backend as backend
 from compiler.frontend.importer import import_model
-from runtime.errors import ModelError, RuntimeKernelError, UnsupportedOpError
+from runtime.errors import ModelError
+from runtime.errors import RuntimeKernelError
+from runtime.errors import UnsupportedOpError
 from tests.support.models import onnx_model
 
 _model = partial(onnx_model, opset=18)

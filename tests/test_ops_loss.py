@@ -22,9 +22,11 @@ from onnx import helper
 
 from compiler.driver import compile_model
 from compiler.frontend.importer import import_model
-from runtime.errors import RuntimeKernelError, UnsupportedOpError
+from runtime.errors import RuntimeKernelError
+from runtime.errors import UnsupportedOpError
 from runtime.kernels import get_kernel
-from tests.support.models import onnx_model, run_backend
+from tests.support.models import onnx_model
+from tests.support.models import run_backend
 
 _model = partial(onnx_model, opset=22)
 _run = run_backend

@@ -18,8 +18,10 @@ from onnx import helper
 
 from compiler.frontend.importer import import_model
 from compiler.passes import FuseElementwise
-from runtime.errors import ModelError, UnsupportedOpError
-from tests.support.models import onnx_model, run_backend
+from runtime.errors import ModelError
+from runtime.errors import UnsupportedOpError
+from tests.support.models import onnx_model
+from tests.support.models import run_backend
 
 _model = partial(onnx_model, opset=18)
 

@@ -20,8 +20,10 @@ from onnx import TensorProto as T
 from onnx import helper
 
 import compiler.backend as backend
-from runtime.errors import ModelError, UnsupportedOpError
-from tests.support.models import onnx_model, run_backend
+from runtime.errors import ModelError
+from runtime.errors import UnsupportedOpError
+from tests.support.models import onnx_model
+from tests.support.models import run_backend
 
 _model = partial(onnx_model, opset=22)
 

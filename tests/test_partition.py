@@ -15,8 +15,11 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from compiler.ir.graph import Graph, Node, Value
-from compiler.partition.partitioner import Schedule, partition_graph
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.partition.partitioner import Schedule
+from compiler.partition.partitioner import partition_graph
 from compiler.providers.reference import ReferenceProvider
 from runtime.errors import UnsupportedOpError
 

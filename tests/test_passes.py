@@ -12,25 +12,29 @@ import math
 import numpy as np
 import pytest
 
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.passes import (
-    EliminateCommonSubexpressions,
-    EliminateDeadCode,
-    EliminateIdentity,
-    FoldConstants,
-    FuseConvActivation,
-    FuseConvBatchNorm,
-    FuseElementwise,
-    FuseMatMulAdd,
-    Pass,
-    PassManager,
-    PassResult,
-    optimize,
-    passes_for_level,
-)
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.passes import EliminateCommonSubexpressions
+from compiler.passes import EliminateDeadCode
+from compiler.passes import EliminateIdentity
+from compiler.passes import FoldConstants
+from compiler.passes import FuseConvActivation
+from compiler.passes import FuseConvBatchNorm
+from compiler.passes import FuseElementwise
+from compiler.passes import FuseMatMulAdd
+from compiler.passes import Pass
+from compiler.passes import PassManager
+from compiler.passes import PassResult
 from compiler.passes import fold_constants as fold_module
+from compiler.passes import optimize
+from compiler.passes import passes_for_level
 from runtime.errors import CompileError
-from tests.support.graphs import CONV_ATTRS, Builder, check, kinds
+from tests.support.graphs import CONV_ATTRS
+from tests.support.graphs import Builder
+from tests.support.graphs import check
+from tests.support.graphs import kinds
 
 F32 = np.float32
 GEMM_ATTRS = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}

@@ -19,7 +19,9 @@ from compiler.artifact.writer import dump_json
 from compiler.codegen.options import BuildOptions
 from runtime.errors import ArtifactError
 from runtime.json_fields import Where
-from runtime.plan_schema import FORMAT_VERSION, Plan, ValueLocation
+from runtime.plan_schema import FORMAT_VERSION
+from runtime.plan_schema import Plan
+from runtime.plan_schema import ValueLocation
 from tests.support.models import small_model
 
 

@@ -18,8 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from compiler.memory.packing import Buffer, MemoryPlan, lower_bound, plan_offsets, verify_plan
-from tests.support.classic_planners import CLASSICS, arena_of, tvm_hill_climb
+from compiler.memory.packing import Buffer
+from compiler.memory.packing import MemoryPlan
+from compiler.memory.packing import lower_bound
+from compiler.memory.packing import plan_offsets
+from compiler.memory.packing import verify_plan
+from tests.support.classic_planners import CLASSICS
+from tests.support.classic_planners import arena_of
+from tests.support.classic_planners import tvm_hill_climb
 
 DATA = Path(__file__).parent / "data" / "planner"
 ZOO_FILES = sorted(DATA.glob("*.json"))

@@ -24,8 +24,10 @@ import pytest
 from compiler.codegen.options import BuildOptions
 from compiler.driver import compile_graph
 from compiler.ir.evaluate import evaluate
-from compiler.ir.graph import AOT_DOMAIN, Graph
-from compiler.providers.c.pool_nhwc import MAX_LRN_CHANNELS, channel_walk
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.providers.c.pool_nhwc import MAX_LRN_CHANNELS
+from compiler.providers.c.pool_nhwc import channel_walk
 from compiler.providers.c.provider import CProvider
 from runtime import Session
 from runtime.kernels.window import pool_out_size

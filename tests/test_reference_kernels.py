@@ -12,23 +12,26 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 import onnxruntime
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
+from onnx import numpy_helper
 
-from runtime.errors import RuntimeKernelError, UnsupportedOpError
-from runtime.kernels import REGISTRY, get_kernel, supported_kinds
-from runtime.kernels.elementwise import (
-    ELEMENTWISE_BINARY,
-    ELEMENTWISE_OPS,
-    ELEMENTWISE_UNARY,
-    apply_elementwise,
-    erf,
-)
+from runtime.errors import RuntimeKernelError
+from runtime.errors import UnsupportedOpError
+from runtime.kernels import REGISTRY
+from runtime.kernels import get_kernel
+from runtime.kernels import supported_kinds
+from runtime.kernels.elementwise import ELEMENTWISE_BINARY
+from runtime.kernels.elementwise import ELEMENTWISE_OPS
+from runtime.kernels.elementwise import ELEMENTWISE_UNARY
+from runtime.kernels.elementwise import apply_elementwise
+from runtime.kernels.elementwise import erf
 
 RTOL, ATOL = 1e-4, 1e-5
 INF = float("inf")

@@ -18,13 +18,21 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler import compile_model
 from compiler.limits import ArenaLimitError
 from runtime import Session
-from runtime.errors import ArtifactError, CompileError, InputError, OnnxAotError, ShapeError
-from tests.support.models import onnx_model, ort_run, small_model
+from runtime.errors import ArtifactError
+from runtime.errors import CompileError
+from runtime.errors import InputError
+from runtime.errors import OnnxAotError
+from runtime.errors import ShapeError
+from tests.support.models import onnx_model
+from tests.support.models import ort_run
+from tests.support.models import small_model
 
 _model = partial(onnx_model, ir_version=8, name="m")
 

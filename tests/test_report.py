@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
+from onnx import helper
 
 from compiler import compile_model
 from compiler.artifact.report import render_memory_html

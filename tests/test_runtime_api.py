@@ -11,12 +11,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler import compile_model
 from runtime import Session
-from runtime.errors import InputError, ModelError, OnnxAotError, UnsupportedOpError
-from tests.support.models import ort_run, small_model
+from runtime.errors import InputError
+from runtime.errors import ModelError
+from runtime.errors import OnnxAotError
+from runtime.errors import UnsupportedOpError
+from tests.support.models import ort_run
+from tests.support.models import small_model
 
 REPO = Path(__file__).resolve().parent.parent
 

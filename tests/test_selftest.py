@@ -13,11 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler import compile_model
 from runtime import Session
-from runtime.selftest import SelfTestError, relative_error
+from runtime.selftest import SelfTestError
+from runtime.selftest import relative_error
 from tests.support.models import small_model
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,7 +15,8 @@ from onnx.backend.test.runner import Runner
 
 from compiler import compile_model
 from runtime import Session
-from tests.support.zoo import LIGHT_DIR, ZOO
+from tests.support.zoo import LIGHT_DIR
+from tests.support.zoo import ZOO
 
 RTOL = {"densenet121": 2e-3}
 

@@ -19,7 +19,9 @@ import pytest
 
 from compiler.codegen.options import BuildOptions
 from compiler.driver import compile_graph
-from compiler.providers.c.movement import batched_2d, register_transpose, transpose_blocks
+from compiler.providers.c.movement import batched_2d
+from compiler.providers.c.movement import register_transpose
+from compiler.providers.c.movement import transpose_blocks
 from runtime import Session
 from tests.cpu_targets import level_params
 from tests.support.graphs import Builder

@@ -17,15 +17,21 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler import compile_model
-from compiler.passes import UseWinograd, optimize
+from compiler.passes import UseWinograd
+from compiler.passes import optimize
 from compiler.passes.use_winograd import winograd_weights
 from runtime import Session
 from runtime.kernels.conv import conv
 from runtime.kernels.winograd import winograd_conv
-from tests.support.graphs import CONV_ATTRS, Builder, check, kinds
+from tests.support.graphs import CONV_ATTRS
+from tests.support.graphs import Builder
+from tests.support.graphs import check
+from tests.support.graphs import kinds
 
 ort = pytest.importorskip("onnxruntime")
 

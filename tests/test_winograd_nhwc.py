@@ -23,17 +23,24 @@ import compiler.providers.c.winograd_nhwc as K
 from compiler.codegen.options import BuildOptions
 from compiler.driver import compile_graph
 from compiler.ir.evaluate import evaluate
-from compiler.ir.graph import AOT_DOMAIN, Graph
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
 from compiler.passes.use_winograd import winograd_weights
-from compiler.providers.c.winograd_nhwc import Program, _blocks, transform_program
+from compiler.providers.c.winograd_nhwc import Program
+from compiler.providers.c.winograd_nhwc import _blocks
+from compiler.providers.c.winograd_nhwc import transform_program
 from runtime import Session
 from runtime.errors import CpuFallbackWarning
-from runtime.isa import MARCH_FEATURES, TEST_FLAGS_ENV
+from runtime.isa import MARCH_FEATURES
+from runtime.isa import TEST_FLAGS_ENV
 from runtime.kernels.conv import conv
 from runtime.kernels.fused import apply_activation
-from runtime.kernels.nhwc import TO_NCHW, TO_NHWC, pack_winograd_weights
+from runtime.kernels.nhwc import TO_NCHW
+from runtime.kernels.nhwc import TO_NHWC
+from runtime.kernels.nhwc import pack_winograd_weights
 from runtime.kernels.winograd import MATRICES
-from tests.support.graphs import CONV_ATTRS, Builder
+from tests.support.graphs import CONV_ATTRS
+from tests.support.graphs import Builder
 
 ACTIVATIONS = {
     "": {"activation": "", "act_min": 0.0, "act_max": 0.0, "act_alpha": 0.0},

@@ -19,7 +19,8 @@ from pathlib import Path
 from compiler.codegen.env import render
 from compiler.providers.c.provider import ABI_VERSION
 from runtime.errors import CompileError
-from runtime.plan_schema import Plan, TensorSpec
+from runtime.plan_schema import Plan
+from runtime.plan_schema import TensorSpec
 
 __all__ = ["HEADER_NAME", "HeaderContext", "header_context", "write_c_header"]
 

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from compiler.ir.evaluate import evaluate
-from compiler.ir.graph import Graph, Value
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Value
 from compiler.passes.base import NONDETERMINISTIC
 from runtime.errors import OnnxAotError
 

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from compiler.codegen.env import render
-from runtime.inspection import describe_shape, format_bytes, human_bytes, memory_summary
+from runtime.inspection import describe_shape
+from runtime.inspection import format_bytes
+from runtime.inspection import human_bytes
+from runtime.inspection import memory_summary
 from runtime.plan_schema import Plan
 
 __all__ = ["render_memory_html"]

@@ -10,22 +10,35 @@ from __future__ import annotations
 import json
 import platform
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from compiler.artifact.atomic import make_temp_dir, replace_dir, sweep_leftovers
+from compiler.artifact.atomic import make_temp_dir
+from compiler.artifact.atomic import replace_dir
+from compiler.artifact.atomic import sweep_leftovers
 from compiler.artifact.c_header import write_c_header
 from compiler.artifact.cpu_target import cpu_target
 from compiler.artifact.report import render_memory_html
 from compiler.codegen.options import BuildOptions
-from compiler.plan import CompiledPlan, attach_code
-from compiler.providers.base import Generated, GeneratedC, GeneratedCuda, Provider
+from compiler.plan import CompiledPlan
+from compiler.plan import attach_code
+from compiler.providers.base import Generated
+from compiler.providers.base import GeneratedC
+from compiler.providers.base import GeneratedCuda
+from compiler.providers.base import Provider
 from compiler.version import __version__
-from runtime.artifact import FORMAT_VERSION, MANIFEST, PLAN, WEIGHTS, sha256_file
-from runtime.errors import CompileError, OnnxAotError
+from runtime.artifact import FORMAT_VERSION
+from runtime.artifact import MANIFEST
+from runtime.artifact import PLAN
+from runtime.artifact import WEIGHTS
+from runtime.artifact import sha256_file
+from runtime.errors import CompileError
+from runtime.errors import OnnxAotError
 from runtime.integrity import sampled_sha256
-from runtime.plan_schema import CudaModule, Plan
+from runtime.plan_schema import CudaModule
+from runtime.plan_schema import Plan
 
 __all__ = ["write_artifact", "dump_json"]
 

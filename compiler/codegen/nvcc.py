@@ -22,7 +22,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler.codegen.build_cache import BuildCache, content_key, copy_atomic, cuda_cache_dir, trim_output
+from compiler.codegen.build_cache import BuildCache
+from compiler.codegen.build_cache import content_key
+from compiler.codegen.build_cache import copy_atomic
+from compiler.codegen.build_cache import cuda_cache_dir
+from compiler.codegen.build_cache import trim_output
 from compiler.codegen.options import BuildOptions
 from runtime.errors import CompileError
 

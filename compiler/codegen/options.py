@@ -6,7 +6,8 @@ CUDA toolchain its architectures from ``extra``; every provider's ``generate`` t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 __all__ = ["BuildOptions"]
 

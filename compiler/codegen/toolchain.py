@@ -27,7 +27,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from compiler.codegen.build_cache import BuildCache, c_cache_dir, content_key, copy_atomic, trim_output
+from compiler.codegen.build_cache import BuildCache
+from compiler.codegen.build_cache import c_cache_dir
+from compiler.codegen.build_cache import content_key
+from compiler.codegen.build_cache import copy_atomic
+from compiler.codegen.build_cache import trim_output
 from compiler.codegen.options import BuildOptions
 from runtime.errors import CompileError
 

@@ -14,14 +14,27 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
+from onnx import numpy_helper
 
-from compiler.frontend.canonical import CanonContext, canonicalize, np_dtype_of, onnx_attrs
-from compiler.frontend.loader import bind_input_shapes, bind_input_values, infer_shapes, load_model, opset_of
+from compiler.frontend.canonical import CanonContext
+from compiler.frontend.canonical import canonicalize
+from compiler.frontend.canonical import np_dtype_of
+from compiler.frontend.canonical import onnx_attrs
+from compiler.frontend.loader import bind_input_shapes
+from compiler.frontend.loader import bind_input_values
+from compiler.frontend.loader import infer_shapes
+from compiler.frontend.loader import load_model
+from compiler.frontend.loader import opset_of
 from compiler.frontend.window_shapes import infer_with_pool_sizes
-from compiler.ir.graph import Graph, Node, Value
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.limits import check_tensor_size
-from runtime.errors import ModelError, OnnxAotError, ShapeError, UnsupportedOpError
+from runtime.errors import ModelError
+from runtime.errors import OnnxAotError
+from runtime.errors import ShapeError
+from runtime.errors import UnsupportedOpError
 
 __all__ = ["import_model", "graph_from_proto"]
 

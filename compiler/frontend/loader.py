@@ -16,10 +16,14 @@ import onnx
 import onnx.checker
 import onnx.shape_inference
 import onnx.version_converter
-from onnx import external_data_helper, helper, numpy_helper
+from onnx import external_data_helper
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler.frontend.window_shapes import infer_with_pool_sizes
-from runtime.errors import ModelError, ShapeError, UnsupportedOpError
+from runtime.errors import ModelError
+from runtime.errors import ShapeError
+from runtime.errors import UnsupportedOpError
 
 __all__ = ["MIN_OPSET", "MAX_OPSET", "load_model", "bind_input_shapes", "bind_input_values", "infer_shapes",
            "opset_of"]

@@ -12,12 +12,15 @@ value's dtype. ``onnx_aot.Transfer`` (a move between memory spaces) passes its i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from compiler.ir.graph import Graph, Node, Value
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from runtime.errors import CompileError
 from runtime.kernels import get_kernel
 

@@ -9,7 +9,8 @@ the methods here (``add_node``, ``remove_node``, ``replace_all_uses``, ``set_inp
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np

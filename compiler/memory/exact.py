@@ -10,7 +10,8 @@ the room left at each step between the current offset and the target arena.
 
 from __future__ import annotations
 
-from compiler.memory.greedy import Problem, first_fit
+from compiler.memory.greedy import Problem
+from compiler.memory.greedy import first_fit
 
 __all__ = ["BranchAndBound", "Budget"]
 

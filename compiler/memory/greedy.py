@@ -12,12 +12,14 @@ visited (``Problem.cost``), so budgets do not depend on the speed of the machine
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from functools import cached_property
 
 import numpy as np
 
-from compiler.memory.placement_c import c_loop_available, place_in_c
+from compiler.memory.placement_c import c_loop_available
+from compiler.memory.placement_c import place_in_c
 
 __all__ = [
     "Fit", "MORE_STRATEGIES", "Order", "Problem", "STRATEGIES", "best_fit", "first_fit", "order_by_pressure",

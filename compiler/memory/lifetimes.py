@@ -11,11 +11,14 @@ sharing it; kernel scratch is a buffer live for one step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 import numpy as np
 
-from compiler.ir.graph import Graph, Node, Value
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.memory.packing import Buffer
 
 __all__ = ["VIEW_KINDS", "INPLACE_KINDS", "TRANSFER", "Storage", "assign_storage"]

@@ -15,11 +15,17 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable
+from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compiler.memory.greedy import MORE_STRATEGIES, STRATEGIES, Problem, place_fresh
-from compiler.memory.search import Solution, improve
+from compiler.memory.greedy import MORE_STRATEGIES
+from compiler.memory.greedy import STRATEGIES
+from compiler.memory.greedy import Problem
+from compiler.memory.greedy import place_fresh
+from compiler.memory.search import Solution
+from compiler.memory.search import improve
 
 __all__ = ["DEFAULT_BUDGET_MS", "Buffer", "MemoryPlan", "lower_bound", "plan_offsets", "verify_plan"]
 

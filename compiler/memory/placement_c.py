@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.codegen.build_cache import BuildCache, c_cache_dir, content_key
+from compiler.codegen.build_cache import BuildCache
+from compiler.codegen.build_cache import c_cache_dir
+from compiler.codegen.build_cache import content_key
 from compiler.codegen.toolchain import compiler_version
 from runtime.errors import CompileError
 

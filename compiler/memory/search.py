@@ -20,11 +20,17 @@ import heapq
 import itertools
 import random
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compiler.memory.exact import BranchAndBound, Budget
-from compiler.memory.greedy import Fit, Problem, first_fit, order_by_pressure, place_fresh
+from compiler.memory.exact import BranchAndBound
+from compiler.memory.exact import Budget
+from compiler.memory.greedy import Fit
+from compiler.memory.greedy import Problem
+from compiler.memory.greedy import first_fit
+from compiler.memory.greedy import order_by_pressure
+from compiler.memory.greedy import place_fresh
 
 __all__ = ["Solution", "improve"]
 

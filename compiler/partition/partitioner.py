@@ -16,9 +16,13 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.providers.base import Provider
-from runtime.errors import CompileError, UnsupportedOpError
+from runtime.errors import CompileError
+from runtime.errors import UnsupportedOpError
 
 __all__ = ["Partition", "Schedule", "partition_graph"]
 

@@ -10,7 +10,8 @@ pass changes the graph only through the IR's methods.
 
 from __future__ import annotations
 
-from compiler.passes.base import Pass, PassResult
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
 from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
 from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.eliminate_identity import EliminateIdentity
@@ -20,7 +21,11 @@ from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
-from compiler.passes.manager import MAX_LEVEL, PassManager, lowerings_for, optimize, passes_for_level
+from compiler.passes.manager import MAX_LEVEL
+from compiler.passes.manager import PassManager
+from compiler.passes.manager import lowerings_for
+from compiler.passes.manager import optimize
+from compiler.passes.manager import passes_for_level
 from compiler.passes.use_winograd import UseWinograd
 
 __all__ = [

@@ -14,8 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from compiler.ir.graph import Graph, Node, Value
-from compiler.passes.base import NONDETERMINISTIC, Pass, PassResult, bypass, note_eliminated
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.passes.base import NONDETERMINISTIC
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import bypass
+from compiler.passes.base import note_eliminated
 
 __all__ = ["EliminateCommonSubexpressions"]
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from compiler.ir.graph import Graph, Node
-from compiler.passes.base import Pass, PassResult, note_eliminated
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import note_eliminated
 
 __all__ = ["EliminateDeadCode"]
 

@@ -9,8 +9,15 @@ constant, another graph output or an output of a multi-output node, the Identity
 
 from __future__ import annotations
 
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.passes.base import Pass, PassResult, bypass, note_eliminated, replace_nodes
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import bypass
+from compiler.passes.base import note_eliminated
+from compiler.passes.base import replace_nodes
 
 __all__ = ["EliminateIdentity"]
 

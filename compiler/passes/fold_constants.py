@@ -15,17 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.passes.base import (
-    NONDETERMINISTIC,
-    Pass,
-    PassResult,
-    add_constant,
-    bypass,
-    note_eliminated,
-    replace_nodes,
-)
-from runtime.errors import OnnxAotError, UnsupportedOpError
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.passes.base import NONDETERMINISTIC
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import add_constant
+from compiler.passes.base import bypass
+from compiler.passes.base import note_eliminated
+from compiler.passes.base import replace_nodes
+from runtime.errors import OnnxAotError
+from runtime.errors import UnsupportedOpError
 from runtime.kernels import get_kernel
 
 __all__ = ["ALWAYS_FOLD", "MAX_FOLD_NBYTES", "FoldConstants"]

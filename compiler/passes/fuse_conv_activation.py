@@ -14,16 +14,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.passes.base import (
-    NO_ACTIVATION,
-    Pass,
-    PassResult,
-    merged_origin,
-    replace_nodes,
-    rewrite_chains,
-    sole_consumer,
-)
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.passes.base import NO_ACTIVATION
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import merged_origin
+from compiler.passes.base import replace_nodes
+from compiler.passes.base import rewrite_chains
+from compiler.passes.base import sole_consumer
 
 __all__ = ["FuseConvActivation", "activation_attrs"]
 

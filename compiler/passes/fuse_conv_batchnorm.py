@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ir.graph import Graph, Node, Value
-from compiler.passes.base import (
-    Pass,
-    PassResult,
-    add_constant,
-    merged_origin,
-    replace_nodes,
-    rewrite_chains,
-    sole_consumer,
-)
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import add_constant
+from compiler.passes.base import merged_origin
+from compiler.passes.base import replace_nodes
+from compiler.passes.base import rewrite_chains
+from compiler.passes.base import sole_consumer
 
 __all__ = ["FuseConvBatchNorm", "per_channel"]
 

@@ -15,9 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from compiler.ir.graph import AOT_DOMAIN, ONNX_DOMAIN, Graph, Node, Value
-from compiler.passes.base import Pass, PassResult, merged_origin, replace_nodes
-from runtime.kernels.elementwise import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import ONNX_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import merged_origin
+from compiler.passes.base import replace_nodes
+from runtime.kernels.elementwise import ELEMENTWISE_BINARY
+from runtime.kernels.elementwise import ELEMENTWISE_UNARY
 
 __all__ = ["FuseElementwise"]
 

@@ -34,10 +34,20 @@ from typing import Any
 
 import numpy as np
 
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node, Value
-from compiler.passes.base import NO_ACTIVATION, Pass, PassResult, add_constant, merged_origin
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.passes.base import NO_ACTIVATION
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import add_constant
+from compiler.passes.base import merged_origin
 from runtime.kernels.elementwise import ELEMENTWISE_OPS
-from runtime.kernels.nhwc import TO_NCHW, TO_NHWC, pack_conv_weights, pack_winograd_weights
+from runtime.kernels.nhwc import TO_NCHW
+from runtime.kernels.nhwc import TO_NHWC
+from runtime.kernels.nhwc import pack_conv_weights
+from runtime.kernels.nhwc import pack_winograd_weights
 
 __all__ = ["LayoutNhwc", "regions"]
 

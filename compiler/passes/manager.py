@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from compiler.ir.graph import Graph
-from compiler.passes.base import Pass, PassResult
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
 from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
 from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.eliminate_identity import EliminateIdentity
@@ -24,7 +25,8 @@ from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.use_winograd import UseWinograd
-from runtime.errors import CompileError, ModelError
+from runtime.errors import CompileError
+from runtime.errors import ModelError
 
 __all__ = ["MAX_LEVEL", "PassManager", "lowerings_for", "optimize", "passes_for_level"]
 

@@ -24,9 +24,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ir.graph import AOT_DOMAIN, Graph, Node
-from compiler.passes.base import NO_ACTIVATION, Pass, PassResult, add_constant, replace_nodes
-from compiler.providers.geometry import ConvGeometry, WinogradGeometry
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.passes.base import NO_ACTIVATION
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import add_constant
+from compiler.passes.base import replace_nodes
+from compiler.providers.geometry import ConvGeometry
+from compiler.providers.geometry import WinogradGeometry
 from runtime.kernels.winograd import MATRICES
 
 __all__ = ["MIN_CHANNELS", "TILE4_MIN", "UseWinograd", "tile_for", "winograd_weights"]

@@ -22,24 +22,24 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
+from typing import TypeVar
 
 import numpy as np
 
 from compiler.codegen.elementwise import broadcast_strides
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from runtime.errors import CompileError
 from runtime.kernels.nhwc import PANEL
-from runtime.kernels.window import (
-    Dim,
-    conv_out_size,
-    conv_transpose_out_size,
-    extent,
-    inside,
-    pool_out_size,
-    reach,
-    window_counts,
-)
+from runtime.kernels.window import Dim
+from runtime.kernels.window import conv_out_size
+from runtime.kernels.window import conv_transpose_out_size
+from runtime.kernels.window import extent
+from runtime.kernels.window import inside
+from runtime.kernels.window import pool_out_size
+from runtime.kernels.window import reach
+from runtime.kernels.window import window_counts
 from runtime.kernels.winograd import MATRICES
 
 __all__ = [

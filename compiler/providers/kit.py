@@ -10,13 +10,17 @@ runs is written in one place and importing a module registers nothing by itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Generic, TypeVar
+from typing import Generic
+from typing import TypeVar
 
-from compiler.ir.graph import Graph, Node
-from runtime.errors import CompileError, OnnxAotError
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from runtime.errors import CompileError
+from runtime.errors import OnnxAotError
 
 __all__ = ["Kernel", "KernelTable", "Param", "comment"]
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from compiler.codegen.options import BuildOptions
-from compiler.ir.graph import Graph, Node
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
 from compiler.providers.base import PartitionPlan
 from runtime.kernels import supported_kinds
 

@@ -14,28 +14,31 @@ Importing this package registers the kernels of every module in :data:`KERNEL_MO
 
 from __future__ import annotations
 
-from runtime.kernels import (
-    conv,
-    elementwise,
-    fused,
-    indexing,
-    linalg,
-    loss,
-    math_ops,
-    movement,
-    nhwc,
-    normalization,
-    pool,
-    quantize,
-    recurrent,
-    reduce,
-    sampling,
-    spatial,
-    spectral,
-    transformer,
-    winograd,
-)
-from runtime.kernels.registry import REGISTRY, Kernel, OutputSpec, get_kernel, register, supported_kinds
+from runtime.kernels import conv
+from runtime.kernels import elementwise
+from runtime.kernels import fused
+from runtime.kernels import indexing
+from runtime.kernels import linalg
+from runtime.kernels import loss
+from runtime.kernels import math_ops
+from runtime.kernels import movement
+from runtime.kernels import nhwc
+from runtime.kernels import normalization
+from runtime.kernels import pool
+from runtime.kernels import quantize
+from runtime.kernels import recurrent
+from runtime.kernels import reduce
+from runtime.kernels import sampling
+from runtime.kernels import spatial
+from runtime.kernels import spectral
+from runtime.kernels import transformer
+from runtime.kernels import winograd
+from runtime.kernels.registry import REGISTRY
+from runtime.kernels.registry import Kernel
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import get_kernel
+from runtime.kernels.registry import register
+from runtime.kernels.registry import supported_kinds
 
 __all__ = ["KERNEL_MODULES", "REGISTRY", "SUPPORT_MODULES", "Kernel", "OutputSpec", "get_kernel", "register",
            "supported_kinds"]

@@ -12,8 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import fill_optional, finish, pad_spatial, prod, window_slices
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.common import fill_optional
+from runtime.kernels.common import finish
+from runtime.kernels.common import pad_spatial
+from runtime.kernels.common import prod
+from runtime.kernels.common import window_slices
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 from runtime.kernels.window import conv_out_size
 
 __all__ = ["conv"]

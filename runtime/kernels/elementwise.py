@@ -15,15 +15,19 @@ inputs are computed in float32 and rounded back.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from functools import reduce
 from typing import Any
 
 import numpy as np
 
-from runtime.errors import RuntimeKernelError, UnsupportedOpError
+from runtime.errors import RuntimeKernelError
+from runtime.errors import UnsupportedOpError
 from runtime.kernels.common import finish
-from runtime.kernels.registry import Kernel, OutputSpec, register
+from runtime.kernels.registry import Kernel
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 
 __all__ = [
     "ELEMENTWISE_BINARY",

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.errors import RuntimeKernelError, UnsupportedOpError
-from runtime.kernels.common import fill_optional, finish
+from runtime.errors import RuntimeKernelError
+from runtime.errors import UnsupportedOpError
+from runtime.kernels.common import fill_optional
+from runtime.kernels.common import finish
 from runtime.kernels.conv import conv
 from runtime.kernels.elementwise import apply_elementwise
 from runtime.kernels.linalg import gemm
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 
 __all__ = ["apply_activation", "conv_epilogue", "run_program"]
 

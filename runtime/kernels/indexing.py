@@ -9,14 +9,19 @@ indices give the same result on numpy and cupy (the last write wins for reductio
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import fill_optional, finish, prod, window_slices
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.common import fill_optional
+from runtime.kernels.common import finish
+from runtime.kernels.common import prod
+from runtime.kernels.common import window_slices
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 from runtime.kernels.window import conv_out_size
 
 __all__: list[str] = []

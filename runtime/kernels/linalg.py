@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.kernels.common import fill_optional, finish
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.common import fill_optional
+from runtime.kernels.common import finish
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 
 __all__ = ["gemm"]
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import finish
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 
 __all__: list[str] = []
 

@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import RuntimeKernelError, UnsupportedOpError
+from runtime.errors import RuntimeKernelError
+from runtime.errors import UnsupportedOpError
 from runtime.kernels.common import finish
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 
 __all__: list[str] = []
 

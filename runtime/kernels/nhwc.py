@@ -27,12 +27,16 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import fill_optional, finish
+from runtime.kernels.common import fill_optional
+from runtime.kernels.common import finish
 from runtime.kernels.conv import conv
 from runtime.kernels.fused import conv_epilogue
 from runtime.kernels.normalization import lrn_kernel
-from runtime.kernels.pool import average_pool, max_pool
-from runtime.kernels.registry import Kernel, OutputSpec, register
+from runtime.kernels.pool import average_pool
+from runtime.kernels.pool import max_pool
+from runtime.kernels.registry import Kernel
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 from runtime.kernels.winograd import winograd_conv
 
 __all__ = [

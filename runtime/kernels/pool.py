@@ -19,9 +19,16 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import finish, pad_spatial, prod, window_slices
-from runtime.kernels.registry import Kernel, OutputSpec, register
-from runtime.kernels.window import end_padding, pool_out_size, window_counts
+from runtime.kernels.common import finish
+from runtime.kernels.common import pad_spatial
+from runtime.kernels.common import prod
+from runtime.kernels.common import window_slices
+from runtime.kernels.registry import Kernel
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
+from runtime.kernels.window import end_padding
+from runtime.kernels.window import pool_out_size
+from runtime.kernels.window import window_counts
 
 __all__ = ["average_pool", "lp_pool", "max_pool", "max_pool_with_indices"]
 

@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from runtime.kernels.common import fill_optional, finish
+from runtime.kernels.common import fill_optional
+from runtime.kernels.common import finish
 from runtime.kernels.conv import conv
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 
 __all__: list[str] = []
 

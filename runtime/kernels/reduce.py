@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 from runtime.kernels.common import finish
-from runtime.kernels.registry import Kernel, OutputSpec, register
+from runtime.kernels.registry import Kernel
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 
 __all__: list[str] = []
 

@@ -18,8 +18,11 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import fill_optional, finish, prod
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.common import fill_optional
+from runtime.kernels.common import finish
+from runtime.kernels.common import prod
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 from runtime.kernels.window import reach
 
 __all__ = ["ResizeTaps", "resize_taps"]

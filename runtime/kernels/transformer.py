@@ -13,9 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import RuntimeKernelError, UnsupportedOpError
-from runtime.kernels.common import fill_optional, finish
-from runtime.kernels.registry import OutputSpec, register
+from runtime.errors import RuntimeKernelError
+from runtime.errors import UnsupportedOpError
+from runtime.kernels.common import fill_optional
+from runtime.kernels.common import finish
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 
 __all__: list[str] = []
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.common import fill_optional, finish
+from runtime.kernels.common import fill_optional
+from runtime.kernels.common import finish
 from runtime.kernels.fused import conv_epilogue
-from runtime.kernels.registry import OutputSpec, register
+from runtime.kernels.registry import OutputSpec
+from runtime.kernels.registry import register
 from runtime.kernels.window import conv_out_size
 
 __all__ = ["MATRICES", "tile_of", "winograd_conv"]

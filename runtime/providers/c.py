@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from runtime.dlopen import open_library
-from runtime.errors import ArtifactError, RuntimeKernelError
+from runtime.errors import ArtifactError
+from runtime.errors import RuntimeKernelError
 
 __all__ = ["ABI_VERSION", "CLibrary", "CEntry"]
 

@@ -32,10 +32,18 @@ from typing import Any
 import numpy as np
 
 from runtime.artifact import Artifact
-from runtime.errors import ArtifactError, RuntimeKernelError
+from runtime.errors import ArtifactError
+from runtime.errors import RuntimeKernelError
 from runtime.plan_schema import PlanPartition
-from runtime.providers.cuda_load import LoadedModule, load_module
-from runtime.providers.cuda_program import D2H, Copy, Launch, Place, bind, parse_steps, uses_device_arena
+from runtime.providers.cuda_load import LoadedModule
+from runtime.providers.cuda_load import load_module
+from runtime.providers.cuda_program import D2H
+from runtime.providers.cuda_program import Copy
+from runtime.providers.cuda_program import Launch
+from runtime.providers.cuda_program import Place
+from runtime.providers.cuda_program import bind
+from runtime.providers.cuda_program import parse_steps
+from runtime.providers.cuda_program import uses_device_arena
 
 __all__ = ["INSTALL_HINT", "CudaSpace", "CudaPartition", "cupy_or_error", "cuda_available"]
 

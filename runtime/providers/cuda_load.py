@@ -13,23 +13,22 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from runtime.artifact import Artifact
 from runtime.errors import ArtifactError
 from runtime.plan_schema import CudaModule
-from runtime.providers.cuda_module import (
-    DEFAULT_NVRTC_OPTIONS,
-    DeviceInfo,
-    ModuleChoice,
-    arch_mismatch,
-    module_candidates,
-    nvrtc_cache_dir,
-    nvrtc_cache_key,
-    nvrtc_cache_path,
-)
+from runtime.providers.cuda_module import DEFAULT_NVRTC_OPTIONS
+from runtime.providers.cuda_module import DeviceInfo
+from runtime.providers.cuda_module import ModuleChoice
+from runtime.providers.cuda_module import arch_mismatch
+from runtime.providers.cuda_module import module_candidates
+from runtime.providers.cuda_module import nvrtc_cache_dir
+from runtime.providers.cuda_module import nvrtc_cache_key
+from runtime.providers.cuda_module import nvrtc_cache_path
 
 __all__ = ["LoadedModule", "load_module", "device_info"]
 

@@ -12,14 +12,19 @@ the step, never at launch time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from runtime.errors import ArtifactError
-from runtime.plan_schema import KernelLaunch, Plan, PlanPartition, PlanStep, PlanValue
+from runtime.plan_schema import KernelLaunch
+from runtime.plan_schema import Plan
+from runtime.plan_schema import PlanPartition
+from runtime.plan_schema import PlanStep
+from runtime.plan_schema import PlanValue
 
 __all__ = ["H2H", "H2D", "D2H", "D2D", "VIEW_OPS", "Place", "Launch", "Copy", "value_place",
            "parse_launch", "parse_steps", "bind", "uses_device_arena"]

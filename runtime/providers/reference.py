@@ -8,15 +8,19 @@ output planned over a dying input is safe: the kernel has finished reading befor
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from runtime.errors import ArtifactError, RuntimeKernelError
+from runtime.errors import ArtifactError
+from runtime.errors import RuntimeKernelError
 from runtime.kernels import get_kernel
 from runtime.memory import memory_space
-from runtime.plan_schema import Plan, PlanPartition, PlanValue
+from runtime.plan_schema import Plan
+from runtime.plan_schema import PlanPartition
+from runtime.plan_schema import PlanValue
 
 __all__ = ["ReferencePartition"]
 

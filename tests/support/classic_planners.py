@@ -26,7 +26,9 @@ code closely enough to reproduce its results, not its data structures:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
+from collections.abc import Hashable
+from collections.abc import Sequence
 
 from compiler.memory.packing import Buffer
 

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from compiler.ir.evaluate import evaluate
-from compiler.ir.graph import Graph, Node, Value
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.passes import Pass
 from compiler.passes.base import add_constant
 

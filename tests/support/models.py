@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
 
 from tests.support.zoo import for_onnxruntime
 

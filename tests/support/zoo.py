@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
+from onnx import numpy_helper
 
 from compiler.bench import for_onnxruntime
 

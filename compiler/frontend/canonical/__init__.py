@@ -9,23 +9,25 @@ and a test fails when a module of this package is neither listed nor part of the
 
 from __future__ import annotations
 
-from compiler.frontend.canonical import (
-    conv,
-    elementwise,
-    index,
-    math_ops,
-    movement,
-    norm_loss,
-    quantize,
-    recurrent,
-    reduce,
-    sampling,
-    spatial,
-    spectral,
-    transformer,
-)
-from compiler.frontend.canonical.context import CanonContext, np_dtype_of, onnx_attrs
-from compiler.frontend.canonical.registry import COMPILE_TIME_INPUTS, canonical_op_types, canonicalize
+from compiler.frontend.canonical import conv
+from compiler.frontend.canonical import elementwise
+from compiler.frontend.canonical import index
+from compiler.frontend.canonical import math_ops
+from compiler.frontend.canonical import movement
+from compiler.frontend.canonical import norm_loss
+from compiler.frontend.canonical import quantize
+from compiler.frontend.canonical import recurrent
+from compiler.frontend.canonical import reduce
+from compiler.frontend.canonical import sampling
+from compiler.frontend.canonical import spatial
+from compiler.frontend.canonical import spectral
+from compiler.frontend.canonical import transformer
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import np_dtype_of
+from compiler.frontend.canonical.context import onnx_attrs
+from compiler.frontend.canonical.registry import COMPILE_TIME_INPUTS
+from compiler.frontend.canonical.registry import canonical_op_types
+from compiler.frontend.canonical.registry import canonicalize
 
 __all__ = ["COMPILE_TIME_INPUTS", "FAMILIES", "CanonContext", "canonical_op_types", "canonicalize",
            "np_dtype_of", "onnx_attrs"]

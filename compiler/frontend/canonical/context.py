@@ -8,10 +8,14 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
+from onnx import numpy_helper
 
-from compiler.ir.graph import Graph, Node, Value
-from runtime.errors import ModelError, UnsupportedOpError
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from runtime.errors import ModelError
+from runtime.errors import UnsupportedOpError
 
 __all__ = ["CanonContext", "first_float", "flat_ints", "ints", "np_dtype_of", "onnx_attrs", "shape_of"]
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from compiler.frontend.canonical.context import CanonContext, ints
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import ints
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
-from runtime.kernels.window import conv_out_size, pool_out_size, same_pads
+from runtime.kernels.window import conv_out_size
+from runtime.kernels.window import pool_out_size
+from runtime.kernels.window import same_pads
 
 __all__ = ["check_output", "resolve_pads", "spatial_dims"]
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 
-from compiler.frontend.canonical.context import CanonContext, flat_ints, shape_of
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import flat_ints
+from compiler.frontend.canonical.context import shape_of
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from runtime.errors import UnsupportedOpError

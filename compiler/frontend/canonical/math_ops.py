@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.frontend.canonical.context import CanonContext, np_dtype_of
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import np_dtype_of
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.frontend.canonical.context import CanonContext, first_float, ints, np_dtype_of
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import first_float
+from compiler.frontend.canonical.context import ints
+from compiler.frontend.canonical.context import np_dtype_of
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.frontend.canonical.context import CanonContext, shape_of
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import shape_of
 from compiler.frontend.canonical.registry import register
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from runtime.errors import UnsupportedOpError
 from runtime.kernels.window import conv_transpose_out_size
 

@@ -14,10 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from compiler.frontend.canonical.context import CanonContext, np_dtype_of, shape_of
-from compiler.frontend.canonical.conv import resolve_pads, spatial_dims
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import np_dtype_of
+from compiler.frontend.canonical.context import shape_of
+from compiler.frontend.canonical.conv import resolve_pads
+from compiler.frontend.canonical.conv import spatial_dims
 from compiler.frontend.canonical.registry import register
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from runtime.errors import UnsupportedOpError
 
 __all__: list[str] = []

@@ -15,7 +15,8 @@ from typing import Any
 
 from compiler.frontend.canonical.context import CanonContext
 from compiler.frontend.canonical.registry import register
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 
 __all__: list[str] = []
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.frontend.canonical.context import CanonContext, ints
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import ints
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 

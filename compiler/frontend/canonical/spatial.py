@@ -15,11 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from compiler.frontend.canonical.context import CanonContext, flat_ints
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import flat_ints
 from compiler.frontend.canonical.registry import register
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from runtime.errors import UnsupportedOpError
-from runtime.kernels.window import conv_transpose_out_size, split_pads
+from runtime.kernels.window import conv_transpose_out_size
+from runtime.kernels.window import split_pads
 
 __all__: list[str] = []
 

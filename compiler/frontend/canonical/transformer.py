@@ -15,9 +15,11 @@ import math
 import numpy as np
 import onnx
 
-from compiler.frontend.canonical.context import CanonContext, shape_of
+from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.context import shape_of
 from compiler.frontend.canonical.registry import register
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from runtime.errors import UnsupportedOpError
 
 __all__: list[str] = []

@@ -16,9 +16,13 @@ from typing import Any
 import numpy as np
 
 from compiler.codegen.toolchain import TargetInfo
-from compiler.ir.graph import Node, Value
-from compiler.providers.base import Location, StepPlan, shape_of
-from compiler.providers.kit import Kernel, Param
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.providers.base import Location
+from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
+from compiler.providers.kit import Kernel
+from compiler.providers.kit import Param
 from runtime.errors import CompileError
 
 __all__ = [

@@ -16,19 +16,23 @@ from dataclasses import dataclass
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    Arg,
-    CKernel,
-    StepCode,
-    all_float32,
-    params,
-    scratch_arg,
-    shape_of,
-    step_args,
-)
-from compiler.providers.c.gemm import Epilogue, Tiling, activation, choose_tiling, fused_ok, packed_nbytes
-from compiler.providers.geometry import ConvGeometry, claimed
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import Arg
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import params
+from compiler.providers.c.common import scratch_arg
+from compiler.providers.c.common import shape_of
+from compiler.providers.c.common import step_args
+from compiler.providers.c.gemm import Epilogue
+from compiler.providers.c.gemm import Tiling
+from compiler.providers.c.gemm import activation
+from compiler.providers.c.gemm import choose_tiling
+from compiler.providers.c.gemm import fused_ok
+from compiler.providers.c.gemm import packed_nbytes
+from compiler.providers.geometry import ConvGeometry
+from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 
 __all__ = [

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.codegen.elementwise import index_expr, unflatten
-from compiler.ir.graph import Node, Value
+from compiler.codegen.elementwise import index_expr
+from compiler.codegen.elementwise import unflatten
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.providers.c.common import shape_of
 
 __all__ = ["CType", "CTYPES", "ctype_of", "prod", "offset_expr", "all_nonempty"]

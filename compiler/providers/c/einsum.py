@@ -16,20 +16,23 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compiler.codegen.elementwise import contiguous_strides, index_expr
+from compiler.codegen.elementwise import contiguous_strides
+from compiler.codegen.elementwise import index_expr
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    Arg,
-    CKernel,
-    StepCode,
-    params,
-    shape_of,
-    step_args,
-)
-from compiler.providers.c.dtypes import CType, all_nonempty, ctype_of, offset_expr, prod
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import Arg
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import params
+from compiler.providers.c.common import shape_of
+from compiler.providers.c.common import step_args
+from compiler.providers.c.dtypes import CType
+from compiler.providers.c.dtypes import all_nonempty
+from compiler.providers.c.dtypes import ctype_of
+from compiler.providers.c.dtypes import offset_expr
+from compiler.providers.c.dtypes import prod
 from compiler.providers.kit import Param
 
 __all__ = ["EinsumContext", "EinsumKernel", "Contraction", "contraction"]

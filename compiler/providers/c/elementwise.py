@@ -11,26 +11,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.codegen.elementwise import (
-    ELEMENTWISE_OPS,
-    LoopNest,
-    broadcast_strides,
-    elementwise_node,
-    node_program,
-    program_supported,
-)
+from compiler.codegen.elementwise import ELEMENTWISE_OPS
+from compiler.codegen.elementwise import LoopNest
+from compiler.codegen.elementwise import broadcast_strides
+from compiler.codegen.elementwise import elementwise_node
+from compiler.codegen.elementwise import node_program
+from compiler.codegen.elementwise import program_supported
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    CKernel,
-    StepCode,
-    all_float32,
-    arg,
-    output_args,
-    shape_of,
-)
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import arg
+from compiler.providers.c.common import output_args
+from compiler.providers.c.common import shape_of
 from compiler.providers.kit import Param
 
 __all__ = ["EltwiseContext", "EltwiseKernel"]

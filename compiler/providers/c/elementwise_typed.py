@@ -24,19 +24,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.codegen.elementwise import LoopNest, broadcast_strides, loop_nest, storage_ctype
+from compiler.codegen.elementwise import LoopNest
+from compiler.codegen.elementwise import broadcast_strides
+from compiler.codegen.elementwise import loop_nest
+from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    Arg,
-    CKernel,
-    StepCode,
-    arg,
-    output_args,
-    shape_of,
-)
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import Arg
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import arg
+from compiler.providers.c.common import output_args
+from compiler.providers.c.common import shape_of
 from compiler.providers.kit import Param
 
 __all__ = [

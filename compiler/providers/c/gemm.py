@@ -21,28 +21,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.codegen.elementwise import (
-    ACTIVATIONS,
-    activation_expr,
-    broadcast_strides,
-    literal,
-    vector_activation_expr,
-)
+from compiler.codegen.elementwise import ACTIVATIONS
+from compiler.codegen.elementwise import activation_expr
+from compiler.codegen.elementwise import broadcast_strides
+from compiler.codegen.elementwise import literal
+from compiler.codegen.elementwise import vector_activation_expr
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    CKernel,
-    StepCode,
-    all_float32,
-    input_args,
-    output_args,
-    params,
-    scratch_arg,
-    shape_of,
-)
-from compiler.providers.geometry import MatmulProduct, claimed
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import input_args
+from compiler.providers.c.common import output_args
+from compiler.providers.c.common import params
+from compiler.providers.c.common import scratch_arg
+from compiler.providers.c.common import shape_of
+from compiler.providers.geometry import MatmulProduct
+from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 
 __all__ = ["Tiling", "Epilogue", "GemmContext", "choose_tiling", "packed_nbytes", "activation", "fused_ok"]

@@ -19,28 +19,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.codegen.elementwise import (
-    LoopNest,
-    broadcast_strides,
-    contiguous_strides,
-    loop_nest,
-    storage_ctype,
-)
+from compiler.codegen.elementwise import LoopNest
+from compiler.codegen.elementwise import broadcast_strides
+from compiler.codegen.elementwise import contiguous_strides
+from compiler.codegen.elementwise import loop_nest
+from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    CKernel,
-    StepCode,
-    arg,
-    input_args,
-    output_args,
-    params,
-    same_dtype_movable,
-    shape_of,
-    step_args,
-)
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import arg
+from compiler.providers.c.common import input_args
+from compiler.providers.c.common import output_args
+from compiler.providers.c.common import params
+from compiler.providers.c.common import same_dtype_movable
+from compiler.providers.c.common import shape_of
+from compiler.providers.c.common import step_args
 from compiler.providers.c.elementwise_typed import value_ctype
 from compiler.providers.kit import Param
 

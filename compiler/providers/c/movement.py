@@ -21,19 +21,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.codegen.elementwise import LoopNest, contiguous_strides, loop_nest, storage_ctype
+from compiler.codegen.elementwise import LoopNest
+from compiler.codegen.elementwise import contiguous_strides
+from compiler.codegen.elementwise import loop_nest
+from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    CKernel,
-    StepCode,
-    params,
-    same_dtype_movable,
-    shape_of,
-    step_args,
-)
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import params
+from compiler.providers.c.common import same_dtype_movable
+from compiler.providers.c.common import shape_of
+from compiler.providers.c.common import step_args
 from compiler.providers.kit import Param
 
 __all__ = [

@@ -11,15 +11,14 @@ from dataclasses import dataclass
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    CKernel,
-    StepCode,
-    all_float32,
-    params,
-    step_args,
-)
-from compiler.providers.geometry import PoolGeometry, claimed
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import params
+from compiler.providers.c.common import step_args
+from compiler.providers.geometry import PoolGeometry
+from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 
 __all__ = ["PoolContext", "PoolKernel"]

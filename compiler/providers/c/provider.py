@@ -31,29 +31,36 @@ from typing import Any
 
 from compiler.codegen.env import render
 from compiler.codegen.options import BuildOptions
-from compiler.codegen.toolchain import CBuild, TargetInfo, build_units, target_info
-from compiler.ir.graph import Graph, Node
-from compiler.providers.base import CLibraryBuild, GeneratedC, PartitionPlan
-from compiler.providers.c import (
-    conv,
-    conv_nhwc,
-    einsum,
-    elementwise,
-    elementwise_typed,
-    gemm,
-    indexing,
-    movement,
-    norm,
-    pad,
-    pool,
-    pool_nhwc,
-    reduce,
-    spatial,
-    winograd,
-    winograd_nhwc,
-)
-from compiler.providers.c.common import Arg, CKernel, StepCode
-from compiler.providers.kit import KernelTable, comment
+from compiler.codegen.toolchain import CBuild
+from compiler.codegen.toolchain import TargetInfo
+from compiler.codegen.toolchain import build_units
+from compiler.codegen.toolchain import target_info
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.providers.base import CLibraryBuild
+from compiler.providers.base import GeneratedC
+from compiler.providers.base import PartitionPlan
+from compiler.providers.c import conv
+from compiler.providers.c import conv_nhwc
+from compiler.providers.c import einsum
+from compiler.providers.c import elementwise
+from compiler.providers.c import elementwise_typed
+from compiler.providers.c import gemm
+from compiler.providers.c import indexing
+from compiler.providers.c import movement
+from compiler.providers.c import norm
+from compiler.providers.c import pad
+from compiler.providers.c import pool
+from compiler.providers.c import pool_nhwc
+from compiler.providers.c import reduce
+from compiler.providers.c import spatial
+from compiler.providers.c import winograd
+from compiler.providers.c import winograd_nhwc
+from compiler.providers.c.common import Arg
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.kit import KernelTable
+from compiler.providers.kit import comment
 from runtime.errors import CompileError
 
 __all__ = [

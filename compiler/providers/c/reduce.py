@@ -14,22 +14,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.codegen.elementwise import contiguous_strides, literal
+from compiler.codegen.elementwise import contiguous_strides
+from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
-from compiler.ir.graph import Node, Value
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    CKernel,
-    StepCode,
-    all_float32,
-    input_args,
-    output_args,
-    params,
-    shape_of,
-    step_args,
-)
-from compiler.providers.c.dtypes import CType, all_nonempty, ctype_of, offset_expr, prod
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import input_args
+from compiler.providers.c.common import output_args
+from compiler.providers.c.common import params
+from compiler.providers.c.common import shape_of
+from compiler.providers.c.common import step_args
+from compiler.providers.c.dtypes import CType
+from compiler.providers.c.dtypes import all_nonempty
+from compiler.providers.c.dtypes import ctype_of
+from compiler.providers.c.dtypes import offset_expr
+from compiler.providers.c.dtypes import prod
 from compiler.providers.kit import Param
 
 __all__ = [

@@ -26,21 +26,23 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    CKernel,
-    StepCode,
-    all_float32,
-    params,
-    scratch_arg,
-    shape_of,
-    step_args,
-)
-from compiler.providers.c.gemm import Epilogue, Tiling, choose_tiling
-from compiler.providers.geometry import ConvTransposeGeometry, claimed
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import params
+from compiler.providers.c.common import scratch_arg
+from compiler.providers.c.common import shape_of
+from compiler.providers.c.common import step_args
+from compiler.providers.c.gemm import Epilogue
+from compiler.providers.c.gemm import Tiling
+from compiler.providers.c.gemm import choose_tiling
+from compiler.providers.geometry import ConvTransposeGeometry
+from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 from runtime.errors import RuntimeKernelError
-from runtime.kernels.spatial import ResizeTaps, resize_plan
+from runtime.kernels.spatial import ResizeTaps
+from runtime.kernels.spatial import resize_plan
 
 __all__ = ["ResizeContext", "ConvTransposeContext", "ResizeKernel", "ConvTransposeKernel"]
 

@@ -18,14 +18,16 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.common import (
-    PARALLEL_MIN_WORK,
-    CKernel,
-    StepCode,
-)
-from compiler.providers.c.conv import conv_operands, epilogue_operands_ok
-from compiler.providers.c.gemm import Epilogue, Tiling, choose_tiling
-from compiler.providers.geometry import WinogradGeometry, claimed
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.conv import conv_operands
+from compiler.providers.c.conv import epilogue_operands_ok
+from compiler.providers.c.gemm import Epilogue
+from compiler.providers.c.gemm import Tiling
+from compiler.providers.c.gemm import choose_tiling
+from compiler.providers.geometry import WinogradGeometry
+from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 from runtime.kernels.winograd import MATRICES
 

@@ -18,13 +18,17 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
+from typing import ClassVar
 
 import numpy as np
 
 from compiler.ir.graph import Node
-from compiler.providers.base import Location, StepPlan, shape_of
-from compiler.providers.kit import Kernel, Param
+from compiler.providers.base import Location
+from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
+from compiler.providers.kit import Kernel
+from compiler.providers.kit import Param
 from runtime.errors import CompileError
 from runtime.plan_schema import LaunchArg
 

@@ -9,23 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.codegen.elementwise import (
-    CUDA_DIALECT,
-    elementwise_node,
-    unflatten,
-)
+from compiler.codegen.elementwise import CUDA_DIALECT
+from compiler.codegen.elementwise import elementwise_node
+from compiler.codegen.elementwise import unflatten
 from compiler.providers.base import StepPlan
 from compiler.providers.c.elementwise import EltwiseKernel
-from compiler.providers.cuda.common import (
-    THREADS,
-    CudaKernel,
-    KernelCode,
-    blocks,
-    output_ptrs,
-    ptr,
-    shape_of,
-    used_indices,
-)
+from compiler.providers.cuda.common import THREADS
+from compiler.providers.cuda.common import CudaKernel
+from compiler.providers.cuda.common import KernelCode
+from compiler.providers.cuda.common import blocks
+from compiler.providers.cuda.common import output_ptrs
+from compiler.providers.cuda.common import ptr
+from compiler.providers.cuda.common import shape_of
+from compiler.providers.cuda.common import used_indices
 from compiler.providers.kit import Param
 
 __all__ = ["CudaEltwiseContext", "CudaEltwiseKernel"]

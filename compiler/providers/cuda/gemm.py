@@ -19,23 +19,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compiler.codegen.elementwise import broadcast_strides, literal, loop_nest, unflatten
+from compiler.codegen.elementwise import broadcast_strides
+from compiler.codegen.elementwise import literal
+from compiler.codegen.elementwise import loop_nest
+from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.conv import ConvKernel
-from compiler.providers.c.gemm import GemmKernel, activation
-from compiler.providers.cuda.common import (
-    MAX_GRID_YZ,
-    THREADS,
-    CudaKernel,
-    KernelCode,
-    blocks,
-    input_ptrs,
-    output_ptrs,
-    shape_of,
-    used_indices,
-)
-from compiler.providers.geometry import ConvGeometry, MatmulProduct, claimed
+from compiler.providers.c.gemm import GemmKernel
+from compiler.providers.c.gemm import activation
+from compiler.providers.cuda.common import MAX_GRID_YZ
+from compiler.providers.cuda.common import THREADS
+from compiler.providers.cuda.common import CudaKernel
+from compiler.providers.cuda.common import KernelCode
+from compiler.providers.cuda.common import blocks
+from compiler.providers.cuda.common import input_ptrs
+from compiler.providers.cuda.common import output_ptrs
+from compiler.providers.cuda.common import shape_of
+from compiler.providers.cuda.common import used_indices
+from compiler.providers.geometry import ConvGeometry
+from compiler.providers.geometry import MatmulProduct
+from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 from runtime.plan_schema import LaunchArg
 

@@ -11,29 +11,27 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compiler.codegen.elementwise import (
-    CUDA_DIALECT,
-    contiguous_strides,
-    loop_nest,
-    storage_ctype,
-    unflatten,
-)
+from compiler.codegen.elementwise import CUDA_DIALECT
+from compiler.codegen.elementwise import contiguous_strides
+from compiler.codegen.elementwise import loop_nest
+from compiler.codegen.elementwise import storage_ctype
+from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import same_dtype_movable
-from compiler.providers.c.movement import ConcatKernel, CopyKernel, TransposeKernel
-from compiler.providers.cuda.common import (
-    MAX_ELEMENTS,
-    THREADS,
-    CudaKernel,
-    KernelCode,
-    blocks,
-    input_ptrs,
-    output_ptrs,
-    ptr,
-    shape_of,
-    used_indices,
-)
+from compiler.providers.c.movement import ConcatKernel
+from compiler.providers.c.movement import CopyKernel
+from compiler.providers.c.movement import TransposeKernel
+from compiler.providers.cuda.common import MAX_ELEMENTS
+from compiler.providers.cuda.common import THREADS
+from compiler.providers.cuda.common import CudaKernel
+from compiler.providers.cuda.common import KernelCode
+from compiler.providers.cuda.common import blocks
+from compiler.providers.cuda.common import input_ptrs
+from compiler.providers.cuda.common import output_ptrs
+from compiler.providers.cuda.common import ptr
+from compiler.providers.cuda.common import shape_of
+from compiler.providers.cuda.common import used_indices
 from compiler.providers.kit import Param
 from runtime.plan_schema import LaunchArg
 

@@ -11,30 +11,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compiler.codegen.elementwise import (
-    broadcast_strides,
-    coalesce,
-    contiguous_strides,
-    index_expr,
-    literal,
-    unflatten,
-)
+from compiler.codegen.elementwise import broadcast_strides
+from compiler.codegen.elementwise import coalesce
+from compiler.codegen.elementwise import contiguous_strides
+from compiler.codegen.elementwise import index_expr
+from compiler.codegen.elementwise import literal
+from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
-from compiler.providers.c.norm import ChannelKernel, SoftmaxKernel
-from compiler.providers.cuda.common import (
-    THREADS,
-    WARPS,
-    CudaKernel,
-    KernelCode,
-    blocks,
-    float32_node,
-    float_params,
-    input_ptrs,
-    output_ptrs,
-    shape_of,
-    used_indices,
-)
+from compiler.providers.c.norm import ChannelKernel
+from compiler.providers.c.norm import SoftmaxKernel
+from compiler.providers.cuda.common import THREADS
+from compiler.providers.cuda.common import WARPS
+from compiler.providers.cuda.common import CudaKernel
+from compiler.providers.cuda.common import KernelCode
+from compiler.providers.cuda.common import blocks
+from compiler.providers.cuda.common import float32_node
+from compiler.providers.cuda.common import float_params
+from compiler.providers.cuda.common import input_ptrs
+from compiler.providers.cuda.common import output_ptrs
+from compiler.providers.cuda.common import shape_of
+from compiler.providers.cuda.common import used_indices
 from compiler.providers.kit import Param
 
 __all__ = ["CudaChannelContext", "CudaChannelKernel", "RowsContext", "CudaSoftmaxKernel",

@@ -7,21 +7,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.codegen.elementwise import (
-    unflatten,
-)
+from compiler.codegen.elementwise import unflatten
 from compiler.providers.base import StepPlan
 from compiler.providers.c.pool import PoolKernel
-from compiler.providers.cuda.common import (
-    THREADS,
-    CudaKernel,
-    KernelCode,
-    blocks,
-    float_params,
-    input_ptrs,
-    output_ptrs,
-)
-from compiler.providers.geometry import PoolGeometry, claimed
+from compiler.providers.cuda.common import THREADS
+from compiler.providers.cuda.common import CudaKernel
+from compiler.providers.cuda.common import KernelCode
+from compiler.providers.cuda.common import blocks
+from compiler.providers.cuda.common import float_params
+from compiler.providers.cuda.common import input_ptrs
+from compiler.providers.cuda.common import output_ptrs
+from compiler.providers.geometry import PoolGeometry
+from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 
 __all__ = ["CudaPoolContext", "CudaPoolKernel"]

@@ -29,13 +29,25 @@ from pathlib import Path
 from typing import Any
 
 from compiler.codegen.env import render
-from compiler.codegen.nvcc import DEFAULT_ARCHS, DEFAULT_PTX_ARCH, build_cuda, find_nvcc, min_driver
+from compiler.codegen.nvcc import DEFAULT_ARCHS
+from compiler.codegen.nvcc import DEFAULT_PTX_ARCH
+from compiler.codegen.nvcc import build_cuda
+from compiler.codegen.nvcc import find_nvcc
+from compiler.codegen.nvcc import min_driver
 from compiler.codegen.options import BuildOptions
-from compiler.ir.graph import Graph, Node
-from compiler.providers.base import GeneratedCuda, PartitionPlan
-from compiler.providers.cuda import elementwise, gemm, movement, norm, pool
-from compiler.providers.cuda.common import CudaKernel, KernelCode
-from compiler.providers.kit import KernelTable, comment
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.providers.base import GeneratedCuda
+from compiler.providers.base import PartitionPlan
+from compiler.providers.cuda import elementwise
+from compiler.providers.cuda import gemm
+from compiler.providers.cuda import movement
+from compiler.providers.cuda import norm
+from compiler.providers.cuda import pool
+from compiler.providers.cuda.common import CudaKernel
+from compiler.providers.cuda.common import KernelCode
+from compiler.providers.kit import KernelTable
+from compiler.providers.kit import comment
 from runtime.errors import CompileError
 from runtime.plan_schema import KernelLaunch
 
