@@ -53,9 +53,14 @@ def _device_module(array: Any) -> Any:
 
 
 class IOBinding:
-    """Arrays bound to a session's inputs and outputs; run with ``session.run_with_iobinding``."""
+    """Arrays bound to a session's inputs and outputs; run with ``session.run_with_iobinding``.
 
-    def __init__(self, io: SessionIO) -> None:
+    Made by ``session.io_binding()``; ``IOBinding(session)`` works too (anything with the
+    session's ``io`` description), so this module never imports the session.
+    """
+
+    def __init__(self, io: SessionIO | Any) -> None:
+        io = getattr(io, "io", io)
         self._io = io
         self._inputs: dict[str, Any] = {}
         self._outputs: dict[str, Any] = {}

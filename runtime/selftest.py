@@ -2,7 +2,7 @@
 
 ``golden.json`` / ``golden.bin`` (written by ``compiler/artifact/golden.py``, hashed in the manifest
 and so checked when the session loaded) hold a few seeded inputs and the outputs the compiler's
-reference provider gave for them. ``verify_session`` runs each case through the session exactly as
+reference provider gave for them. ``run_golden_cases`` runs each case through the session exactly as
 a request would run (C kernels, memory plan and all) and measures, per output, the normwise
 relative error ``max|got - ref| / max|ref|`` (NaN and Inf must appear where the reference has
 them; integers and bools must match exactly). A broken kernel build, a wrong ISA or damaged

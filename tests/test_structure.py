@@ -6,8 +6,8 @@ level, inside functions, under ``TYPE_CHECKING``; relative imports resolved), no
 ``from P import x`` depends on ``P`` (its ``__init__`` runs and must already hold ``x``) and, where
 ``P.x`` is a module, on ``P.x`` too; ``import P.x`` and ``from P.x import y`` depend on ``P.x``.
 
-The two lists of known offenders below can only shrink: a test fails when an entry is no longer
-needed, so whoever removes a cycle or splits a function also removes its entry.
+Both lists of known offenders that the refactor worked through are empty now: a cycle or a long
+function fails the suite.
 """
 
 from __future__ import annotations
@@ -23,24 +23,17 @@ IMPORT_ROOTS = ("compiler", "runtime", "scripts", "tests")
 LENGTH_ROOTS = ("compiler", "runtime")
 MAX_FUNCTION_LINES = 80
 
-# Import cycles still to remove, each as the set of modules of one strongly connected component
-# (a component that shrinks stays covered by its entry; one that disappears fails below).
-KNOWN_CYCLES: list[frozenset[str]] = [
-]
-
-# Functions longer than MAX_FUNCTION_LINES still to split: "path::qualified.name".
-KNOWN_LONG_FUNCTIONS: set[str] = set()
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+def _module_name(path: Path, top: Path) -> str:
+    parts = list(path.relative_to(top).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for root in IMPORT_ROOTS for p in sorted((REPO / root).rglob("*.py"))}
+def _modules(top: Path, roots: tuple[str, ...]) -> dict[str, Path]:
+    return {_module_name(p, top): p for root in roots for p in sorted((top / root).rglob("*.py"))}
 
 
 def _imported(name: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
@@ -60,9 +53,9 @@ def _imported(name: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
                         if f"{source}.{alias.name}" in modules)
 
 
-def import_graph() -> nx.DiGraph:
-    """The module graph of compiler/, runtime/, scripts/ and tests/ (edges: importer -> imported)."""
-    modules = _modules()
+def import_graph(top: Path = REPO, roots: tuple[str, ...] = IMPORT_ROOTS) -> nx.DiGraph:
+    """The module graph of the packages ``roots`` under ``top`` (edges: importer -> imported)."""
+    modules = _modules(top, roots)
     graph = nx.DiGraph()
     for name, path in modules.items():
         graph.add_node(name)
@@ -72,25 +65,36 @@ def import_graph() -> nx.DiGraph:
     return graph
 
 
-def test_import_graph_sees_nested_and_relative_imports() -> None:
-    graph = import_graph()
-    # compiler.backend imports compiler.driver inside a function; runtime/__init__ uses both forms.
-    assert graph.has_edge("runtime", "runtime.session")
-    assert any(target.startswith("compiler.") for target in graph.successors("compiler.cli"))
+def import_cycles(graph: nx.DiGraph) -> list[str]:
+    """One cycle of each strongly connected component of ``graph``, as ``a -> b -> a``."""
+    found = []
+    for component in nx.strongly_connected_components(graph):
+        if len(component) > 1:
+            cycle = nx.find_cycle(graph.subgraph(component))
+            found.append(" -> ".join([a for a, _ in cycle] + [cycle[0][0]])
+                         + f" (one cycle of {len(component)} modules: {', '.join(sorted(component))})")
+    return sorted(found)
+
+
+def test_import_graph_sees_nested_relative_and_type_checking_imports(tmp_path: Path) -> None:
+    """Each kind of import statement alone closes a cycle the walk must report."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg import b\n")  # inside a function
+    (pkg / "b.py").write_text("from . import a\n")  # relative
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.d\n")
+    (pkg / "d.py").write_text("from pkg.c import x\n")
+    graph = import_graph(tmp_path, ("pkg",))
+    assert graph.has_edge("pkg.a", "pkg.b") and graph.has_edge("pkg.b", "pkg.a")
+    assert graph.has_edge("pkg.c", "pkg.d") and graph.has_edge("pkg.d", "pkg.c")
+    cycles = import_cycles(graph)
+    assert len(cycles) == 2 and all("pkg." in c for c in cycles), cycles
 
 
 def test_no_import_cycles() -> None:
-    graph = import_graph()
-    components = [frozenset(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
-    new = []
-    for component in components:
-        if not any(component <= known for known in KNOWN_CYCLES):
-            cycle = nx.find_cycle(graph.subgraph(component))
-            new.append(" -> ".join([a for a, _ in cycle] + [cycle[0][0]])
-                       + f" (one cycle of {len(component)} modules: {', '.join(sorted(component))})")
-    stale = [sorted(known) for known in KNOWN_CYCLES if not any(c <= known for c in components)]
-    assert not new, "import cycles:\n" + "\n".join(new)
-    assert not stale, f"no longer cycles, remove from KNOWN_CYCLES: {stale}"
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.AST]]:
@@ -119,12 +123,8 @@ def long_functions() -> dict[str, int]:
 
 
 def test_no_function_longer_than_80_lines() -> None:
-    found = long_functions()
-    new = [f"{key} ({lines} lines)" for key, lines in sorted(found.items())
-           if key not in KNOWN_LONG_FUNCTIONS]
-    stale = sorted(KNOWN_LONG_FUNCTIONS - set(found))
-    assert not new, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(new)
-    assert not stale, f"no longer too long (or gone), remove from KNOWN_LONG_FUNCTIONS: {stale}"
+    found = [f"{key} ({lines} lines)" for key, lines in sorted(long_functions().items())]
+    assert not found, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(found)
 
 
 def test_runtime_imports_nothing_from_the_compiler_side() -> None:

@@ -5,7 +5,7 @@ At compile time the final graph (after the passes, before partitioning) is evalu
 generated kernel is tested against -- on inputs drawn from a seeded generator. The inputs and
 outputs go into the artifact as raw little-endian bytes (``golden.bin``) with a JSON index
 (``golden.json``: per case, per tensor name, dtype, shape, offset, nbytes; per output the
-tolerance), both hashed in the manifest like every other file. ``runtime/verify.py`` reruns them
+tolerance), both hashed in the manifest like every other file. ``runtime/selftest.py`` reruns them
 on the deploy machine.
 
 Kept small: at most ``cases`` cases and ``max_bytes`` (4 MiB) of inputs plus outputs in all; a
