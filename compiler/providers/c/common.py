@@ -31,6 +31,7 @@ __all__ = [
     "CKernel",
     "shape_of",
     "all_float32",
+    "float32_unary",
     "same_dtype_movable",
     "PARALLEL_MIN_WORK",
     "step_args",
@@ -74,6 +75,11 @@ def _values(node: Node) -> list[Value]:
 def all_float32(node: Node) -> bool:
     """Every input and output of ``node`` is a float32 tensor with a static shape."""
     return all(v.dtype == np.float32 and v.shape is not None for v in _values(node))
+
+
+def float32_unary(node: Node) -> bool:
+    """One input and one output, both float32 tensors with static shapes (pools, softmax)."""
+    return len(node.inputs) == 1 and len(node.outputs) == 1 and all_float32(node)
 
 
 def same_dtype_movable(node: Node) -> bool:

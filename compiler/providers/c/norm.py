@@ -18,6 +18,7 @@ from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import float32_unary
 from compiler.providers.c.common import params
 from compiler.providers.c.common import shape_of
 from compiler.providers.c.common import step_args
@@ -117,7 +118,7 @@ class SoftmaxKernel(CKernel):
     kinds: tuple[str, ...] = ("Softmax", "LogSoftmax")
 
     def supports(self, node: Node) -> bool:
-        if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+        if not float32_unary(node):
             return False
         xs = shape_of(node.input(0))
         axis = node.attrs.get("axis")

@@ -14,7 +14,7 @@ from compiler.providers.base import StepPlan
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
-from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import float32_unary
 from compiler.providers.c.common import params
 from compiler.providers.c.common import step_args
 from compiler.providers.geometry import PoolGeometry
@@ -40,7 +40,7 @@ class PoolKernel(CKernel):
     kinds: tuple[str, ...] = ("MaxPool", "AveragePool")
 
     def supports(self, node: Node) -> bool:
-        if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+        if not float32_unary(node):
             return False
         if node.op_type == "AveragePool" and "count_include_pad" not in node.attrs:
             return False

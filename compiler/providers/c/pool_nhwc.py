@@ -27,7 +27,7 @@ from compiler.providers.base import StepPlan
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
-from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import float32_unary
 from compiler.providers.c.common import params
 from compiler.providers.c.common import shape_of
 from compiler.providers.c.common import step_args
@@ -103,7 +103,7 @@ class PoolNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.MaxPoolNhwc", "onnx_aot.AveragePoolNhwc")
 
     def supports(self, node: Node) -> bool:
-        if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+        if not float32_unary(node):
             return False
         if node.kind == "onnx_aot.AveragePoolNhwc" and node.attrs.get("count_include_pad") not in (0, 1):
             return False
@@ -163,7 +163,7 @@ class ChannelNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.GlobalAveragePoolNhwc", "onnx_aot.LRNNhwc")
 
     def supports(self, node: Node) -> bool:
-        if not all_float32(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
+        if not float32_unary(node):
             return False
         xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
         if len(xs) != 4:
