@@ -789,8 +789,8 @@ def test_generate_is_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_build_cache_hits_the_second_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ONNX_AOT_CACHE_DIR", str(tmp_path / "cache"))
     source = "int onnx_aot_cache_probe(void) { return 7; }\n"
-    first = toolchain.build_shared(source, tmp_path / "a.so", BuildOptions())
-    second = toolchain.build_shared(source, tmp_path / "b.so", BuildOptions())
+    first = toolchain.build_units([source], tmp_path / "a.so", BuildOptions())
+    second = toolchain.build_units([source], tmp_path / "b.so", BuildOptions())
     assert first.cached is False and second.cached is True
     assert (tmp_path / "a.so").read_bytes() == (tmp_path / "b.so").read_bytes()
     assert len(list((tmp_path / "cache").glob("*.so"))) == 1
@@ -799,9 +799,9 @@ def test_build_cache_hits_the_second_time(tmp_path: Path, monkeypatch: pytest.Mo
 def test_compile_error_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ONNX_AOT_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(CompileError, match="error") as info:
-        toolchain.build_shared("int broken( {\n", tmp_path / "bad.so", BuildOptions())
-    assert str(tmp_path / "bad.c") in str(info.value)
-    assert (tmp_path / "bad.c").read_text() == "int broken( {\n"
+        toolchain.build_units(["void broken( {\n"], tmp_path / "bad.so", BuildOptions(), "bad.c")
+    assert f"C compilation of {tmp_path / 'bad.c'} failed in kernel broken" in str(info.value)
+    assert not (tmp_path / "bad.so").exists()
 
 
 def test_runtime_library_errors_and_threads(tmp_path: Path) -> None:

@@ -1,14 +1,11 @@
 """The C toolchain: compile generated C into a shared library, with a build cache.
 
-``build_units`` (what the C provider uses) compiles a model's translation units -- one per kernel
-function plus the entries -- into objects cached by content and links them; ``build_shared``
-compiles one whole source.
-
-``build_shared`` runs ``cc`` on the source written under a fixed name (``model.c``) in a fresh
-temporary folder, so neither the folder's path nor a timestamp can reach the binary: two builds
-of one source are byte-identical (the GNU build-id is a hash of the content). Built libraries are
-cached by sha256(source, flags, compiler identity, resolved ``-march``) in the build cache
-(``compiler.codegen.build_cache``), so an identical kernel is never compiled twice.
+``build_units`` compiles a model's translation units -- one per kernel function plus the entries --
+into objects and links them into one shared library. Each unit is compiled under a name made of
+its hash in a fresh temporary folder, so neither the folder's path nor a timestamp can reach the
+binary: two builds of one source are byte-identical (the GNU build-id is a hash of the content).
+Objects and libraries are cached by sha256(text, flags, compiler identity, resolved ``-march``) in
+the build cache (``compiler.codegen.build_cache``), so an identical kernel is never compiled twice.
 ``target_info`` tells code generators what the chosen ``-march`` provides (vector width,
 register count) so they can size register tiles.
 """
@@ -36,7 +33,7 @@ from compiler.codegen.options import BuildOptions
 from runtime.errors import CompileError
 
 __all__ = [
-    "TargetInfo", "CBuild", "build_shared", "build_units", "compile_flags", "compiler_version", "target_info",
+    "TargetInfo", "CBuild", "build_units", "compile_flags", "compiler_version", "target_info",
 ]
 
 SOURCE_NAME = "model.c"
@@ -149,36 +146,6 @@ def _identity(options: BuildOptions) -> tuple[list[str], str, str]:
 
 def _unit_key(text: str, flags: list[str], version: str, march: str) -> str:
     return content_key(source=text, flags=flags, cc=version, march=march)
-
-
-def build_shared(source_text: str, out_path: Path, options: BuildOptions) -> CBuild:
-    """Compile ``source_text`` into the shared library ``out_path`` (through the build cache).
-
-    On failure raises ``CompileError`` with the compiler's trimmed stderr, naming the source file
-    (kept next to ``out_path``).
-    """
-    out_path = Path(out_path)
-    flags, version, march = _identity(options)
-    key = _unit_key(source_text, flags, version, march)
-    cache = BuildCache(c_cache_dir())
-    build = CBuild(options.cc, version, tuple(flags), march, cached=True)
-    if cache.fetch(key, ".so", out_path):
-        return build
-    with tempfile.TemporaryDirectory(prefix="onnx-aot-cc-") as tmp:
-        work = Path(tmp)
-        (work / SOURCE_NAME).write_text(source_text)
-        argv = [options.cc, *flags, SOURCE_NAME, "-o", LIBRARY_NAME, "-lm"]
-        proc = _run_in(argv, work)
-        if proc.returncode != 0:
-            kept = out_path.with_suffix(".c")
-            if not kept.is_file() or kept.read_text() != source_text:
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                kept.write_text(source_text)
-            raise CompileError(f"C compilation of {kept} failed ({shlex.join(argv)}):\n"
-                               f"{trim_output(proc.stderr or proc.stdout)}")
-        cache.store(work / LIBRARY_NAME, key, ".so")
-        copy_atomic(work / LIBRARY_NAME, out_path)
-    return dataclasses.replace(build, cached=False, units_compiled=1)
 
 
 def build_units(units: Sequence[str], out_path: Path, options: BuildOptions,

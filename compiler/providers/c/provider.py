@@ -158,10 +158,6 @@ class CProvider:
     def scratch_nbytes(self, node: Node) -> int:
         return KERNELS.scratch_nbytes(node)
 
-    def render(self, partitions: list[PartitionPlan], target: TargetInfo) -> str:
-        """The model's C source for ``partitions`` (deterministic: no paths, ids or times)."""
-        return self.render_source(partitions, target).model
-
     def render_source(self, partitions: list[PartitionPlan], target: TargetInfo) -> CSource:
         """The model's C source, whole and split into translation units for the build.
 
