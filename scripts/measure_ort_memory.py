@@ -17,7 +17,7 @@ allocates its arena afresh); onnxruntime with its CPU arena (the default; the ar
 takes and cannot be emptied, so a second, fresh session is measured after the warm-up session;
 "ORT 1st run" is that session's first run, "ORT arena" the arena after all runs) and without it.
 All use sequential execution with ``--threads`` intra-op threads (default 1); onnxruntime gets the
-model in the form it optimizes best (``tests/support/zoo.py: for_onnxruntime``). onnx-aot measured this
+model in the form it optimizes best (``compiler/bench.py: for_onnxruntime``). onnx-aot measured this
 way checks the method: it must come out at its planned arena. Linux only (reads /proc/self).
 
 Usage: python -m scripts.measure_ort_memory [--runs N] [--threads N] [--json] [MODEL ...]
@@ -155,7 +155,7 @@ def _prepare(name: str, model: Any, feeds: dict[str, np.ndarray], tmp: Path,
     import onnx
 
     from compiler import compile_model
-    from tests.support.zoo import for_onnxruntime
+    from compiler.bench import for_onnxruntime
 
     artifact = compile_model(model, tmp / f"{name}.aot")
     ort_path = tmp / f"{name}.onnx"

@@ -18,6 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from compiler import compile_model
+from compiler.bench import for_onnxruntime
 from compiler.cli import main
 from compiler.driver import resolve_cpu
 from runtime import Session
@@ -27,7 +28,6 @@ from runtime.isa import MARCH_FEATURES
 from runtime.isa import TEST_FLAGS_ENV
 from runtime.isa import host_x86_level
 from tests.support.models import small_model
-from tests.support.zoo import for_onnxruntime
 from tests.support.zoo import random_weight_model
 from tests.support.zoo import strip_softmax
 

@@ -13,7 +13,7 @@ from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
 
-from tests.support.zoo import for_onnxruntime
+from compiler.bench import for_onnxruntime
 
 __all__ = ["onnx_model", "ort_run", "run_backend", "small_model", "value_info"]
 

@@ -18,10 +18,8 @@ import onnx
 from onnx import helper
 from onnx import numpy_helper
 
-from compiler.bench import for_onnxruntime
-
 __all__ = ["LIGHT_DIR", "ZOO", "light_model_path", "random_weight_model", "strip_softmax",
-           "zoo_model", "dummy_input", "for_onnxruntime"]
+           "zoo_model", "dummy_input"]
 
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 ZOO = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",

@@ -20,7 +20,6 @@ from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.providers.base import Location
 from compiler.providers.base import StepPlan
-from compiler.providers.base import shape_of
 from compiler.providers.kit import Kernel
 from compiler.providers.kit import Param
 from runtime.errors import CompileError
@@ -29,7 +28,6 @@ __all__ = [
     "Arg",
     "StepCode",
     "CKernel",
-    "shape_of",
     "all_float32",
     "float32_unary",
     "same_dtype_movable",

@@ -12,7 +12,7 @@ from compiler.codegen.elementwise import index_expr
 from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.providers.c.common import shape_of
+from compiler.providers.base import shape_of
 
 __all__ = ["CType", "CTYPES", "ctype_of", "prod", "offset_expr", "all_nonempty"]
 

@@ -21,12 +21,12 @@ from compiler.codegen.elementwise import index_expr
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import params
-from compiler.providers.c.common import shape_of
 from compiler.providers.c.common import step_args
 from compiler.providers.c.dtypes import CType
 from compiler.providers.c.dtypes import all_nonempty

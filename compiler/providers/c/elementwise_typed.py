@@ -32,13 +32,13 @@ from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import arg
 from compiler.providers.c.common import output_args
-from compiler.providers.c.common import shape_of
 from compiler.providers.kit import Param
 
 __all__ = [

@@ -29,6 +29,7 @@ from compiler.codegen.elementwise import vector_activation_expr
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
@@ -37,7 +38,6 @@ from compiler.providers.c.common import input_args
 from compiler.providers.c.common import output_args
 from compiler.providers.c.common import params
 from compiler.providers.c.common import scratch_arg
-from compiler.providers.c.common import shape_of
 from compiler.providers.geometry import MatmulProduct
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param

@@ -28,6 +28,7 @@ from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
@@ -36,7 +37,6 @@ from compiler.providers.c.common import input_args
 from compiler.providers.c.common import output_args
 from compiler.providers.c.common import params
 from compiler.providers.c.common import same_dtype_movable
-from compiler.providers.c.common import shape_of
 from compiler.providers.c.common import step_args
 from compiler.providers.c.elementwise_typed import value_ctype
 from compiler.providers.kit import Param

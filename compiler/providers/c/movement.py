@@ -28,12 +28,12 @@ from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import params
 from compiler.providers.c.common import same_dtype_movable
-from compiler.providers.c.common import shape_of
 from compiler.providers.c.common import step_args
 from compiler.providers.kit import Param
 

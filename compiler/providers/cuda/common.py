@@ -26,7 +26,6 @@ import numpy as np
 from compiler.ir.graph import Node
 from compiler.providers.base import Location
 from compiler.providers.base import StepPlan
-from compiler.providers.base import shape_of
 from compiler.providers.kit import Kernel
 from compiler.providers.kit import Param
 from runtime.errors import CompileError
@@ -35,7 +34,6 @@ from runtime.plan_schema import LaunchArg
 __all__ = [
     "KernelCode",
     "CudaKernel",
-    "shape_of",
     "float32_node",
     "float_params",
     "ptr",
@@ -88,10 +86,20 @@ class CudaKernel(Kernel):
     def supports(self, node: Node) -> bool:
         if self.claims_like is None:
             raise NotImplementedError
-        return self.operands_fit(node) and self.claims_like().supports(node)
+        return self.operands_fit(node) and _kernel_of(self.claims_like).supports(node)
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         raise NotImplementedError
+
+
+_CLAIMED_LIKE: dict[type[Kernel], Kernel] = {}
+
+
+def _kernel_of(cls: type[Kernel]) -> Kernel:
+    """One instance per C kernel class a CUDA kernel claims like (kernels hold no state)."""
+    if cls not in _CLAIMED_LIKE:
+        _CLAIMED_LIKE[cls] = cls()
+    return _CLAIMED_LIKE[cls]
 
 
 def used_indices(pairs: Sequence[tuple[str, str]], exprs: Sequence[str]) -> tuple[tuple[str, str], ...]:

@@ -13,6 +13,7 @@ from compiler.codegen.elementwise import CUDA_DIALECT
 from compiler.codegen.elementwise import elementwise_node
 from compiler.codegen.elementwise import unflatten
 from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
 from compiler.providers.c.elementwise import EltwiseKernel
 from compiler.providers.cuda.common import THREADS
 from compiler.providers.cuda.common import CudaKernel
@@ -20,7 +21,6 @@ from compiler.providers.cuda.common import KernelCode
 from compiler.providers.cuda.common import blocks
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import ptr
-from compiler.providers.cuda.common import shape_of
 from compiler.providers.cuda.common import used_indices
 from compiler.providers.kit import Param
 

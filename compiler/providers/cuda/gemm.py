@@ -25,6 +25,7 @@ from compiler.codegen.elementwise import loop_nest
 from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
 from compiler.providers.c.conv import ConvKernel
 from compiler.providers.c.gemm import GemmKernel
 from compiler.providers.c.gemm import activation
@@ -35,7 +36,6 @@ from compiler.providers.cuda.common import KernelCode
 from compiler.providers.cuda.common import blocks
 from compiler.providers.cuda.common import input_ptrs
 from compiler.providers.cuda.common import output_ptrs
-from compiler.providers.cuda.common import shape_of
 from compiler.providers.cuda.common import used_indices
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import MatmulProduct

@@ -18,6 +18,7 @@ from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
 from compiler.providers.c.common import same_dtype_movable
 from compiler.providers.c.movement import ConcatKernel
 from compiler.providers.c.movement import CopyKernel
@@ -30,7 +31,6 @@ from compiler.providers.cuda.common import blocks
 from compiler.providers.cuda.common import input_ptrs
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import ptr
-from compiler.providers.cuda.common import shape_of
 from compiler.providers.cuda.common import used_indices
 from compiler.providers.kit import Param
 from runtime.plan_schema import LaunchArg

@@ -19,6 +19,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
+from compiler.providers.base import shape_of
 from compiler.providers.c.norm import ChannelKernel
 from compiler.providers.c.norm import SoftmaxKernel
 from compiler.providers.cuda.common import THREADS
@@ -30,7 +31,6 @@ from compiler.providers.cuda.common import float32_node
 from compiler.providers.cuda.common import float_params
 from compiler.providers.cuda.common import input_ptrs
 from compiler.providers.cuda.common import output_ptrs
-from compiler.providers.cuda.common import shape_of
 from compiler.providers.cuda.common import used_indices
 from compiler.providers.kit import Param
 
