@@ -200,7 +200,7 @@ class EinsumKernel(CKernel):
         assert t is not None, step.node.describe()
         args = step_args(step, t.name)
         ctx = _context(step, t, args)
-        return StepCode("c/reduce_einsum.c.j2", ctx, tuple(args))
+        return StepCode("c/einsum.c.j2", ctx, tuple(args))
 
 
 KERNELS = (EinsumKernel(),)

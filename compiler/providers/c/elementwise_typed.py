@@ -170,7 +170,7 @@ def _build(step: StepPlan, ctypes: list[tuple[str, str]], out_ctype: str, expr: 
     )
     if nest.total == 0:
         return StepCode(None, ctx, ())
-    return StepCode("c/data_map.c.j2", ctx, tuple(args))
+    return StepCode("c/map_typed.c.j2", ctx, tuple(args))
 
 
 def _dtype(v: Value | None) -> np.dtype:

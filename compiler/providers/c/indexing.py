@@ -172,7 +172,7 @@ class StridedKernel(CKernel):
         )
         if out.size == 0:
             return _no_code(step, ctx)
-        return StepCode("c/data_strided.c.j2", ctx, tuple(args))
+        return StepCode("c/strided.c.j2", ctx, tuple(args))
 
 
 # -- Gather -------------------------------------------------------------------------------------
@@ -229,7 +229,7 @@ class GatherKernel(CKernel):
         )
         if y.size == 0:
             return _no_code(step, ctx)
-        return StepCode("c/data_gather.c.j2", ctx, tuple(args))
+        return StepCode("c/gather.c.j2", ctx, tuple(args))
 
 
 # -- Split --------------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ class SplitKernel(CKernel):
         )
         if x.size == 0:
             return _no_code(step, ctx)
-        return StepCode("c/data_split.c.j2", ctx, tuple(args))
+        return StepCode("c/split.c.j2", ctx, tuple(args))
 
 
 # -- Range --------------------------------------------------------------------------------------
@@ -342,7 +342,7 @@ class RangeKernel(CKernel):
         )
         if y.size == 0:
             return _no_code(step, ctx)
-        return StepCode("c/data_range.c.j2", ctx, tuple(args))
+        return StepCode("c/range.c.j2", ctx, tuple(args))
 
 
 KERNELS = (StridedKernel(), GatherKernel(), SplitKernel(), RangeKernel())

@@ -186,7 +186,7 @@ class PadKernel(CKernel):
         )
         if y.size == 0:
             return StepCode(None, ctx, ())
-        return StepCode("c/data_pad.c.j2", ctx, tuple(args))
+        return StepCode("c/pad.c.j2", ctx, tuple(args))
 
 
 KERNELS = (PadKernel(),)
