@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.frontend.dims import placeholders
+from compiler.frontend.dims import shape_arg
 from compiler.version import __version__
 from runtime.errors import InputError
 from runtime.errors import OnnxAotError
@@ -23,17 +26,23 @@ __all__ = ["main", "parse_bind", "parse_shape"]
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """``NAME=1x3x224x224`` -> ("NAME", (1, 3, 224, 224)); the name may contain '='-free text."""
+    """``NAME=1x3x224x224`` -> ("NAME", (1, 3, 224, 224)); the name may contain '='-free text.
+
+    Every dim must be a whole number >= 0 (the compiler checks it against the model): a name such
+    as ``N`` or a -1 pasted from a model's declared shape is refused with the text to use instead.
+    """
     name, sep, dims = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=D0xD1x..., got {text!r}")
-    try:
-        shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad dimensions in {text!r} (use e.g. 1x3x224x224)") from None
-    if any(d < 0 for d in shape):
-        raise argparse.ArgumentTypeError(f"negative dimension in {text!r}")
-    return name, shape
+    parts = [d.strip() for d in re.split("[xX]", dims)] if dims.strip() else []
+    sizes = [int(d) if re.fullmatch("[0-9]+", d) else None for d in parts]
+    if None in sizes:
+        k = sizes.index(None)
+        what = "a negative size" if re.fullmatch("-[0-9]+", parts[k]) else "not a number"
+        raise argparse.ArgumentTypeError(
+            f"--shape {text}: dim {k} is {parts[k]!r}, {what}; every dim must be a number >= 0 (the "
+            f"size to compile for), e.g. {shape_arg(name, placeholders(sizes))}")
+    return name, tuple(int(d) for d in parts)
 
 
 def parse_bind(text: str) -> tuple[str, np.ndarray]:

@@ -21,6 +21,8 @@ from compiler.frontend.canonical import CanonContext
 from compiler.frontend.canonical import canonicalize
 from compiler.frontend.canonical import np_dtype_of
 from compiler.frontend.canonical import onnx_attrs
+from compiler.frontend.dims import dim_label
+from compiler.frontend.dims import known_size
 from compiler.frontend.loader import bind_input_shapes
 from compiler.frontend.loader import bind_input_values
 from compiler.frontend.loader import infer_shapes
@@ -173,9 +175,10 @@ def _static_type(types: dict[str, onnx.TypeProto], name: str,
         raise ShapeError(f"{what} has no known shape")
     dims = []
     for k, dim in enumerate(tt.shape.dim):
-        if not dim.HasField("dim_value") or dim.dim_value < 0:
-            raise ShapeError(f"{what} has a non-static dim {k} ({dim.dim_param or '?'})")
-        dims.append(int(dim.dim_value))
+        size = known_size(dim)  # None: a dim_param, no value or a negative value (dims.py)
+        if size is None:
+            raise ShapeError(f"{what} has a non-static dim {k} ({dim_label(dim)})")
+        dims.append(size)
     check_tensor_size(what, dtype, dims)
     return dtype, tuple(dims)
 

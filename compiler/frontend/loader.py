@@ -6,8 +6,10 @@ failures, missing external data) into :class:`ModelError` messages naming the fi
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,10 @@ from onnx import external_data_helper
 from onnx import helper
 from onnx import numpy_helper
 
+from compiler.frontend.dims import dim_label
+from compiler.frontend.dims import known_size
+from compiler.frontend.dims import placeholders
+from compiler.frontend.dims import shape_arg
 from compiler.frontend.window_shapes import infer_with_pool_sizes
 from runtime.errors import ModelError
 from runtime.errors import ShapeError
@@ -175,60 +181,117 @@ def opset_of(proto: onnx.ModelProto) -> int:
 
 
 def bind_input_shapes(
-    proto: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None,
+    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None,
     constants: set[str] | None = None,
 ) -> onnx.ModelProto:
     """Return a copy of ``proto`` whose real graph inputs all have static shapes.
 
-    ``shapes`` binds inputs by name; every symbolic or unknown dimension left unbound is an error
-    naming the input and the dimension. ``constants`` names inputs that stand for initializers
-    kept out of a skeleton model (they are not real inputs).
+    ``shapes`` binds inputs by name (``--shape``); it may give any unknown dim (see
+    compiler/frontend/dims.py: a ``dim_param``, no value, or a negative value) and must agree with
+    the known ones. Unknown dims left unbound are one error listing every such input, with
+    ``--shape`` text to paste. ``constants`` names inputs that stand for initializers kept out of a
+    skeleton model (they are not real inputs).
     """
-    shapes = dict(shapes or {})
+    given = {name: _given_sizes(name, dims) for name, dims in (shapes or {}).items()}
     proto = _copy(proto)
     initializers = {t.name for t in proto.graph.initializer} | set(constants or ())
     real_inputs = [i for i in proto.graph.input if i.name not in initializers]
     known = {i.name for i in real_inputs}
-    unknown = sorted(set(shapes) - known)
-    if unknown:
-        raise ShapeError(
-            f"--shape names no graph input: {', '.join(unknown)} (inputs: {', '.join(sorted(known))})"
-        )
+    stray = sorted(set(given) - known)
+    if stray:
+        consts = [n for n in stray if n in initializers]
+        also = f"; {', '.join(map(repr, consts))} is a constant (an initializer or --bind)" if consts else ""
+        raise ShapeError(f"--shape names no graph input: {', '.join(stray)} "
+                         f"(inputs: {', '.join(sorted(known)) or 'none'}){also}")
+    unbound = []
     for inp in real_inputs:
         if not inp.type.HasField("tensor_type"):
             raise UnsupportedOpError(f"input {inp.name!r} is not a tensor (only tensor inputs are supported)")
         ttype = inp.type.tensor_type
-        dims = ttype.shape.dim
-        if inp.name in shapes:
-            want = tuple(int(d) for d in shapes[inp.name])
-            if ttype.HasField("shape") and len(dims) != len(want):
-                raise ShapeError(
-                    f"input {inp.name!r} has rank {len(dims)} but --shape gives {len(want)} dims"
-                )
-            for k, (dim, size) in enumerate(zip(dims, want, strict=False)):
-                if dim.HasField("dim_value") and dim.dim_value != size:
-                    raise ShapeError(
-                        f"input {inp.name!r} dim {k} is fixed at {dim.dim_value}, --shape gives {size}"
-                    )
-            if any(s < 0 for s in want):
-                raise ShapeError(f"--shape for {inp.name!r} has a negative dimension: {want}")
-            ttype.shape.ClearField("dim")
-            for size in want:
-                ttype.shape.dim.add().dim_value = size
-            continue
-        if not ttype.HasField("shape"):
-            raise ShapeError(
-                f"input {inp.name!r} has no shape; bind it with --shape {inp.name}=D0xD1x..."
-            )
-        for k, dim in enumerate(dims):
-            if not dim.HasField("dim_value") or dim.dim_value < 0:
-                label = f" ({dim.dim_param!r})" if dim.dim_param else ""
-                raise ShapeError(
-                    f"input {inp.name!r} dim {k}{label} is symbolic; bind it with "
-                    f"--shape {inp.name}=" + "x".join("N" if not d.HasField("dim_value") else
-                                                        str(d.dim_value) for d in dims)
-                )
+        if inp.name in given:
+            _bind_sizes(inp.name, ttype, given[inp.name])
+        elif not ttype.HasField("shape") or any(known_size(d) is None for d in ttype.shape.dim):
+            unbound.append(inp)
+    if unbound:
+        raise ShapeError(_unbound_message(unbound))
     return proto
+
+
+def _given_sizes(name: str, dims: Sequence[Any]) -> tuple[int, ...]:
+    """The sizes ``--shape`` / ``shapes=`` gives ``name``: whole numbers >= 0 (0: an empty tensor)."""
+    sizes = []
+    for k, dim in enumerate(dims):
+        try:
+            if isinstance(dim, bool):
+                raise TypeError
+            size = operator.index(dim)
+        except TypeError:
+            raise ShapeError(f"--shape for {name!r}: dim {k} is {dim!r}, not a number; give the size "
+                             f"to compile for") from None
+        if size < 0:
+            raise ShapeError(f"--shape for {name!r}: dim {k} is {size}, a negative size; give the size "
+                             f"to compile for (-1 means unknown only inside a model)")
+        sizes.append(size)
+    return tuple(sizes)
+
+
+def _bind_sizes(name: str, ttype: onnx.TypeProto.Tensor, want: tuple[int, ...]) -> None:
+    """Give ``ttype`` the shape ``want``, which must have its rank and agree with its known dims."""
+    dims = ttype.shape.dim
+    if ttype.HasField("shape"):
+        model = [known_size(d) for d in dims]
+        if len(model) != len(want):
+            hint = shape_arg(name, placeholders(model, [d.dim_param for d in dims]))
+            raise ShapeError(f"input {name!r} has rank {len(model)} ({_shape_text(dims)}) but --shape "
+                             f"gives {len(want)} dims; e.g. {hint}")
+        clash = [k for k, size in enumerate(model) if size is not None and size != want[k]]
+        if clash:
+            k = clash[0]
+            fixed = [size if size is not None else w for size, w in zip(model, want, strict=True)]
+            raise ShapeError(f"input {name!r} dim {k} is fixed at {model[k]} by the model, --shape gives "
+                             f"{want[k]}; e.g. {shape_arg(name, fixed)}")
+    ttype.shape.ClearField("dim")
+    for size in want:
+        ttype.shape.dim.add().dim_value = size
+
+
+def _unbound_message(unbound: list[onnx.ValueInfoProto]) -> str:
+    """One message for every input with unknown dims left unbound, ending in ``--shape`` text."""
+    described: list[tuple[str, list[str]]] = []  # (input, its unknown dims; [] for no shape)
+    hints, shapeless = [], []
+    chosen: dict[str, int] = {}
+    for inp in unbound:
+        ttype = inp.type.tensor_type
+        if not ttype.HasField("shape"):
+            described.append((inp.name, []))
+            shapeless.append(repr(inp.name))
+            continue
+        dims = ttype.shape.dim
+        described.append((inp.name, [f"dim {k} ({dim_label(d)})" for k, d in enumerate(dims)
+                                     if known_size(d) is None]))
+        sizes = placeholders([known_size(d) for d in dims], [d.dim_param for d in dims], chosen)
+        hints.append(shape_arg(inp.name, sizes))
+    if len(described) > 1:
+        listed = "; ".join(f"{name!r} {', '.join(dims) or 'no shape (not even a rank)'}"
+                           for name, dims in described)
+        text = f"{len(described)} inputs have unknown dims: {listed}"
+    elif shapeless:
+        text = f"input {described[0][0]!r} has no shape (not even a rank)"
+    else:
+        name, dims = described[0]
+        count = "unknown dims" if len(dims) > 1 else "an unknown dim"
+        text = f"input {name!r} has {count}: {', '.join(dims)}"
+    if shapeless:
+        text += f"; give every dim of {', '.join(shapeless)} with --shape NAME=D0xD1x..."
+    if hints:
+        text += ("; bind them with --shape (placeholder numbers in place of the unknown dims: edit "
+                 f"them to the sizes you will run): {' '.join(hints)}")
+    return text
+
+
+def _shape_text(dims: Sequence[onnx.TensorShapeProto.Dimension]) -> str:
+    return "[" + ", ".join(str(known_size(d)) if known_size(d) is not None else dim_label(d)
+                           for d in dims) + "]"
 
 
 def bind_input_values(proto: onnx.ModelProto, values: Mapping[str, Any] | None) -> onnx.ModelProto:
@@ -259,7 +322,7 @@ def bind_input_values(proto: onnx.ModelProto, values: Mapping[str, Any] | None) 
         except (TypeError, ValueError, KeyError) as exc:
             raise ShapeError(f"--bind {name}: cannot convert the value to the input's element "
                              f"type: {exc}") from None
-        if ttype.HasField("shape") and all(d.HasField("dim_value") for d in ttype.shape.dim):
+        if ttype.HasField("shape") and all(known_size(d) is not None for d in ttype.shape.dim):
             want = tuple(int(d.dim_value) for d in ttype.shape.dim)
             if int(np.prod(want, dtype=np.int64)) != array.size:
                 raise ShapeError(f"--bind {name}: {array.size} value(s) given, the input has shape "
@@ -278,12 +341,44 @@ _SPELLED_DEFAULTS = {"MeanVarianceNormalization": ("axes", [0, 2, 3]), "STFT": (
 
 
 def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
-    proto = _spell_defaults(proto)
+    """ONNX shape inference (strict, with data propagation) over ``proto``, its unknown dims bound.
+
+    Negative dims the model declares for intermediate values and outputs are unknown, not -1:
+    they are cleared first, so inference fills them in (onnx would refuse a size it infers
+    against a declared -1).
+    """
+    proto = _spell_defaults(_forget_negative_dims(proto))
     try:
         return infer_with_pool_sizes(proto, lambda model: onnx.shape_inference.infer_shapes(
             model, check_type=True, strict_mode=True, data_prop=True))
     except Exception as exc:
         raise ShapeError(f"shape inference failed: {_first_line(exc)}") from None
+
+
+def _forget_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` whose value_info and outputs (and subgraphs' inputs) declare no negative
+    dim: each becomes a dim without a value (graph inputs are bound before; unbound ones keep
+    their -1, which the importer names in its error)."""
+    def infos(graph: onnx.GraphProto, top: bool) -> list[onnx.ValueInfoProto]:
+        found = [*([] if top else graph.input), *graph.value_info, *graph.output]
+        for node in graph.node:
+            for attr in node.attribute:
+                for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                    found += infos(sub, False)
+        return found
+
+    def negative(info: onnx.ValueInfoProto) -> list[onnx.TensorShapeProto.Dimension]:
+        if not info.type.HasField("tensor_type"):
+            return []
+        return [d for d in info.type.tensor_type.shape.dim if d.HasField("dim_value") and d.dim_value < 0]
+
+    if not any(negative(info) for info in infos(proto.graph, True)):
+        return proto
+    proto = _copy(proto)
+    for info in infos(proto.graph, True):
+        for dim in negative(info):
+            dim.ClearField("dim_value")
+    return proto
 
 
 def _spell_defaults(proto: onnx.ModelProto) -> onnx.ModelProto:

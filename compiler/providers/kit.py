@@ -62,9 +62,13 @@ class KernelTable(Generic[K]):
         return frozenset(self._kernels)
 
     def supports(self, node: Node) -> bool:
-        """Whether a kernel runs ``node``; a kernel's check failing on odd attributes is a no."""
+        """Whether a kernel runs ``node``; a kernel's check failing on odd attributes is a no.
+
+        A node that reads or writes an empty tensor (a zero dim) is left to the reference kernels.
+        """
         kernel = self._kernels.get(node.kind)
-        if kernel is None:
+        if kernel is None or any(v is not None and v.const is None and v.shape is not None and 0 in v.shape
+                                 for v in (*node.inputs, *node.outputs)):
             return False
         try:
             return bool(kernel.supports(node))

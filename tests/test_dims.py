@@ -1,0 +1,239 @@
+"""One meaning for unknown dims (compiler/frontend/dims.py, loader.bind_input_shapes, cli --shape).
+
+A ``dim_param``, a dim with no value and a negative ``dim_value`` (PaddlePaddle's -1) are all
+unknown, and ``--shape`` / ``shapes=`` binds any of them; ``dim_value: 0`` is a real zero (an empty
+tensor). An unbound unknown dim is one error for all such inputs, ending in ``--shape`` text that
+compiles when pasted as it is.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+
+from compiler.driver import compile_model
+from compiler.frontend.dims import known_size
+from compiler.frontend.dims import placeholders
+from compiler.frontend.dims import shape_arg
+from compiler.frontend.importer import import_model
+from compiler.frontend.loader import bind_input_values
+from compiler.providers.c.provider import CProvider
+from runtime import Session
+from runtime.errors import ShapeError
+from tests.support.commands import cli
+from tests.support.models import ort_run
+
+F = TensorProto.FLOAT
+UNKNOWN = {"dim_param": "N", "missing": None, "minus_one": -1}
+
+
+def add_model(x_dims: list[Any], w_dims: tuple[int, ...] = (3,), *,
+              value_info: list[Any] | None = None, out_dims: list[Any] | None = None) -> onnx.ModelProto:
+    """y = relu(x + w): ``x`` declared with ``x_dims``; ``value_info`` / ``out_dims`` declare the
+    intermediate ``s`` and the output ``y`` as an exporter might (None: the output's rank only)."""
+    w = numpy_helper.from_array(np.arange(np.prod(w_dims), dtype=np.float32).reshape(w_dims), "w")
+    nodes = [helper.make_node("Add", ["x", "w"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    infos = [helper.make_tensor_value_info("s", F, value_info)] if value_info is not None else []
+    out = out_dims if out_dims is not None else [f"o{k}" for k in range(len(x_dims))]
+    graph = helper.make_graph(nodes, "dims", [helper.make_tensor_value_info("x", F, x_dims)],
+                              [helper.make_tensor_value_info("y", F, out)], initializer=[w],
+                              value_info=infos)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def pasted(message: str) -> list[str]:
+    """The ``--shape`` arguments a message ends with, as a shell would split them."""
+    assert "): --shape " in message, message
+    return shlex.split(message.rsplit("): ", 1)[1])
+
+
+def check_runs(out: Path, model: onnx.ModelProto, shape: tuple[int, ...]) -> None:
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    got = Session(out).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, ort_run(model, {"x": x})[0], rtol=1e-6)
+
+
+# -- what a dim means --------------------------------------------------------------------------
+def test_a_dim_param_no_value_and_a_negative_value_are_unknown_zero_is_a_size() -> None:
+    info = helper.make_tensor_value_info("x", F, ["N", None, -1, 0, 5])
+    assert [known_size(d) for d in info.type.tensor_type.shape.dim] == [None, None, None, 0, 5]
+
+
+@pytest.mark.parametrize(("sizes", "want"), [
+    ((None, 3, None, None), (1, 3, 224, 224)),  # PP-OCR det: -1x3x?x?
+    ((None, 3, 48, None), (1, 3, 48, 48)),      # PP-OCR rec: a known spatial dim is copied
+    ((2, None, 8, 8), (2, 3, 8, 8)),            # channels
+    ((None, None, 7), (1, 224, 7)),             # a sequence
+    ((None,), (1,)),
+    ((None, 3, None, 16, None), (1, 3, 16, 16, 16)),
+])
+def test_placeholders(sizes: tuple[int | None, ...], want: tuple[int, ...]) -> None:
+    assert placeholders(sizes) == want
+
+
+def test_a_named_dim_gets_one_placeholder_across_inputs() -> None:
+    chosen: dict[str, int] = {}
+    assert placeholders((None, None), ("batch", "seq"), chosen) == (1, 224)
+    assert placeholders((4, None, None), ("", "batch", "seq"), chosen) == (4, 1, 224)
+    assert placeholders((None, None), ("?", "?")) == (1, 224)  # PaddlePaddle's '?' names no dim
+
+
+def test_shape_arg_quotes_names_a_shell_would_split() -> None:
+    assert shape_arg("x", (1, 3)) == "--shape x=1x3"
+    assert shlex.split(shape_arg("my input", (2,))) == ["--shape", "my input=2"]
+
+
+# -- binding -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", sorted(UNKNOWN))
+def test_shapes_bind_every_kind_of_unknown_dim(kind: str) -> None:
+    graph = import_model(add_model([UNKNOWN[kind], 3]), {"x": (5, 3)})
+    assert graph.inputs[0].shape == (5, 3) and graph.outputs[0].shape == (5, 3)
+
+
+@pytest.mark.parametrize("kind", sorted(UNKNOWN))
+def test_an_unbound_unknown_dim_names_input_dim_and_label(kind: str) -> None:
+    with pytest.raises(ShapeError) as info:
+        import_model(add_model([UNKNOWN[kind], 3]))
+    label = {"dim_param": "'N'", "missing": "no value", "minus_one": "-1"}[kind]
+    message = str(info.value)
+    assert f"input 'x' has an unknown dim: dim 0 ({label})" in message
+    assert pasted(message) == ["--shape", "x=1x3"]
+
+
+def test_negative_dims_the_model_declares_inside_are_unknown_too() -> None:
+    # what onnx's shape inference writes into value_info for a PaddlePaddle model run unbound
+    model = add_model([-1, 3], value_info=[-1, 3], out_dims=[-1, 3])
+    graph = import_model(model, {"x": (4, 3)})
+    assert graph.outputs[0].shape == (4, 3)
+    assert all(v.shape is not None and -1 not in v.shape for v in graph.values())
+
+
+def test_bind_reads_a_negative_dim_as_unknown() -> None:
+    shape_in = helper.make_tensor_value_info("shape", TensorProto.INT64, [-1])
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "r",
+                              [helper.make_tensor_value_info("x", F, [2, 6]), shape_in],
+                              [helper.make_tensor_value_info("y", F, ["a", "b"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    bound = bind_input_values(model, {"shape": [3, 4]})
+    assert numpy_helper.to_array(bound.graph.initializer[0]).tolist() == [3, 4]
+    assert import_model(model, binds={"shape": [3, 4]}).outputs[0].shape == (3, 4)
+
+
+def test_every_unbound_input_is_in_one_error_with_consistent_placeholders() -> None:
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Add", ["s", "c"], ["y"])]
+    inputs = [helper.make_tensor_value_info("a", F, ["batch", "seq"]),
+              helper.make_tensor_value_info("b", F, ["batch", -1]),
+              helper.make_tensor_value_info("c", F, [1, None])]
+    graph = helper.make_graph(nodes, "three", inputs, [helper.make_tensor_value_info("y", F, ["p", "q"])])
+    with pytest.raises(ShapeError) as info:
+        import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    message = str(info.value)
+    assert message.startswith("3 inputs have unknown dims: 'a' dim 0 ('batch'), dim 1 ('seq'); "
+                              "'b' dim 0 ('batch'), dim 1 (-1); 'c' dim 1 (no value)")
+    assert pasted(message) == ["--shape", "a=1x224", "--shape", "b=1x224", "--shape", "c=1x224"]
+
+
+@pytest.mark.parametrize(("shapes", "match"), [
+    ({"x": (2, 4)}, r"input 'x' dim 1 is fixed at 3 by the model, --shape gives 4; e\.g\. --shape x=2x3$"),
+    ({"x": (2, 3, 1)}, r"input 'x' has rank 2 \(\['N', 3\]\) but --shape gives 3 dims; e\.g\. --shape x=1x3"),
+    ({"z": (2, 3)}, r"--shape names no graph input: z \(inputs: x\)"),
+    ({"x": (2, 3), "w": (3,)}, r"no graph input: w \(inputs: x\); 'w' is a constant"),
+    ({"x": (-1, 3)}, r"--shape for 'x': dim 0 is -1, a negative size"),
+    ({"x": ("N", 3)}, r"--shape for 'x': dim 0 is 'N', not a number"),
+    ({"x": (2.0, 3)}, r"dim 0 is 2\.0, not a number"),
+])
+def test_a_bad_binding_says_what_and_where(shapes: dict[str, Any], match: str) -> None:
+    with pytest.raises(ShapeError, match=match):
+        import_model(add_model(["N", 3]), shapes)
+
+
+def test_numpy_integers_are_sizes() -> None:
+    assert import_model(add_model(["N", 3]), {"x": np.array([2, 3])}).inputs[0].shape == (2, 3)
+
+
+# -- zero is a size: empty tensors ----------------------------------------------------------------
+def test_a_zero_dim_is_a_real_zero_and_a_contradiction_when_bound_otherwise() -> None:
+    assert import_model(add_model([0, 3])).inputs[0].shape == (0, 3)
+    with pytest.raises(ShapeError, match="dim 0 is fixed at 0 by the model, --shape gives 2"):
+        import_model(add_model([0, 3]), {"x": (2, 3)})
+
+
+def conv_model(channels: int) -> onnx.ModelProto:
+    w = np.random.default_rng(1).standard_normal((channels, channels, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Concat", ["r", "x"], ["y"], axis=1)]
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", F, ["N", channels, 8, 8])],
+                              [helper.make_tensor_value_info("y", F, ["N", 2 * channels, 8, 8])],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("channels", "opt_level"), [(4, 0), (4, 3), (16, 3)])
+def test_empty_tensors_compile_and_run_on_the_reference_kernels(tmp_path: Path, channels: int,
+                                                                  opt_level: int) -> None:
+    # at -O3 the 4-channel conv is an NHWC conv, whose C kernel's tiling divided by zero pixels;
+    # the 16-channel one becomes a Winograd conv
+    model = conv_model(channels)
+    out = compile_model(model, tmp_path / "a", opt_level=opt_level, shapes={"x": (0, channels, 8, 8)},
+                        golden_cases=0)
+    y = Session(out).run(None, {"x": np.zeros((0, channels, 8, 8), np.float32)})[0]
+    assert y.shape == (0, 2 * channels, 8, 8)
+
+
+def test_generated_kernels_leave_empty_tensors_to_the_reference_kernels() -> None:
+    empty = import_model(conv_model(4), {"x": (0, 4, 8, 8)})
+    full = import_model(conv_model(4), {"x": (1, 4, 8, 8)})
+    assert not CProvider().claims(empty)
+    assert {n.kind for n in CProvider().claims(full)} >= {"Conv", "Relu", "Concat"}
+
+
+# -- the command line ------------------------------------------------------------------------------
+def test_the_hint_is_pasteable_for_every_kind_of_unknown_dim(tmp_path: Path) -> None:
+    model = add_model(["N", 3, None, -1], w_dims=(1, 1, 1))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    result = cli("compile", str(path), "-o", str(tmp_path / "a"), ok=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert "input 'x' has unknown dims: dim 0 ('N'), dim 2 (no value), dim 3 (-1)" in message
+    args = pasted(message)
+    assert args == ["--shape", "x=1x3x224x224"]
+    cli("compile", str(path), "-o", str(tmp_path / "a"), "-q", "--golden-cases", "0", *args)
+    check_runs(tmp_path / "a", model, (1, 3, 224, 224))
+
+
+@pytest.mark.parametrize(("arg", "said"), [
+    ("image=Nx3x32x32", "dim 0 is 'N', not a number; every dim must be a number >= 0 (the size to "
+                        "compile for), e.g. --shape image=1x3x32x32"),
+    ("x=-1x3x48x-1", "dim 0 is '-1', a negative size; every dim must be a number >= 0 (the size to "
+                     "compile for), e.g. --shape x=1x3x48x48"),
+    ("x=2x3.5", "dim 1 is '3.5', not a number"),
+])
+def test_a_shape_that_is_not_numbers_is_a_usage_error(tmp_path: Path, arg: str, said: str) -> None:
+    path = tmp_path / "m.onnx"
+    onnx.save(add_model(["N", 3]), path)
+    result = cli("compile", str(path), "-o", str(tmp_path / "a"), "--shape", arg, ok=False)
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_binds_a_paddle_style_minus_one_and_names_contradictions(tmp_path: Path) -> None:
+    model = add_model([-1, 3], value_info=[-1, 3], out_dims=[-1, 3])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    result = cli("compile", str(path), "-o", str(tmp_path / "a"), "--shape", "x=2x4", ok=False)
+    assert result.returncode == 1
+    assert "input 'x' dim 1 is fixed at 3 by the model, --shape gives 4; e.g. --shape x=2x3" in result.stderr
+    result = cli("compile", str(path), "-o", str(tmp_path / "a"), "--shape", "x=1x3", "--shape", "y=1x3",
+                 ok=False)
+    assert result.returncode == 1 and "--shape names no graph input: y (inputs: x)" in result.stderr
+    cli("compile", str(path), "-o", str(tmp_path / "a"), "-q", "--golden-cases", "0", "--shape", "x=2x3")
+    check_runs(tmp_path / "a", model, (2, 3))
