@@ -47,8 +47,6 @@ _PAD = ("F.pad's pads are computed through a Transpose chain that import-time fo
         "(issue 15 item 1)")
 # each model that does not compile yet: (the exception type it raises today, its message -- the cause)
 XFAIL: dict[str, tuple[type[Exception], str]] = {
-    "ppocr-mobile-v2-cls": (ShapeError, "ShapeError: input 'x' dim 0 is fixed at -1, --shape gives 1 -- "
-                            "dim_value -1 is not read as an unknown dim (issue 15 item 2)"),
     "silero-vad-16k-sequence": (ShapeError, "ShapeError: node '/stft/padding/Pad' (Pad): cannot infer a "
                                 f"static shape for output '/stft/padding/Pad_output_0' -- {_PAD}"),
     "silero-vad-openvino-16k": (ShapeError, "ShapeError: node 'F0::If_0_then_branch__Inline_0__/stft/padding/"
