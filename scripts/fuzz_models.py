@@ -42,7 +42,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 KINDS = ("truncate", "flip", "attribute", "dangling", "cycle", "huge_dim", "negative_dim",
-         "zero_dim", "small_values", "initializer_size", "dtype", "opset", "drop_or_duplicate")
+         "zero_dim", "small_values", "initializer_size", "dtype", "opset", "drop_or_duplicate", "subgraph")
+# what "subgraph" does inside a branch or loop body: the structural mutations, or a graph input
+# of the body / an outer-scope name it reads renamed away
+SUBGRAPH_KINDS = ("attribute", "dangling", "cycle", "dtype", "drop_or_duplicate", "outer_scope")
 MEMORY_LIMIT = 4 << 30  # address space per worker: a huge allocation fails, never the machine
 
 
@@ -142,8 +145,60 @@ def seed_models() -> list[Any]:
             mk("LeakyRelu", ["gp"], ["y"], alpha=0.1, name="leaky"),
         ], [vi("x", f32, [1, 2, 3, 3])], [vi("y", f32, [1, 3, 1, 1])],
             [init("w", 2, 3, 2, 2), numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]),
+        *_control_flow_seeds(model, init),
     ]
     return seeds
+
+
+def _control_flow_seeds(model: Any, init: Any) -> list[Any]:
+    """If (a data-dependent condition; both branches read an outer-scope value), Loop (a constant
+    trip count, a carried value and a scan output) and Scan (a running row sum)."""
+    import numpy as np
+    from onnx import TensorProto
+    from onnx import helper
+    from onnx import numpy_helper
+
+    f32 = TensorProto.FLOAT
+    vi = helper.make_tensor_value_info
+    mk = helper.make_node
+    then_branch = helper.make_graph([mk("Mul", ["h", "w"], ["t_out"], name="then_mul")], "then", [],
+                                    [vi("t_out", f32, [2, 3])])
+    else_branch = helper.make_graph([mk("Sub", ["h", "w"], ["e_out"], name="else_sub")], "else", [],
+                                    [vi("e_out", f32, [2, 3])])
+    body = helper.make_graph([
+        mk("Add", ["acc_in", "step"], ["acc_out"], name="body_add"),
+        mk("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
+        mk("Relu", ["acc_out"], ["row"], name="body_relu"),
+    ], "body", [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []), vi("acc_in", f32, [3])],
+        [vi("cond_out", TensorProto.BOOL, []), vi("acc_out", f32, [3]), vi("row", f32, [3])])
+    scan_body = helper.make_graph([
+        mk("Add", ["sum_in", "next"], ["sum_out"], name="scan_add"),
+        mk("Identity", ["sum_out"], ["scan_out"], name="scan_copy"),
+    ], "scan_body", [vi("sum_in", f32, [3]), vi("next", f32, [3])],
+        [vi("sum_out", f32, [3]), vi("scan_out", f32, [3])])
+    scalar = numpy_helper.from_array
+    return [
+        model("if", [
+            mk("Tanh", ["x"], ["h"], name="tanh"),
+            mk("ReduceSum", ["x"], ["total"], keepdims=0, name="sum"),
+            mk("Greater", ["total", "zero"], ["positive"], name="greater"),
+            mk("If", ["positive"], ["chosen"], then_branch=then_branch, else_branch=else_branch, name="if"),
+            mk("Add", ["chosen", "x"], ["y"], name="add"),
+        ], [vi("x", f32, [2, 3])], [vi("y", f32, [2, 3])],
+            [init("w", 2, 3), scalar(np.array(0, np.float32), "zero")]),
+        model("loop", [
+            mk("Loop", ["trips", "go", "x"], ["final", "rows"], body=body, name="loop"),
+            mk("ReduceSum", ["rows", "axis0"], ["summed"], keepdims=0, name="sum"),
+            mk("Add", ["final", "summed"], ["y"], name="add"),
+        ], [vi("x", f32, [3])], [vi("y", f32, [3])],
+            [scalar(np.array(3, np.int64), "trips"), scalar(np.array(True), "go"), init("step", 3),
+             scalar(np.array([0], np.int64), "axis0")]),
+        model("scan", [
+            mk("Scan", ["zeros", "x"], ["total", "partial"], body=scan_body, num_scan_inputs=1, name="scan"),
+            mk("Mul", ["partial", "total"], ["y"], name="mul"),
+        ], [vi("x", f32, [4, 3])], [vi("y", f32, [4, 3])],
+            [scalar(np.zeros(3, np.float32), "zeros")]),
+    ]
 
 
 # -- mutations -----------------------------------------------------------------------------------
@@ -160,6 +215,45 @@ def _pick_node(rng: random.Random, m: Any) -> Any:
     return rng.choice(list(m.graph.node))
 
 
+def _subgraphs(g: Any) -> list[Any]:
+    """Every graph attribute of every node of ``g``, nested ones included."""
+    from onnx import AttributeProto
+
+    found = []
+    for node in g.node:
+        for attr in node.attribute:
+            inner = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
+            for sub in inner:
+                found += [sub, *_subgraphs(sub)]
+    return found
+
+
+def _mutate_subgraph(m: Any, rng: random.Random) -> bytes:
+    """One mutation inside a branch or loop body of ``m`` (a model without one is left as it is)."""
+    subs = _subgraphs(m.graph)
+    if not subs:
+        return m.SerializeToString()
+    sub = rng.choice(subs)
+    kind = rng.choice(SUBGRAPH_KINDS)
+    if kind == "outer_scope":  # a body input renamed, or a name the body reads from outside lost
+        names = [i for i in sub.input] if sub.input and rng.random() < 0.5 else []
+        if names:
+            rng.choice(names).name = f"renamed_{rng.randrange(100)}"
+        elif sub.node:
+            node = rng.choice(list(sub.node))
+            if node.input:
+                node.input[rng.randrange(len(node.input))] = f"outer_{rng.randrange(100)}"
+        return m.SerializeToString()
+    if not sub.node:
+        return m.SerializeToString()
+    wrapper = type(m)()
+    wrapper.graph.CopyFrom(sub)
+    mutated = type(m)()
+    mutated.ParseFromString(mutate(wrapper, kind, rng))
+    sub.CopyFrom(mutated.graph)
+    return m.SerializeToString()
+
+
 def mutate(seed_model: Any, kind: str, rng: random.Random) -> bytes:
     """Serialized bytes of ``seed_model`` after one mutation of ``kind``."""
     from onnx import AttributeProto
@@ -169,6 +263,8 @@ def mutate(seed_model: Any, kind: str, rng: random.Random) -> bytes:
     m = type(seed_model)()
     m.CopyFrom(seed_model)
     g = m.graph
+    if kind == "subgraph":
+        return _mutate_subgraph(m, rng)
     if kind == "truncate":
         data = m.SerializeToString()
         return data[:rng.randrange(0, len(data))]
@@ -337,7 +433,7 @@ def mutate(seed_model: Any, kind: str, rng: random.Random) -> bytes:
                  TensorProto.BOOL, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.COMPLEX64,
                  TensorProto.BFLOAT16, TensorProto.UINT64, 99]
         target = rng.randrange(3)
-        if target == 0:
+        if target == 0 and g.input:
             rng.choice(list(g.input)).type.tensor_type.elem_type = rng.choice(types)
         elif target == 1 and g.initializer:
             rng.choice(list(g.initializer)).data_type = rng.choice(types)
@@ -379,6 +475,8 @@ def make_case(seed: int, case: int) -> tuple[str, str, bytes]:
     rng = random.Random(seed * 1_000_003 + case)
     kind = KINDS[case % len(KINDS)]  # every kind equally often, in a fixed rotation
     seeds = _seeds()
+    if kind == "subgraph":
+        seeds = [m for m in seeds if _subgraphs(m.graph)]
     base = seeds[rng.randrange(len(seeds))]
     return kind, base.graph.name, mutate(base, kind, rng)
 
