@@ -26,7 +26,6 @@ import numpy as np
 import onnx
 import pytest
 
-from runtime.errors import ShapeError
 from runtime.errors import UnsupportedOpError
 from scripts.fetch_models import MODELS
 from scripts.fetch_models import FetchError
@@ -43,15 +42,8 @@ from tests.support.real_models import compare
 from tests.support.real_models import feeds_for
 
 _IF = "If is not supported yet (issue 15 item 4: a condition known at compile time inlines its branch)"
-_PAD = ("F.pad's pads are computed through a Transpose chain that import-time folding skips "
-        "(issue 15 item 1)")
 # each model that does not compile yet: (the exception type it raises today, its message -- the cause)
-XFAIL: dict[str, tuple[type[Exception], str]] = {
-    "silero-vad-16k-sequence": (ShapeError, "ShapeError: node '/stft/padding/Pad' (Pad): cannot infer a "
-                                f"static shape for output '/stft/padding/Pad_output_0' -- {_PAD}"),
-    "silero-vad-openvino-16k": (ShapeError, "ShapeError: node 'F0::If_0_then_branch__Inline_0__/stft/padding/"
-                                "Pad' (Pad): cannot infer a static shape for its output -- " + _PAD),
-}
+XFAIL: dict[str, tuple[type[Exception], str]] = {}
 # the If nodes of each Silero file that takes a state; the same at 1x576 and at the issue's 1x512
 _IF_NODES = {"silero-vad": "If_0", "silero-vad-16k-op15": "/model/decoder/If, /model/decoder/If_1, /model/If",
              "silero-vad-op18-ifless": "node_cond__1",

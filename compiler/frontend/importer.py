@@ -1,9 +1,12 @@
 """ONNX ModelProto -> IR Graph with static shapes and canonical op forms.
 
-Initializers (including those older models also list as graph inputs) become constants. Small
-integer shape computations whose inputs are all known (``Shape`` of a static tensor, Gather /
-Concat / Unsqueeze on constants) are evaluated right here, because canonical forms need their
-values (e.g. a Reshape's target shape) at compile time.
+Initializers (including those older models also list as graph inputs) become constants. Every node
+whose inputs are all known at compile time is evaluated right here (``folding.py``: no list of
+ops; random ops and large results excepted), because canonical forms need such values (a
+Reshape's target shape, a Pad's pads) at compile time; an output shape onnx's whole-model
+inference leaves unknown is inferred for its node alone from what is known of its inputs. A shape
+that still cannot be known is an error naming the node, the input and the graph inputs it comes
+from (``Knowledge.explain``).
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import onnx
 from onnx import helper
 from onnx import numpy_helper
 
+from compiler.frontend.canonical import COMPILE_TIME_INPUTS
 from compiler.frontend.canonical import CanonContext
 from compiler.frontend.canonical import canonicalize
 from compiler.frontend.canonical import np_dtype_of
 from compiler.frontend.canonical import onnx_attrs
 from compiler.frontend.dims import dim_label
 from compiler.frontend.dims import known_size
+from compiler.frontend.folding import Knowledge
 from compiler.frontend.loader import bind_input_shapes
 from compiler.frontend.loader import bind_input_values
 from compiler.frontend.loader import infer_shapes
@@ -30,30 +35,13 @@ from compiler.frontend.loader import load_model
 from compiler.frontend.loader import opset_of
 from compiler.frontend.window_shapes import infer_with_pool_sizes
 from compiler.ir.graph import Graph
-from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.limits import check_tensor_size
 from runtime.errors import ModelError
-from runtime.errors import OnnxAotError
 from runtime.errors import ShapeError
 from runtime.errors import UnsupportedOpError
 
 __all__ = ["import_model", "graph_from_proto"]
-
-# Ops evaluated at import time when every input is a constant and every output is an integer
-# tensor of at most FOLD_LIMIT elements (or a float one of at most FOLD_FLOAT_LIMIT): the shape
-# arithmetic of exported models.
-SHAPE_OPS = frozenset(
-    "Shape Gather Concat Unsqueeze Squeeze Reshape Flatten Cast Slice Add Sub Mul Div Equal "
-    "Where Identity ConstantOfShape Range Expand Tile Size Neg Abs Max Min ReduceProd "
-    "ReduceSum Less Greater Not And Or Mod CastLike LessOrEqual GreaterOrEqual Xor ReduceMax ReduceMin "
-    "Sign Pow".split()
-)
-FOLD_LIMIT = 4096
-# Float results are folded at import only when tiny (a Pad value, a window's scalar arithmetic):
-# canonical forms need them, and larger float folding is the level-1 pass's job.
-FOLD_FLOAT_LIMIT = 64
-
 
 def import_model(
     model: str | os.PathLike[str] | onnx.ModelProto,
@@ -100,8 +88,9 @@ def graph_from_proto(proto: onnx.ModelProto,
     used = frozenset({n for node in g_proto.node for n in node.input if n}
                      | {o.name for o in g_proto.output})
     node_names: set[str] = set()
+    knowledge = Knowledge(v.name for v in graph.inputs)
     for k, node_proto in enumerate(_ordered(g_proto, env)):
-        _import_node(graph, node_proto, k, env, types, opset, used, node_names)
+        _import_node(graph, node_proto, k, env, types, opset, used, node_names, knowledge)
 
     for out in g_proto.output:
         if out.name not in env:
@@ -212,7 +201,7 @@ def _ordered(g_proto: onnx.GraphProto, env: dict[str, Value]) -> list[onnx.NodeP
 
 def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str, Value],
                  types: dict[str, onnx.TypeProto], opset: int, used: frozenset[str],
-                 node_names: set[str]) -> None:
+                 node_names: set[str], knowledge: Knowledge) -> None:
     # Keep the ONNX node name (messages and plan.json name it) unless another node has it; a value
     # of the same name does not matter, node and value names are checked apart.
     if proto.name and proto.name not in node_names:
@@ -230,30 +219,31 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
     if proto.op_type == "Size" and proto.domain in ("", "ai.onnx"):  # static shapes: always known
         x = inputs[0]
         assert x is not None
-        value = Value(proto.output[0], const=np.array(x.size, np.int64))
-        graph.constants[value.name] = value
-        graph.reserve_name(value.name)
-        env[value.name] = value
-        graph.eliminated[name] = "shape computation"
+        _fold_into(graph, env, {proto.output[0]: np.array(x.size, np.int64)}, name)
         return
-    outputs = _output_values(proto, inputs, types, where, opset, used)
-    ctx = CanonContext(proto, name, onnx_attrs(proto), inputs, outputs, opset, graph, used)
+    outputs = _output_values(proto, inputs, types, where, opset, used, knowledge)
+    ctx = CanonContext(proto, name, onnx_attrs(proto), inputs, outputs, opset, graph, used,
+                       explain=knowledge.explain)
     nodes = canonicalize(ctx)
-    if _foldable(proto, inputs, outputs):
-        folded = _evaluate(nodes, where)
-        if folded is not None:
-            for value, array in zip(outputs, folded, strict=True):
-                const = Value(value.name, const=array)
-                graph.constants[value.name] = const
-                graph.reserve_name(value.name)
-                env[value.name] = const
-            graph.eliminated[name] = "shape computation"
-            return
+    folded = knowledge.fold(proto, name, nodes, outputs)
+    if folded is not None:
+        _fold_into(graph, env, folded, name)
+        return
     for node in nodes:
         graph.add_node(node)
         node_names.add(node.name)
     for value in outputs:
         env[value.name] = value
+
+
+def _fold_into(graph: Graph, env: dict[str, Value], arrays: dict[str, np.ndarray], name: str) -> None:
+    """The folded ONNX node ``name``'s results become constants of those names."""
+    for value_name, array in arrays.items():
+        const = Value(value_name, const=array)
+        graph.constants[value_name] = const
+        graph.reserve_name(value_name)
+        env[value_name] = const
+    graph.eliminated[name] = "shape computation"
 
 
 def _constant(graph: Graph, proto: onnx.NodeProto, where: str) -> Value:
@@ -277,7 +267,9 @@ def _constant(graph: Graph, proto: onnx.NodeProto, where: str) -> Value:
 
 
 def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dict[str, onnx.TypeProto],
-                   where: str, opset: int, used: frozenset[str]) -> list[Value]:
+                   where: str, opset: int, used: frozenset[str], knowledge: Knowledge) -> list[Value]:
+    """The node's outputs with dtypes and shapes: onnx's whole-model inference, else the node
+    inferred alone from what is known of its inputs (see folding.py for why that suffices)."""
     outputs: list[Value] = []
     fallback: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
     for name in proto.output:
@@ -295,10 +287,28 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dic
                 outputs.append(Value(name))
                 continue
             if name not in fallback:
-                raise ShapeError(f"{where}: cannot infer a static shape for output {name!r}") from None
+                raise _unknown_shape(proto, inputs, name, where, knowledge) from None
             dtype, shape = fallback[name]
         outputs.append(Value(name, dtype, shape))
     return outputs
+
+
+def _unknown_shape(proto: onnx.NodeProto, inputs: list[Value | None], output: str, where: str,
+                   knowledge: Knowledge) -> ShapeError:
+    """Output ``output`` has no static shape: name the inputs not known at compile time whose values
+    it depends on, the graph inputs they come from and what to do."""
+    listed = COMPILE_TIME_INPUTS.get(proto.op_type) if proto.domain in ("", "ai.onnx") else None
+    unknown = [(i, v) for i, v in enumerate(inputs)
+               if v is not None and v.const is None and (listed is None or i in listed)]
+    message = f"{where}: cannot infer a static shape for output {output!r}"
+    if not unknown:
+        return ShapeError(f"{message} (onnx's shape inference gives none from what is known of its inputs)")
+    i, value = unknown[0]
+    unknown_input = f"input {i} ({value.name!r})"
+    if listed is not None:
+        unknown_input = f"it depends on the value of {unknown_input}, which"
+    why = knowledge.explain(value.name)
+    return ShapeError(f"{message}: {unknown_input} is not known at compile time: {why}")
 
 
 def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
@@ -332,50 +342,3 @@ def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
 
 def _infer_plain(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model, data_prop=True)
-
-
-def _foldable(proto: onnx.NodeProto, inputs: list[Value | None], outputs: list[Value]) -> bool:
-    if proto.domain not in ("", "ai.onnx") or proto.op_type not in SHAPE_OPS:
-        return False
-    if proto.op_type == "Shape":
-        pass  # static shapes: Shape folds whatever its input is
-    elif proto.op_type == "CastLike":
-        if inputs[0] is None or inputs[0].const is None:  # the like input gives only its dtype
-            return False
-    elif not all(v is None or v.const is not None for v in inputs):
-        return False
-    return all(v.dtype is not None and v.size <= (FOLD_LIMIT if v.dtype.kind in "iub" else FOLD_FLOAT_LIMIT)
-               for v in outputs)
-
-
-def _evaluate(nodes: list[Node], where: str) -> list[np.ndarray] | None:
-    from runtime.kernels import get_kernel
-
-    results: dict[int, np.ndarray] = {}
-    for node in nodes:
-        args: list[Any] = []
-        for value in node.inputs:
-            if value is None:
-                args.append(None)
-            elif id(value) in results:
-                args.append(results[id(value)])
-            elif value.const is not None:
-                args.append(value.const)
-            elif node.op_type == "Shape":
-                # only the shape is read: a broadcast view costs no memory whatever the size
-                args.append(np.broadcast_to(np.zeros((), value.dtype), value.shape or ()))
-            else:
-                return None
-        try:
-            kernel = get_kernel(node.kind)
-            specs = [(v.shape or (), v.dtype) for v in node.outputs]
-            outs = kernel(np, args, node.attrs, specs)
-        except OnnxAotError:
-            return None
-        except Exception as exc:
-            raise ModelError(f"{where}: evaluating it at compile time failed: {exc}") from None
-        for value, array in zip(node.outputs, outs, strict=True):
-            # (ascontiguousarray makes 0-d arrays 1-d: reshape after it)
-            result = np.ascontiguousarray(np.asarray(array, dtype=value.dtype))
-            results[id(value)] = result.reshape(value.shape)
-    return [results[id(v)] for v in nodes[-1].outputs]

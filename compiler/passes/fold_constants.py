@@ -1,9 +1,15 @@
 """Evaluate nodes whose inputs are all constants, at compile time, with the reference kernels.
 
+The import already folds every node whose known results total at most 64 KiB, at every level
+(``compiler/frontend/folding.py``; docs/ops.md, "Folding"). This level-1 pass is the optimization
+on top: what is left, i.e. larger results (weights a model computes: a Transpose or
+DequantizeLinear of a weight), and nodes whose inputs other passes made constant. It trades
+weights.bin bytes for run time, so ``-O0`` keeps those nodes.
+
 A foldable node is deterministic, has a reference kernel, and either produces less than
 ``MAX_FOLD_NBYTES`` or is one of the shape-plumbing ops (Shape, Gather, Concat, Reshape, Cast,
-ConstantOfShape, ...) that are always folded. ``Shape`` folds whatever its input, since every
-shape is static; so Shape -> Gather -> Unsqueeze -> Concat -> Reshape chains fold away. A folded
+ConstantOfShape, ...) that are always folded (the light zoo builds its weights with
+ConstantOfShape). ``Shape`` folds whatever its input, since every shape is static. A folded
 node's outputs become new constants; a node producing a graph output becomes an
 ``onnx_aot.Copy`` of the constant so the output keeps its name. A kernel that is missing or
 fails leaves the node alone: folding is an optimization, never a reason to fail.

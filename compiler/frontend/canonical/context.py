@@ -3,6 +3,7 @@ canonical form needs: ONNX attributes to Python values, ONNX element types to nu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,8 @@ class CanonContext:
     opset: int
     graph: Graph
     used: frozenset[str]  # ONNX value names something consumes (or the graph outputs)
+    # why a value is not known at compile time and what to do (the importer's Knowledge.explain)
+    explain: Callable[[str], str] | None = None
 
     @property
     def op_type(self) -> str:
@@ -92,8 +95,9 @@ class CanonContext:
         if value is None:
             return None
         if value.const is None:
+            why = f": {self.explain(value.name)}" if self.explain is not None else ""
             raise self.error(
-                f"input {i} ({what}, {value.name!r}) must be a constant for ahead-of-time compilation"
+                f"input {i} ({what}, {value.name!r}) must be a constant for ahead-of-time compilation{why}"
             )
         return value.const
 
