@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from compiler.frontend.folding import FOLD_MAX_BYTES
 from compiler.frontend.folding import Knowledge
+from compiler.frontend.folding import Producer
 from compiler.frontend.folding import is_random
 from compiler.frontend.importer import import_model
 from compiler.ir.evaluate import evaluate
@@ -234,3 +235,30 @@ def test_a_shape_known_only_after_an_upstream_fold_reaches_the_nodes_after_it() 
     imported = import_model(model)
     assert kinds(imported) == ["Pad", "Relu", "Reshape"]
     assert [n.outputs[0].shape for n in imported.nodes] == [(1, 1, 832), (1, 1, 832), (832,)]
+
+
+def test_explain_walks_past_known_values_to_graph_inputs_and_unrecorded_producers() -> None:
+    # t = Mul(a, u) where a is a graph input and u comes from a node folding never saw (a data-dependent
+    # If, say); s = Relu(t). Constants on the way are not listed: only what is unknown is followed.
+    knowledge = Knowledge(["a", "b"])
+    knowledge.stays(Producer("mul", "Mul", ("a", "u"), ""), ["t"])
+    knowledge.stays(Producer("relu", "Relu", ("t",), ""), ["s"])
+    assert knowledge.sources("s") == (["a"], [], ["u"])
+    message = knowledge.explain("s")
+    assert message.startswith("it comes from graph input 'a'; if its value is fixed for your use, make it a "
+                              "constant with --bind a=VALUES")
+    assert message.endswith("; 'u' comes from a node the folding does not evaluate")
+
+
+def test_a_kernel_that_refuses_leaves_the_node_and_says_why() -> None:
+    # GatherElements with an out-of-range constant index: the reference kernel raises, so the node stays
+    # (the C kernel writes zeros there) and the reason is kept for the messages
+    data = Value("data", const=np.arange(4, dtype=F32))
+    index = Value("index", const=np.array([7], I64))
+    out = Value("g", F32, (1,))
+    proto = helper.make_node("GatherElements", ["data", "index"], ["g"], name="gather")
+    knowledge = Knowledge([])
+    assert knowledge.fold(proto, "gather", [Node("GatherElements", [data, index], [out], {"axis": 0})],
+                          [out]) is None
+    why = knowledge.explain("g")
+    assert why.startswith("node 'gather' (GatherElements) stays a node: evaluating it failed (")
