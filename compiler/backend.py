@@ -30,6 +30,9 @@ from onnx.backend.base import namedtupledict
 
 from compiler.driver import compile_model
 from compiler.frontend.canonical import COMPILE_TIME_INPUTS
+from compiler.frontend.control import outer_names
+from compiler.frontend.control import subgraphs
+from compiler.frontend.control import walk_nodes
 from compiler.frontend.importer import reject_unknown_ops
 from runtime.errors import InputError
 from runtime.errors import ModelError
@@ -50,10 +53,11 @@ def compile_time_inputs(graph: onnx.GraphProto) -> list[str]:
     """
     initializers = {t.name for t in graph.initializer}
     inputs = [i.name for i in graph.input if i.name not in initializers]
-    producer = {out: node for node in graph.node for out in node.output if out}
+    nodes = list(walk_nodes(graph))  # subgraphs too (their value names are unique model-wide)
+    producer = {out: node for node in nodes for out in node.output if out}
     needed: set[str] = set()
     seen: set[str] = set()
-    stack = [node.input[i] for node in graph.node
+    stack = [node.input[i] for node in nodes
              for i in COMPILE_TIME_INPUTS.get(node.op_type, ()) if i < len(node.input) and node.input[i]]
     while stack:
         name = stack.pop()
@@ -64,8 +68,20 @@ def compile_time_inputs(graph: onnx.GraphProto) -> list[str]:
         if node is None:
             needed.add(name)
         elif node.op_type not in ("Shape", "Size"):
-            stack.extend(n for n in node.input if n)
+            stack.extend(_sources(node, name))
     return [name for name in inputs if name in needed]
+
+
+def _sources(node: onnx.NodeProto, output: str) -> list[str]:
+    """The values ``node``'s ``output`` is computed from: its inputs and, for an If, the branches'
+    matching outputs; for a Loop or Scan, also whatever outer values its body reads."""
+    names = [n for n in node.input if n]
+    if node.op_type == "If":
+        k = list(node.output).index(output)
+        names += [g.output[k].name for g in subgraphs(node) if k < len(g.output)]
+    else:
+        names += [n for g in subgraphs(node) for n in sorted(outer_names(g))]
+    return names
 
 
 def _static_shape(value_info: onnx.ValueInfoProto) -> bool:

@@ -19,7 +19,8 @@ CORE = re.compile(
     r"reordered_all_dims|transpose_all_permutations_0|gather_0|slice|split_equal_parts_1d|batchnorm_"
     r"epsilon|layer_normalization_4d_axis1|reduce_mean_default_axes_keepdims_example|where_example|"
     r"expand_dim_changed|tile|reflect_pad|argmax_default_axis_example|"
-    r"top_k|einsum_batch_matmul|cast_FLOAT_to_DOUBLE|erf|gelu_default_1|range_int32_type_negative_delta)_cpu$"
+    r"top_k|einsum_batch_matmul|cast_FLOAT_to_DOUBLE|erf|gelu_default_1|range_int32_type_negative_delta|"
+    r"if|loop11|scan_sum|scan9_sum|scan9_multi_state|scan9_scalar)_cpu$"
 )
 ALL = conformance.case_names()
 SUBSET = sorted(set(ALL[::12]) | {n for n in ALL if CORE.match(n)})

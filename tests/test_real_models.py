@@ -26,7 +26,6 @@ import numpy as np
 import onnx
 import pytest
 
-from runtime.errors import UnsupportedOpError
 from scripts.fetch_models import MODELS
 from scripts.fetch_models import FetchError
 from scripts.fetch_models import RealModel
@@ -41,16 +40,8 @@ from tests.support.real_models import CompileCache
 from tests.support.real_models import compare
 from tests.support.real_models import feeds_for
 
-_IF = "If is not supported yet (issue 15 item 4: a condition known at compile time inlines its branch)"
 # each model that does not compile yet: (the exception type it raises today, its message -- the cause)
 XFAIL: dict[str, tuple[type[Exception], str]] = {}
-# the If nodes of each Silero file that takes a state; the same at 1x576 and at the issue's 1x512
-_IF_NODES = {"silero-vad": "If_0", "silero-vad-16k-op15": "/model/decoder/If, /model/decoder/If_1, /model/If",
-             "silero-vad-op18-ifless": "node_cond__1",
-             "silero-vad-half": "/decoder/If, /decoder/If_1, /If (conditions on shapes)"}
-for _name, _nodes in _IF_NODES.items():
-    for _variant in (_name, f"{_name}@512"):
-        XFAIL[_variant] = (UnsupportedOpError, f"UnsupportedOpError: {_nodes} (If) -- {_IF}")
 
 
 def _param(model: RealModel) -> object:

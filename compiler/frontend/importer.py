@@ -25,6 +25,14 @@ from compiler.frontend.canonical import CanonContext
 from compiler.frontend.canonical import canonicalize
 from compiler.frontend.canonical import np_dtype_of
 from compiler.frontend.canonical import onnx_attrs
+from compiler.frontend.control import CONTROL_FLOW_OPS
+from compiler.frontend.control import ControlScope
+from compiler.frontend.control import import_control_flow
+from compiler.frontend.control import is_control_flow
+from compiler.frontend.control import names_in
+from compiler.frontend.control import referenced_names
+from compiler.frontend.control import subgraphs
+from compiler.frontend.control import walk_nodes
 from compiler.frontend.dims import dim_label
 from compiler.frontend.dims import known_size
 from compiler.frontend.folding import Knowledge
@@ -85,12 +93,20 @@ def graph_from_proto(proto: onnx.ModelProto,
         dtype, shape = _static_type(types, inp.name, f"graph input {inp.name!r}")
         env[inp.name] = graph.add_input(Value(inp.name, dtype, shape))
 
-    used = frozenset({n for node in g_proto.node for n in node.input if n}
-                     | {o.name for o in g_proto.output})
+    used = frozenset(referenced_names(g_proto))  # (subgraphs read outer values by name too)
     node_names: set[str] = set()
     knowledge = Knowledge(v.name for v in graph.inputs)
+
+    def import_one(node_proto: onnx.NodeProto, used_here: frozenset[str], k: int = 0) -> None:
+        if is_control_flow(node_proto):  # If / Loop / Scan: inlined or unrolled (frontend/control/)
+            import_control_flow(scope, node_proto, node_proto.name or f"{node_proto.op_type}_{k}")
+        else:
+            _import_node(graph, node_proto, k, env, types, opset, used_here, node_names, knowledge)
+
+    scope = ControlScope(graph, env, types, opset, list(inferred.opset_import), used, names_in(g_proto),
+                         import_one)
     for k, node_proto in enumerate(_ordered(g_proto, env)):
-        _import_node(graph, node_proto, k, env, types, opset, used, node_names, knowledge)
+        import_one(node_proto, used, k)
 
     for out in g_proto.output:
         if out.name not in env:
@@ -122,22 +138,23 @@ def reject_unknown_ops(proto: onnx.ModelProto) -> None:
     kinds = supported_kinds() | {"Constant", "Size"} | canonical_op_types()
     from compiler.frontend.canonical.index import DATA_DEPENDENT_OPS
 
-    dynamic = [(node.name or f"{node.op_type}_{k}", node.op_type) for k, node in enumerate(proto.graph.node)
+    nodes = list(walk_nodes(proto.graph))  # subgraphs' nodes too
+    dynamic = [(node.name or f"{node.op_type}_{k}", node.op_type) for k, node in enumerate(nodes)
                if node.domain in ("", "ai.onnx") and node.op_type in DATA_DEPENDENT_OPS]
     if dynamic:
         listed = "\n  ".join(f"{name} ({op})" for name, op in dynamic)
         raise UnsupportedOpError(f"{len(dynamic)} node(s) have output shapes that depend on input values, "
                                  f"which ahead-of-time compilation cannot know:\n  {listed}", dynamic)
-    subgraph = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-    graphs = [(node.name or f"{node.op_type}_{k}", node.op_type) for k, node in enumerate(proto.graph.node)
-              if any(a.type in subgraph for a in node.attribute)]
+    graphs = [(node.name or f"{node.op_type}_{k}", node.op_type) for k, node in enumerate(nodes)
+              if subgraphs(node) and not is_control_flow(node)]
+    kinds |= CONTROL_FLOW_OPS
     bad = []
-    for k, node in enumerate(proto.graph.node):
+    for k, node in enumerate(nodes):
         domain = node.domain if node.domain not in ("", "ai.onnx") else ""
         kind = CANONICAL_KIND.get(node.op_type, node.op_type) if not domain else f"{domain}.{node.op_type}"
         if kind not in kinds:
             bad.append((node.name or f"{node.op_type}_{k}", node.op_type if not domain else kind))
-    bad += [entry for entry in graphs if entry not in bad]  # subgraphs: control flow, FlexAttention mods
+    bad += [entry for entry in graphs if entry not in bad]  # subgraphs other than If/Loop/Scan's
     if bad:
         listed = "\n  ".join(f"{name} ({op})" for name, op in bad)
         raise UnsupportedOpError(f"{len(bad)} node(s) use ops onnx-aot does not support:\n  {listed}", bad)
@@ -315,14 +332,14 @@ def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
                   opset: int) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """Shape-infer one node alone (in the model's opset), its constant inputs given as initializers."""
     value_infos, inits = [], []
-    for value in inputs:
-        if value is None:
+    for onnx_name, value in zip(proto.input, inputs, strict=True):  # (a value may be named apart:
+        if value is None:                                            # an If's output is its branch's)
             continue
         if value.const is not None:
-            inits.append(numpy_helper.from_array(value.const, value.name))
+            inits.append(numpy_helper.from_array(value.const, onnx_name))
         assert value.dtype is not None
         elem = helper.np_dtype_to_tensor_dtype(value.dtype)
-        value_infos.append(helper.make_tensor_value_info(value.name, elem, value.shape))
+        value_infos.append(helper.make_tensor_value_info(onnx_name, elem, value.shape))
     outs = [helper.make_empty_tensor_value_info(n) for n in proto.output if n]
     graph = helper.make_graph([proto], "single", value_infos, outs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -26,7 +26,7 @@ COMPILE_TIME_INPUTS: dict[str, tuple[int, ...]] = {
     "CenterCropPad": (1,), "Trilu": (1,), "CumSum": (1,), "CumProd": (1,), "Col2Im": (1, 2), "DFT": (1, 2),
     "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
     "MelWeightMatrix": (0, 1, 2, 3, 4), "AffineGrid": (1,), "EyeLike": (),
-    "MaxUnpool": (2,),
+    "MaxUnpool": (2,), "Loop": (0, 1),  # a trip count and a first condition decide the unrolling
     **{op: (1,) for op in _REDUCE_OPS},
 }
 

@@ -1,0 +1,276 @@
+"""``Loop`` and ``Scan`` at import: unrolled, the body imported once per iteration.
+
+Every iteration imports the body with its iteration number a constant (so indices computed from it
+fold) and the loop-carried values of the previous iteration as its inputs; scan outputs are the
+iterations' values stacked along the scan axis. Unrolling is the rule, not an option: a loop whose
+trip count (or exit condition) is known at compile time and whose unrolled body stays within
+MAX_UNROLLED_NODES nodes compiles; others are refused with the reason.
+
+A Loop's condition that is known only at run time is honoured with ``Where``: from the iteration in
+which it turns false, the carried values stay as they were (the later iterations' results are
+computed and dropped). Scan outputs then would have a length that depends on the data: refused, as
+is a Loop with neither a trip count nor a condition known at compile time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from compiler.frontend.control.branches import bind_outputs
+from compiler.frontend.control.scope import ControlScope
+from compiler.frontend.control.scope import inline
+from compiler.frontend.control.scope import scalar
+from compiler.frontend.control.scope import select
+from runtime.errors import ModelError
+from runtime.errors import UnsupportedOpError
+
+__all__ = ["MAX_UNROLLED_NODES", "import_loop", "import_scan"]
+
+# An unrolled Loop or Scan may add at most this many body nodes (iterations x body nodes).
+MAX_UNROLLED_NODES = 20_000
+
+Flag = bool | str  # True / False known at compile time, or the name of a run-time bool scalar
+
+
+def _body(node: onnx.NodeProto, where: str) -> onnx.GraphProto:
+    for attr in node.attribute:
+        if attr.name == "body" and attr.type == onnx.AttributeProto.GRAPH:
+            return attr.g
+    raise ModelError(f"{where}: no body graph")
+
+
+def _ints(node: onnx.NodeProto, key: str, default: list[int]) -> list[int]:
+    for attr in node.attribute:
+        if attr.name == key:
+            return [int(v) for v in helper.get_attribute_value(attr)]
+    return default
+
+
+def _check_size(name: str, where: str, iterations: int, body: onnx.GraphProto) -> None:
+    if iterations * max(len(body.node), 1) > MAX_UNROLLED_NODES:
+        raise UnsupportedOpError(
+            f"{where}: {iterations} iterations of a {len(body.node)}-node body exceed the "
+            f"{MAX_UNROLLED_NODES} nodes onnx-aot unrolls a loop into; loops are compiled by "
+            f"unrolling only",
+            [(name, "Loop/Scan")],
+        )
+
+
+def _like_input(scope: ControlScope, info: onnx.ValueInfoProto, array: np.ndarray, base: str) -> str:
+    """A constant ``array`` shaped as the body input ``info`` declares (scalar or one element)."""
+    dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else []
+    if dims and all(d.HasField("dim_value") for d in dims) and int(np.prod([d.dim_value for d in dims])) == 1:
+        array = array.reshape([d.dim_value for d in dims])
+    return scope.constant(base, array)
+
+
+def _stack(scope: ControlScope, names: list[str], axis: int, base: str, where: str) -> str:
+    """The values ``names`` (one shape) stacked along a new axis ``axis`` (negative: from the end)."""
+    if not names:
+        raise UnsupportedOpError(
+            f"{where}: a scan output of zero iterations (empty tensors are not supported)"
+        )
+    shapes = {scope.env[n].shape for n in names}
+    if len(shapes) != 1:
+        found = ", ".join(sorted(map(str, shapes)))
+        raise UnsupportedOpError(f"{where}: a scan output's iterations differ in shape: {found}")
+    shape = list(shapes.pop() or ())
+    axis = axis + len(shape) + 1 if axis < 0 else axis
+    if not 0 <= axis <= len(shape):
+        raise ModelError(f"{where}: scan output axis {axis} out of range for rank {len(shape) + 1}")
+    target = scope.constant(f"{base}/shape", np.array([*shape[:axis], 1, *shape[axis:]], np.int64))
+    parts = [scope.emit("Reshape", [n, target], base) for n in names]
+    return parts[0] if len(parts) == 1 else scope.emit("Concat", parts, base, axis=axis)
+
+
+def _take(scope: ControlScope, x: str, index: int, axis: int, base: str) -> str:
+    """``x``'s slice ``index`` along ``axis`` (the axis removed)."""
+    return scope.emit(
+        "Gather", [x, scope.constant(f"{base}/index", np.array(index, np.int64))], base, axis=axis
+    )
+
+
+def _initial_flag(scope: ControlScope, node: onnx.NodeProto, name: str, where: str) -> Flag:
+    if len(node.input) < 2 or not node.input[1]:
+        return True
+    cond = scope.value(node.input[1], where)
+    if cond.size != 1:
+        raise ModelError(f"{where}: the condition has {cond.size} elements, not one")
+    if cond.const is not None:
+        return bool(cond.const.reshape(-1)[0])
+    return scalar(scope, node.input[1], name)
+
+
+def _trip_count(scope: ControlScope, node: onnx.NodeProto, name: str, where: str) -> int | None:
+    if not node.input or not node.input[0]:
+        return None
+    trip = scope.value(node.input[0], where)
+    if trip.const is None:
+        raise UnsupportedOpError(
+            f"{where}: the trip count {node.input[0]!r} is not known at compile time; onnx-aot unrolls "
+            "loops and needs it then (--bind the graph inputs it is computed from)",
+            [(name, "Loop")],
+        )
+    return int(trip.const.reshape(-1)[0])
+
+
+def _next_flag(scope: ControlScope, flag: Flag, cond_out: str, base: str) -> Flag:
+    value = scope.env[cond_out]
+    if value.const is not None:
+        keep = bool(value.const.reshape(-1)[0])
+        return flag if keep else False
+    now = scalar(scope, cond_out, base)
+    return now if flag is True else scope.emit("And", [str(flag), now], base)
+
+
+def import_loop(scope: ControlScope, node: onnx.NodeProto, name: str, where: str) -> None:
+    body = _body(node, where)
+    carried = list(node.input[2:])
+    n_scan = len(body.output) - 1 - len(carried)
+    if len(body.input) != len(carried) + 2 or n_scan < 0 or len(node.output) != len(carried) + n_scan:
+        raise ModelError(
+            f"{where}: the body's inputs/outputs do not match the node's "
+            f"({len(body.input)} in, {len(body.output)} out for {len(carried)} carried values)"
+        )
+    if not all(carried):
+        raise ModelError(f"{where}: a loop-carried input has no name")
+    trip = _trip_count(scope, node, name, where)
+    flag = _initial_flag(scope, node, name, where)
+    if trip is not None:
+        _check_size(name, where, trip, body)
+    scans: list[list[str]] = [[] for _ in range(n_scan)]
+    i = 0
+    while (trip is None or i < trip) and flag is not False:
+        if not isinstance(flag, bool) and (trip is None or n_scan):
+            what = (
+                "it has no trip count"
+                if trip is None
+                else "the length of its scan outputs would depend on it"
+            )
+            raise UnsupportedOpError(
+                f"{where}: the loop condition is known only at run time and {what}; "
+                "--bind the graph inputs it depends on",
+                [(name, "Loop")],
+            )
+        _check_size(name, where, i + 1, body)
+        base = f"{name}/iter{i}"
+        cond_in = (
+            _like_input(scope, body.input[1], np.array(True), f"{base}/cond") if flag is True else str(flag)
+        )
+        bindings = {
+            body.input[0].name: _like_input(scope, body.input[0], np.array(i, np.int64), f"{base}/i"),
+            body.input[1].name: cond_in,
+            **{info.name: value for info, value in zip(body.input[2:], carried, strict=True)},
+        }
+        outs = inline(scope, body, base, bindings, where)
+        new = outs[1 : 1 + len(carried)]
+        if flag is not True:
+            new = [
+                select(scope, str(flag), n, c, f"{base}/keep", where)
+                for n, c in zip(new, carried, strict=True)
+            ]
+        carried = new
+        for k, out in enumerate(outs[1 + len(carried) :]):
+            scans[k].append(out)
+        flag = _next_flag(scope, flag, outs[0], f"{base}/cond")
+        i += 1
+    stacked = [_stack(scope, elems, 0, f"{name}/scan{k}", where) for k, elems in enumerate(scans)]
+    bind_outputs(scope, node, carried + stacked, where)
+    scope.graph.eliminated[name] = f"Loop: unrolled, {i} iteration(s)"
+
+
+def _scan_iterations(
+    scope: ControlScope,
+    node: onnx.NodeProto,
+    body: onnx.GraphProto,
+    states: list[str],
+    xs: list[str],
+    base: str,
+    where: str,
+) -> tuple[list[str], list[str]]:
+    """Run the Scan (opset 9 semantics) over ``xs`` from ``states``: (final states, scan outputs)."""
+    in_axes = _ints(node, "scan_input_axes", [0] * len(xs))
+    in_dirs = _ints(node, "scan_input_directions", _ints(node, "directions", [0] * len(xs)))
+    n_out = len(body.output) - len(states)
+    out_axes = _ints(node, "scan_output_axes", [0] * n_out)
+    out_dirs = _ints(node, "scan_output_directions", [0] * n_out)
+    if len(in_axes) != len(xs) or len(in_dirs) != len(xs) or len(out_axes) != n_out or len(out_dirs) != n_out:
+        raise ModelError(f"{where}: scan axes/directions do not match the number of scan inputs/outputs")
+    ranks = [len(scope.value(x, where).shape or ()) for x in xs]
+    axes = [a + r if a < 0 else a for a, r in zip(in_axes, ranks, strict=True)]
+    lengths = {(scope.env[x].shape or ())[a] for x, a in zip(xs, axes, strict=True)}
+    if len(lengths) != 1:
+        raise ModelError(
+            f"{where}: the scan inputs differ in length along their scan axes: {sorted(lengths)}"
+        )
+    seq = lengths.pop()
+    _check_size(base, where, seq, body)
+    elems: list[list[str]] = [[] for _ in range(n_out)]
+    for t in range(seq):
+        step = f"{base}/iter{t}"
+        slices = [
+            _take(scope, x, seq - 1 - t if d else t, a, step)
+            for x, a, d in zip(xs, axes, in_dirs, strict=True)
+        ]
+        bindings = {info.name: v for info, v in zip(body.input, states + slices, strict=True)}
+        outs = inline(scope, body, step, bindings, where)
+        states = outs[: len(states)]
+        for k, out in enumerate(outs[len(states) :]):
+            elems[k].append(out)
+    outputs = [
+        _stack(scope, e[::-1] if d else e, a, f"{base}/scan{k}", where)
+        for k, (e, a, d) in enumerate(zip(elems, out_axes, out_dirs, strict=True))
+    ]
+    return states, outputs
+
+
+def import_scan(scope: ControlScope, node: onnx.NodeProto, name: str, where: str) -> None:
+    body = _body(node, where)
+    n_in = [int(a.i) for a in node.attribute if a.name == "num_scan_inputs"]
+    if not n_in:
+        raise ModelError(f"{where}: no num_scan_inputs attribute")
+    batched = scope.opset < 9
+    inputs = list(node.input[1:] if batched else node.input)
+    n_states = len(inputs) - n_in[0]
+    if n_states < 0 or len(body.input) != len(inputs) or not all(inputs):
+        raise ModelError(
+            f"{where}: the body's {len(body.input)} inputs do not match the node's {len(inputs)}"
+        )
+    if batched:
+        _import_scan8(scope, node, body, inputs[:n_states], inputs[n_states:], name, where)
+    else:
+        states, outs = _scan_iterations(scope, node, body, inputs[:n_states], inputs[n_states:], name, where)
+        bind_outputs(scope, node, states + outs, where)
+    scope.graph.eliminated[name] = "Scan: unrolled"
+
+
+def _import_scan8(
+    scope: ControlScope,
+    node: onnx.NodeProto,
+    body: onnx.GraphProto,
+    states: list[str],
+    xs: list[str],
+    name: str,
+    where: str,
+) -> None:
+    """Scan-8: every input has a leading batch axis; each batch entry is scanned on its own."""
+    if node.input[0] and scope.value(node.input[0], where).const is None:
+        raise UnsupportedOpError(f"{where}: sequence_lens known only at run time", [(name, "Scan")])
+    if node.input[0]:
+        lens = scope.env[node.input[0]].const
+        full = (scope.value(xs[0], where).shape or (0, 0))[1]
+        if lens is not None and np.any(lens != full):
+            raise UnsupportedOpError(f"{where}: sequences shorter than the scan axis", [(name, "Scan")])
+    batch = (scope.value((states + xs)[0], where).shape or (0,))[0]
+    results: list[list[str]] = []
+    for b in range(batch):
+        base = f"{name}/batch{b}"
+        own_states = [_take(scope, s, b, 0, base) for s in states]
+        own_xs = [_take(scope, x, b, 0, base) for x in xs]
+        finals, outs = _scan_iterations(scope, node, body, own_states, own_xs, base, where)
+        results.append(finals + outs)
+    columns = [[row[k] for row in results] for k in range(len(node.output))]
+    stacked = [_stack(scope, col, 0, f"{name}/out{k}", where) for k, col in enumerate(columns)]
+    bind_outputs(scope, node, stacked, where)

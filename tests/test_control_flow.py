@@ -1,0 +1,280 @@
+"""If, Loop and Scan (compiler/frontend/control/): inlined or unrolled at import, checked against
+onnxruntime on small models built here, and the refusals that name the node and the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+
+from compiler.driver import compile_model
+from compiler.frontend.importer import import_model
+from runtime.errors import UnsupportedOpError
+from runtime.session import Session
+from tests.support.models import onnx_model
+from tests.support.models import ort_run
+
+F = TensorProto.FLOAT
+
+
+def _const(name: str, array: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(array), name))
+
+
+def _graph(
+    nodes: list[onnx.NodeProto], name: str, inputs: list[onnx.ValueInfoProto], outputs: list[str]
+) -> onnx.GraphProto:
+    return helper.make_graph(nodes, name, inputs, [helper.make_empty_tensor_value_info(o) for o in outputs])
+
+
+def _compiled(model: onnx.ModelProto, tmp_path: Path, **options: object) -> Session:
+    return Session(compile_model(model, tmp_path / "art", **options))  # type: ignore[arg-type]
+
+
+def _check(model: onnx.ModelProto, tmp_path: Path, feeds: dict[str, np.ndarray], **options: object) -> None:
+    session = _compiled(model, tmp_path, **options)
+    binds = options.get("binds") or {}
+    ours = session.run(None, {k: v for k, v in feeds.items() if k not in binds})  # type: ignore[operator]
+    for got, want in zip(ours, ort_run(model, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _branches(x: str = "x") -> tuple[onnx.GraphProto, onnx.GraphProto]:
+    """then: x * 2 (through a nested If on a constant that reads the outer ``x``); else: x - 1. Both
+    branches name their result ``r``."""
+    inner_then = _graph([helper.make_node("Mul", [x, "two"], ["r2"])], "inner_then", [], ["r2"])
+    inner_else = _graph([helper.make_node("Neg", [x], ["r3"])], "inner_else", [], ["r3"])
+    then = _graph(
+        [
+            _const("two", np.float32(2)),
+            _const("yes", np.array(True)),
+            helper.make_node("If", ["yes"], ["r"], then_branch=inner_then, else_branch=inner_else),
+        ],
+        "then",
+        [],
+        ["r"],
+    )
+    other = _graph(
+        [_const("one", np.float32(1)), helper.make_node("Sub", [x, "one"], ["r"])], "else", [], ["r"]
+    )
+    return then, other
+
+
+def _if_model(cond_nodes: list[onnx.NodeProto], inputs: list[tuple[str, int, list[int]]]) -> onnx.ModelProto:
+    then, other = _branches()
+    nodes = [
+        *cond_nodes,
+        helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+        helper.make_node("Add", ["y", "x"], ["z"]),
+    ]
+    return onnx_model(nodes, [("x", F, [2, 3]), *inputs], [("z", F, [2, 3])])
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_an_if_with_a_constant_condition_inlines_the_branch_taken(tmp_path: Path, flag: bool) -> None:
+    model = _if_model([_const("c", np.array(flag))], [])
+    graph = import_model(model)
+    assert "If" not in {n.op_type for n in graph} and "Where" not in {n.op_type for n in graph}
+    assert "Mul" in {n.op_type for n in graph} if flag else "Sub" in {n.op_type for n in graph}
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    _check(model, tmp_path, {"x": x})
+
+
+def test_an_if_condition_folded_from_a_bound_input_inlines_one_branch(tmp_path: Path) -> None:
+    """Silero VAD's pattern: ``sr == 16000`` with ``--bind sr=16000``."""
+    model = _if_model(
+        [_const("k", np.array(16000, np.int64)), helper.make_node("Equal", ["sr", "k"], ["c"])],
+        [("sr", TensorProto.INT64, [])],
+    )
+    graph = import_model(model, binds={"sr": 16000})
+    assert {n.op_type for n in graph} == {"Mul", "Add"}
+    x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+    _check(model, tmp_path, {"x": x, "sr": np.array(16000, np.int64)}, binds={"sr": 16000})
+
+
+def test_an_if_condition_known_at_run_time_selects_between_both_branches(tmp_path: Path) -> None:
+    model = _if_model([], [("c", TensorProto.BOOL, [])])
+    session = _compiled(model, tmp_path)
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    for flag in (True, False):
+        feeds = {"x": x, "c": np.array(flag)}
+        np.testing.assert_allclose(session.run(None, feeds)[0], ort_run(model, feeds)[0], rtol=1e-6)
+
+
+def test_branches_of_different_shapes_under_a_run_time_condition_are_refused() -> None:
+    then = _graph([helper.make_node("Identity", ["x"], ["r"])], "then", [], ["r"])
+    other = _graph([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0)], "else", [], ["s"])
+    model = onnx_model(
+        [helper.make_node("If", ["c"], ["y"], name="pick", then_branch=then, else_branch=other)],
+        [("x", F, [2, 3]), ("c", TensorProto.BOOL, [])],
+        [("y", F, [2, 3])],
+    )
+    with pytest.raises(UnsupportedOpError, match=r"'pick' \(If\).*run time.*\[2, 3\] vs float32\[\]"):
+        import_model(model)
+
+
+def test_an_unsupported_op_inside_a_branch_is_listed() -> None:
+    then = _graph(
+        [helper.make_node("NoSuchOp", ["x"], ["r"], name="bad_inner", domain="com.example")],
+        "then",
+        [],
+        ["r"],
+    )
+    other = _graph([helper.make_node("Identity", ["x"], ["r"])], "else", [], ["r"])
+    model = onnx_model(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+        [("x", F, [2]), ("c", TensorProto.BOOL, [])],
+        [("y", F, [2])],
+    )
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(UnsupportedOpError, match=r"bad_inner \(com.example.NoSuchOp\)"):
+        import_model(model)
+
+
+def _loop_body(early_exit: bool) -> onnx.GraphProto:
+    """acc += x[i] (a row picked by the iteration number); scan output acc * 1; cond: acc < 4 when
+    ``early_exit`` (a run-time value), else passed through."""
+    nodes = [
+        helper.make_node("Gather", ["xs", "i"], ["row"], axis=0),
+        helper.make_node("Add", ["acc", "row"], ["acc_out"]),
+        helper.make_node("Identity", ["acc_out"], ["scan"]),
+    ]
+    if early_exit:
+        nodes += [
+            _const("limit", np.float32(4)),
+            helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+            helper.make_node("Less", ["total", "limit"], ["cond_out"]),
+        ]
+        outputs = ["cond_out", "acc_out"]
+    else:
+        nodes.append(helper.make_node("Identity", ["cond"], ["cond_out"]))
+        outputs = ["cond_out", "acc_out", "scan"]
+    inputs = [
+        helper.make_tensor_value_info("i", TensorProto.INT64, []),
+        helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+        helper.make_tensor_value_info("acc", F, [3]),
+    ]
+    return _graph(nodes, "body", inputs, outputs)
+
+
+def test_a_loop_with_a_known_trip_count_unrolls_with_carried_and_scan_outputs(tmp_path: Path) -> None:
+    xs = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+    nodes = [
+        _const("xs", xs),
+        _const("n", np.array(4, np.int64)),
+        _const("go", np.array(True)),
+        helper.make_node("Loop", ["n", "go", "acc0"], ["acc", "rows"], body=_loop_body(False)),
+    ]
+    model = onnx_model(nodes, [("acc0", F, [3])], [("acc", F, [3]), ("rows", F, [4, 3])], opset=13)
+    graph = import_model(model)
+    assert not {"Loop", "Where"} & {n.op_type for n in graph}
+    _check(model, tmp_path, {"acc0": np.ones(3, np.float32)})
+
+
+@pytest.mark.parametrize("start", [0.0, 1.5, 10.0])
+def test_a_loop_condition_known_at_run_time_exits_early(tmp_path: Path, start: float) -> None:
+    xs = np.full((5, 3), 0.5, np.float32)
+    nodes = [
+        _const("xs", xs),
+        _const("n", np.array(5, np.int64)),
+        helper.make_node("Loop", ["n", "", "acc0"], ["acc"], body=_loop_body(True)),
+    ]
+    model = onnx_model(nodes, [("acc0", F, [3])], [("acc", F, [3])], opset=13)
+    _check(model, tmp_path, {"acc0": np.full(3, start, np.float32)})
+
+
+def test_a_trip_count_known_only_at_run_time_is_refused_with_the_fix() -> None:
+    nodes = [
+        _const("xs", np.zeros((4, 3), np.float32)),
+        _const("go", np.array(True)),
+        helper.make_node("Loop", ["n", "go", "acc0"], ["acc", "rows"], name="lp", body=_loop_body(False)),
+    ]
+    model = onnx_model(
+        nodes,
+        [("n", TensorProto.INT64, []), ("acc0", F, [3])],
+        [("acc", F, [3]), ("rows", F, ["N", 3])],
+        opset=13,
+    )
+    with pytest.raises(UnsupportedOpError, match=r"'lp' \(Loop\): the trip count 'n' is not known.*--bind"):
+        import_model(model)
+
+
+def test_a_loop_over_the_unroll_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from compiler.frontend.control import loops
+
+    monkeypatch.setattr(loops, "MAX_UNROLLED_NODES", 7)
+    nodes = [
+        _const("xs", np.zeros((4, 3), np.float32)),
+        _const("n", np.array(4, np.int64)),
+        _const("go", np.array(True)),
+        helper.make_node("Loop", ["n", "go", "acc0"], ["acc", "rows"], name="lp", body=_loop_body(False)),
+    ]
+    model = onnx_model(nodes, [("acc0", F, [3])], [("acc", F, [3]), ("rows", F, [4, 3])], opset=13)
+    with pytest.raises(
+        UnsupportedOpError, match=r"'lp' \(Loop\): 4 iterations of a 4-node body exceed the 7"
+    ):
+        import_model(model)
+
+
+def _scan_body() -> onnx.GraphProto:
+    inputs = [
+        helper.make_tensor_value_info("s", F, [2]),
+        helper.make_tensor_value_info("a", F, [2]),
+        helper.make_tensor_value_info("b", F, [2]),
+    ]
+    nodes = [
+        helper.make_node("Add", ["s", "a"], ["s_out"]),
+        helper.make_node("Mul", ["s_out", "b"], ["m"]),
+        helper.make_node("Identity", ["s_out"], ["z"]),
+    ]
+    return _graph(nodes, "body", inputs, ["s_out", "m", "z"])
+
+
+def test_scan9_with_axes_and_directions(tmp_path: Path) -> None:
+    scan = helper.make_node(
+        "Scan",
+        ["s0", "a", "b"],
+        ["s", "y", "t"],
+        body=_scan_body(),
+        num_scan_inputs=2,
+        scan_input_axes=[0, 1],
+        scan_input_directions=[1, 0],
+        scan_output_axes=[-1, 0],
+        scan_output_directions=[0, 1],
+    )
+    model = onnx_model(
+        [scan],
+        [("s0", F, [2]), ("a", F, [4, 2]), ("b", F, [2, 4])],
+        [("s", F, [2]), ("y", F, [2, 4]), ("t", F, [4, 2])],
+        opset=16,
+    )
+    rng = np.random.default_rng(4)
+    feeds = {
+        "s0": rng.standard_normal(2).astype(np.float32),
+        "a": rng.standard_normal((4, 2)).astype(np.float32),
+        "b": rng.standard_normal((2, 4)).astype(np.float32),
+    }
+    _check(model, tmp_path, feeds)
+
+
+def test_scan8_scans_each_batch_entry(tmp_path: Path) -> None:
+    scan = helper.make_node(
+        "Scan", ["", "s0", "a", "b"], ["s", "y", "t"], body=_scan_body(), num_scan_inputs=2, directions=[0, 1]
+    )
+    model = onnx_model(
+        [scan],
+        [("s0", F, [3, 2]), ("a", F, [3, 4, 2]), ("b", F, [3, 4, 2])],
+        [("s", F, [3, 2]), ("y", F, [3, 4, 2]), ("t", F, [3, 4, 2])],
+        opset=8,
+    )
+    rng = np.random.default_rng(5)
+    feeds = {
+        k: rng.standard_normal(s).astype(np.float32)
+        for k, s in (("s0", (3, 2)), ("a", (3, 4, 2)), ("b", (3, 4, 2)))
+    }
+    _check(model, tmp_path, feeds)
