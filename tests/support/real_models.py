@@ -4,7 +4,8 @@ with onnxruntime.
 Inputs are synthesized, seeded, and prepared the way the shipping project prepares real data:
 - ``document-page``: a white page with dark text-like strokes (lines of "words" of 2-4 stroke
   glyphs, slightly blurred like a scan), resized and normalized as PaddleOCR does ((x/255-0.5)/0.5);
-- ``text-line``: a crop of one such line, resized to the model's height keeping its aspect ratio,
+- ``text-line``: a crop of one printed line (digits and a few letters in seven-segment strokes, which
+  the recognizer reads as characters), resized to the model's height keeping its aspect ratio,
   normalized the same way, zero-padded on the right (PaddleOCR's rec/cls preprocessing);
 - ``layout-page`` / ``photo-crop``: a page with text blocks, a table and a figure, resized (layout)
   or resized to a short side of 256 and centre-cropped (orientation), ImageNet mean/std;
@@ -150,12 +151,41 @@ def document_page(height: int = 960, width: int = 720, seed: int = 0, *, figures
     return _blur(page)
 
 
-def text_line(height: int = 40, width: int = 280, seed: int = 0) -> np.ndarray:
-    """A tight crop of one line of text, HxWx3 uint8 (what a detector's box hands a recognizer)."""
+# seven-segment glyphs: segments a (top), b, c (right, top to bottom), d (bottom), e, f (left,
+# bottom to top) and g (middle) of each character
+_SEGMENTS = {"0": "abcdef", "1": "bc", "2": "abged", "3": "abgcd", "4": "fgbc", "5": "afgcd", "6": "afgedc",
+             "7": "abc", "8": "abcdefg", "9": "abcdfg", "E": "afged", "H": "fbgec", "L": "fed", "P": "abfge",
+             "U": "fedcb"}
+
+
+Point = tuple[float, float]
+
+
+def _segment_ends(top: float, left: float, height: float, width: float) -> dict[str, tuple[Point, Point]]:
+    mid, bottom, right = top + height / 2, top + height, left + width
+    return {"a": ((top, left), (top, right)), "b": ((top, right), (mid, right)),
+            "c": ((mid, right), (bottom, right)), "d": ((bottom, left), (bottom, right)),
+            "e": ((mid, left), (bottom, left)), "f": ((top, left), (mid, left)),
+            "g": ((mid, left), (mid, right))}
+
+
+def text_line(text: str, height: int = 40, seed: int = 0) -> np.ndarray:
+    """A tight crop of one printed line (what a detector's box hands a recognizer), HxWx3 uint8:
+    ``text`` of digits, spaces and the letters E H L P U drawn as seven-segment strokes, which
+    PP-OCR's recognizer reads as characters."""
     rng = np.random.default_rng(seed)
-    crop = _paper(height, width, rng)
-    glyph = int(height * 0.62)
-    _text_block(crop, rng, (height - glyph) // 2, 3, (height - glyph) // 2 + glyph + 1, width - 3, glyph)
+    glyph_h = int(height * 0.6)
+    glyph_w = glyph_h // 2
+    pitch = glyph_w + glyph_w // 2 + 2
+    crop = _paper(height, len(text) * pitch + 10, rng)
+    starts: list[Point] = []
+    ends: list[Point] = []
+    for k, char in enumerate(text):
+        segments = _segment_ends((height - glyph_h) // 2, 5 + k * pitch, glyph_h, glyph_w)
+        for name in _SEGMENTS.get(char, ""):
+            starts.append(segments[name][0])
+            ends.append(segments[name][1])
+    _draw_strokes(crop, np.array(starts), np.array(ends), rng.integers(15, 50, len(starts)).astype(np.uint8))
     return _blur(crop)
 
 
@@ -289,7 +319,7 @@ def feeds_for(model: ModelSpec) -> Feeds:
         return Feeds([{"x": paddle_normalize(resize_bilinear(document_page(seed=2), h, w))[None]}], chunks=1)
     if kind == "text-line":
         _, _, h, w = shapes["x"]
-        crops = [text_line(40, 280, seed=3), text_line(32, 120, seed=4)]
+        crops = [text_line("2024 0815 7736", 40, seed=3), text_line("HELP 42 UP", 32, seed=4)]
         return Feeds([{"x": text_line_input(c, h, w)} for c in crops], chunks=len(crops))
     if kind == "layout-page":
         page = document_page(1100, 850, seed=5, figures=True)
