@@ -8,6 +8,7 @@ compiles when pasted as it is.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -178,22 +179,53 @@ def conv_model(channels: int) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize(("channels", "opt_level"), [(4, 0), (4, 3), (16, 3)])
-def test_empty_tensors_compile_and_run_on_the_reference_kernels(tmp_path: Path, channels: int,
-                                                                  opt_level: int) -> None:
-    # at -O3 the 4-channel conv is an NHWC conv, whose C kernel's tiling divided by zero pixels;
-    # the 16-channel one becomes a Winograd conv
+def test_a_node_whose_outputs_are_empty_is_a_constant(tmp_path: Path, channels: int, opt_level: int) -> None:
+    # at -O3 the 4-channel conv was an NHWC conv whose C kernel's tiling divided by zero pixels, the
+    # 16-channel one a Winograd conv; an empty result needs no kernel at all
     model = conv_model(channels)
+    graph = import_model(model, {"x": (0, channels, 8, 8)})
+    assert not graph.nodes and set(graph.eliminated.values()) == {"empty tensor"}
     out = compile_model(model, tmp_path / "a", opt_level=opt_level, shapes={"x": (0, channels, 8, 8)},
                         golden_cases=0)
     y = Session(out).run(None, {"x": np.zeros((0, channels, 8, 8), np.float32)})[0]
     assert y.shape == (0, 2 * channels, 8, 8)
 
 
-def test_generated_kernels_leave_empty_tensors_to_the_reference_kernels() -> None:
-    empty = import_model(conv_model(4), {"x": (0, 4, 8, 8)})
-    full = import_model(conv_model(4), {"x": (1, 4, 8, 8)})
-    assert not CProvider().claims(empty)
-    assert {n.kind for n in CProvider().claims(full)} >= {"Conv", "Relu", "Concat"}
+def test_an_empty_slice_is_a_constant() -> None:
+    inits = [numpy_helper.from_array(np.array([k], np.int64), n) for n, k in (("s", 0), ("e", 0), ("a", 0))]
+    graph = helper.make_graph([helper.make_node("Slice", ["x", "s", "e", "a"], ["y"], name="slice")], "s",
+                              [helper.make_tensor_value_info("x", F, [4, 6])],
+                              [helper.make_tensor_value_info("y", F, [0, 6])], initializer=inits)
+    imported = import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    assert not imported.nodes and imported.eliminated == {"slice": "empty tensor"}
+    assert imported.outputs[0].shape == (0, 6)
+
+
+def test_a_softmax_over_an_empty_axis_is_empty(tmp_path: Path) -> None:
+    # the reference kernel's max over the empty axis failed at run time
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"])], "s",
+                              [helper.make_tensor_value_info("x", F, [3, 0])],
+                              [helper.make_tensor_value_info("y", F, [3, 0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = compile_model(model, tmp_path / "a", golden_cases=0)
+    assert Session(out).run(None, {"x": np.zeros((3, 0), np.float32)})[0].shape == (3, 0)
+
+
+def test_generated_kernels_leave_a_node_with_an_empty_output_to_the_reference_kernels(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Split", ["x", "sizes"], ["a", "b"], axis=1),
+             helper.make_node("Relu", ["b"], ["y"])]
+    graph = helper.make_graph(nodes, "split", [helper.make_tensor_value_info("x", F, [2, 4])],
+                              [helper.make_tensor_value_info("a", F, [2, 0]),
+                               helper.make_tensor_value_info("y", F, [2, 4])],
+                              initializer=[numpy_helper.from_array(np.array([0, 4], np.int64), "sizes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert {n.kind for n in CProvider().claims(import_model(model))} == {"Relu"}
+    out = compile_model(model, tmp_path / "a", golden_cases=0)
+    steps = json.loads((out / "plan.json").read_text())["steps"]
+    assert {s["op_type"]: s["provider"] for s in steps} == {"Split": "reference", "Relu": "c"}
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    for got, want in zip(Session(out).run(None, {"x": x}), ort_run(model, {"x": x}), strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 # -- the command line ------------------------------------------------------------------------------

@@ -242,6 +242,11 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
     ctx = CanonContext(proto, name, onnx_attrs(proto), inputs, outputs, opset, graph, used,
                        explain=knowledge.explain)
     nodes = canonicalize(ctx)
+    if all(v.dtype is not None and v.shape is not None and v.size == 0 for v in outputs):
+        # an empty tensor (a zero dim) holds no data: known whatever the inputs, and no kernel sees it
+        _fold_into(graph, env, {v.name: np.zeros(v.shape or (), v.dtype) for v in outputs}, name)
+        graph.eliminated[name] = "empty tensor"
+        return
     folded = knowledge.fold(proto, name, nodes, outputs)
     if folded is not None:
         _fold_into(graph, env, folded, name)

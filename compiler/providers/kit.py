@@ -64,11 +64,11 @@ class KernelTable(Generic[K]):
     def supports(self, node: Node) -> bool:
         """Whether a kernel runs ``node``; a kernel's check failing on odd attributes is a no.
 
-        A node that reads or writes an empty tensor (a zero dim) is left to the reference kernels.
+        A node that writes an empty tensor (a zero dim) is left to the reference kernels; one that
+        reads one into a result that is not empty (a reduction over an empty set) is the kernel's.
         """
         kernel = self._kernels.get(node.kind)
-        if kernel is None or any(v is not None and v.const is None and v.shape is not None and 0 in v.shape
-                                 for v in (*node.inputs, *node.outputs)):
+        if kernel is None or any(v.shape is not None and 0 in v.shape for v in node.outputs):
             return False
         try:
             return bool(kernel.supports(node))
