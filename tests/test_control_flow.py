@@ -97,9 +97,10 @@ def test_an_if_condition_folded_from_a_bound_input_inlines_one_branch(tmp_path: 
     _check(model, tmp_path, {"x": x, "sr": np.array(16000, np.int64)}, binds={"sr": 16000})
 
 
-def test_an_if_condition_known_at_run_time_selects_between_both_branches(tmp_path: Path) -> None:
+def test_an_if_condition_known_at_run_time_is_a_conditional_step(tmp_path: Path) -> None:
     model = _if_model([], [("c", TensorProto.BOOL, [])])
     session = _compiled(model, tmp_path)
+    assert [(s.op_type, s.domain) for s in session.plan.steps] == [("If", "onnx_aot"), ("Add", "")]
     x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
     for flag in (True, False):
         feeds = {"x": x, "c": np.array(flag)}
@@ -188,7 +189,7 @@ def test_a_loop_condition_known_at_run_time_exits_early(tmp_path: Path, start: f
     _check(model, tmp_path, {"acc0": np.full(3, start, np.float32)})
 
 
-def test_a_trip_count_known_only_at_run_time_is_refused_with_the_fix() -> None:
+def test_scan_outputs_of_a_run_time_trip_count_are_refused_with_the_fix() -> None:
     nodes = [
         _const("xs", np.zeros((4, 3), np.float32)),
         _const("go", np.array(True)),
@@ -200,25 +201,68 @@ def test_a_trip_count_known_only_at_run_time_is_refused_with_the_fix() -> None:
         [("acc", F, [3]), ("rows", F, ["N", 3])],
         opset=13,
     )
-    with pytest.raises(UnsupportedOpError, match=r"'lp' \(Loop\): the trip count 'n' is not known.*--bind"):
+    with pytest.raises(
+        UnsupportedOpError, match=r"'lp' \(Loop\): the loop has scan outputs.*run time.*--bind"
+    ):
         import_model(model)
 
 
-def test_a_loop_over_the_unroll_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trip_count_known_only_at_run_time_runs_a_loop_step(tmp_path: Path) -> None:
+    """The early-exit body (no scan outputs) under a trip count that is a graph input."""
+    nodes = [
+        _const("xs", np.full((6, 3), 0.75, np.float32)),
+        helper.make_node("Loop", ["n", "", "acc0"], ["acc"], name="lp", body=_loop_body(True)),
+    ]
+    model = onnx_model(nodes, [("n", TensorProto.INT64, []), ("acc0", F, [3])], [("acc", F, [3])], opset=13)
+    session = _compiled(model, tmp_path)
+    assert [s.op_type for s in session.plan.steps] == ["Loop"]
+    for n, start in ((0, 0.0), (2, 0.0), (5, 0.0), (5, 1.0), (6, 9.0)):
+        feeds = {"n": np.array(n, np.int64), "acc0": np.full(3, start, np.float32)}
+        np.testing.assert_allclose(session.run(None, feeds)[0], ort_run(model, feeds)[0], rtol=1e-6)
+
+
+def test_a_run_time_if_nested_in_a_run_time_if_runs_as_nested_conditional_steps(tmp_path: Path) -> None:
+    inner_then = _graph([helper.make_node("Mul", ["x", "x"], ["sq"])], "inner_then", [], ["sq"])
+    inner_else = _graph([helper.make_node("Abs", ["x"], ["ab"])], "inner_else", [], ["ab"])
+    then = _graph(
+        [helper.make_node("If", ["d"], ["r"], then_branch=inner_then, else_branch=inner_else)],
+        "then",
+        [],
+        ["r"],
+    )
+    other = _graph(
+        [_const("one", np.float32(1)), helper.make_node("Sub", ["x", "one"], ["s"])], "else", [], ["s"]
+    )
+    model = onnx_model(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+        [("x", F, [2, 3]), ("c", TensorProto.BOOL, []), ("d", TensorProto.BOOL, [1])],
+        [("y", F, [2, 3])],
+    )
+    session = _compiled(model, tmp_path)
+    assert [(s.op_type, s.domain) for s in session.plan.steps] == [("If", "onnx_aot")]
+    x = np.random.default_rng(6).standard_normal((2, 3)).astype(np.float32)
+    for c in (True, False):
+        for d in (True, False):
+            feeds = {"x": x, "c": np.array(c), "d": np.array([d])}
+            np.testing.assert_allclose(session.run(None, feeds)[0], ort_run(model, feeds)[0], rtol=1e-6)
+
+
+def test_a_loop_over_the_unroll_cap_becomes_a_loop_step(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from compiler.frontend.control import loops
 
     monkeypatch.setattr(loops, "MAX_UNROLLED_NODES", 7)
     nodes = [
-        _const("xs", np.zeros((4, 3), np.float32)),
+        _const("xs", np.arange(12, dtype=np.float32).reshape(4, 3)),
         _const("n", np.array(4, np.int64)),
         _const("go", np.array(True)),
         helper.make_node("Loop", ["n", "go", "acc0"], ["acc", "rows"], name="lp", body=_loop_body(False)),
     ]
     model = onnx_model(nodes, [("acc0", F, [3])], [("acc", F, [3]), ("rows", F, [4, 3])], opset=13)
-    with pytest.raises(
-        UnsupportedOpError, match=r"'lp' \(Loop\): 4 iterations of a 4-node body exceed the 7"
-    ):
-        import_model(model)
+    graph = import_model(model)
+    assert [n.kind for n in graph] == ["onnx_aot.Loop"]
+    _check(model, tmp_path, {"acc0": np.ones(3, np.float32)})
 
 
 def _scan_body() -> onnx.GraphProto:
@@ -278,3 +322,22 @@ def test_scan8_scans_each_batch_entry(tmp_path: Path) -> None:
         for k, s in (("s0", (3, 2)), ("a", (3, 4, 2)), ("b", (3, 4, 2)))
     }
     _check(model, tmp_path, feeds)
+
+
+def test_a_scan_over_the_unroll_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from compiler.frontend.control import loops
+
+    monkeypatch.setattr(loops, "MAX_UNROLLED_NODES", 5)
+    scan = helper.make_node(
+        "Scan", ["s0", "a", "b"], ["s", "y", "t"], name="sc", body=_scan_body(), num_scan_inputs=2
+    )
+    model = onnx_model(
+        [scan],
+        [("s0", F, [2]), ("a", F, [4, 2]), ("b", F, [4, 2])],
+        [("s", F, [2]), ("y", F, [4, 2]), ("t", F, [4, 2])],
+        opset=16,
+    )
+    with pytest.raises(
+        UnsupportedOpError, match=r"'sc' \(Scan\): 4 iterations of a 3-node body exceed the 5"
+    ):
+        import_model(model)

@@ -97,16 +97,17 @@ def graph_from_proto(proto: onnx.ModelProto,
     node_names: set[str] = set()
     knowledge = Knowledge(v.name for v in graph.inputs)
 
-    def import_one(node_proto: onnx.NodeProto, used_here: frozenset[str], k: int = 0) -> None:
-        if is_control_flow(node_proto):  # If / Loop / Scan: inlined or unrolled (frontend/control/)
-            import_control_flow(scope, node_proto, node_proto.name or f"{node_proto.op_type}_{k}")
+    def import_one(at: ControlScope, node_proto: onnx.NodeProto, used_here: frozenset[str],
+                   k: int = 0) -> None:
+        if is_control_flow(node_proto):  # If / Loop / Scan (frontend/control/)
+            import_control_flow(at, node_proto, node_proto.name or f"{node_proto.op_type}_{k}")
         else:
-            _import_node(graph, node_proto, k, env, types, opset, used_here, node_names, knowledge)
+            _import_node(at.graph, node_proto, k, at.env, types, opset, used_here, node_names, knowledge)
 
     scope = ControlScope(graph, env, types, opset, list(inferred.opset_import), used, names_in(g_proto),
                          import_one)
     for k, node_proto in enumerate(_ordered(g_proto, env)):
-        import_one(node_proto, used, k)
+        import_one(scope, node_proto, used, k)
 
     for out in g_proto.output:
         if out.name not in env:

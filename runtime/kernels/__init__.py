@@ -14,6 +14,7 @@ Importing this package registers the kernels of every module in :data:`KERNEL_MO
 
 from __future__ import annotations
 
+from runtime.kernels import control
 from runtime.kernels import conv
 from runtime.kernels import elementwise
 from runtime.kernels import fused
@@ -45,7 +46,8 @@ __all__ = ["KERNEL_MODULES", "REGISTRY", "SUPPORT_MODULES", "Kernel", "OutputSpe
 
 # The kernel modules, each registering the reference kernels of one family of ops.
 KERNEL_MODULES = (elementwise, reduce, movement, indexing, math_ops, linalg, conv, pool, normalization,
-                  loss, spatial, fused, winograd, nhwc, transformer, recurrent, quantize, sampling, spectral)
+                  loss, spatial, fused, winograd, nhwc, transformer, recurrent, quantize, sampling, spectral,
+                  control)
 # The modules they share, which register nothing: a module of this package is in one of the two lists
 # (a test checks it), so a new kernel module cannot be left out of the registry unnoticed.
 SUPPORT_MODULES = ("common", "registry", "window")

@@ -2,9 +2,9 @@
 
 Every iteration imports the body with its iteration number a constant (so indices computed from it
 fold) and the loop-carried values of the previous iteration as its inputs; scan outputs are the
-iterations' values stacked along the scan axis. Unrolling is the rule, not an option: a loop whose
-trip count (or exit condition) is known at compile time and whose unrolled body stays within
-MAX_UNROLLED_NODES nodes compiles; others are refused with the reason.
+iterations' values stacked along the scan axis. A Loop unrolls when its trip count is known at
+compile time (or absent, with a condition that folds) and the unrolled body stays within
+MAX_UNROLLED_NODES nodes; other Loops become a loop step (loop_step.py). A Scan always unrolls.
 
 A Loop's condition that is known only at run time is honoured with ``Where``: from the iteration in
 which it turns false, the carried values stay as they were (the later iterations' results are
@@ -19,8 +19,10 @@ import onnx
 from onnx import helper
 
 from compiler.frontend.control.branches import bind_outputs
+from compiler.frontend.control.loop_step import import_loop_step
 from compiler.frontend.control.scope import ControlScope
 from compiler.frontend.control.scope import inline
+from compiler.frontend.control.scope import like_input
 from compiler.frontend.control.scope import scalar
 from compiler.frontend.control.scope import select
 from runtime.errors import ModelError
@@ -52,18 +54,9 @@ def _check_size(name: str, where: str, iterations: int, body: onnx.GraphProto) -
     if iterations * max(len(body.node), 1) > MAX_UNROLLED_NODES:
         raise UnsupportedOpError(
             f"{where}: {iterations} iterations of a {len(body.node)}-node body exceed the "
-            f"{MAX_UNROLLED_NODES} nodes onnx-aot unrolls a loop into; loops are compiled by "
-            f"unrolling only",
+            f"{MAX_UNROLLED_NODES} nodes onnx-aot unrolls a Scan (or a Loop without a trip count) into",
             [(name, "Loop/Scan")],
         )
-
-
-def _like_input(scope: ControlScope, info: onnx.ValueInfoProto, array: np.ndarray, base: str) -> str:
-    """A constant ``array`` shaped as the body input ``info`` declares (scalar or one element)."""
-    dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else []
-    if dims and all(d.HasField("dim_value") for d in dims) and int(np.prod([d.dim_value for d in dims])) == 1:
-        array = array.reshape([d.dim_value for d in dims])
-    return scope.constant(base, array)
 
 
 def _stack(scope: ControlScope, names: list[str], axis: int, base: str, where: str) -> str:
@@ -103,17 +96,19 @@ def _initial_flag(scope: ControlScope, node: onnx.NodeProto, name: str, where: s
     return scalar(scope, node.input[1], name)
 
 
-def _trip_count(scope: ControlScope, node: onnx.NodeProto, name: str, where: str) -> int | None:
+def _trip_count(scope: ControlScope, node: onnx.NodeProto, where: str) -> int | None:
     if not node.input or not node.input[0]:
         return None
     trip = scope.value(node.input[0], where)
-    if trip.const is None:
-        raise UnsupportedOpError(
-            f"{where}: the trip count {node.input[0]!r} is not known at compile time; onnx-aot unrolls "
-            "loops and needs it then (--bind the graph inputs it is computed from)",
-            [(name, "Loop")],
-        )
-    return int(trip.const.reshape(-1)[0])
+    return None if trip.const is None else int(trip.const.reshape(-1)[0])
+
+
+def _unrolls(scope: ControlScope, node: onnx.NodeProto, body: onnx.GraphProto, where: str) -> bool:
+    """Unroll unless a trip count is given that is known only at run time or over the unroll cap."""
+    if not node.input or not node.input[0]:
+        return True
+    trip = _trip_count(scope, node, where)
+    return trip is not None and trip * max(len(body.node), 1) <= MAX_UNROLLED_NODES
 
 
 def _next_flag(scope: ControlScope, flag: Flag, cond_out: str, base: str) -> Flag:
@@ -136,10 +131,11 @@ def import_loop(scope: ControlScope, node: onnx.NodeProto, name: str, where: str
         )
     if not all(carried):
         raise ModelError(f"{where}: a loop-carried input has no name")
-    trip = _trip_count(scope, node, name, where)
+    if not _unrolls(scope, node, body, where):
+        import_loop_step(scope, node, body, name, where)
+        return
+    trip = _trip_count(scope, node, where)
     flag = _initial_flag(scope, node, name, where)
-    if trip is not None:
-        _check_size(name, where, trip, body)
     scans: list[list[str]] = [[] for _ in range(n_scan)]
     i = 0
     while (trip is None or i < trip) and flag is not False:
@@ -157,10 +153,10 @@ def import_loop(scope: ControlScope, node: onnx.NodeProto, name: str, where: str
         _check_size(name, where, i + 1, body)
         base = f"{name}/iter{i}"
         cond_in = (
-            _like_input(scope, body.input[1], np.array(True), f"{base}/cond") if flag is True else str(flag)
+            like_input(scope, body.input[1], np.array(True), f"{base}/cond") if flag is True else str(flag)
         )
         bindings = {
-            body.input[0].name: _like_input(scope, body.input[0], np.array(i, np.int64), f"{base}/i"),
+            body.input[0].name: like_input(scope, body.input[0], np.array(i, np.int64), f"{base}/i"),
             body.input[1].name: cond_in,
             **{info.name: value for info, value in zip(body.input[2:], carried, strict=True)},
         }

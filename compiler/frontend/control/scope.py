@@ -9,6 +9,7 @@ resolved the same way when the importer reaches its node.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ __all__ = [
     "CONTROL_FLOW_OPS",
     "ControlScope",
     "inline",
+    "like_input",
     "is_control_flow",
     "names_in",
     "outer_names",
@@ -110,7 +112,7 @@ def outer_names(graph: onnx.GraphProto) -> set[str]:
 @dataclass
 class ControlScope:
     """What control flow needs of the importer: its graph, name -> value table and type table, and a
-    callback importing one ordinary ONNX node (with the set of value names something reads)."""
+    callback importing one ONNX node into a scope (with the set of value names something reads)."""
 
     graph: Graph
     env: dict[str, Value]
@@ -119,7 +121,15 @@ class ControlScope:
     opset_imports: list[onnx.OperatorSetIdProto]
     used: frozenset[str]
     taken: set[str]
-    import_node: Callable[[onnx.NodeProto, frozenset[str]], None]
+    import_with: Callable[[ControlScope, onnx.NodeProto, frozenset[str]], None]
+
+    def import_node(self, node: onnx.NodeProto, used: frozenset[str]) -> None:
+        """Import one ONNX node into this scope's graph (control flow included)."""
+        self.import_with(self, node, used)
+
+    def child(self, graph: Graph, env: dict[str, Value]) -> ControlScope:
+        """A scope importing into ``graph`` (a sub-schedule), sharing names and types with this one."""
+        return dataclasses.replace(self, graph=graph, env=env)
 
     def fresh(self, base: str) -> str:
         """A name no value or node of the model or the graph has (deterministic)."""
@@ -251,3 +261,11 @@ def _infer_types(scope: ControlScope, sub: onnx.GraphProto) -> None:
     for info in (*inferred.graph.value_info, *inferred.graph.output):
         if info.type.HasField("tensor_type") and info.name not in scope.types:
             scope.types[info.name] = info.type
+
+
+def like_input(scope: ControlScope, info: onnx.ValueInfoProto, array: np.ndarray, base: str) -> str:
+    """A constant ``array`` shaped as the body input ``info`` declares (scalar or one element)."""
+    dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else []
+    if dims and all(d.HasField("dim_value") for d in dims) and int(np.prod([d.dim_value for d in dims])) == 1:
+        array = array.reshape([d.dim_value for d in dims])
+    return scope.constant(base, array)

@@ -1,0 +1,123 @@
+"""Sub-schedules for control steps: a subgraph imported into a graph of its own, then written as the
+*program* a control step's reference kernel runs (runtime/kernels/control.py has the format).
+
+The subgraph is imported with the same importer (canonical forms, folding, nested control flow)
+into a child graph whose inputs stand for the outer values it reads. Writing it out, every outer
+value and every constant the program reads becomes an input of the control step, so the planner
+places them like any step's operands (constants in weights.bin) and the step's lifetimes keep them
+alive until it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+
+from compiler.frontend.control.scope import ControlScope
+from compiler.frontend.control.scope import inline
+from compiler.frontend.control.scope import outer_names
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Value
+from compiler.plan import jsonable
+from runtime.errors import ModelError
+
+__all__ = ["Capture"]
+
+
+class Capture:
+    """The inputs of one control step: ``fixed`` outer values first, then whatever its programs read."""
+
+    def __init__(self, scope: ControlScope, name: str, fixed: Sequence[str]) -> None:
+        self.scope = scope
+        self.name = name
+        self.inputs: list[str] = list(fixed)  # outer env names, by input index
+        self._proxy: dict[str, Value] = {}  # outer name -> the value standing for it in sub-graphs
+        self._outer: dict[int, int] = {}  # id(proxy or sub-graph constant) -> input index
+
+    def _input(self, outer: str, value: Value) -> int:
+        if id(value) not in self._outer:
+            self._outer[id(value)] = len(self.inputs)
+            self.inputs.append(outer)
+        return self._outer[id(value)]
+
+    def child(self, base: str) -> ControlScope:
+        """A scope importing into a new sub-graph that sees the outer values through proxies."""
+        return self.scope.child(Graph(base, self.scope.opset), {})
+
+    def bind_outer(self, child: ControlScope, sub: onnx.GraphProto, where: str) -> None:
+        """Make the outer values ``sub`` reads visible in ``child`` (constants stay constants)."""
+        for name in sorted(outer_names(sub)):
+            if name in child.env:
+                continue
+            if name not in self._proxy:
+                outer = self.scope.value(name, f"{where}: its subgraph")
+                proxy_name = self.scope.fresh(f"{self.name}/outer/{name}")
+                if outer.const is not None:
+                    proxy = Value(proxy_name, const=outer.const)
+                else:
+                    proxy = Value(proxy_name, outer.dtype, outer.shape)
+                self._proxy[name] = proxy
+            proxy = self._proxy[name]
+            child.env[name] = proxy
+            if proxy.const is not None:
+                child.graph.constants[proxy.name] = proxy
+            elif proxy not in child.graph.inputs:
+                child.graph.add_input(proxy)
+
+    def program(
+        self,
+        child: ControlScope,
+        sub: onnx.GraphProto,
+        prefix: str,
+        bindings: dict[str, str],
+        args: Sequence[Value],
+        where: str,
+    ) -> tuple[dict[str, Any], list[Value]]:
+        """Import ``sub`` into ``child`` (its inputs bound to ``bindings``) and write it as a program
+        whose arguments are ``args``; also return the values of its outputs (in the sub-graph)."""
+        self.bind_outer(child, sub, where)
+        outs = [child.env[n] for n in inline(child, sub, prefix, bindings, where)]
+        return self._write(child.graph, outs, args, where), outs
+
+    def _ref(self, value: Value | None, refs: dict[int, str], args: dict[int, int], where: str) -> str | None:
+        if value is None:
+            return None
+        if id(value) in refs:
+            return refs[id(value)]
+        if id(value) in args:
+            return f"a{args[id(value)]}"
+        for outer, proxy in self._proxy.items():
+            if proxy is value:
+                return f"i{self._input(outer, value)}"
+        if value.const is not None:  # a constant the sub-graph made: a constant of the outer graph too
+            if id(value) not in self._outer:
+                self._input(self.scope.constant(f"{self.name}/{value.name}", value.const), value)
+            return f"i{self._outer[id(value)]}"
+        raise ModelError(f"{where}: the subgraph reads {value.name!r}, which it does not compute")
+
+    def _write(
+        self, graph: Graph, outs: Sequence[Value], args: Sequence[Value], where: str
+    ) -> dict[str, Any]:
+        refs: dict[int, str] = {}
+        arg_index = {id(v): k for k, v in enumerate(args)}
+        steps = []
+        for node in graph.nodes:
+            inputs = [self._ref(v, refs, arg_index, where) for v in node.inputs]
+            for value in node.outputs:
+                refs[id(value)] = f"t{len(refs)}"
+            steps.append(
+                {
+                    "kind": node.kind,
+                    "attrs": jsonable(node.attrs),
+                    "inputs": inputs,
+                    "outputs": [refs[id(v)] for v in node.outputs],
+                    "specs": [[list(v.shape or ()), str(v.dtype)] for v in node.outputs],
+                }
+            )
+        return {"steps": steps, "outputs": [self._ref(v, refs, arg_index, where) for v in outs]}
+
+    def values(self) -> list[Value | None]:
+        """The control step's input values in the outer graph."""
+        return [self.scope.env[name] if name else None for name in self.inputs]
