@@ -111,7 +111,7 @@ def compile_model(
     options = {
         "opt_level": opt_level,
         "target": target,
-        "shapes": {k: list(v) for k, v in sorted((shapes or {}).items())},
+        "shapes": {k: [int(d) for d in v] for k, v in sorted((shapes or {}).items())},  # numpy ints too
         "binds": {k: np.asarray(v).tolist() for k, v in sorted((binds or {}).items())},
         "plan_budget_ms": plan_budget_ms,
         **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),

@@ -25,6 +25,7 @@ from compiler.frontend.dims import known_size
 from compiler.frontend.dims import placeholders
 from compiler.frontend.dims import shape_arg
 from compiler.frontend.importer import import_model
+from compiler.frontend.loader import bind_input_shapes
 from compiler.frontend.loader import bind_input_values
 from compiler.providers.c.provider import CProvider
 from runtime import Session
@@ -142,6 +143,24 @@ def test_every_unbound_input_is_in_one_error_with_consistent_placeholders() -> N
     assert pasted(message) == ["--shape", "a=1x224", "--shape", "b=1x224", "--shape", "c=1x224"]
 
 
+def test_an_input_without_a_shape_needs_every_dim() -> None:
+    # the ONNX checker refuses such a graph input; bind_input_shapes runs on any proto
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "noshape",
+                              [helper.make_tensor_value_info("a", F, None),
+                               helper.make_tensor_value_info("b", F, ["n", 4])],
+                              [helper.make_tensor_value_info("y", F, ["n", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ShapeError) as info:
+        bind_input_shapes(model, None)
+    message = str(info.value)
+    assert message.startswith("2 inputs have unknown dims: 'a' no shape (not even a rank); 'b' dim 0 ('n'); "
+                              "give every dim of 'a' with --shape NAME=D0xD1x...")
+    assert pasted(message) == ["--shape", "b=1x4"]
+    bound = bind_input_shapes(model, {"a": (2, 4), "b": (2, 4)})
+    dims = [[d.dim_value for d in i.type.tensor_type.shape.dim] for i in bound.graph.input]
+    assert dims == [[2, 4], [2, 4]]
+
+
 @pytest.mark.parametrize(("shapes", "match"), [
     ({"x": (2, 4)}, r"input 'x' dim 1 is fixed at 3 by the model, --shape gives 4; e\.g\. --shape x=2x3$"),
     ({"x": (2, 3, 1)}, r"input 'x' has rank 2 \(\['N', 3\]\) but --shape gives 3 dims; e\.g\. --shape x=1x3"),
@@ -156,8 +175,10 @@ def test_a_bad_binding_says_what_and_where(shapes: dict[str, Any], match: str) -
         import_model(add_model(["N", 3]), shapes)
 
 
-def test_numpy_integers_are_sizes() -> None:
+def test_numpy_integers_are_sizes(tmp_path: Path) -> None:
     assert import_model(add_model(["N", 3]), {"x": np.array([2, 3])}).inputs[0].shape == (2, 3)
+    out = compile_model(add_model(["N", 3]), tmp_path / "a", shapes={"x": np.array([2, 3])}, golden_cases=0)
+    assert json.loads((out / "manifest.json").read_text())["options"]["shapes"] == {"x": [2, 3]}
 
 
 # -- zero is a size: empty tensors ----------------------------------------------------------------
