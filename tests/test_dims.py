@@ -118,6 +118,25 @@ def test_negative_dims_the_model_declares_inside_are_unknown_too() -> None:
     assert all(v.shape is not None and -1 not in v.shape for v in graph.values())
 
 
+@pytest.mark.parametrize("binds", [{"c": True}, None])
+def test_negative_dims_declared_in_subgraphs_are_unknown_too(tmp_path: Path,
+                                                            binds: dict[str, Any] | None) -> None:
+    # onnx refused its inferred size 2 against the branch output's declared -1
+    def branch(op: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node(op, ["x"], ["o"])], op, [],
+                                 [helper.make_tensor_value_info("o", F, [-1, 3])])
+
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branch("Relu"), else_branch=branch("Neg"))
+    graph = helper.make_graph([node], "if", [helper.make_tensor_value_info("x", F, [-1, 3]),
+                                             helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", F, [-1, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = compile_model(model, tmp_path / "a", shapes={"x": (2, 3)}, binds=binds, golden_cases=0)
+    x = np.array([[1, -2, 3], [-4, 5, -6]], np.float32)
+    feeds = {"x": x} if binds else {"x": x, "c": np.array(True)}
+    np.testing.assert_array_equal(Session(out).run(None, feeds)[0], np.maximum(x, 0))
+
+
 def test_bind_reads_a_negative_dim_as_unknown() -> None:
     shape_in = helper.make_tensor_value_info("shape", TensorProto.INT64, [-1])
     graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "r",
