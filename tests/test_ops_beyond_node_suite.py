@@ -204,6 +204,19 @@ def test_blocked_dequantize_with_a_partial_last_block_and_int32_input() -> None:
     np.testing.assert_array_equal(y, [2**29, -3.5])
 
 
+def test_a_one_element_scale_with_a_scalar_zero_point_is_per_tensor() -> None:
+    # as int8 exports write a bias's dequantization (Smart Turn v3.2): scale (1,), zero point ()
+    x = np.array([[-128, 0, 5], [7, 127, -3]], np.int8)
+    node = helper.make_node("DequantizeLinear", ["x", "s", "z"], ["y"])
+    feeds = {"x": x, "s": np.array([0.25], np.float32), "z": np.array(3, np.int8)}
+    (y,) = _run(node, feeds, [("y", T.FLOAT, [2, 3])])
+    np.testing.assert_array_equal(y, (x.astype(np.float32) - 3) * 0.25)
+    per_axis = {"x": x, "s": np.array([0.25, 0.5], np.float32), "z": np.array(3, np.int8)}
+    with pytest.raises(ModelError, match="zero point shape"):
+        _run(helper.make_node("DequantizeLinear", ["x", "s", "z"], ["y"], axis=0), per_axis,
+             [("y", T.FLOAT, [2, 3])])
+
+
 def test_quantizing_to_a_four_bit_type_is_unsupported() -> None:
     node = helper.make_node("QuantizeLinear", ["x", "s"], ["y"], output_dtype=T.INT4)
     with pytest.raises(UnsupportedOpError):

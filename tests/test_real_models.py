@@ -29,7 +29,6 @@ import numpy as np
 import onnx
 import pytest
 
-from runtime.errors import ModelError
 from scripts.fetch_models import MODELS
 from scripts.fetch_models import FetchError
 from scripts.fetch_models import RealModel
@@ -46,10 +45,6 @@ from tests.support.real_models import feeds_for
 
 # each model that does not compile yet: (the exception type it raises today, its message -- the cause)
 XFAIL: dict[str, tuple[type[Exception], str]] = {
-    "smart-turn-v3.2": (ModelError, "ModelError: node 'inner.classifier.6.bias_DequantizeLinear' "
-                        "(DequantizeLinear): zero point shape () differs from the scale's (1,) -- a "
-                        "one-element scale with a scalar zero point is per-tensor (onnxruntime runs it); the "
-                        "frontend wants equal shapes (compiler/frontend/canonical/quantize.py)"),
 }
 
 

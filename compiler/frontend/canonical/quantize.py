@@ -35,17 +35,22 @@ def _dtype(value: Value | None) -> np.dtype:
     return value.dtype
 
 
+def _one_element(shape: tuple[int, ...]) -> bool:
+    """A scalar or a 1-element vector: what a per-tensor scale or zero point may be."""
+    return len(shape) <= 1 and int(np.prod(shape, dtype=np.int64)) == 1
+
+
 def _granularity(ctx: CanonContext, x: Value | None, scale: Value | None,
                  zero: Value | None) -> dict[str, int]:
     """``axis`` and ``block_size`` of a (de)quantization, checked against the scale's shape."""
     x_shape, s_shape = shape_of(x), shape_of(scale)
-    if zero is not None and shape_of(zero) != s_shape:
-        raise ctx.error(f"zero point shape {shape_of(zero)} differs from the scale's {s_shape}")
     block = int(ctx.attr("block_size", 0))
     if block < 0:
         raise ctx.error(f"block_size must be positive, got {block}")
-    if block == 0 and int(np.prod(s_shape, dtype=np.int64)) == 1 and len(s_shape) <= 1:
-        return {"axis": 0, "block_size": 0}  # per tensor
+    if block == 0 and _one_element(s_shape) and (zero is None or _one_element(shape_of(zero))):
+        return {"axis": 0, "block_size": 0}  # per tensor: a scalar or a 1-element scale and zero point
+    if zero is not None and shape_of(zero) != s_shape:
+        raise ctx.error(f"zero point shape {shape_of(zero)} differs from the scale's {s_shape}")
     axis = ctx.axis(int(ctx.attr("axis", 1)), len(x_shape))
     if block == 0:
         if len(s_shape) != 1 or s_shape[0] != x_shape[axis]:
