@@ -3,6 +3,7 @@ onnxruntime on small models built here, and the refusals that name the node and 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -341,3 +342,44 @@ def test_a_scan_over_the_unroll_cap_is_refused(monkeypatch: pytest.MonkeyPatch) 
         UnsupportedOpError, match=r"'sc' \(Scan\): 4 iterations of a 3-node body exceed the 5"
     ):
         import_model(model)
+
+
+def _control_models() -> list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]]:
+    """A run-time If and a run-time trip count (a loop step), with the feeds to run each on."""
+    x = np.random.default_rng(7).standard_normal((2, 3)).astype(np.float32)
+    if_model = _if_model([], [("c", TensorProto.BOOL, [])])
+    loop_nodes = [
+        _const("xs", np.full((6, 3), 0.75, np.float32)),
+        helper.make_node("Loop", ["n", "", "acc0"], ["acc"], name="lp", body=_loop_body(True)),
+    ]
+    loop_model = onnx_model(
+        loop_nodes, [("n", TensorProto.INT64, []), ("acc0", F, [3])], [("acc", F, [3])], opset=13
+    )
+    loop_feeds = [
+        {"n": np.array(n, np.int64), "acc0": np.full(3, s, np.float32)} for n, s in ((0, 0), (5, 1))
+    ]
+    return [(if_model, [{"x": x, "c": np.array(c)} for c in (True, False)]), (loop_model, loop_feeds)]
+
+
+def test_control_steps_take_the_reference_path_on_the_cuda_target(tmp_path: Path) -> None:
+    """Compiled here without a GPU: the control steps run as reference kernels in the device's
+    memory space (cupy), with transfers where their operands cross from CUDA steps."""
+    for k, (model, _) in enumerate(_control_models()):
+        path = compile_model(model, tmp_path / f"m{k}", target="cuda")
+        plan = json.loads((path / "plan.json").read_text())
+        control = [s for s in plan["steps"] if s["domain"] == "onnx_aot" and s["op_type"] in ("If", "Loop")]
+        assert [s["provider"] for s in control] == ["reference@cuda"]
+
+
+def test_control_steps_on_a_gpu_match_onnxruntime(tmp_path: Path) -> None:
+    cp = pytest.importorskip("cupy", reason="cupy is not installed")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device is visible")
+    except Exception as exc:  # no driver
+        pytest.skip(f"no usable CUDA device: {exc}")
+    for k, (model, feeds_list) in enumerate(_control_models()):
+        session = Session(compile_model(model, tmp_path / f"m{k}", target="cuda"))
+        for feeds in feeds_list:
+            for got, want in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -18,6 +18,7 @@ from compiler.frontend.control.branches import add_control_step
 from compiler.frontend.control.program import Capture
 from compiler.frontend.control.scope import ControlScope
 from compiler.frontend.control.scope import like_input
+from compiler.frontend.control.scope import one_element
 from compiler.ir.graph import Value
 from runtime.errors import UnsupportedOpError
 
@@ -55,11 +56,15 @@ def import_loop_step(
     scope: ControlScope, node: onnx.NodeProto, body: onnx.GraphProto, name: str, where: str
 ) -> None:
     n = len(node.input) - 2
+    for k, what in enumerate(("the trip count", "the condition")):
+        if k < len(node.input) and node.input[k]:
+            one_element(scope.value(node.input[k], where), what, where)
     capture = Capture(scope, name, list(node.input))
     child = capture.child(f"{name}/body")
     args, bindings = _args(capture, child, node, body, name)
     program, outs = capture.program(child, body, f"{name}/body", bindings, args, where)
     program["args"] = [[list(v.shape or ()), str(v.dtype)] for v in args]
+    one_element(outs[0], "the body's condition output", where)
     for k, (before, after) in enumerate(zip(args[2:], outs[1 : 1 + n], strict=True)):
         if before.shape != after.shape or before.dtype != after.dtype:
             raise UnsupportedOpError(

@@ -23,6 +23,7 @@ from compiler.frontend.control.loop_step import import_loop_step
 from compiler.frontend.control.scope import ControlScope
 from compiler.frontend.control.scope import inline
 from compiler.frontend.control.scope import like_input
+from compiler.frontend.control.scope import one_element
 from compiler.frontend.control.scope import scalar
 from compiler.frontend.control.scope import select
 from runtime.errors import ModelError
@@ -99,7 +100,7 @@ def _initial_flag(scope: ControlScope, node: onnx.NodeProto, name: str, where: s
 def _trip_count(scope: ControlScope, node: onnx.NodeProto, where: str) -> int | None:
     if not node.input or not node.input[0]:
         return None
-    trip = scope.value(node.input[0], where)
+    trip = one_element(scope.value(node.input[0], where), "the trip count", where)
     return None if trip.const is None else int(trip.const.reshape(-1)[0])
 
 
@@ -111,8 +112,8 @@ def _unrolls(scope: ControlScope, node: onnx.NodeProto, body: onnx.GraphProto, w
     return trip is not None and trip * max(len(body.node), 1) <= MAX_UNROLLED_NODES
 
 
-def _next_flag(scope: ControlScope, flag: Flag, cond_out: str, base: str) -> Flag:
-    value = scope.env[cond_out]
+def _next_flag(scope: ControlScope, flag: Flag, cond_out: str, base: str, where: str) -> Flag:
+    value = one_element(scope.env[cond_out], "the body's condition output", where)
     if value.const is not None:
         keep = bool(value.const.reshape(-1)[0])
         return flag if keep else False
@@ -170,7 +171,7 @@ def import_loop(scope: ControlScope, node: onnx.NodeProto, name: str, where: str
         carried = new
         for k, out in enumerate(outs[1 + len(carried) :]):
             scans[k].append(out)
-        flag = _next_flag(scope, flag, outs[0], f"{base}/cond")
+        flag = _next_flag(scope, flag, outs[0], f"{base}/cond", where)
         i += 1
     stacked = [_stack(scope, elems, 0, f"{name}/scan{k}", where) for k, elems in enumerate(scans)]
     bind_outputs(scope, node, carried + stacked, where)

@@ -30,6 +30,7 @@ __all__ = [
     "CONTROL_FLOW_OPS",
     "ControlScope",
     "inline",
+    "one_element",
     "like_input",
     "is_control_flow",
     "names_in",
@@ -269,3 +270,11 @@ def like_input(scope: ControlScope, info: onnx.ValueInfoProto, array: np.ndarray
     if dims and all(d.HasField("dim_value") for d in dims) and int(np.prod([d.dim_value for d in dims])) == 1:
         array = array.reshape([d.dim_value for d in dims])
     return scope.constant(base, array)
+
+
+def one_element(value: Value, what: str, where: str) -> Value:
+    """``value``, refused unless it holds exactly one element (a condition, a trip count)."""
+    size = value.size if value.shape is not None else -1
+    if size != 1:
+        raise ModelError(f"{where}: {what} {value.name!r} has {max(size, 0)} elements, not one")
+    return value
