@@ -262,3 +262,24 @@ def test_a_kernel_that_refuses_leaves_the_node_and_says_why() -> None:
                           [out]) is None
     why = knowledge.explain("g")
     assert why.startswith("node 'gather' (GatherElements) stays a node: evaluating it failed (")
+
+
+def test_a_shape_through_a_run_time_if_names_the_graph_input_of_its_condition() -> None:
+    def branch(name: str, target: list[int]) -> onnx.GraphProto:
+        out = helper.make_tensor_value_info(f"{name}_shape", TensorProto.INT64, [2])
+        return helper.make_graph([_const(f"{name}_shape", np.array(target, I64))], name, [], [out])
+
+    nodes = [helper.make_node("If", ["flag"], ["target"], name="choose", then_branch=branch("wide", [2, 6]),
+                              else_branch=branch("tall", [6, 2])),
+             helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape")]
+    graph = helper.make_graph(nodes, "if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12]),
+                                            helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ShapeError) as info:
+        import_model(model)
+    message = str(info.value)
+    assert message.startswith("node 'reshape' (Reshape): cannot infer a static shape for output 'y': it "
+                              "depends on the value of input 1 ('target')")
+    assert "it comes from graph input 'flag'" in message and "--bind flag=VALUES" in message
+    assert import_model(model, binds={"flag": True}).outputs[0].shape == (2, 6)

@@ -139,9 +139,11 @@ class Knowledge:
             return None
 
     def stays(self, producer: Producer, outputs: Sequence[str]) -> None:
-        """Record that ``producer`` stays a node computing ``outputs`` (for nodes imported otherwise)."""
+        """Record that ``producer`` stays a node computing ``outputs`` (also for nodes imported
+        otherwise, such as control flow); a value keeps the first record (an inlined If branch's
+        node, not the If)."""
         for output in outputs:
-            self._producers[output] = producer
+            self._producers.setdefault(output, producer)
 
     def sources(self, name: str) -> tuple[list[str], list[Producer], list[str]]:
         """Why value ``name`` is not known: the graph inputs it depends on, the nodes on the way

@@ -30,12 +30,14 @@ from compiler.frontend.control import ControlScope
 from compiler.frontend.control import import_control_flow
 from compiler.frontend.control import is_control_flow
 from compiler.frontend.control import names_in
+from compiler.frontend.control import outer_names
 from compiler.frontend.control import referenced_names
 from compiler.frontend.control import subgraphs
 from compiler.frontend.control import walk_nodes
 from compiler.frontend.dims import dim_label
 from compiler.frontend.dims import known_size
 from compiler.frontend.folding import Knowledge
+from compiler.frontend.folding import Producer
 from compiler.frontend.loader import bind_input_shapes
 from compiler.frontend.loader import bind_input_values
 from compiler.frontend.loader import infer_shapes
@@ -100,7 +102,9 @@ def graph_from_proto(proto: onnx.ModelProto,
     def import_one(at: ControlScope, node_proto: onnx.NodeProto, used_here: frozenset[str],
                    k: int = 0) -> None:
         if is_control_flow(node_proto):  # If / Loop / Scan (frontend/control/)
-            import_control_flow(at, node_proto, node_proto.name or f"{node_proto.op_type}_{k}")
+            name = node_proto.name or f"{node_proto.op_type}_{k}"
+            import_control_flow(at, node_proto, name)
+            _note_control_flow(knowledge, at.env, node_proto, name)
         else:
             _import_node(at.graph, node_proto, k, at.env, types, opset, used_here, node_names, knowledge)
 
@@ -267,6 +271,17 @@ def _fold_into(graph: Graph, env: dict[str, Value], arrays: dict[str, np.ndarray
         graph.reserve_name(value_name)
         env[value_name] = const
     graph.eliminated[name] = "shape computation"
+
+
+def _note_control_flow(knowledge: Knowledge, env: dict[str, Value], proto: onnx.NodeProto, name: str) -> None:
+    """Record what the outputs of control-flow node ``proto`` that are not constants depend on (its
+    inputs and the outer values its subgraphs read, those not known), so that errors walk past it."""
+    outer = sorted({n for sub in subgraphs(proto) for n in outer_names(sub)})
+    reads = [n for n in (*proto.input, *outer) if n]
+    unknown = tuple(dict.fromkeys(env[n].name for n in reads if n in env and env[n].const is None))
+    outputs = [env[n].name for n in proto.output if n in env and env[n].const is None]
+    knowledge.stays(Producer(name, proto.op_type, unknown, "a control-flow step computes it at run time"),
+                    outputs)
 
 
 def _constant(graph: Graph, proto: onnx.NodeProto, where: str) -> Value:
