@@ -8,7 +8,18 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
+
+
+def test_every_package_is_listed_for_the_wheel() -> None:
+    """pyproject.toml names the packages one by one: a new package left out installs broken."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts)
+             for top in ("compiler", "runtime") for p in (REPO / top).rglob("__init__.py")}
+    assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"
 
 
 def test_wheel_ships_templates_and_compiles(tmp_path: Path) -> None:
