@@ -130,9 +130,27 @@ def _copy(step: PlanStep, values: Mapping[str, PlanValue], partition: int) -> Co
     return None if src == dst else Copy(name, src, dst, src.nbytes, _KINDS[(src.space, dst.space)])
 
 
+def _concat_in_place(step: PlanStep, values: Mapping[str, PlanValue]) -> bool:
+    """A Concat whose inputs all sit in their slices of its output (the compiler produced each one
+    there), so it launches nothing: checked from the locations, not taken on trust."""
+    if step.op_type != "Concat" or step.domain not in ("", "ai.onnx"):
+        return False
+    out = values[step.outputs[0]]
+    offset = out.location.offset
+    for name in step.inputs:
+        value = values[str(name)]
+        if value.location.kind != "arena" or value.location.space != out.location.space or \
+                out.location.kind != "arena" or value.location.offset != offset:
+            return False
+        offset += value.nbytes
+    axis = int(step.attrs["axis"]) % max(len(out.shape), 1)
+    return offset == out.location.offset + out.nbytes and all(d == 1 for d in out.shape[:axis])
+
+
 def parse_steps(plan: Plan, record: PlanPartition, weights_nbytes: int,
                 weights_addr: int) -> list[Launch | Copy]:
-    """The partition's steps as an ordered list of launches and copies (no-op views dropped)."""
+    """The partition's steps as an ordered list of launches and copies (no-op views and Concats
+    produced in place dropped)."""
     arena = plan.arena("cuda")
     arena_nbytes = arena.nbytes if arena is not None else 0
     program: list[Launch | Copy] = []
@@ -140,6 +158,8 @@ def parse_steps(plan: Plan, record: PlanPartition, weights_nbytes: int,
         if step.launches:
             program += [parse_launch(step.name, launch, arena_nbytes, weights_nbytes, weights_addr)
                         for launch in step.launches]
+            continue
+        if step.launches is not None and _concat_in_place(step, plan.values):
             continue
         copy = _copy(step, plan.values, record.index)
         if copy is not None:

@@ -131,6 +131,18 @@ def _concat() -> onnx.ModelProto:
     return _model("concat_rows", nodes, {"x": (3, 5, 7), "t": (3, 2, 7)}, ["y"], {})
 
 
+def _concat_in_place() -> onnx.ModelProto:
+    """Batch 1: each input is produced straight into its slice of the output; the Concat launches
+    nothing (squeezenet's fire modules, densenet's dense blocks)."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="left", kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["x", "w3"], ["b"], name="right", kernel_shape=[3, 3],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["y"], name="cat", axis=1)]
+    return _model("concat_in_place", nodes, {"x": (1, 4, 6, 5)}, ["y"],
+                  {"w1": _w(rng, 10, 4, 1, 1), "w3": _w(rng, 12, 4, 3, 3)})
+
+
 def _broadcast() -> onnx.ModelProto:
     rng = np.random.default_rng(11)
     nodes = [helper.make_node("Mul", ["x", "c"], ["m"], name="mul"),
@@ -198,6 +210,7 @@ SHAPE_MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     # movement: transpose with odd dims, concat of rows
     "transpose": lambda: _one("transpose", "Transpose", (3, 5, 2, 7), perm=[2, 0, 3, 1]),
     "concat_rows": _concat,
+    "concat_in_place": _concat_in_place,
     # elementwise: broadcasting, variadic Max, a fused chain
     "eltwise_broadcast": _broadcast,
 }
