@@ -383,3 +383,22 @@ def test_control_steps_on_a_gpu_match_onnxruntime(tmp_path: Path) -> None:
         for feeds in feeds_list:
             for got, want in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_loop_step_over_its_work_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from compiler.frontend.control import loop_step
+    from compiler.frontend.control import loops
+
+    monkeypatch.setattr(loops, "MAX_UNROLLED_NODES", 7)
+    monkeypatch.setattr(loop_step, "MAX_STEP_WORK", 15)
+    nodes = [
+        _const("xs", np.zeros((4, 3), np.float32)),
+        _const("n", np.array(4, np.int64)),
+        _const("go", np.array(True)),
+        helper.make_node("Loop", ["n", "go", "acc0"], ["acc", "rows"], name="lp", body=_loop_body(False)),
+    ]
+    model = onnx_model(nodes, [("acc0", F, [3])], [("acc", F, [3]), ("rows", F, [4, 3])], opset=13)
+    with pytest.raises(
+        UnsupportedOpError, match=r"'lp' \(Loop\): 4 iterations of a 4-node body: over the 15"
+    ):
+        import_model(model)

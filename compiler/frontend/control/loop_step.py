@@ -22,7 +22,12 @@ from compiler.frontend.control.scope import one_element
 from compiler.ir.graph import Value
 from runtime.errors import UnsupportedOpError
 
-__all__ = ["import_loop_step"]
+__all__ = ["MAX_STEP_WORK", "import_loop_step"]
+
+# A loop step whose trip count is known at compile time may run at most this many body steps
+# (iterations x body nodes): they run one by one through the reference kernels, at compile time
+# too (the golden self-test), at some microseconds each.
+MAX_STEP_WORK = 1_000_000
 
 
 def _declared(info: onnx.ValueInfoProto, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -59,6 +64,13 @@ def import_loop_step(
     for k, what in enumerate(("the trip count", "the condition")):
         if k < len(node.input) and node.input[k]:
             one_element(scope.value(node.input[k], where), what, where)
+    trips = scope.env[node.input[0]].const
+    if trips is not None and int(trips.reshape(-1)[0]) * max(len(body.node), 1) > MAX_STEP_WORK:
+        raise UnsupportedOpError(
+            f"{where}: {int(trips.reshape(-1)[0])} iterations of a {len(body.node)}-node body: over the "
+            f"{MAX_STEP_WORK} body steps a loop step runs (one by one, with the reference kernels)",
+            [(name, "Loop")],
+        )
     capture = Capture(scope, name, list(node.input))
     child = capture.child(f"{name}/body")
     args, bindings = _args(capture, child, node, body, name)
