@@ -64,10 +64,10 @@ def import_loop_step(
     for k, what in enumerate(("the trip count", "the condition")):
         if k < len(node.input) and node.input[k]:
             one_element(scope.value(node.input[k], where), what, where)
-    trips = scope.env[node.input[0]].const
-    if trips is not None and int(trips.reshape(-1)[0]) * max(len(body.node), 1) > MAX_STEP_WORK:
+    known = scope.env[node.input[0]].const
+    if known is not None and int(known.reshape(-1)[0]) * max(len(body.node), 1) > MAX_STEP_WORK:
         raise UnsupportedOpError(
-            f"{where}: {int(trips.reshape(-1)[0])} iterations of a {len(body.node)}-node body: over the "
+            f"{where}: {int(known.reshape(-1)[0])} iterations of a {len(body.node)}-node body: over the "
             f"{MAX_STEP_WORK} body steps a loop step runs (one by one, with the reference kernels)",
             [(name, "Loop")],
         )
