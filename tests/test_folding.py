@@ -283,3 +283,27 @@ def test_a_shape_through_a_run_time_if_names_the_graph_input_of_its_condition() 
                               "depends on the value of input 1 ('target')")
     assert "it comes from graph input 'flag'" in message and "--bind flag=VALUES" in message
     assert import_model(model, binds={"flag": True}).outputs[0].shape == (2, 6)
+
+
+def test_input_shapes_that_do_not_fit_the_op_are_named_as_the_cause() -> None:
+    # the Concat's second input gets its shape only once a Transpose chain is folded (onnx's own
+    # inference cannot see it); the two inputs then differ off the axis, as PP-OCRv4 rec does at a
+    # height other than 48: the error says so instead of blaming the inputs' values
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Transpose", ["dims"], ["dims_t"], perm=[1, 0]),
+             helper.make_node("Reshape", ["dims_t", "flat"], ["target"]),
+             helper.make_node("Reshape", ["b", "target"], ["b3"]),
+             helper.make_node("Relu", ["a"], ["ra"]),
+             helper.make_node("Concat", ["ra", "b3"], ["y"], axis=2, name="cat")]
+    graph = helper.make_graph(
+        nodes, "g", [vi("a", TensorProto.FLOAT, [1, 2, 4]), vi("b", TensorProto.FLOAT, [12])],
+        [vi("y", TensorProto.FLOAT, ["p", "q", "r"])],
+        [numpy_helper.from_array(np.array([[1, 3, 4]], np.int64), "dims"),
+         numpy_helper.from_array(np.array([-1], np.int64), "flat")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ShapeError) as info:
+        import_model(model)
+    message = str(info.value)
+    assert "node 'cat' (Concat): cannot infer a static shape for output 'y'" in message
+    assert "its input shapes (1x2x4, 1x3x4) do not fit the op" in message
+    assert "--bind" not in message and "check the --shape sizes" in message

@@ -325,20 +325,26 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dic
                 outputs.append(Value(name))
                 continue
             if name not in fallback:
-                raise _unknown_shape(proto, inputs, name, where, knowledge) from None
+                raise _unknown_shape(proto, inputs, name, where, knowledge, opset) from None
             dtype, shape = fallback[name]
         outputs.append(Value(name, dtype, shape))
     return outputs
 
 
 def _unknown_shape(proto: onnx.NodeProto, inputs: list[Value | None], output: str, where: str,
-                   knowledge: Knowledge) -> ShapeError:
+                   knowledge: Knowledge, opset: int) -> ShapeError:
     """Output ``output`` has no static shape: name the inputs not known at compile time whose values
     it depends on, the graph inputs they come from and what to do."""
     listed = COMPILE_TIME_INPUTS.get(proto.op_type) if proto.domain in ("", "ai.onnx") else None
     unknown = [(i, v) for i, v in enumerate(inputs)
                if v is not None and v.const is None and (listed is None or i in listed)]
     message = f"{where}: cannot infer a static shape for output {output!r}"
+    rejected = _inference_error(proto, inputs, opset)
+    if rejected is not None:
+        shapes = ", ".join("x".join(map(str, v.shape)) if v is not None and v.shape is not None else "-"
+                           for v in inputs)
+        return ShapeError(f"{message}: its input shapes ({shapes}) do not fit the op: {rejected}; check "
+                          f"the --shape sizes (a model may work only at some input sizes)")
     if not unknown:
         return ShapeError(f"{message} (onnx's shape inference gives none from what is known of its inputs)")
     i, value = unknown[0]
@@ -352,18 +358,7 @@ def _unknown_shape(proto: onnx.NodeProto, inputs: list[Value | None], output: st
 def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
                   opset: int) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """Shape-infer one node alone (in the model's opset), its constant inputs given as initializers."""
-    value_infos, inits = [], []
-    for onnx_name, value in zip(proto.input, inputs, strict=True):  # (a value may be named apart:
-        if value is None:                                            # an If's output is its branch's)
-            continue
-        if value.const is not None:
-            inits.append(numpy_helper.from_array(value.const, onnx_name))
-        assert value.dtype is not None
-        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
-        value_infos.append(helper.make_tensor_value_info(onnx_name, elem, value.shape))
-    outs = [helper.make_empty_tensor_value_info(n) for n in proto.output if n]
-    graph = helper.make_graph([proto], "single", value_infos, outs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = _single_node_model(proto, inputs, opset)
     try:
         inferred = infer_with_pool_sizes(model, _infer_plain)
     except Exception:
@@ -376,6 +371,35 @@ def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
         except (ShapeError, ModelError):
             pass
     return result
+
+
+def _single_node_model(proto: onnx.NodeProto, inputs: list[Value | None], opset: int) -> onnx.ModelProto:
+    """``proto`` alone in a model, its inputs typed as known and its constant ones initializers."""
+    value_infos, inits = [], []
+    for onnx_name, value in zip(proto.input, inputs, strict=True):  # (a value may be named apart:
+        if value is None:                                            # an If's output is its branch's)
+            continue
+        if value.const is not None:
+            inits.append(numpy_helper.from_array(value.const, onnx_name))
+        assert value.dtype is not None
+        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+        value_infos.append(helper.make_tensor_value_info(onnx_name, elem, value.shape))
+    outs = [helper.make_empty_tensor_value_info(n) for n in proto.output if n]
+    graph = helper.make_graph([proto], "single", value_infos, outs, initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _inference_error(proto: onnx.NodeProto, inputs: list[Value | None], opset: int) -> str | None:
+    """What onnx's strict shape inference says against this node's known input shapes, if anything
+    (e.g. a Concat of inputs that differ off its axis)."""
+    if any(v is not None and v.shape is None for v in inputs):
+        return None
+    try:
+        onnx.shape_inference.infer_shapes(_single_node_model(proto, inputs, opset), strict_mode=True)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()  # onnx nests its reasons: keep the innermost one
+        return text[0].rsplit("[ShapeInferenceError]", 1)[-1].strip() if text else type(exc).__name__
+    return None
 
 
 def _infer_plain(model: onnx.ModelProto) -> onnx.ModelProto:
