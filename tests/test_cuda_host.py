@@ -29,6 +29,7 @@ from tests.support.cuda_host.build import HostModule
 from tests.support.cuda_host.build import kernel_names
 from tests.support.cuda_host.build import prepare_source
 from tests.support.cuda_host.models import SHAPE_MODELS
+from tests.support.cuda_host.models import SPECIAL_FEEDS
 from tests.support.cuda_host.models import random_feeds
 from tests.support.cuda_host.models import shape_model
 from tests.support.cuda_host.runner import HostRun
@@ -53,9 +54,11 @@ def _compile(name: str, tmp_path: Path) -> Path:
     return compile_model(shape_model(name), tmp_path / name, target="cuda", build=NO_NVCC, golden_cases=0)
 
 
-def _run(path: Path, source: str | None = None) -> list[StepCheck]:
-    run = HostRun(path, HostModule(source) if source is not None else None)
-    return run.run(random_feeds(run.plan.inputs))
+def _run(path: Path, source: str | None = None, isolate: bool = True, reverse: bool = False,
+         special: bool = False) -> list[StepCheck]:
+    module = HostModule(source, reverse=reverse) if source is not None else None
+    run = HostRun(path, module, isolate=isolate, reverse=reverse)
+    return run.run(random_feeds(run.plan.inputs, special=special))
 
 
 def _source(path: Path) -> str:
@@ -65,10 +68,12 @@ def _source(path: Path) -> str:
 # -- the generated kernels match the reference -------------------------------------------------------
 @pytest.mark.parametrize("name", list(SHAPE_MODELS))
 def test_kernel_shapes_match_the_reference(name: str, tmp_path: Path) -> None:
-    checks = _run(_compile(name, tmp_path))
-    assert checks, "no CUDA step ran"
-    bad = [c.describe() for c in checks if not c.ok]
-    assert not bad, "\n".join(bad)
+    path = _compile(name, tmp_path)
+    for reverse in (False, True):  # blocks and threads in ascending, then descending order
+        checks = _run(path, reverse=reverse, special=name in SPECIAL_FEEDS)
+        assert checks, "no CUDA step ran"
+        bad = [c.describe() for c in checks if not c.ok]
+        assert not bad, "\n".join(bad)
 
 
 def test_script_counts_kernels_and_templates(capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,21 +113,37 @@ def test_the_uninjected_gemm_matches(gemm: Path) -> None:
 
 def test_an_off_by_one_tile_bound_is_caught(gemm: Path) -> None:
     src = _source(gemm)
-    # the epilogue's row bound: row m == M is stored past the output (a stray write)
-    check = _only(_run(gemm, src.replace("if (m >= 70)", "if (m > 70)")))
+    # the epilogue's row bound: row m == M is stored past the output
+    broken = src.replace("if (m >= 70)", "if (m > 70)")
+    check = _only(_run(gemm, broken))  # each operand alone, a guard page right behind it
+    fault = (r"kernel k1 block \(\d+,2,0\) thread \(\d+,0,0\): memory fault \(SIGSEGV\) at address "
+             r"0x[0-9a-f]+ "
+             r"\(\d+ bytes past the end of output 'y'\)")
+    assert not check.ok and re.fullmatch(fault, check.detail), check.detail
+    check = _only(_run(gemm, broken, isolate=False))  # in the plan's arena: a stray write
     assert not check.ok and "outside its outputs" in check.detail, check.describe()
-    # the k bound of the A-tile load: A's row past K is read (poisoned memory) into the sum
-    check = _only(_run(gemm, src.replace("kq < 33)", "kq <= 33)", 1)))
+    # the k bound of the A-tile load: A's row past K is read
+    broken = src.replace("kq < 33)", "kq <= 33)", 1)
+    check = _only(_run(gemm, broken))
+    assert not check.ok and "past the end of input 'a" in check.detail, check.detail
+    check = _only(_run(gemm, broken, isolate=False))  # the bytes after A are poisoned: NaN in the sum
     assert not check.ok and "element(s) off" in check.detail, check.describe()
+    # the n bound of the B-tile load: B's column past N only reaches accumulators that are never
+    # stored, so only the guard page sees it (on a GPU: a read past the allocation may fault)
+    broken = src.replace("n < 45 &&", "n <= 45 &&", 1)
+    assert _only(_run(gemm, broken, isolate=False)).ok
+    check = _only(_run(gemm, broken))
+    assert not check.ok and "past the end of input 'b'" in check.detail, check.detail
 
 
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("which", [0, 1])
-def test_a_missing_syncthreads_is_caught(gemm: Path, which: int) -> None:
+def test_a_missing_syncthreads_is_caught(gemm: Path, which: int, reverse: bool) -> None:
     src = _source(gemm)
     at = [m.start() for m in re.finditer(r"__syncthreads\(\);", src)]
     assert len(at) == 2
     broken = src[: at[which]] + src[at[which] + len("__syncthreads();"):]
-    check = _only(_run(gemm, broken))
+    check = _only(_run(gemm, broken, reverse=reverse))
     assert not check.ok and "element(s) off" in check.detail, check.describe()
     assert check.kernels == ("k1",) and check.op_type == "Gemm"
 

@@ -38,8 +38,10 @@ def _fma_flags() -> tuple[str, ...]:
     return ("-mfma",) if has_fma and platform.machine() in ("x86_64", "AMD64") else ()
 
 
+# -ftrivial-auto-var-init=pattern (GCC 12+): a local the kernel reads before writing holds 0xfe
+# bytes (a huge negative float), not whatever the stack held
 FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-fno-strict-aliasing", "-ffp-contract=off",
-         "-Wno-attributes", *_fma_flags())
+         "-ftrivial-auto-var-init=pattern", "-Wno-attributes", *_fma_flags())
 KERNEL_RE = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(")
 DYN_SHARED_RE = re.compile(
     r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;"
@@ -105,12 +107,14 @@ def build_library(source: str, cxx: str = "g++", flags: Sequence[str] = FLAGS) -
 
 
 class HostBuffer:
-    """Host memory from ``oa_host_alloc`` (guard pages on both sides) seen as a uint8 array."""
+    """Host memory from ``oa_host_alloc`` (guard pages on both sides) seen as a uint8 array; it
+    ends ``align`` bytes (a power of two) from the upper guard page at most."""
 
-    def __init__(self, module: HostModule, nbytes: int) -> None:
+    def __init__(self, module: HostModule, nbytes: int, align: int = 256) -> None:
         self._lib = module.lib
         self.nbytes = max(int(nbytes), 1)
-        address = self._lib.oa_host_alloc(self.nbytes)
+        self.align = int(align)
+        address = self._lib.oa_host_alloc(self.nbytes, self.align)
         if not address:
             raise MemoryError(f"oa_host_alloc({self.nbytes}) failed")
         self.address = int(address)
@@ -118,33 +122,36 @@ class HostBuffer:
 
     def read_only(self) -> None:
         self.array.flags.writeable = False
-        if self._lib.oa_host_protect(ctypes.c_void_p(self.address), self.nbytes, 0) != 0:
+        if self._lib.oa_host_protect(ctypes.c_void_p(self.address), self.nbytes, self.align, 0) != 0:
             raise OSError("mprotect failed")
 
     def free(self) -> None:
         if self.address:
-            self._lib.oa_host_protect(ctypes.c_void_p(self.address), self.nbytes, 1)
-            self._lib.oa_host_free(ctypes.c_void_p(self.address), self.nbytes)
+            self._lib.oa_host_protect(ctypes.c_void_p(self.address), self.nbytes, self.align, 1)
+            self._lib.oa_host_free(ctypes.c_void_p(self.address), self.nbytes, self.align)
             self.address = 0
 
 
 class HostModule:
-    """A generated model.cu built for the host; ``launch`` runs one kernel launch to completion."""
+    """A generated model.cu built for the host; ``launch`` runs one kernel launch to completion.
+    ``reverse``: blocks and threads run in descending order (ascending by default)."""
 
-    def __init__(self, source: str, cxx: str = "g++") -> None:
+    def __init__(self, source: str, cxx: str = "g++", *, reverse: bool = False) -> None:
         self.kernels = kernel_names(source)
         self.path = build_library(source, cxx)
         lib = ctypes.CDLL(str(self.path))
         lib.oa_last_error.restype = ctypes.c_char_p
         lib.oa_host_alloc.restype = ctypes.c_void_p
-        lib.oa_host_alloc.argtypes = [ctypes.c_size_t]
-        lib.oa_host_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        lib.oa_host_protect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.oa_host_alloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+        lib.oa_host_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+        lib.oa_host_protect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+        lib.oa_set_order.argtypes = [ctypes.c_int]
+        self.reverse = reverse  # set before every launch: one loaded library may back two modules
         self.lib = lib
         self._entries: dict[str, Any] = {}
 
-    def alloc(self, nbytes: int) -> HostBuffer:
-        return HostBuffer(self, nbytes)
+    def alloc(self, nbytes: int, align: int = 256) -> HostBuffer:
+        return HostBuffer(self, nbytes, align)
 
     def launch(self, kernel: str, grid: Sequence[int], block: Sequence[int], shared: int,
                args: Sequence[Any]) -> None:
@@ -161,5 +168,6 @@ class HostModule:
         pointers = (ctypes.c_void_p * max(len(storage), 1))(*[s.ctypes.data for s in storage])
         g = (ctypes.c_uint * 3)(*[int(v) for v in (list(grid) + [1, 1])[:3]])
         b = (ctypes.c_uint * 3)(*[int(v) for v in (list(block) + [1, 1])[:3]])
+        self.lib.oa_set_order(int(self.reverse))
         if entry(g, b, ctypes.c_uint(int(shared)), pointers) != 0:
             raise HostKernelError(self.lib.oa_last_error().decode(errors="replace"))

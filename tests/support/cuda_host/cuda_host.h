@@ -17,7 +17,8 @@
 // both are filled with 0xff bytes (NaN as float) before every block, so a kernel that reads
 // shared memory no thread of its block wrote (a missing barrier) reads NaN.
 // One launch runs at a time per process (the state is static); blocks run one after another,
-// threads in order of their linear index, each until it blocks or returns.
+// threads in order of their linear index (descending after oa_set_order(1)), each until it blocks
+// or returns.
 #pragma once
 
 #include <math.h>
@@ -99,6 +100,7 @@ static volatile sig_atomic_t oa_in_launch;
 static void* oa_fault_addr;
 static int oa_fault_sig;
 static unsigned char* oa_dyn_shared;
+static int oa_reverse;  // run blocks and threads in descending order (oa_set_order)
 static size_t oa_dyn_shared_nbytes;
 
 static uint3 blockIdx;
@@ -523,7 +525,8 @@ static int oa_run_block() {
   }
   while (oa_ndone < oa_nthreads) {
     bool ran = false;
-    for (int i = 0; i < oa_nthreads && !oa_failed; ++i) {
+    for (int k = 0; k < oa_nthreads && !oa_failed; ++k) {
+      const int i = oa_reverse ? oa_nthreads - 1 - k : k;
       if (oa_fibers[i].state == OA_RUN) {
         oa_resume(&oa_fibers[i]);
         ran = true;
@@ -604,7 +607,7 @@ static int oa_run_grid(const char* name, const unsigned* grid, const unsigned* b
     for (unsigned z = 0; z < grid[2] && status == 0; ++z)
       for (unsigned y = 0; y < grid[1] && status == 0; ++y)
         for (unsigned x = 0; x < grid[0] && status == 0; ++x) {
-          blockIdx = {x, y, z};
+          blockIdx = oa_reverse ? uint3{grid[0] - 1 - x, grid[1] - 1 - y, grid[2] - 1 - z} : uint3{x, y, z};
           status = oa_run_block();
         }
   }
@@ -644,12 +647,23 @@ static int oa_launch(const char* name, void (*fn)(P...), const unsigned* grid, c
 
 extern "C" __attribute__((visibility("default"))) const char* oa_last_error() { return oa_error; }
 
-// Host memory with an inaccessible page on each side; the block ends 256-byte aligned as close to
-// the upper guard as alignment allows, so a read past the end faults.
-extern "C" __attribute__((visibility("default"))) void* oa_host_alloc(size_t nbytes) {
+// 1: later launches run blocks and the threads of a block in descending order (a kernel that
+// depends on the order, e.g. through a missing barrier, shows it in one order or the other).
+extern "C" __attribute__((visibility("default"))) void oa_set_order(int reverse) { oa_reverse = reverse; }
+
+// Host memory with an inaccessible page on each side. The block ends as close to the upper guard
+// as `align` (a power of two) allows -- with the element size, a read one element past the end
+// faults; the bytes below it, down to the lower guard page, are slack.
+static size_t oa_host_span(size_t nbytes, size_t align, size_t* body) {
   const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  const size_t body = (nbytes + 255) / 256 * 256;
-  const size_t span = (body + page - 1) / page * page;
+  *body = (nbytes + align - 1) / align * align;
+  return (*body + page - 1) / page * page;
+}
+
+extern "C" __attribute__((visibility("default"))) void* oa_host_alloc(size_t nbytes, size_t align) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t body;
+  const size_t span = oa_host_span(nbytes, align, &body);
   char* p = (char*)mmap(nullptr, span + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == (char*)MAP_FAILED) return nullptr;
   mprotect(p, page, PROT_NONE);
@@ -657,19 +671,17 @@ extern "C" __attribute__((visibility("default"))) void* oa_host_alloc(size_t nby
   return p + page + span - body;
 }
 
-extern "C" __attribute__((visibility("default"))) void oa_host_free(void* ptr, size_t nbytes) {
+extern "C" __attribute__((visibility("default"))) void oa_host_free(void* ptr, size_t nbytes, size_t align) {
   const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  const size_t body = (nbytes + 255) / 256 * 256;
-  const size_t span = (body + page - 1) / page * page;
-  char* start = (char*)ptr + body - span - page;
-  munmap(start, span + 2 * page);
+  size_t body;
+  const size_t span = oa_host_span(nbytes, align, &body);
+  munmap((char*)ptr + body - span - page, span + 2 * page);
 }
 
-// Make [ptr, ptr + nbytes) of an oa_host_alloc block read-only (weights) or writable again.
-extern "C" __attribute__((visibility("default"))) int oa_host_protect(void* ptr, size_t nbytes, int writable) {
-  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  const size_t body = (nbytes + 255) / 256 * 256;
-  const size_t span = (body + page - 1) / page * page;
-  char* start = (char*)ptr + body - span;
-  return mprotect(start, span, writable ? PROT_READ | PROT_WRITE : PROT_READ);
+// Make the pages of an oa_host_alloc block read-only (weights) or writable again.
+extern "C" __attribute__((visibility("default"))) int oa_host_protect(void* ptr, size_t nbytes, size_t align,
+                                                                     int writable) {
+  size_t body;
+  const size_t span = oa_host_span(nbytes, align, &body);
+  return mprotect((char*)ptr + body - span, span, writable ? PROT_READ | PROT_WRITE : PROT_READ);
 }

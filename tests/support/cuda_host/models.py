@@ -98,6 +98,13 @@ def _matmul_two_inputs() -> onnx.ModelProto:
     return _model("matmul_activations", nodes, {"a": (2, 65, 70), "b": (2, 70, 66)}, ["y"], {})
 
 
+def _gemv_batched() -> onnx.ModelProto:
+    """MatMul with one row per batch and broadcast batches: the matrix-vector kernel over grid z."""
+    rng = np.random.default_rng(9)
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")
+    return _model("gemv_batched", [node], {"a": (2, 3, 1, 40)}, ["y"], {"b": _w(rng, 3, 40, 20)})
+
+
 def _batchnorm() -> onnx.ModelProto:
     rng = np.random.default_rng(3)
     c = 5
@@ -143,6 +150,13 @@ def _concat_in_place() -> onnx.ModelProto:
                   {"w1": _w(rng, 10, 4, 1, 1), "w3": _w(rng, 12, 4, 3, 3)})
 
 
+def _copy() -> onnx.ModelProto:
+    """Two graph outputs of the same value: the second one gets its own copy (onnx_aot.Copy)."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["a"], name="sig"),
+             helper.make_node("Identity", ["a"], ["y"], name="same")]
+    return _model("copy", nodes, {"x": (3, 7, 13)}, ["a", "y"], {})
+
+
 def _broadcast() -> onnx.ModelProto:
     rng = np.random.default_rng(11)
     nodes = [helper.make_node("Mul", ["x", "c"], ["m"], name="mul"),
@@ -151,6 +165,13 @@ def _broadcast() -> onnx.ModelProto:
              helper.make_node("Max", ["x", "t", "c"], ["z"], name="max")]
     return _model("eltwise_broadcast", nodes, {"x": (3, 1, 5, 1), "t": (1, 4, 1, 6)}, ["y", "z"],
                   {"c": _w(rng, 4, 5, 1, scale=1.0)})
+
+
+def _eltwise_nan() -> onnx.ModelProto:
+    nodes = [helper.make_node(op, ins, [out], name=out)
+             for op, ins, out in (("Max", ["x", "t"], "mx"), ("Min", ["x", "t"], "mn"), ("Relu", ["x"], "r"),
+                                  ("Sigmoid", ["t"], "sg"), ("Tanh", ["x"], "th"), ("Abs", ["t"], "ab"))]
+    return _model("eltwise_nan", nodes, {"x": (7, 9), "t": (7, 9)}, ["mx", "mn", "r", "sg", "th", "ab"], {})
 
 
 SHAPE_MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
@@ -169,6 +190,8 @@ SHAPE_MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
                                     pads=[1, 1, 1, 1], relu=True),
     "conv_multiplier": lambda: _conv("conv_multiplier", (1, 3, 9, 8), 6, (3, 3), group=3, dilations=[2, 1],
                                      residual=True),
+    "conv_depthwise_dilated": lambda: _conv("conv_depthwise_dilated", (1, 4, 12, 9), 4, (3, 2), group=4,
+                                            dilations=[2, 3], pads=[2, 0, 1, 3], strides=[1, 2]),
     "conv_few_out": lambda: _conv("conv_few_out", (1, 9, 10, 7), 5, (3, 3), pads=[0, 1, 2, 1]),
     # GEMM tile: M, N, K odd, transA / transB strides, alpha / beta, row and full bias
     "gemm_odd": lambda: _gemm("gemm_odd", (70, 33), (33, 45), (45,)),
@@ -181,24 +204,36 @@ SHAPE_MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "gemv_warp": lambda: _gemm("gemv_warp", (3, 100), (50, 100), (50,), transB=1),
     "gemv_split": lambda: _gemm("gemv_split", (2, 77), (77, 45), (2, 45), beta=0.5),
     "gemv_one_row": lambda: _gemm("gemv_one_row", (1, 40), (40, 33), None),
+    "gemv_trans_a": lambda: _gemm("gemv_trans_a", (65, 4), (33, 65), (4, 1), transA=1, transB=1, alpha=1.5),
+    "gemv_batched": _gemv_batched,
     # pools: clipped windows, ceil mode, padding counted or not, dilation, 1-D
     "maxpool_ceil": lambda: _one("maxpool_ceil", "MaxPool", (2, 3, 11, 10), kernel_shape=[3, 3],
                                  strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+    "maxpool_nan": lambda: _one("maxpool_nan", "MaxPool", (1, 3, 9, 8), kernel_shape=[2, 2], strides=[2, 2],
+                                ceil_mode=1),
     "maxpool_dilated": lambda: _one("maxpool_dilated", "MaxPool", (1, 4, 9, 9), kernel_shape=[2, 3],
                                     dilations=[2, 2], strides=[1, 2]),
     "avgpool_pad": lambda: _one("avgpool_pad", "AveragePool", (1, 5, 9, 7), kernel_shape=[3, 3],
                                 strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
     "avgpool_ceil": lambda: _one("avgpool_ceil", "AveragePool", (2, 3, 10, 11), kernel_shape=[3, 2],
                                  strides=[2, 2], pads=[0, 1, 1, 0], ceil_mode=1),
+    "avgpool_ceil_pad": lambda: _one("avgpool_ceil_pad", "AveragePool", (1, 2, 10, 9), kernel_shape=[3, 3],
+                                     strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1),
     "avgpool_1d": lambda: _one("avgpool_1d", "AveragePool", (2, 3, 17), kernel_shape=[4], strides=[3]),
     # per channel: warp-per-plane pools (plane longer / shorter than a warp), BatchNorm, LRN
     "global_avg": lambda: _one("global_avg", "GlobalAveragePool", (3, 5, 7, 7)),
+    "global_one": lambda: _one("global_one", "GlobalAveragePool", (2, 3, 1, 1)),
+    "global_long": lambda: _one("global_long", "GlobalMaxPool", (1, 17, 13, 11)),
+    "global_max_nan": lambda: _one("global_max_nan", "GlobalMaxPool", (2, 9, 7, 7)),
     "global_max": lambda: _one("global_max", "GlobalMaxPool", (2, 9, 3, 5)),
     "batchnorm": _batchnorm,
     "lrn": lambda: _one("lrn", "LRN", (2, 7, 5, 3), size=5, alpha=1e-3, beta=0.75, bias=1.5),
+    "lrn_few_channels": lambda: _one("lrn_few_channels", "LRN", (1, 2, 3, 3), size=5, alpha=0.1, beta=0.75),
     "lrn_even": lambda: _one("lrn_even", "LRN", (1, 6, 4, 4), size=4, alpha=1e-2, beta=0.5, bias=2.0),
     # rows: one warp a row, rows shorter and longer than a warp, inner strides
     "softmax_inner": lambda: _one("softmax_inner", "Softmax", (3, 7, 5), axis=1),
+    "softmax_axis0": lambda: _one("softmax_axis0", "Softmax", (6, 4, 3), axis=0),
+    "softmax_nan": lambda: _one("softmax_nan", "Softmax", (40, 12), axis=-1),
     "softmax_long": lambda: _one("softmax_long", "Softmax", (5, 77), axis=-1),
     "logsoftmax": lambda: _one("logsoftmax", "LogSoftmax", (2, 3, 40), axis=2),
     "logsoftmax_inner": lambda: _one("logsoftmax_inner", "LogSoftmax", (2, 33, 3), axis=1),
@@ -206,13 +241,18 @@ SHAPE_MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "layernorm_axes": lambda: _layernorm("layernorm_axes", (2, 3, 4, 5), 1, False),
     "reduce_mean": lambda: _reduce("reduce_mean", "ReduceMean", (3, 4, 5, 6), [1, 3], 1),
     "reduce_sum_all": lambda: _reduce("reduce_sum_all", "ReduceSum", (7, 9, 11), None, 0),
+    "reduce_sum_strided": lambda: _reduce("reduce_sum_strided", "ReduceSum", (4, 3, 5, 2), [0, 2], 1),
     "reduce_sum_inner": lambda: _reduce("reduce_sum_inner", "ReduceSum", (5, 70, 3), [0], 0),
     # movement: transpose with odd dims, concat of rows
     "transpose": lambda: _one("transpose", "Transpose", (3, 5, 2, 7), perm=[2, 0, 3, 1]),
+    "transpose_2d": lambda: _one("transpose_2d", "Transpose", (37, 70), perm=[1, 0]),
+    "transpose_5d": lambda: _one("transpose_5d", "Transpose", (2, 3, 1, 4, 5), perm=[4, 2, 0, 3, 1]),
     "concat_rows": _concat,
     "concat_in_place": _concat_in_place,
+    "copy": _copy,
     # elementwise: broadcasting, variadic Max, a fused chain
     "eltwise_broadcast": _broadcast,
+    "eltwise_nan": _eltwise_nan,
 }
 
 
@@ -220,7 +260,19 @@ def shape_model(name: str) -> onnx.ModelProto:
     return SHAPE_MODELS[name]()
 
 
-def random_feeds(specs: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded standard-normal float32 feeds for ``specs`` (TensorSpecs of a plan's inputs)."""
+# models whose feeds also hold NaN, +inf and -inf (NaN propagation of max / softmax / elementwise)
+SPECIAL_FEEDS = frozenset({"maxpool_nan", "global_max_nan", "softmax_nan", "eltwise_nan"})
+
+
+def random_feeds(specs: Any, seed: int = 0, special: bool = False) -> dict[str, np.ndarray]:
+    """Seeded standard-normal float32 feeds for ``specs`` (TensorSpecs of a plan's inputs); with
+    ``special`` about one element in 7 is NaN, +inf or -inf."""
     rng = np.random.default_rng(seed)
-    return {s.name: rng.standard_normal(s.shape).astype(s.dtype) for s in specs}
+    feeds = {s.name: rng.standard_normal(s.shape).astype(s.dtype) for s in specs}
+    if special:
+        for array in feeds.values():
+            flat = array.reshape(-1)
+            picks = rng.integers(0, 7 * 3, size=flat.size)
+            for k, value in enumerate((np.nan, np.inf, -np.inf)):
+                flat[picks == k] = value
+    return feeds

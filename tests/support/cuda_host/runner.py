@@ -1,5 +1,8 @@
 """Run a compiled artifact's CUDA kernels on the host, step by step, against the reference kernels.
 
+``reverse=True`` runs blocks and threads in descending order; ``isolate=False`` leaves every
+pointer in the plan's arena (see ``_Isolation`` for what isolation adds).
+
 ``HostRun(artifact_dir).run(feeds)`` walks plan.json in order with every memory space's arena and
 weights.bin in host memory (``HostBuffer``: guard pages on both sides; weights read-only):
 
@@ -25,6 +28,9 @@ inputs; ``StepCheck`` records each step's verdict, kernels and largest error.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,6 +61,7 @@ EXACT_KINDS = frozenset({"Transpose", "Concat", "Reshape", "Identity", "Flatten"
                          "onnx_aot.Copy"})
 TRANSFER = "onnx_aot.Transfer"
 POISON = 0xFF
+PAGE = mmap.PAGESIZE
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,11 @@ def compare(got: np.ndarray, want: np.ndarray, exact: bool) -> tuple[float, str]
         first = tuple(int(i) for i in where[0])
         err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
         return err, f"{len(where)} element(s) differ, first at {first}: {got[first]!r} != {want[first]!r}"
+    with np.errstate(all="ignore"):
+        return _compare_floats(got, want)
+
+
+def _compare_floats(got: np.ndarray, want: np.ndarray) -> tuple[float, str]:
     g, w = got.astype(np.float64), want.astype(np.float64)
     nan_g, nan_w = np.isnan(g), np.isnan(w)
     finite = np.isfinite(w)
@@ -110,14 +122,16 @@ def compare(got: np.ndarray, want: np.ndarray, exact: bool) -> tuple[float, str]
 class HostRun:
     """One artifact's plan on host memory, its CUDA kernels from ``HostModule``."""
 
-    def __init__(self, artifact_dir: str | Path, module: HostModule | None = None) -> None:
+    def __init__(self, artifact_dir: str | Path, module: HostModule | None = None, *,
+                 isolate: bool = True, reverse: bool = False) -> None:
+        self.isolate = isolate
         self.artifact = load_artifact(artifact_dir)
         self.plan: Plan = self.artifact.plan
         cuda = [p for p in self.plan.partitions if p.provider == "cuda"]
         if module is None and cuda:
             record = cuda[0].module
             assert record is not None
-            module = HostModule((Path(artifact_dir) / record.source).read_text())
+            module = HostModule((Path(artifact_dir) / record.source).read_text(), reverse=reverse)
         self.module = module
 
     def run(self, feeds: Mapping[str, np.ndarray], *, stop_at_first: bool = False) -> list[StepCheck]:
@@ -161,22 +175,31 @@ class HostRun:
         specs = [(plan.values[n].shape, plan.values[n].dtype) for n in step.outputs]
         t0 = time.perf_counter()
         try:
-            expected = [np.asarray(r) for r in get_kernel(step.kind)(np, inputs, dict(step.attrs), specs)]
+            with np.errstate(all="ignore"):
+                expected = [np.asarray(r) for r in get_kernel(step.kind)(np, inputs, dict(step.attrs), specs)]
         except Exception as exc:  # the checker cannot judge this step
             return StepCheck(step.index, step.name, step.op_type, kernels, False, float("nan"),
                              f"reference kernel failed: {exc}")
         t1 = time.perf_counter()
         mem.poison(step.index)
         before = mem.arena("cuda").copy()
+        args = [bind(op, mem.arena_addr("cuda")) for op in ops if isinstance(op, Launch)]
+        iso = _Isolation.make(self.module, step, mem) if self.isolate and self.module is not None else None
+        if iso is not None:
+            args = iso.relocate(step, args)
         t2 = time.perf_counter()
         detail, err = "", 0.0
         try:
-            for op in ops:
-                assert isinstance(op, Launch)
-                self.module.launch(op.kernel, op.grid, op.block, op.shared,  # type: ignore[union-attr]
-                                   bind(op, mem.arena_addr("cuda")))
+            for op, op_args in zip(ops, args, strict=True):
+                assert isinstance(op, Launch) and self.module is not None
+                self.module.launch(op.kernel, op.grid, op.block, op.shared, op_args)
         except HostKernelError as exc:
             detail, err = str(exc), float("nan")
+            if iso is not None:
+                detail += iso.locate(detail)
+        finally:
+            if iso is not None:
+                detail = detail or iso.finish(mem)
         t3 = time.perf_counter()
         if not detail:
             for name, want in zip(step.outputs, expected, strict=True):
@@ -244,6 +267,11 @@ class _Memory:
     def arena_addr(self, space: str) -> int:
         return self._addr.get(space, 0)
 
+    def region(self, key: tuple[str, int], nbytes: int) -> np.ndarray:
+        """The bytes at (kind "arena" / "weights", offset) of the device memory."""
+        source = self.weights if key[0] == "weights" else self.arenas["cuda"]
+        return source[key[1]:key[1] + nbytes]
+
     def view(self, value: PlanValue, ext: Mapping[str, Any]) -> np.ndarray:
         where = value.location
         if where.kind == "ext":
@@ -298,3 +326,86 @@ class _Memory:
         at = np.flatnonzero(changed)
         return (f"wrote {at.size} byte(s) outside its outputs and scratch (device arena bytes "
                 f"{at[0]}..{at[-1]})")
+
+
+class _Isolation:
+    """A step's pointer arguments, each copied into its own guarded buffer that ends exactly where
+    the operand ends (a read one element past it faults) over 0xff slack (a write before it shows);
+    after the launches the outputs are copied back and the inputs must be unchanged."""
+
+    def __init__(self, operands: dict[tuple[str, int], tuple[int, bool, int]],
+                 buffers: dict[tuple[str, int], HostBuffer], names: dict[tuple[str, int], str]) -> None:
+        self.operands = operands
+        self.buffers = buffers
+        self.names = names
+
+    def locate(self, error: str) -> str:
+        """For a memory fault: which operand's guard page the address is in."""
+        found = re.search(r"at address (0x[0-9a-f]+)", error)
+        if found is None:
+            return ""
+        address = int(found.group(1), 16)
+        for key, buf in self.buffers.items():
+            end = buf.address + self.operands[key][0]
+            if end <= address < end + PAGE:
+                return f" ({address - end} bytes past the end of {self.names[key]})"
+            start = buf.address - buf.address % PAGE
+            if start - PAGE <= address < start:
+                return f" ({buf.address - address} bytes before the start of {self.names[key]})"
+        return ""
+
+    @classmethod
+    def make(cls, module: HostModule, step: PlanStep, mem: _Memory) -> _Isolation | None:
+        """None when a pointer is not at one of the step's operands or two operands overlap."""
+        operands: dict[tuple[str, int], tuple[int, bool, int]] = {}  # key -> nbytes, written, itemsize
+        names = [(n, False) for n in step.inputs if n is not None] + [(n, True) for n in step.outputs]
+        described: dict[tuple[str, int], str] = {}
+        for name, written in names:
+            value = mem.plan.values[name]
+            where = value.location
+            if where.kind in ("arena", "weights"):
+                role = "output" if written else "input"
+                described.setdefault((where.kind, where.offset), f"{role} {name!r}")
+                old = operands.get((where.kind, where.offset), (0, False, 1))
+                operands[(where.kind, where.offset)] = (max(old[0], value.nbytes), old[1] or written,
+                                                        max(old[2], value.dtype.itemsize))
+        used = {(a.space, int(a.value)) for launch in step.launches or () for a in launch.args
+                if a.kind == "ptr"}
+        if not used <= set(operands):
+            return None
+        spans = sorted((k[0], k[1], k[1] + operands[k][0]) for k in used)
+        if any(a[0] == b[0] and a[2] > b[1] for a, b in zip(spans, spans[1:], strict=False)):
+            return None
+        buffers: dict[tuple[str, int], HostBuffer] = {}
+        for key in sorted(used):
+            nbytes, _, itemsize = operands[key]
+            buf = buffers[key] = module.alloc(nbytes, itemsize)
+            buf.array[...] = mem.region(key, nbytes)
+            ctypes.memset(buf.address - buf.address % PAGE, POISON, buf.address % PAGE)
+        return cls(operands, buffers, described)
+
+    def relocate(self, step: PlanStep, args: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        out = []
+        for launch, bound in zip(step.launches or (), args, strict=True):
+            moved = list(bound)
+            for j, arg in enumerate(launch.args):
+                if arg.kind == "ptr":
+                    moved[j] = np.uint64(self.buffers[(arg.space, int(arg.value))].address)
+            out.append(tuple(moved))
+        return out
+
+    def finish(self, mem: _Memory) -> str:
+        """Copy the outputs back and free; "" or what the launches wrote where they must not."""
+        problem = ""
+        for key, buf in self.buffers.items():
+            nbytes, written, _ = self.operands[key]
+            region = mem.region(key, nbytes)
+            slack = ctypes.string_at(buf.address - buf.address % PAGE, buf.address % PAGE)
+            if slack.strip(bytes([POISON])) and not problem:
+                problem = f"wrote below the start of its operand at {key[0]} offset {key[1]}"
+            if written:
+                region[...] = buf.array
+            elif not np.array_equal(buf.array, region) and not problem:
+                problem = f"wrote into its input at {key[0]} offset {key[1]}"
+            buf.free()
+        return problem
