@@ -280,7 +280,7 @@ def _scan_body() -> onnx.GraphProto:
     return _graph(nodes, "body", inputs, ["s_out", "m", "z"])
 
 
-def test_scan9_with_axes_and_directions(tmp_path: Path) -> None:
+def _scan9_model() -> onnx.ModelProto:
     scan = helper.make_node(
         "Scan",
         ["s0", "a", "b"],
@@ -292,19 +292,25 @@ def test_scan9_with_axes_and_directions(tmp_path: Path) -> None:
         scan_output_axes=[-1, 0],
         scan_output_directions=[0, 1],
     )
-    model = onnx_model(
+    return onnx_model(
         [scan],
         [("s0", F, [2]), ("a", F, [4, 2]), ("b", F, [2, 4])],
         [("s", F, [2]), ("y", F, [2, 4]), ("t", F, [4, 2])],
         opset=16,
     )
+
+
+def _scan9_feeds() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(4)
-    feeds = {
+    return {
         "s0": rng.standard_normal(2).astype(np.float32),
         "a": rng.standard_normal((4, 2)).astype(np.float32),
         "b": rng.standard_normal((2, 4)).astype(np.float32),
     }
-    _check(model, tmp_path, feeds)
+
+
+def test_scan9_with_axes_and_directions(tmp_path: Path) -> None:
+    _check(_scan9_model(), tmp_path, _scan9_feeds())
 
 
 def test_scan8_scans_each_batch_entry(tmp_path: Path) -> None:
@@ -325,18 +331,29 @@ def test_scan8_scans_each_batch_entry(tmp_path: Path) -> None:
     _check(model, tmp_path, feeds)
 
 
-def test_a_scan_over_the_unroll_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_scan_over_the_unroll_cap_becomes_a_scan_step(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from compiler.frontend.control import loops
+
+    monkeypatch.setattr(loops, "MAX_UNROLLED_NODES", 5)
+    model = _scan9_model()
+    assert [n.kind for n in import_model(model)] == ["onnx_aot.Scan"]
+    _check(model, tmp_path, _scan9_feeds())
+
+
+def test_a_scan8_over_the_unroll_cap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from compiler.frontend.control import loops
 
     monkeypatch.setattr(loops, "MAX_UNROLLED_NODES", 5)
     scan = helper.make_node(
-        "Scan", ["s0", "a", "b"], ["s", "y", "t"], name="sc", body=_scan_body(), num_scan_inputs=2
+        "Scan", ["", "s0", "a", "b"], ["s", "y", "t"], name="sc", body=_scan_body(), num_scan_inputs=2
     )
     model = onnx_model(
         [scan],
-        [("s0", F, [2]), ("a", F, [4, 2]), ("b", F, [4, 2])],
-        [("s", F, [2]), ("y", F, [4, 2]), ("t", F, [4, 2])],
-        opset=16,
+        [("s0", F, [3, 2]), ("a", F, [3, 4, 2]), ("b", F, [3, 4, 2])],
+        [("s", F, [3, 2]), ("y", F, [3, 4, 2]), ("t", F, [3, 4, 2])],
+        opset=8,
     )
     with pytest.raises(
         UnsupportedOpError, match=r"'sc' \(Scan\): 4 iterations of a 3-node body exceed the 5"

@@ -1,5 +1,5 @@
-"""Control steps: ``onnx_aot.If`` runs one of two sub-schedules, ``onnx_aot.Loop`` runs one per
-iteration.
+"""Control steps: ``onnx_aot.If`` runs one of two sub-schedules, ``onnx_aot.Loop`` and
+``onnx_aot.Scan`` run one per iteration.
 
 A sub-schedule (*program*) is plain JSON data in the step's attributes, written by the frontend
 (``compiler/frontend/control/program.py``)::
@@ -90,3 +90,27 @@ def loop(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
             )
         stacked.append(xp.stack(scans[k]))
     return finish(xp, "onnx_aot.Loop", carried + stacked, outputs)
+
+
+@register("onnx_aot.Scan")
+def scan(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+    """inputs: the states, the scan inputs, then what the body reads from outside; outputs: the
+    final states, then the scan outputs (stacked on ``out_axes``, reversed where ``out_dirs`` is 1)."""
+    n, length = int(attrs["n_states"]), int(attrs["length"])
+    xs = inputs[n : n + len(attrs["in_axes"])]
+    states = list(inputs[:n])
+    elems: list[list[Any]] = [[] for _ in outputs[n:]]
+    for t in range(length):
+        slices = [
+            xp.take(x, length - 1 - t if d else t, axis=int(a))
+            for x, a, d in zip(xs, attrs["in_axes"], attrs["in_dirs"], strict=True)
+        ]
+        outs = run_program(xp, attrs["body"], inputs, [*states, *slices])
+        states = [xp.array(v, copy=True) for v in outs[:n]]
+        for k, value in enumerate(outs[n:]):
+            elems[k].append(xp.array(value, copy=True))
+    stacked = [
+        xp.stack(e[::-1] if d else e, axis=int(a))
+        for e, a, d in zip(elems, attrs["out_axes"], attrs["out_dirs"], strict=True)
+    ]
+    return finish(xp, "onnx_aot.Scan", states + stacked, outputs)

@@ -3,9 +3,9 @@
 The importer hands every control-flow node to :func:`import_control_flow` as it reaches it, with the
 outer scope's values visible inside the subgraphs. ``branches.py`` inlines the If branch taken, or
 makes an ``onnx_aot.If`` step when the condition is known only at run time; ``loops.py`` unrolls
-Loop and Scan, and ``loop_step.py`` makes an ``onnx_aot.Loop`` step of a Loop it does not unroll;
-``program.py`` writes a subgraph as the sub-schedule such a step runs; ``scope.py`` holds what they
-share (fresh names, inlining a subgraph).
+Loop and Scan, and ``loop_step.py`` makes an ``onnx_aot.Loop`` / ``onnx_aot.Scan`` step of one it
+does not unroll; ``program.py`` writes a subgraph as the sub-schedule such a step runs; ``scope.py``
+holds what they share (fresh names, inlining a subgraph).
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
-"""A ``Loop`` that is not unrolled becomes one ``onnx_aot.Loop`` step running its body per iteration.
+"""A Loop or Scan that is not unrolled becomes one ``onnx_aot.Loop`` / ``onnx_aot.Scan`` step.
 
-That is the rule for a trip count known only at run time, or one whose unrolled body would pass
-loops.MAX_UNROLLED_NODES. The body is imported once, as a sub-schedule (program.py) whose arguments
-are the iteration number, the condition and the carried values; its condition input is the
-constant True (the body only runs while the condition holds), so a condition it passes through
-folds. The step's kernel runs the body while the trip count and the condition allow. Refused: a
-carried value whose shape changes from one iteration to the next, and scan outputs whose length
-is not known at compile time (a run-time trip count, or a condition the body computes).
+That is the rule for a Loop whose trip count is known only at run time, and for a Loop or Scan whose
+unrolled body would pass loops.MAX_UNROLLED_NODES. The body is imported once, as a sub-schedule
+(program.py) whose arguments are, for a Loop, the iteration number, the condition and the carried
+values (its condition input is the constant True: the body only runs while the condition holds, so
+a condition it passes through folds), and for a Scan the states and each scan input's slice. The
+step's kernel runs the body per iteration. Refused: a carried value or state whose shape changes
+from one iteration to the next, a Loop's scan outputs whose length is not known at compile time (a
+run-time trip count, or a condition the body computes), and more than MAX_STEP_WORK body steps.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -17,12 +20,14 @@ import onnx
 from compiler.frontend.control.branches import add_control_step
 from compiler.frontend.control.program import Capture
 from compiler.frontend.control.scope import ControlScope
+from compiler.frontend.control.scope import int_list
 from compiler.frontend.control.scope import like_input
 from compiler.frontend.control.scope import one_element
 from compiler.ir.graph import Value
+from runtime.errors import ModelError
 from runtime.errors import UnsupportedOpError
 
-__all__ = ["MAX_STEP_WORK", "import_loop_step"]
+__all__ = ["MAX_STEP_WORK", "ScanParams", "import_loop_step", "import_scan_step", "scan_params"]
 
 # A loop step whose trip count is known at compile time may run at most this many body steps
 # (iterations x body nodes): they run one by one through the reference kernels, at compile time
@@ -77,14 +82,7 @@ def import_loop_step(
     program, outs = capture.program(child, body, f"{name}/body", bindings, args, where)
     program["args"] = [[list(v.shape or ()), str(v.dtype)] for v in args]
     one_element(outs[0], "the body's condition output", where)
-    for k, (before, after) in enumerate(zip(args[2:], outs[1 : 1 + n], strict=True)):
-        if before.shape != after.shape or before.dtype != after.dtype:
-            raise UnsupportedOpError(
-                f"{where}: loop-carried value {k} ({node.input[2 + k]!r}) changes from {before.dtype}"
-                f"{list(before.shape or ())} to {after.dtype}{list(after.shape or ())} in an iteration; "
-                "a loop step needs one static shape",
-                [(name, "Loop")],
-            )
+    _check_carried(args[2:], outs[1 : 1 + n], node, where, name)
     like = list(args[2:])
     scans = outs[1 + n :]
     if scans:
@@ -106,3 +104,110 @@ def _fixed_trip_count(
             [(name, "Loop")],
         )
     return int(trip.reshape(-1)[0]) if bool(cond.reshape(-1)[0]) else 0
+
+
+@dataclass(frozen=True)
+class ScanParams:
+    """A Scan's iteration count and its axes (input axes normalized, for one batch entry in opset 8)."""
+
+    length: int
+    in_axes: list[int]
+    in_dirs: list[int]
+    out_axes: list[int]
+    out_dirs: list[int]
+
+
+def scan_params(
+    scope: ControlScope,
+    node: onnx.NodeProto,
+    body: onnx.GraphProto,
+    n_states: int,
+    xs: list[str],
+    where: str,
+    batched: bool,
+) -> ScanParams:
+    in_axes = int_list(node, "scan_input_axes", [0] * len(xs))
+    in_dirs = int_list(node, "scan_input_directions", int_list(node, "directions", [0] * len(xs)))
+    n_out = len(body.output) - n_states
+    out_axes = int_list(node, "scan_output_axes", [0] * n_out)
+    out_dirs = int_list(node, "scan_output_directions", [0] * n_out)
+    if len(in_axes) != len(xs) or len(in_dirs) != len(xs) or len(out_axes) != n_out or len(out_dirs) != n_out:
+        raise ModelError(f"{where}: scan axes/directions do not match the number of scan inputs/outputs")
+    shapes = [scope.value(x, where).shape or () for x in xs]
+    skip = 1 if batched else 0
+    axes = [a + len(s) - skip if a < 0 else a for a, s in zip(in_axes, shapes, strict=True)]
+    if any(not 0 <= a < len(s) - skip for a, s in zip(axes, shapes, strict=True)):
+        raise ModelError(f"{where}: a scan input axis is out of range")
+    lengths = {s[a + skip] for a, s in zip(axes, shapes, strict=True)}
+    if len(lengths) != 1:
+        raise ModelError(
+            f"{where}: the scan inputs differ in length along their scan axes: {sorted(lengths)}"
+        )
+    return ScanParams(lengths.pop(), axes, in_dirs, out_axes, out_dirs)
+
+
+def import_scan_step(
+    scope: ControlScope,
+    node: onnx.NodeProto,
+    body: onnx.GraphProto,
+    params: ScanParams,
+    name: str,
+    where: str,
+) -> None:
+    """One ``onnx_aot.Scan`` step running ``body`` per iteration (opset 9 and up)."""
+    if params.length * max(len(body.node), 1) > MAX_STEP_WORK:
+        raise UnsupportedOpError(
+            f"{where}: {params.length} iterations of a {len(body.node)}-node body: over "
+            f"the {MAX_STEP_WORK} body steps a scan step runs",
+            [(name, "Scan")],
+        )
+    n = len(node.input) - len(params.in_axes)
+    capture = Capture(scope, name, list(node.input))
+    child = capture.child(f"{name}/body")
+    outer = [scope.value(v, where) for v in node.input]
+    shapes = [v.shape or () for v in outer[:n]]
+    shapes += [
+        tuple(d for k, d in enumerate(v.shape or ()) if k != a)
+        for v, a in zip(outer[n:], params.in_axes, strict=True)
+    ]
+    args = [
+        Value(scope.fresh(f"{name}/arg{k}"), v.dtype, shape)
+        for k, (v, shape) in enumerate(zip(outer, shapes, strict=True))
+    ]
+    for value in args:
+        child.graph.add_input(value)
+        child.env[value.name] = value
+    bindings = {info.name: value.name for info, value in zip(body.input, args, strict=True)}
+    program, outs = capture.program(child, body, f"{name}/body", bindings, args, where)
+    _check_carried(args[:n], outs[:n], node, where, name)
+    like = list(outer[:n])
+    out_axes = []
+    for value, axis in zip(outs[n:], params.out_axes, strict=True):
+        shape = list(value.shape or ())
+        axis = axis + len(shape) + 1 if axis < 0 else axis
+        if not 0 <= axis <= len(shape):
+            raise ModelError(f"{where}: scan output axis {axis} out of range for rank {len(shape) + 1}")
+        out_axes.append(axis)
+        like.append(Value("", value.dtype, (*shape[:axis], params.length, *shape[axis:])))
+    attrs = {
+        "body": program,
+        "n_states": n,
+        "length": params.length,
+        "in_axes": params.in_axes,
+        "in_dirs": params.in_dirs,
+        "out_axes": out_axes,
+        "out_dirs": params.out_dirs,
+    }
+    add_control_step(scope, node, name, capture, attrs, like)
+
+
+def _check_carried(
+    before: list[Value], after: list[Value], node: onnx.NodeProto, where: str, name: str
+) -> None:
+    for k, (old, new) in enumerate(zip(before, after, strict=True)):
+        if old.shape != new.shape or old.dtype != new.dtype:
+            raise UnsupportedOpError(
+                f"{where}: carried value {k} changes from {old.dtype}{list(old.shape or ())} to "
+                f"{new.dtype}{list(new.shape or ())} in an iteration; a {node.op_type} step needs one shape",
+                [(name, node.op_type)],
+            )

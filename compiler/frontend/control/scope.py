@@ -30,6 +30,7 @@ __all__ = [
     "CONTROL_FLOW_OPS",
     "ControlScope",
     "inline",
+    "int_list",
     "one_element",
     "like_input",
     "is_control_flow",
@@ -278,3 +279,11 @@ def one_element(value: Value, what: str, where: str) -> Value:
     if size != 1:
         raise ModelError(f"{where}: {what} {value.name!r} has {max(size, 0)} elements, not one")
     return value
+
+
+def int_list(node: onnx.NodeProto, key: str, default: list[int]) -> list[int]:
+    """Ints attribute ``key`` of ``node``, or ``default``."""
+    for attr in node.attribute:
+        if attr.name == key:
+            return [int(v) for v in helper.get_attribute_value(attr)]
+    return default
