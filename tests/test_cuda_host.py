@@ -294,5 +294,10 @@ def test_a_kernel_error_names_the_kernel(tmp_path: Path) -> None:
     try:
         with pytest.raises(HostKernelError, match=r"bad launch: grid \(1,1,1\) block \(2048,1,1\)"):
             mod.launch("early_exit", (1, 1, 1), (2048, 1, 1), 0, [np.uint64(buf.address)])
+        with pytest.raises(HostKernelError, match=r"bad launch: grid \(1,65536,1\)"):
+            mod.launch("early_exit", (1, 65536, 1), (64, 1, 1), 0, [np.uint64(buf.address)])
+        bounds = r"kernel early_exit block \(0,0,0\): launched with 128 threads per block; its "
+        with pytest.raises(HostKernelError, match=bounds + "__launch_bounds__ allows 64"):
+            mod.launch("early_exit", (1, 1, 1), (128, 1, 1), 0, [np.uint64(buf.address)])
     finally:
         buf.free()

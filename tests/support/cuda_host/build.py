@@ -42,7 +42,7 @@ def _fma_flags() -> tuple[str, ...]:
 # bytes (a huge negative float), not whatever the stack held
 FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-fno-strict-aliasing", "-ffp-contract=off",
          "-ftrivial-auto-var-init=pattern", "-Wno-attributes", *_fma_flags())
-KERNEL_RE = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(")
+KERNEL_RE = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\(\s*(\d*)[^)]*\)\s+)?(\w+)\s*\(")
 DYN_SHARED_RE = re.compile(
     r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;"
 )
@@ -63,13 +63,13 @@ def cache_dir() -> Path:
 
 def kernel_names(source: str) -> list[str]:
     """The ``__global__`` functions of ``source``, in order."""
-    return KERNEL_RE.findall(source)
+    return [name for _, name in KERNEL_RE.findall(source)]
 
 
 def prepare_source(source: str) -> str:
     """``source`` with dynamic shared memory as pointers and a C entry per kernel appended."""
     text = DYN_SHARED_RE.sub(r"\1* const \2 = (\1*)oa_dyn_shared;", source)
-    entries = "".join(f"OA_KERNEL({name})\n" for name in kernel_names(source))
+    entries = "".join(f"OA_KERNEL({name}, {bound or 0})\n" for bound, name in KERNEL_RE.findall(source))
     return f"{text}\n\n// host entries (tests/support/cuda_host/build.py)\n{entries}"
 
 

@@ -559,18 +559,35 @@ static int oa_run_block() {
   return 0;
 }
 
-static int oa_run_grid(const char* name, const unsigned* grid, const unsigned* block, unsigned shared,
-                       void (*body)(void*), void* arg) {
-  oa_kernel = name;
-  oa_failed = 0;
-  oa_error[0] = 0;
-  blockIdx = {0, 0, 0};
+// What a GPU refuses to launch: an empty or oversized grid (x < 2^31, y and z <= 65535), more threads
+// than the kernel's __launch_bounds__ (or 1024, or block.z > 64), dynamic shared memory over 227 KiB.
+static int oa_check_launch(const unsigned* grid, const unsigned* block, unsigned shared, unsigned bound) {
   const unsigned long threads = (unsigned long)block[0] * block[1] * block[2];
-  if (threads < 1 || threads > OA_MAX_THREADS || grid[0] < 1 || grid[1] < 1 || grid[2] < 1) {
+  if (threads < 1 || threads > OA_MAX_THREADS || block[2] > 64 || grid[0] < 1 || grid[1] < 1 || grid[2] < 1 ||
+      grid[0] > 0x7fffffffu || grid[1] > 65535 || grid[2] > 65535) {
     oa_fail_at(nullptr, "bad launch: grid (%u,%u,%u) block (%u,%u,%u)", grid[0], grid[1], grid[2], block[0],
                block[1], block[2]);
     return -1;
   }
+  if (bound > 0 && threads > bound) {
+    oa_fail_at(nullptr, "launched with %lu threads per block; its __launch_bounds__ allows %u", threads, bound);
+    return -1;
+  }
+  if (shared > 227u * 1024u) {
+    oa_fail_at(nullptr, "launched with %u bytes of dynamic shared memory; a block may have 227 KiB", shared);
+    return -1;
+  }
+  return 0;
+}
+
+static int oa_run_grid(const char* name, const unsigned* grid, const unsigned* block, unsigned shared,
+                       unsigned bound, void (*body)(void*), void* arg) {
+  oa_kernel = name;
+  oa_failed = 0;
+  oa_error[0] = 0;
+  blockIdx = {0, 0, 0};
+  if (oa_check_launch(grid, block, shared, bound) != 0) return -1;
+  const unsigned long threads = (unsigned long)block[0] * block[1] * block[2];
   if (oa_map_stacks((int)threads) != 0) {
     oa_fail_at(nullptr, "cannot map fiber stacks");
     return -1;
@@ -632,17 +649,18 @@ struct oa_call {
 
 template <typename... P>
 static int oa_launch(const char* name, void (*fn)(P...), const unsigned* grid, const unsigned* block,
-                     unsigned shared, void** args) {
+                     unsigned shared, unsigned bound, void** args) {
   oa_call<P...> call{fn, args};
-  return oa_run_grid(name, grid, block, shared, &oa_call<P...>::run, &call);
+  return oa_run_grid(name, grid, block, shared, bound, &oa_call<P...>::run, &call);
 }
 
 // One kernel's C entry: oa_launch_<name>(grid[3], block[3], dynamic shared bytes, args) where
-// args[i] points at the i-th argument's value (cuLaunchKernel's convention); 0 or -1.
-#define OA_KERNEL(name)                                                                          \
+// args[i] points at the i-th argument's value (cuLaunchKernel's convention); 0 or -1. `bound` is
+// the kernel's __launch_bounds__ (0: none).
+#define OA_KERNEL(name, bound)                                                                   \
   extern "C" __attribute__((visibility("default"))) int oa_launch_##name(                        \
       const unsigned* grid, const unsigned* block, unsigned shared, void** args) {               \
-    return oa_launch(#name, name, grid, block, shared, args);                                    \
+    return oa_launch(#name, name, grid, block, shared, bound, args);                             \
   }
 
 extern "C" __attribute__((visibility("default"))) const char* oa_last_error() { return oa_error; }
