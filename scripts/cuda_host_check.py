@@ -24,7 +24,10 @@ model matched. A template file is covered when a matching function was rendered 
 is ``N/M CUDA kernels match the reference; templates covered T/U`` and the exit status is 0 only
 when N == M, every model ran and T == U.
 
-Usage: python scripts/cuda_host_check.py [MODEL ...] [--quick] [--list] [--keep DIR] [-v]
+With ``--real``, the pinned real models of ``scripts/fetch_models.py`` that are already in its
+cache run too (their entry's --shape / --bind; ppocrv4-det at 1x3x160x192), on random feeds.
+
+Usage: python scripts/cuda_host_check.py [MODEL ...] [--quick] [--real] [--list] [--keep DIR] [-v]
        (also ``python -m scripts.cuda_host_check``); --quick: the kernel shapes and test models only.
 """
 
@@ -94,7 +97,8 @@ def _recording() -> Iterator[dict[str, tuple[str, str]]]:
         provider.render = render  # type: ignore[assignment]
 
 
-def _compile(model: Any, out: Path, shapes: dict[str, tuple[int, ...]] | None) -> tuple[Path, dict[str, Any]]:
+def _compile(model: Any, out: Path, shapes: dict[str, tuple[int, ...]] | None,
+             binds: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
     from compiler import compile_model
     from compiler.codegen.options import BuildOptions
     from compiler.providers.cuda.provider import CudaProvider
@@ -102,7 +106,8 @@ def _compile(model: Any, out: Path, shapes: dict[str, tuple[int, ...]] | None) -
 
     providers = [CudaProvider(), ReferenceProvider("cuda"), ReferenceProvider()]
     with _recording() as templates:
-        path = compile_model(model, out, target="cuda", shapes=shapes, providers=providers,  # type: ignore[list-item]
+        path = compile_model(model, out, target="cuda", shapes=shapes, binds=binds,
+                             providers=providers,  # type: ignore[arg-type]
                              build=BuildOptions(extra={"nvcc": "none"}), golden_cases=0)
     return path, templates
 
@@ -153,7 +158,26 @@ def model_list(quick: bool) -> dict[str, Callable[[], tuple[Any, dict[str, tuple
     return models
 
 
-def check_model(name: str, build: Callable[[], tuple[Any, dict[str, tuple[int, ...]] | None]], out: Path,
+# real models (scripts/fetch_models.py) at a smaller shape than their entry's, where they allow one
+REAL_SHAPES = {"ppocrv4-det": {"x": (1, 3, 160, 192)}}
+
+
+def real_models() -> dict[str, Callable[[], tuple[Any, ...]]]:
+    """The pinned real models already in the cache (``python -m scripts.fetch_models`` fetches
+    them; nothing is downloaded here), with their entry's --shape / --bind options."""
+    from scripts.fetch_models import MODELS
+    from scripts.fetch_models import cache_dir
+
+    found: dict[str, Callable[[], tuple[Any, ...]]] = {}
+    for entry in MODELS:
+        path = cache_dir() / entry.wheel.folder / entry.member
+        if path.is_file():
+            shapes = REAL_SHAPES.get(entry.name, entry.shape_options)
+            found[entry.name] = lambda p=str(path), s=shapes, b=entry.bind_options: (p, s or None, b or None)
+    return found
+
+
+def check_model(name: str, build: Callable[[], tuple[Any, ...]], out: Path,
                 tally: Tally, verbose: bool, orders: tuple[bool, ...] = (False,)) -> None:
     """Compile ``name``, run its CUDA steps on the host once per thread order (False: ascending)
     and add what they say to ``tally``."""
@@ -162,8 +186,8 @@ def check_model(name: str, build: Callable[[], tuple[Any, dict[str, tuple[int, .
     from tests.support.cuda_host.runner import HostRun
 
     t0 = time.perf_counter()
-    model, shapes = build()
-    path, templates = _compile(model, out / name, shapes)
+    model, shapes, *binds = build()
+    path, templates = _compile(model, out / name, shapes, binds[0] if binds else None)
     source = (path / "kernels" / "cuda" / "model.cu").read_text()
     functions = _functions(source)
     t1 = time.perf_counter()
@@ -223,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", help="model names (default: all)")
     parser.add_argument("--quick", action="store_true", help="kernel shapes and test models only")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
+    parser.add_argument("--real", action="store_true",
+                        help="also the real models of scripts/fetch_models.py found in its cache")
     parser.add_argument("--keep", type=Path, help="compile into DIR and keep the artifacts")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every step")
     parser.add_argument("--one-order", action="store_true",
@@ -230,14 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from tests.support.zoo import ZOO
 
-    models = model_list(args.quick and not args.models)
+    models: dict[str, Callable[[], tuple[Any, ...]]] = dict(model_list(args.quick and not args.models))
+    if args.real or any(m not in models for m in args.models):
+        models.update(real_models())
     if args.list:
         print("\n".join(models))
         return 0
     unknown = [m for m in args.models if m not in models]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; --list names them")
-    chosen = args.models or list(models)
+    chosen = args.models or [m for m in models if args.real or m not in real_models()]
     tally = Tally()
     with tempfile.TemporaryDirectory(prefix="cuda_host_") as tmp:
         out = args.keep or Path(tmp)
