@@ -14,6 +14,7 @@ from onnx import helper
 from onnx import numpy_helper
 
 from compiler.driver import compile_model
+from compiler.frontend.control import loops
 from compiler.frontend.importer import import_model
 from runtime.errors import UnsupportedOpError
 from runtime.session import Session
@@ -362,7 +363,8 @@ def test_a_scan8_over_the_unroll_cap_is_refused(monkeypatch: pytest.MonkeyPatch)
 
 
 def _control_models() -> list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]]]:
-    """A run-time If and a run-time trip count (a loop step), with the feeds to run each on."""
+    """A run-time If, a run-time trip count (a loop step) and a Scan over the unroll cap (a scan
+    step), with the feeds to run each on."""
     x = np.random.default_rng(7).standard_normal((2, 3)).astype(np.float32)
     if_model = _if_model([], [("c", TensorProto.BOOL, [])])
     loop_nodes = [
@@ -375,7 +377,34 @@ def _control_models() -> list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]
     loop_feeds = [
         {"n": np.array(n, np.int64), "acc0": np.full(3, s, np.float32)} for n, s in ((0, 0), (5, 1))
     ]
-    return [(if_model, [{"x": x, "c": np.array(c)} for c in (True, False)]), (loop_model, loop_feeds)]
+    length = loops.MAX_UNROLLED_NODES // 3 + 1  # over the unroll cap: a scan step
+    scan = helper.make_node(
+        "Scan",
+        ["s0", "a", "b"],
+        ["s", "y", "t"],
+        body=_scan_body(),
+        num_scan_inputs=2,
+        scan_input_axes=[0, 1],
+        scan_input_directions=[1, 0],
+        scan_output_axes=[-1, 0],
+    )
+    scan_model = onnx_model(
+        [scan],
+        [("s0", F, [2]), ("a", F, [length, 2]), ("b", F, [2, length])],
+        [("s", F, [2]), ("y", F, [2, length]), ("t", F, [length, 2])],
+        opset=16,
+    )
+    rng = np.random.default_rng(8)
+    scan_feeds = {
+        "s0": np.zeros(2, np.float32),
+        "a": rng.uniform(-1, 1, (length, 2)).astype(np.float32),
+        "b": rng.uniform(0.5, 1, (2, length)).astype(np.float32),
+    }
+    return [
+        (if_model, [{"x": x, "c": np.array(c)} for c in (True, False)]),
+        (loop_model, loop_feeds),
+        (scan_model, [scan_feeds]),
+    ]
 
 
 def test_control_steps_take_the_reference_path_on_the_cuda_target(tmp_path: Path) -> None:
@@ -384,7 +413,9 @@ def test_control_steps_take_the_reference_path_on_the_cuda_target(tmp_path: Path
     for k, (model, _) in enumerate(_control_models()):
         path = compile_model(model, tmp_path / f"m{k}", target="cuda")
         plan = json.loads((path / "plan.json").read_text())
-        control = [s for s in plan["steps"] if s["domain"] == "onnx_aot" and s["op_type"] in ("If", "Loop")]
+        control = [
+            s for s in plan["steps"] if s["domain"] == "onnx_aot" and s["op_type"] in ("If", "Loop", "Scan")
+        ]
         assert [s["provider"] for s in control] == ["reference@cuda"]
 
 
