@@ -629,7 +629,7 @@ UNARY_ATTRS: dict[str, dict[str, Any]] = {
     "Relu": {}, "Sigmoid": {}, "Tanh": {}, "Exp": {}, "Log": {}, "Neg": {}, "Abs": {}, "Sqrt": {},
     "Reciprocal": {}, "Erf": {}, "Floor": {}, "Ceil": {}, "Softplus": {}, "Sign": {}, "Sin": {}, "Cos": {},
     "LeakyRelu": {"alpha": 0.01}, "Elu": {"alpha": 0.7}, "HardSigmoid": {"alpha": 0.3, "beta": 0.4},
-    "Gelu": {"approximate": "none"},
+    "Gelu": {"approximate": "none"}, "HardSwish": {},
 }  # fmt: skip
 POSITIVE = {"Log", "Sqrt", "Reciprocal"}
 
@@ -645,6 +645,11 @@ def test_clip(lo: float, hi: float, tmp_path: Path) -> None:
     inits = {"lo": np.array(max(lo, -3.4e38), np.float32), "hi": np.array(min(hi, 3.4e38), np.float32)}
     nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])]
     check_case(Case("Clip", [("x", rand(4, 9), False)], {"min": lo, "max": hi}, nodes, inits), tmp_path)
+
+
+def test_hard_swish_across_its_bends(tmp_path: Path) -> None:
+    x = np.concatenate([np.linspace(-5, 5, 41), [-3.0, 3.0, -0.0, 1e-30]]).astype(np.float32)
+    check_case(Case("HardSwish", [("x", x, False)], {}), tmp_path)
 
 
 def test_gelu_tanh_large_parallel(tmp_path: Path) -> None:

@@ -154,6 +154,7 @@ _UNARY: dict[str, Callable[[str, _Attrs], str]] = {
     "LeakyRelu": lambda x, a: f"({x} < 0.0f ? {x} * {_f(a['alpha'])} : {x})",
     "Elu": lambda x, a: f"({x} < 0.0f ? {_f(a['alpha'])} * (expf({x}) - 1.0f) : {x})",
     "HardSigmoid": _hard_sigmoid,
+    "HardSwish": lambda x, a: f"({x} * {_clip(f'({x} / 6.0f + 0.5f)', 0.0, 1.0)})",
     "Gelu": _gelu,
 }
 
