@@ -24,10 +24,14 @@ model matched. A template file is covered when a matching function was rendered 
 is ``N/M CUDA kernels match the reference; templates covered T/U`` and the exit status is 0 only
 when N == M, every model ran and T == U.
 
-With ``--real``, the pinned real models of ``scripts/fetch_models.py`` that are already in its
-cache run too (their entry's --shape / --bind; ppocrv4-det at 1x3x160x192), on random feeds.
+With ``--device`` (cupy and a GPU), every checked step also runs on the GPU from the same arena
+bytes, and the host's outputs must match the GPU's (tests/support/cuda_host/device.py): a check of
+the host execution itself. With ``--real``, the pinned real models of ``scripts/fetch_models.py``
+that are already in its cache run too (their entry's --shape / --bind; ppocrv4-det at
+1x3x160x192), on random feeds.
 
-Usage: python scripts/cuda_host_check.py [MODEL ...] [--quick] [--real] [--list] [--keep DIR] [-v]
+Usage: python scripts/cuda_host_check.py [MODEL ...] [--quick] [--real] [--device] [--list] [--keep DIR]
+       [-v] [--one-order]
        (also ``python -m scripts.cuda_host_check``); --quick: the kernel shapes and test models only.
 """
 
@@ -177,8 +181,8 @@ def real_models() -> dict[str, Callable[[], tuple[Any, ...]]]:
     return found
 
 
-def check_model(name: str, build: Callable[[], tuple[Any, ...]], out: Path,
-                tally: Tally, verbose: bool, orders: tuple[bool, ...] = (False,)) -> None:
+def check_model(name: str, build: Callable[[], tuple[Any, ...]], out: Path, tally: Tally, verbose: bool,
+                orders: tuple[bool, ...] = (False,), device: bool = False) -> None:
     """Compile ``name``, run its CUDA steps on the host once per thread order (False: ascending)
     and add what they say to ``tally``."""
     from tests.support.cuda_host.models import SPECIAL_FEEDS
@@ -194,7 +198,7 @@ def check_model(name: str, build: Callable[[], tuple[Any, ...]], out: Path,
     checks = []
     t2 = t3 = 0.0
     for reverse in orders:
-        run = HostRun(path, reverse=reverse)
+        run = HostRun(path, reverse=reverse, device=device)
         t2 = time.perf_counter()
         checks += run.run(random_feeds(run.plan.inputs, special=name in SPECIAL_FEEDS))
         t3 = time.perf_counter()
@@ -213,6 +217,9 @@ def check_model(name: str, build: Callable[[], tuple[Any, ...]], out: Path,
         elif verbose:
             print(f"  {name}: {check.describe()}")
     order = " (both thread orders)" if len(orders) > 1 else ""
+    gpu = [c.device_error for c in checks if c.device_error is not None]
+    if gpu:
+        order += f", on the GPU too (largest |host - GPU| {max(gpu):.3g})"
     print(f"{name}: {len(checks) - bad}/{len(checks)} CUDA steps match{order}, {len(functions)} kernels "
           f"(compile {t1 - t0:.1f} s, g++ {t2 - t1:.1f} s, run {t3 - t2:.1f} s)", flush=True)
 
@@ -247,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", help="model names (default: all)")
     parser.add_argument("--quick", action="store_true", help="kernel shapes and test models only")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
+    parser.add_argument("--device", action="store_true",
+                        help="also run every checked step on the GPU (cupy) and compare host with GPU")
     parser.add_argument("--real", action="store_true",
                         help="also the real models of scripts/fetch_models.py found in its cache")
     parser.add_argument("--keep", type=Path, help="compile into DIR and keep the artifacts")
@@ -272,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in chosen:
             try:
                 both = not args.one_order and name not in ZOO  # the zoo runs in one order
-                check_model(name, models[name], out, tally, args.verbose, (False, True) if both else (False,))
+                check_model(name, models[name], out, tally, args.verbose, (False, True) if both else (False,),
+                            args.device)
             except Exception as exc:
                 tally.failed_models.append(name)
                 print(f"{name}: FAILED: {type(exc).__name__}: {exc}", flush=True)

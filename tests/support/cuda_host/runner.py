@@ -77,6 +77,7 @@ class StepCheck:
     detail: str  # "" when ok
     kernel_s: float = 0.0  # seconds in the host launches
     reference_s: float = 0.0  # seconds in the reference kernel
+    device_error: float | None = None  # largest |host - GPU| when a DeviceMirror ran the step too
 
     def describe(self) -> str:
         verdict = "ok" if self.ok else f"MISMATCH: {self.detail}"
@@ -123,7 +124,7 @@ class HostRun:
     """One artifact's plan on host memory, its CUDA kernels from ``HostModule``."""
 
     def __init__(self, artifact_dir: str | Path, module: HostModule | None = None, *,
-                 isolate: bool = True, reverse: bool = False) -> None:
+                 isolate: bool = True, reverse: bool = False, device: bool = False) -> None:
         self.isolate = isolate
         self.artifact = load_artifact(artifact_dir)
         self.plan: Plan = self.artifact.plan
@@ -133,6 +134,11 @@ class HostRun:
             assert record is not None
             module = HostModule((Path(artifact_dir) / record.source).read_text(), reverse=reverse)
         self.module = module
+        self.mirror = None
+        if device:  # the same launches on a GPU as well (tests/support/cuda_host/device.py)
+            from tests.support.cuda_host.device import DeviceMirror
+
+            self.mirror = DeviceMirror(self.artifact)
 
     def run(self, feeds: Mapping[str, np.ndarray], *, stop_at_first: bool = False) -> list[StepCheck]:
         """Every step in plan order; the checks of the CUDA steps (all, or up to the first failure)."""
@@ -201,6 +207,9 @@ class HostRun:
             if iso is not None:
                 detail = detail or iso.finish(mem)
         t3 = time.perf_counter()
+        device_error = None
+        if self.mirror is not None and not detail:
+            device_error, detail = self._against_device(step, before, mem, ext)
         if not detail:
             for name, want in zip(step.outputs, expected, strict=True):
                 got = mem.view(plan.values[name], ext)
@@ -215,7 +224,19 @@ class HostRun:
                 got = mem.view(plan.values[name], ext)
                 got[...] = want.astype(got.dtype).reshape(got.shape)
         return StepCheck(step.index, step.name, step.op_type, kernels, not detail, err, detail, t3 - t2,
-                         t1 - t0)
+                         t1 - t0, device_error)
+
+    def _against_device(self, step: PlanStep, before: np.ndarray, mem: _Memory,
+                        ext: dict[str, Any]) -> tuple[float, str]:
+        """The largest |host - GPU| over the step's outputs, and "" or where they differ."""
+        assert self.mirror is not None
+        worst, detail = 0.0, ""
+        for name, gpu in zip(step.outputs, self.mirror.run_step(step, before), strict=True):
+            err, what = compare(mem.view(self.plan.values[name], ext), gpu, step.kind in EXACT_KINDS)
+            worst = err if np.isnan(err) or err > worst else worst
+            if what and not detail:
+                detail = f"host and GPU differ on output {name!r}: {what}"
+        return worst, detail
 
 
 def _reference_step(step: PlanStep, plan: Plan, mem: _Memory, ext: dict[str, Any]) -> None:
