@@ -34,13 +34,15 @@ class Capture:
         self.name = name
         self.inputs: list[str] = list(fixed)  # outer env names, by input index
         self._proxy: dict[str, Value] = {}  # outer name -> the value standing for it in sub-graphs
-        self._outer: dict[int, int] = {}  # id(proxy or sub-graph constant) -> input index
+        # id(proxy or sub-graph constant) -> (the value, kept alive so that its id is not reused; its
+        # input index)
+        self._outer: dict[int, tuple[Value, int]] = {}
 
     def _input(self, outer: str, value: Value) -> int:
         if id(value) not in self._outer:
-            self._outer[id(value)] = len(self.inputs)
+            self._outer[id(value)] = (value, len(self.inputs))
             self.inputs.append(outer)
-        return self._outer[id(value)]
+        return self._outer[id(value)][1]
 
     def child(self, base: str) -> ControlScope:
         """A scope importing into a new sub-graph that sees the outer values through proxies."""
@@ -94,7 +96,7 @@ class Capture:
         if value.const is not None:  # a constant the sub-graph made: a constant of the outer graph too
             if id(value) not in self._outer:
                 self._input(self.scope.constant(f"{self.name}/{value.name}", value.const), value)
-            return f"i{self._outer[id(value)]}"
+            return f"i{self._outer[id(value)][1]}"
         raise ModelError(f"{where}: the subgraph reads {value.name!r}, which it does not compute")
 
     def _write(
