@@ -450,3 +450,42 @@ def test_a_loop_step_over_its_work_cap_is_refused(monkeypatch: pytest.MonkeyPatc
         UnsupportedOpError, match=r"'lp' \(Loop\): 4 iterations of a 4-node body: over the 15"
     ):
         import_model(model)
+
+
+def test_a_while_loop_bounded_by_int64_max_runs_as_a_loop_step(tmp_path: Path) -> None:
+    """PyTorch's export of a ``while``: M = 2^63 - 1 and a condition the body computes."""
+    body = _graph(
+        [
+            _const("one", np.array(1, np.int64)),
+            _const("limit", np.array(5, np.int64)),
+            _const("two", np.float32(2)),
+            helper.make_node("Add", ["c", "one"], ["c_out"]),
+            helper.make_node("Mul", ["acc", "two"], ["acc_out"]),
+            helper.make_node("Less", ["c_out", "limit"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("c", TensorProto.INT64, []),
+            helper.make_tensor_value_info("acc", F, [3]),
+        ],
+        ["cond_out", "c_out", "acc_out"],
+    )
+    nodes = [
+        _const("n", np.array(2**63 - 1, np.int64)),
+        _const("go", np.array(True)),
+        helper.make_node("Loop", ["n", "go", "c0", "acc0"], ["c", "acc"], body=body),
+    ]
+    model = onnx_model(
+        nodes,
+        [("c0", TensorProto.INT64, []), ("acc0", F, [3])],
+        [("c", TensorProto.INT64, []), ("acc", F, [3])],
+        opset=13,
+    )
+    session = _compiled(model, tmp_path)
+    assert [s.op_type for s in session.plan.steps] == ["Loop"]
+    for start in (0, 3, 7):
+        feeds = {"c0": np.array(start, np.int64), "acc0": np.ones(3, np.float32)}
+        for got, want in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
+            np.testing.assert_array_equal(got, want)

@@ -69,19 +69,12 @@ def import_loop_step(
     for k, what in enumerate(("the trip count", "the condition")):
         if k < len(node.input) and node.input[k]:
             one_element(scope.value(node.input[k], where), what, where)
-    known = scope.env[node.input[0]].const
-    if known is not None and int(known.reshape(-1)[0]) * max(len(body.node), 1) > MAX_STEP_WORK:
-        raise UnsupportedOpError(
-            f"{where}: {int(known.reshape(-1)[0])} iterations of a {len(body.node)}-node body: over the "
-            f"{MAX_STEP_WORK} body steps a loop step runs (one by one, with the reference kernels)",
-            [(name, "Loop")],
-        )
     capture = Capture(scope, name, list(node.input))
     child = capture.child(f"{name}/body")
     args, bindings = _args(capture, child, node, body, name)
     program, outs = capture.program(child, body, f"{name}/body", bindings, args, where)
     program["args"] = [[list(v.shape or ()), str(v.dtype)] for v in args]
-    one_element(outs[0], "the body's condition output", where)
+    _check_work(scope, node, body, one_element(outs[0], "the body's condition output", where), name, where)
     _check_carried(args[2:], outs[1 : 1 + n], node, where, name)
     like = list(args[2:])
     scans = outs[1 + n :]
@@ -89,6 +82,22 @@ def import_loop_step(
         trips = _fixed_trip_count(scope, node, outs[0], where, name)
         like += [Value("", v.dtype, (trips, *(v.shape or ()))) for v in scans]
     add_control_step(scope, node, name, capture, {"body": program, "n_carried": n}, like)
+
+
+def _check_work(
+    scope: ControlScope, node: onnx.NodeProto, body: onnx.GraphProto, cond_out: Value, name: str, where: str
+) -> None:
+    """Refuse a loop that surely runs more than MAX_STEP_WORK body steps: a known trip count and a
+    condition the body never turns false. (A trip count that only bounds a loop whose condition
+    decides, such as PyTorch's while loops with M = 2^63 - 1, is not refused.)"""
+    known = scope.env[node.input[0]].const
+    endless = cond_out.const is not None and bool(cond_out.const.reshape(-1)[0])
+    if known is not None and endless and int(known.reshape(-1)[0]) * max(len(body.node), 1) > MAX_STEP_WORK:
+        raise UnsupportedOpError(
+            f"{where}: {int(known.reshape(-1)[0])} iterations of a {len(body.node)}-node body: over the "
+            f"{MAX_STEP_WORK} body steps a loop step runs (one by one, with the reference kernels)",
+            [(name, "Loop")],
+        )
 
 
 def _fixed_trip_count(
