@@ -11,6 +11,7 @@ timeout, so a hang would fail the test instead of the suite.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -23,6 +24,9 @@ import pytest
 
 from compiler import compile_model
 from compiler.codegen.options import BuildOptions
+from runtime.artifact import load_artifact
+from runtime.errors import ArtifactError
+from runtime.providers.cuda_program import parse_steps
 from scripts import cuda_host_check
 from tests.support.cuda_host.build import HostKernelError
 from tests.support.cuda_host.build import HostModule
@@ -74,6 +78,24 @@ def test_kernel_shapes_match_the_reference(name: str, tmp_path: Path) -> None:
         assert checks, "no CUDA step ran"
         bad = [c.describe() for c in checks if not c.ok]
         assert not bad, "\n".join(bad)
+
+
+def test_a_concat_produced_in_place_launches_nothing_but_is_checked(tmp_path: Path) -> None:
+    """The runtime drops a Concat whose inputs all sit in their slices (found by this check: it
+    failed the load), after checking the locations: an input moved out of its slice fails."""
+    path = _compile("concat_in_place", tmp_path)
+    artifact = load_artifact(path)
+    plan = artifact.plan
+    (cat,) = [s for s in plan.steps if s.op_type == "Concat"]
+    part = plan.partitions[cat.partition]
+    assert cat.launches == ()
+    assert all(op.step != cat.name for op in parse_steps(plan, part, int(artifact.weights.size), 0))
+    value = plan.values[str(cat.inputs[1])]
+    moved = dataclasses.replace(value, location=dataclasses.replace(value.location,
+                                                                    offset=value.location.offset + 256))
+    broken = dataclasses.replace(plan, values={**plan.values, value.name: moved})
+    with pytest.raises(ArtifactError, match=r"step 'cat' \(Concat\) in CUDA partition \d+ has no launches"):
+        parse_steps(broken, part, int(artifact.weights.size), 0)
 
 
 def test_script_counts_kernels_and_templates(capsys: pytest.CaptureFixture[str]) -> None:
