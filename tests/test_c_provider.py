@@ -761,7 +761,7 @@ def test_claims_reject_what_the_kernels_cannot_do() -> None:
         "act_alpha": 0.0,
     }
     graph.add_node(Node("FusedConv", [x, w], [outs[2]], bad_act, name="swish", domain=AOT_DOMAIN))
-    graph.add_node(Node("HardSwish", [x], [outs[3]], {}, name="unknown"))
+    graph.add_node(Node("Mish", [x], [outs[3]], {}, name="unknown"))
     graph.add_node(Node("Relu", [x], [outs[4]], {}, name="ok"))
     assert {n.name for n in PROVIDER.claims(graph)} == {"ok"}
     assert PROVIDER.name == "c" and PROVIDER.memory_space == "host" and PROVIDER.alignment == 64
