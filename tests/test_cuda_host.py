@@ -242,6 +242,12 @@ extern "C" __global__ void __launch_bounds__(32) split_wait(float* y)
   if (threadIdx.x == 0) __syncthreads();
   else y[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
 }
+extern "C" __global__ void __launch_bounds__(32) shared_overrun(float* y)
+{
+  extern __shared__ float buf[];
+  buf[threadIdx.x] = 1.0f;  // launched with 16 bytes: lanes 4.. write past them
+  y[threadIdx.x] = buf[threadIdx.x];
+}
 extern "C" __global__ void __launch_bounds__(32) past_the_end(const float* x, float* y)
 {
   y[threadIdx.x] = x[threadIdx.x + 1024];  // one past the 4096-byte buffer
@@ -272,9 +278,10 @@ except HostKernelError as exc:
     results["reverse_sum"] = str(exc)
 for name, grid, block, args in [("early_exit", 1, 64, [ptr(0)]), ("short_warp", 1, 48, [ptr(0)]),
                                 ("exited_lane", 1, 32, [ptr(0)]), ("outside_mask", 1, 32, [ptr(0)]),
-                                ("split_wait", 1, 32, [ptr(0)]), ("past_the_end", 2, 32, [ptr(0), ptr(0)])]:
+                                ("split_wait", 1, 32, [ptr(0)]), ("past_the_end", 2, 32, [ptr(0), ptr(0)]),
+                                ("shared_overrun", 1, 32, [ptr(0)])]:
     try:
-        mod.launch(name, (grid, 1, 1), (block, 1, 1), 0, args)
+        mod.launch(name, (grid, 1, 1), (block, 1, 1), 16 if name == "shared_overrun" else 0, args)
         results[name] = "no error"
     except HostKernelError as exc:
         results[name] = str(exc)
@@ -306,6 +313,8 @@ def test_header_semantics_and_errors_not_hangs(tmp_path: Path) -> None:
         r["split_wait"]
     assert re.search(r"kernel past_the_end block \(0,0,0\) thread \(\d+,0,0\): memory fault \(SIGSEGV\)",
                      r["past_the_end"]), r["past_the_end"]
+    overrun = r["shared_overrun"]
+    assert overrun.startswith("kernel shared_overrun block (0,0,0) thread (4,0,0): memory fault"), overrun
 
 
 def test_a_kernel_error_names_the_kernel(tmp_path: Path) -> None:

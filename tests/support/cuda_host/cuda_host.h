@@ -13,7 +13,8 @@
 //   - a memory fault (SIGSEGV / SIGBUS) inside a kernel: arenas from oa_host_alloc have
 //     inaccessible pages on both sides, weights are read-only.
 // Static shared memory (__shared__) lives in the section "oa_shared" and dynamic shared memory
-// (extern __shared__, rewritten by the runner into a pointer) in a buffer of the launch's size;
+// (extern __shared__, rewritten by the runner into a pointer) in a buffer of exactly the launch's
+// size below a guard page;
 // both are filled with 0xff bytes (NaN as float) before every block, so a kernel that reads
 // shared memory no thread of its block wrote (a missing barrier) reads NaN.
 // One launch runs at a time per process (the state is static); blocks run one after another,
@@ -559,6 +560,9 @@ static int oa_run_block() {
   return 0;
 }
 
+extern "C" void* oa_host_alloc(size_t nbytes, size_t align);
+extern "C" void oa_host_free(void* ptr, size_t nbytes, size_t align);
+
 // What a GPU refuses to launch: an empty or oversized grid (x < 2^31, y and z <= 65535), more threads
 // than the kernel's __launch_bounds__ (or 1024, or block.z > 64), dynamic shared memory over 227 KiB.
 static int oa_check_launch(const unsigned* grid, const unsigned* block, unsigned shared, unsigned bound) {
@@ -592,11 +596,14 @@ static int oa_run_grid(const char* name, const unsigned* grid, const unsigned* b
     oa_fail_at(nullptr, "cannot map fiber stacks");
     return -1;
   }
-  if (shared > oa_dyn_shared_nbytes) {
-    free(oa_dyn_shared);
-    oa_dyn_shared = (unsigned char*)malloc(shared);
-  }
+  // dynamic shared memory: exactly `shared` bytes below a guard page, for this launch only
   oa_dyn_shared_nbytes = shared;
+  oa_dyn_shared = shared ? (unsigned char*)oa_host_alloc(shared, 4) : nullptr;
+  if (shared && oa_dyn_shared == nullptr) {
+    oa_unmap_stacks();
+    oa_fail_at(nullptr, "cannot map %u bytes of dynamic shared memory", shared);
+    return -1;
+  }
   gridDim = dim3(grid[0], grid[1], grid[2]);
   blockDim = dim3(block[0], block[1], block[2]);
   oa_nthreads = (int)threads;
@@ -633,6 +640,8 @@ static int oa_run_grid(const char* name, const unsigned* grid, const unsigned* b
   sigaction(SIGBUS, &old_bus, nullptr);
   sigaltstack(&old_ss, nullptr);
   oa_unmap_stacks();
+  if (oa_dyn_shared != nullptr) oa_host_free(oa_dyn_shared, shared, 4);
+  oa_dyn_shared = nullptr;
   return status;
 }
 
