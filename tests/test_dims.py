@@ -28,6 +28,7 @@ from compiler.frontend.importer import import_model
 from compiler.frontend.loader import bind_input_shapes
 from compiler.frontend.loader import bind_input_values
 from runtime import Session
+from runtime.errors import ModelError
 from runtime.errors import ShapeError
 from tests.support.commands import cli
 from tests.support.models import ort_run
@@ -308,3 +309,19 @@ def test_cli_binds_a_paddle_style_minus_one_and_names_contradictions(tmp_path: P
     assert result.returncode == 1 and "--shape names no graph input: y (inputs: x)" in result.stderr
     cli("compile", str(path), "-o", str(tmp_path / "a"), "-q", "--golden-cases", "0", "--shape", "x=2x3")
     check_runs(tmp_path / "a", model, (2, 3))
+
+
+def test_sizes_the_model_cannot_take_are_shape_errors_at_compile_time() -> None:
+    # models often hard-code what follows their input size: AlexNet's Reshape to 9216 (= 256x6x6 at
+    # 224) and ResNet's final 7x7 average pool; at a smaller --shape both are refused naming the node
+    from tests.support.zoo import zoo_model
+
+    for name, size, expect in (("bvlc_alexnet", 64, r"cannot reshape \(1, 256, 1, 1\) \(256 elements\) "
+                                                    r"into \(1, 9216\)"),
+                               ("resnet50", 192, r"\(AveragePool\): the window does not fit the input: "
+                                                 r"spatial input \(6, 6\) gives output sizes \(0, 0\)")):
+        model = zoo_model(name)
+        for dim in model.graph.input[0].type.tensor_type.shape.dim[2:]:
+            dim.dim_param = "side"
+        with pytest.raises(ModelError, match=expect):
+            import_model(model, shapes={model.graph.input[0].name: (1, 3, size, size)})

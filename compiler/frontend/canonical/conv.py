@@ -43,8 +43,11 @@ def resolve_pads(ctx: CanonContext, spatial: tuple[int, ...], kernel: list[int],
 
 def check_output(ctx: CanonContext, want: list[int]) -> None:
     """ModelError unless the output's spatial sizes are ``want`` (runtime/kernels/window.py's)."""
-    y = ctx.outputs[0].shape
-    assert y is not None
+    y, x = ctx.outputs[0].shape, ctx.inputs[0]
+    assert y is not None and x is not None and x.shape is not None
+    if any(size < 1 for size in want) and all(size > 0 for size in x.shape[2:]):
+        raise ctx.error(f"the window does not fit the input: spatial input {tuple(x.shape[2:])} gives "
+                        f"output sizes {tuple(want)}; check the --shape sizes")
     if list(y[2:]) != want:
         raise ctx.error(f"output shape {tuple(y)} does not match the attributes (spatial {tuple(want)})")
 

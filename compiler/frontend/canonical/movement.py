@@ -20,8 +20,11 @@ __all__: list[str] = []
 
 @register("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 def _reshape(ctx: CanonContext) -> list[Node]:
-    out = ctx.outputs[0]
-    assert out.shape is not None
+    out, x = ctx.outputs[0], ctx.inputs[0]
+    assert out.shape is not None and x is not None and x.shape is not None
+    if x.size != out.size:  # (a shape the model declares for another input size, say)
+        raise ctx.error(f"cannot reshape {tuple(x.shape)} ({x.size:,} elements) into {tuple(out.shape)} "
+                        f"({out.size:,} elements); check the --shape sizes")
     return [ctx.node("Reshape", ctx.inputs[:1], {"shape": list(out.shape)})]
 
 
