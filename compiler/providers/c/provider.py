@@ -52,6 +52,7 @@ from compiler.providers.c import norm
 from compiler.providers.c import pad
 from compiler.providers.c import pool
 from compiler.providers.c import pool_nhwc
+from compiler.providers.c import recurrent
 from compiler.providers.c import reduce
 from compiler.providers.c import spatial
 from compiler.providers.c import winograd
@@ -70,7 +71,7 @@ __all__ = [
 # The modules whose ``KERNELS`` the C provider runs; every other module of this package is named in
 # SUPPORT_MODULES (a test checks that none is left out).
 KERNEL_MODULES = (conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing, movement, norm,
-                  pad, pool, pool_nhwc, reduce, spatial, winograd, winograd_nhwc)
+                  pad, pool, pool_nhwc, recurrent, reduce, spatial, winograd, winograd_nhwc)
 SUPPORT_MODULES = ("provider", "common", "dtypes")
 KERNELS: KernelTable[CKernel] = KernelTable("C", KERNEL_MODULES)
 
