@@ -1,10 +1,11 @@
-"""The C provider's recurrent kernels against the reference kernels (runtime/kernels/recurrent.py).
+"""The C provider's recurrent kernels (RNN, GRU, LSTM) against the reference kernels.
 
-Each case compiles a one-node ONNX model, checks in plan.json which provider ran the node, runs the
-artifact and compares every output with the reference kernel applied in float64 to the step's
-canonical attributes. Shapes are unlike the ONNX node suite's: odd hidden and input sizes, batch
-above 1, one step and seven, both directions, initial states, clip, peepholes, layout 1, and
-weights both as graph inputs and as initializers.
+Each case compiles a one-node ONNX model, checks in plan.json that the C provider ran the node,
+runs the artifact and compares every output with the reference kernel (runtime/kernels/recurrent.py)
+applied in float64 to the step's canonical attributes. Shapes are unlike the ONNX node suite's: odd
+hidden and input sizes, batch above 1, one step and seven, both directions, initial states, clip,
+peepholes, sequence lengths (0, partial, full), layout 1, non-default activations, and weights both
+as graph inputs and as initializers.
 """
 
 from __future__ import annotations
@@ -25,31 +26,37 @@ from runtime.kernels import get_kernel
 
 RNG = np.random.default_rng(20261126)
 RTOL, ATOL = 1e-5, 1e-6  # float32 C (expf / tanhf) against the float64 reference
-LSTM_INPUTS = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]
+INPUTS = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+OUTPUTS = {"RNN": ["Y", "Y_h"], "GRU": ["Y", "Y_h"], "LSTM": ["Y", "Y_h", "Y_c"]}
 
 
-def lstm_feeds(seq: int, batch: int, size: int, hidden: int, dirs: int, layout: int,
-               present: set[str]) -> dict[str, np.ndarray]:  # fmt: skip
-    """Random float32 inputs of an LSTM node; ``present`` names the optional ones."""
+def feeds_for(op: str, seq: int, batch: int, size: int, hidden: int, dirs: int, layout: int,
+              present: set[str]) -> dict[str, np.ndarray]:  # fmt: skip
+    """Random inputs of a recurrent node; ``present`` names the optional ones."""
+    g = GATES[op]
     x_shape = (seq, batch, size) if layout == 0 else (batch, seq, size)
     state = (dirs, batch, hidden) if layout == 0 else (batch, dirs, hidden)
-    shapes = {"X": x_shape, "W": (dirs, 4 * hidden, size), "R": (dirs, 4 * hidden, hidden),
-              "B": (dirs, 8 * hidden), "initial_h": state, "initial_c": state,
+    shapes = {"X": x_shape, "W": (dirs, g * hidden, size), "R": (dirs, g * hidden, hidden),
+              "B": (dirs, 2 * g * hidden), "initial_h": state, "initial_c": state,
               "P": (dirs, 3 * hidden)}  # fmt: skip
-    return {n: RNG.standard_normal(s).astype(np.float32) * (0.5 if n != "X" else 1.0)
-            for n, s in shapes.items() if n in {"X", "W", "R"} | present}  # fmt: skip
+    feeds = {n: RNG.standard_normal(s).astype(np.float32) * (0.5 if n != "X" else 1.0)
+             for n, s in shapes.items() if n in {"X", "W", "R"} | present}  # fmt: skip
+    if "sequence_lens" in present:  # one entry of each kind: full, partial, and (with 3+) empty
+        feeds["sequence_lens"] = np.array([seq, max(seq - 3, 1)] + [0] * (batch - 2), np.int32)[:batch]
+    return feeds
 
 
-def lstm_model(feeds: dict[str, np.ndarray], hidden: int, outputs: list[str], inits: set[str],
-               **attrs: Any) -> onnx.ModelProto:  # fmt: skip
-    """One LSTM node over ``feeds`` (those named in ``inits`` as initializers)."""
-    names = [n if n in feeds else "" for n in LSTM_INPUTS]
+def recurrent_model(op: str, feeds: dict[str, np.ndarray], hidden: int, outputs: list[str], inits: set[str],
+                    **attrs: Any) -> onnx.ModelProto:  # fmt: skip
+    """One ``op`` node over ``feeds`` (those named in ``inits`` as initializers)."""
+    names = [n if n in feeds else "" for n in INPUTS]
     while names and not names[-1]:
         names.pop()
-    node = helper.make_node("LSTM", names, outputs, hidden_size=hidden, **attrs)
+    node = helper.make_node(op, names, outputs, hidden_size=hidden, **attrs)
     graph = helper.make_graph(
         [node],
-        "lstm",
+        "recurrent",
         [
             helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
             for n, a in feeds.items()
@@ -63,12 +70,13 @@ def lstm_model(feeds: dict[str, np.ndarray], hidden: int, outputs: list[str], in
     return onnx.shape_inference.infer_shapes(model, strict_mode=True)
 
 
-def output_shapes(x_shape: tuple[int, ...], attrs: dict[str, Any]) -> list[tuple[int, ...]]:
-    """Y, Y_h, Y_c shapes of a canonical recurrent node."""
+def output_shapes(op: str, x_shape: tuple[int, ...], attrs: dict[str, Any]) -> list[tuple[int, ...]]:
+    """Y, Y_h[, Y_c] shapes of a canonical recurrent node."""
     dirs, hidden = (2 if attrs["direction"] == "bidirectional" else 1), int(attrs["hidden_size"])
+    states = len(OUTPUTS[op]) - 1
     if attrs["layout"] == 0:
-        return [(x_shape[0], dirs, x_shape[1], hidden)] + [(dirs, x_shape[1], hidden)] * 2
-    return [(x_shape[0], x_shape[1], dirs, hidden)] + [(x_shape[0], dirs, hidden)] * 2
+        return [(x_shape[0], dirs, x_shape[1], hidden)] + [(dirs, x_shape[1], hidden)] * states
+    return [(x_shape[0], x_shape[1], dirs, hidden)] + [(x_shape[0], dirs, hidden)] * states
 
 
 def run_case(model: onnx.ModelProto, feeds: dict[str, np.ndarray], inits: set[str], tmp_path: Path,
@@ -76,64 +84,62 @@ def run_case(model: onnx.ModelProto, feeds: dict[str, np.ndarray], inits: set[st
     """Compile, check the provider of the recurrent step, compare with the float64 reference."""
     path = compile_model(model, tmp_path / "artifact")
     plan = json.loads((path / "plan.json").read_text())
-    (step,) = [s for s in plan["steps"] if s["op_type"] in ("LSTM", "GRU", "RNN")]
+    (step,) = [s for s in plan["steps"] if s["op_type"] in GATES]
     assert step["provider"] == provider, step
     session = Session(path)
     results = session.run(None, {n: a for n, a in feeds.items() if n not in inits})
     got = dict(zip([o.name for o in session.outputs], results, strict=True))
     node = model.graph.node[0]
-    args = [feeds[n].astype(np.float64) if n else None for n in node.input]
-    specs = [(shape, np.float64) for shape in output_shapes(feeds["X"].shape, step["attrs"])]
+    args = [(feeds[n] if n == "sequence_lens" else feeds[n].astype(np.float64)) if n else None
+            for n in node.input]  # fmt: skip
+    specs = [(s, np.float64) for s in output_shapes(node.op_type, feeds["X"].shape, step["attrs"])]
     want = get_kernel(step["op_type"])(np, args, step["attrs"], specs)
     for name, w in zip(node.output, want[: len(node.output)], strict=True):
         if name:
             np.testing.assert_allclose(got[name], w, rtol=RTOL, atol=ATOL, err_msg=name)
 
 
-LSTM_CASES = [
-    # seq, batch, size, hidden, direction, layout, optional inputs, extra attributes
-    (7, 3, 5, 9, "forward", 0, {"B"}, {}),
-    (1, 1, 128, 128, "forward", 0, {"B", "initial_h", "initial_c"}, {}),
-    (7, 2, 13, 17, "reverse", 0, {"B", "initial_h"}, {}),
-    (7, 4, 6, 11, "bidirectional", 0, {"B", "initial_h", "initial_c"}, {}),
-    (5, 3, 7, 6, "bidirectional", 0, {"B", "P", "initial_c"}, {"clip": 0.7}),
-    (7, 3, 4, 10, "bidirectional", 1, {"B", "initial_h", "initial_c", "P"}, {}),
-    (1, 5, 33, 19, "reverse", 1, set(), {"clip": 2.5}),
+CASES = [
+    # op, seq, batch, size, hidden, direction, layout, optional inputs, extra attributes
+    ("LSTM", 7, 3, 5, 9, "forward", 0, {"B"}, {}),
+    ("LSTM", 1, 1, 128, 128, "forward", 0, {"B", "initial_h", "initial_c"}, {}),
+    ("LSTM", 7, 2, 13, 17, "reverse", 0, {"B", "initial_h"}, {}),
+    ("LSTM", 7, 4, 6, 11, "bidirectional", 0, {"B", "initial_h", "initial_c"}, {}),
+    ("LSTM", 5, 3, 7, 6, "bidirectional", 0, {"B", "P", "initial_c"}, {"clip": 0.7}),
+    ("LSTM", 7, 3, 4, 10, "bidirectional", 1, {"B", "initial_h", "initial_c", "P"}, {}),
+    ("LSTM", 1, 5, 33, 19, "reverse", 1, set(), {"clip": 2.5}),
+    ("LSTM", 7, 3, 5, 9, "bidirectional", 0, {"B", "sequence_lens", "initial_h", "initial_c", "P"}, {}),
+    ("LSTM", 6, 4, 5, 7, "reverse", 1, {"sequence_lens", "initial_c"}, {"input_forget": 1}),
+    ("LSTM", 4, 2, 3, 5, "bidirectional", 0, {"B"},
+     {"activations": ["HardSigmoid", "Relu", "Softsign", "Sigmoid", "Elu", "Softplus"],
+      "activation_alpha": [0.3, 0.9], "activation_beta": [0.4]}),  # fmt: skip
+    ("GRU", 7, 3, 5, 9, "forward", 0, {"B"}, {}),
+    ("GRU", 7, 3, 5, 9, "forward", 0, {"B", "initial_h"}, {"linear_before_reset": 1}),
+    ("GRU", 1, 2, 17, 13, "reverse", 1, {"initial_h"}, {"clip": 1.5}),
+    ("GRU", 7, 4, 6, 11, "bidirectional", 0, {"B", "sequence_lens", "initial_h"}, {"linear_before_reset": 1}),
+    ("GRU", 5, 3, 4, 6, "bidirectional", 1, {"B", "sequence_lens"},
+     {"activations": ["LeakyRelu", "ScaledTanh", "Sigmoid", "Affine"], "activation_alpha": [0.2, 0.8, 1.5],
+      "activation_beta": [1.2, -0.3]}),  # fmt: skip
+    ("RNN", 7, 3, 5, 9, "forward", 0, {"B"}, {}),
+    ("RNN", 7, 4, 6, 11, "bidirectional", 1, {"B", "initial_h", "sequence_lens"}, {"clip": 0.9}),
+    ("RNN", 1, 1, 64, 96, "reverse", 0, {"B", "initial_h"}, {"activations": ["ThresholdedRelu"]}),
 ]
 
 
-@pytest.mark.parametrize("case", LSTM_CASES, ids=lambda c: f"{c[4]}-l{c[5]}-s{c[0]}b{c[1]}i{c[2]}h{c[3]}")
-def test_lstm_c_matches_reference(case: tuple[Any, ...], tmp_path: Path) -> None:
-    seq, batch, size, hidden, direction, layout, present, attrs = case
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[5]}-l{c[6]}-s{c[1]}b{c[2]}i{c[3]}h{c[4]}")
+def test_c_matches_reference(case: tuple[Any, ...], tmp_path: Path) -> None:
+    op, seq, batch, size, hidden, direction, layout, present, attrs = case
     dirs = 2 if direction == "bidirectional" else 1
-    feeds = lstm_feeds(seq, batch, size, hidden, dirs, layout, present)
+    feeds = feeds_for(op, seq, batch, size, hidden, dirs, layout, present)
     inits = {"W", "R", "B"} if seq == 1 else set()
-    model = lstm_model(feeds, hidden, ["Y", "Y_h", "Y_c"], inits, direction=direction, layout=layout, **attrs)
+    attrs = {"direction": direction, "layout": layout, **attrs}
+    model = recurrent_model(op, feeds, hidden, OUTPUTS[op], inits, **attrs)
     run_case(model, feeds, inits, tmp_path)
 
 
 @pytest.mark.parametrize("outputs", [["", "Y_h"], ["Y"], ["", "", "Y_c"]])
-def test_lstm_c_any_subset_of_outputs(outputs: list[str], tmp_path: Path) -> None:
-    feeds = lstm_feeds(4, 2, 5, 7, 2, 0, {"B", "initial_c"})
-    model = lstm_model(feeds, 7, outputs, set(), direction="bidirectional")
+def test_lstm_any_subset_of_outputs(outputs: list[str], tmp_path: Path) -> None:
+    feeds = feeds_for("LSTM", 4, 2, 5, 7, 2, 0, {"B", "initial_c"})
+    model = recurrent_model("LSTM", feeds, 7, outputs, set(), direction="bidirectional")
     run_case(model, feeds, set(), tmp_path)
 
-
-@pytest.mark.parametrize("attrs", [
-    {"input_forget": 1},
-    {"activations": ["HardSigmoid", "Tanh", "Tanh"]},
-    {"activations": ["Sigmoid", "Relu", "Tanh"]},
-], ids=["input_forget", "hardsigmoid", "relu"])  # fmt: skip
-def test_lstm_unclaimed_attributes_stay_on_the_reference(attrs: dict[str, Any], tmp_path: Path) -> None:
-    feeds = lstm_feeds(3, 2, 4, 5, 1, 0, {"B"})
-    model = lstm_model(feeds, 5, ["Y", "Y_h", "Y_c"], set(), **attrs)
-    run_case(model, feeds, set(), tmp_path, provider="reference")
-
-
-def test_lstm_with_sequence_lens_stays_on_the_reference(tmp_path: Path) -> None:
-    feeds: dict[str, Any] = lstm_feeds(4, 3, 4, 5, 1, 0, {"B"})
-    feeds["sequence_lens"] = np.array([4, 2, 1], np.int32)
-    model = lstm_model(feeds, 5, ["Y", "Y_h", "Y_c"], set())
-    path = compile_model(model, tmp_path / "artifact")
-    plan = json.loads((path / "plan.json").read_text())
-    assert [s["provider"] for s in plan["steps"] if s["op_type"] == "LSTM"] == ["reference"]

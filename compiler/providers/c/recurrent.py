@@ -1,20 +1,25 @@
-"""C kernels of the recurrent ops (``templates/c/lstm.c.j2``).
+"""C kernels of the recurrent ops: RNN, GRU and LSTM (``templates/c/recurrent.c.j2``).
 
-LSTM (canonical form in ``compiler/frontend/canonical/recurrent.py``, reference in
-``runtime/kernels/recurrent.py``) is claimed for float32 with: directions forward, reverse and
-bidirectional; layouts 0 and 1; optional B, initial_h, initial_c and peepholes P; any clip; the
-default activations (Sigmoid, Tanh, Tanh in every direction) and input_forget 0. Not claimed, so
-they stay on the reference provider: ``sequence_lens``, other activations, input_forget 1.
+Canonical forms in ``compiler/frontend/canonical/recurrent.py``, references in
+``runtime/kernels/recurrent.py``. Claimed for float32 X, W, R, B, initial states and peepholes
+(sequence_lens int32) with every attribute the canonical form allows: directions forward, reverse
+and bidirectional; layouts 0 and 1; any subset of the optional inputs; any clip; every activation
+function of the canonical table (with its alpha / beta, per direction); GRU's linear_before_reset
+0 and 1; LSTM's input_forget 0 and 1. Only empty sizes (a zero dimension) are left to the
+reference provider.
 
-The kernel first computes the input projections of every timestep of a direction at once
+Per direction the kernel first computes the input projections of every timestep at once
 (X[t]·Wᵀ + Wb + Rb for all t, into scratch), then per step the recurrent product H·Rᵀ with the
-gates, the cell update and the outputs fused after it. A step is split over OpenMP threads only when
-its product is large (a small model such as Silero VAD's hidden 128, batch 1 runs on one thread).
+gates, the cell update and the outputs fused after it (GRU with linear_before_reset 0 runs a
+second product, (r ⊙ H)·R_hᵀ, within the step). A step is split over OpenMP threads only when its
+product is large: a small model such as Silero VAD's LSTM (hidden 128, batch 1) runs on one thread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
@@ -22,29 +27,52 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
-from compiler.providers.c.common import all_float32
-from compiler.providers.c.common import input_args
+from compiler.providers.c.common import arg
 from compiler.providers.c.common import output_args
 from compiler.providers.c.common import params
 from compiler.providers.c.common import scratch_arg
 from compiler.providers.kit import Param
 
-__all__ = ["LstmContext", "LstmKernel"]
+__all__ = ["RecurrentContext", "RecurrentKernel"]
 
-_LSTM_DEFAULT = ("Sigmoid", "Tanh", "Tanh")
+# Per op: (gates, activation functions per direction, outputs, names of the inputs).
+_OPS: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
+    "RNN": (1, 1, 2, ("x", "w", "r", "b", "lens", "h0")),
+    "GRU": (3, 2, 2, ("x", "w", "r", "b", "lens", "h0")),
+    "LSTM": (4, 3, 3, ("x", "w", "r", "b", "lens", "h0", "c0", "p")),
+}
+# The canonical activation functions as C expressions of ``x`` ({a}: alpha, {b}: beta), each
+# computing what runtime.kernels.recurrent.activation computes (NaN in, NaN out).
+_ACTIVATIONS: dict[str, str] = {
+    "Tanh": "tanhf(x)",
+    "Sigmoid": "1.0f / (1.0f + expf(-x))",
+    "Relu": "(x < 0.0f ? 0.0f : x)",
+    "Affine": "{a} * x + {b}",
+    "LeakyRelu": "(x >= 0.0f ? x : {a} * x)",
+    "ThresholdedRelu": "(x > {a} ? x : 0.0f)",
+    "ScaledTanh": "{a} * tanhf({b} * x)",
+    "HardSigmoid": "({a} * x + {b} < 0.0f ? 0.0f : ({a} * x + {b} > 1.0f ? 1.0f : {a} * x + {b}))",
+    "Elu": "(x >= 0.0f ? x : {a} * expm1f(x))",
+    "Softsign": "x / (1.0f + fabsf(x))",
+    "Softplus": "((x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x))))",
+}
 # A step's recurrent product is split over threads from this many multiply-adds (a fork/join per
 # timestep costs more than a small product).
 _STEP_PARALLEL_WORK = 4 * PARALLEL_MIN_WORK
 
 
 @dataclass(frozen=True)
-class LstmContext:
-    """One LSTM node: sizes, which optional inputs are present, and element strides of the
-    layout (x: t, b; y: t, direction, b; states: direction, b)."""
+class RecurrentContext:
+    """One recurrent node: sizes, which optional inputs are present, the activation functions
+    (C expressions, direction-major), and element strides of the layout (x: t, b; y: t,
+    direction, b; states: direction, b)."""
 
     params: tuple[Param, ...]
+    op: str
+    gates: int
     dirs: int
     reverse: bool  # direction "reverse" (a bidirectional node's second direction is always reversed)
     seq: int
@@ -52,10 +80,15 @@ class LstmContext:
     input: int
     hidden: int
     has_b: bool
+    has_lens: bool
     has_h0: bool
     has_c0: bool
     has_p: bool
     clip: str | None  # float literal, None without clip
+    acts: tuple[str, ...]
+    nact: int  # activation functions per direction
+    linear_before_reset: bool
+    input_forget: bool
     x_t: int
     x_b: int
     y_t: int
@@ -69,7 +102,7 @@ class LstmContext:
 
 
 def _sizes(node: Node) -> tuple[int, int, int, int, int]:
-    """(directions, seq, batch, input size, hidden size) of a canonical LSTM node."""
+    """(directions, seq, batch, input size, hidden size) of a canonical recurrent node."""
     xs = shape_of(node.input(0))
     layout = int(node.attrs["layout"])
     seq, batch = (xs[0], xs[1]) if layout == 0 else (xs[1], xs[0])
@@ -77,38 +110,70 @@ def _sizes(node: Node) -> tuple[int, int, int, int, int]:
     return dirs, seq, batch, xs[2], int(node.attrs["hidden_size"])
 
 
-class LstmKernel(CKernel):
-    kinds: tuple[str, ...] = ("LSTM",)
+def _dtypes_ok(node: Node) -> bool:
+    """float32 everywhere with static shapes, except an int32 sequence_lens."""
+    values = [(i, v) for i, v in enumerate(node.inputs) if v is not None]
+    values += [(-1, v) for v in node.outputs]
+    return all(
+        v.shape is not None and v.dtype == (np.int32 if i == 4 else np.float32) for i, v in values
+    )
+
+
+def _activations(node: Node) -> tuple[str, ...]:
+    a = node.attrs
+    out = []
+    for name, alpha, beta in zip(a["activations"], a["activation_alpha"], a["activation_beta"], strict=True):
+        out.append(_ACTIVATIONS[str(name)].format(a=literal(float(alpha)), b=literal(float(beta))))
+    return tuple(out)
+
+
+def _strides(node: Node) -> dict[str, int]:
+    """Element strides of x (t, b), y (t, d, b) and the states (d, b) in the node's layout."""
+    dirs, seq, batch, size, hidden = _sizes(node)
+    if int(node.attrs["layout"]) == 0:
+        return dict(x_t=batch * size, x_b=size, y_t=dirs * batch * hidden, y_d=batch * hidden, y_b=hidden,
+                    s_d=batch * hidden, s_b=hidden)  # fmt: skip
+    return dict(x_t=size, x_b=seq * size, y_t=dirs * hidden, y_d=hidden, y_b=seq * dirs * hidden,
+                s_d=hidden, s_b=dirs * hidden)  # fmt: skip
+
+
+class RecurrentKernel(CKernel):
+    kinds: tuple[str, ...] = ("RNN", "GRU", "LSTM")
 
     def supports(self, node: Node) -> bool:
         a = node.attrs
-        if not all_float32(node) or node.input(4) is not None or len(node.outputs) != 3:
+        gates, nact, n_out, names = _OPS[node.op_type]
+        if not _dtypes_ok(node) or len(node.outputs) != n_out or len(node.inputs) > len(names):
             return False
         dirs = 2 if a.get("direction") == "bidirectional" else 1
+        acts = a.get("activations", ())
         return (
             a.get("layout") in (0, 1)
-            and a.get("input_forget") == 0
-            and tuple(a.get("activations", ())) == _LSTM_DEFAULT * dirs
+            and len(acts) == nact * dirs
+            and all(str(f) in _ACTIVATIONS for f in acts)
             and min(_sizes(node)) >= 1
         )
 
     def scratch_nbytes(self, node: Node) -> int:
         _, seq, batch, _, hidden = _sizes(node)
-        return 4 * (seq * batch * 4 * hidden + batch * 4 * hidden + 2 * batch * hidden)
+        gates = _OPS[node.op_type][0]
+        return 4 * (seq * batch * gates * hidden + batch * gates * hidden + 2 * batch * hidden)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
+        gates, nact, _, input_names = _OPS[node.op_type]
         dirs, seq, batch, size, hidden = _sizes(node)
-        layout0 = int(node.attrs["layout"]) == 0
-        present = [i for i in range(8) if node.input(i) is not None]
-        names = [("x", "w", "r", "b", "lens", "h0", "c0", "p")[i] for i in present]
+        present = [i for i in range(len(input_names)) if node.input(i) is not None]
+        ins: list[Arg] = [arg(step.inputs[i], "int" if i == 4 else "float", True, step, f"input {i}")
+                          for i in present]  # fmt: skip
         scratch = scratch_arg(step, self.scratch_nbytes(node))
-        args = [*input_args(step), *output_args(step), *scratch]
-        names += ["y", "yh", "yc", "scratch"]
-        restrict = [True] * len(present) + [True, True, True, True]
+        args = [*ins, *output_args(step), *scratch]
+        names = [input_names[i] for i in present] + ["y", "yh", "yc"][: len(node.outputs)] + ["scratch"]
         clip = float(node.attrs["clip"])
-        ctx = LstmContext(
-            params=params(names, args, restrict),
+        ctx = RecurrentContext(
+            params=params(names, args, [True] * len(args)),
+            op=node.op_type,
+            gates=gates,
             dirs=dirs,
             reverse=node.attrs["direction"] == "reverse",
             seq=seq,
@@ -116,22 +181,21 @@ class LstmKernel(CKernel):
             input=size,
             hidden=hidden,
             has_b=3 in present,
+            has_lens=4 in present,
             has_h0=5 in present,
             has_c0=6 in present,
             has_p=7 in present,
-            clip=literal(clip) if clip != float("inf") else None,
-            x_t=batch * size if layout0 else size,
-            x_b=size if layout0 else seq * size,
-            y_t=dirs * batch * hidden if layout0 else dirs * hidden,
-            y_d=batch * hidden if layout0 else hidden,
-            y_b=hidden if layout0 else seq * dirs * hidden,
-            s_d=batch * hidden if layout0 else hidden,
-            s_b=hidden if layout0 else dirs * hidden,
+            clip=literal(clip) if np.isfinite(clip) else None,
+            acts=_activations(node),
+            nact=nact,
+            linear_before_reset=bool(node.attrs.get("linear_before_reset", 0)),
+            input_forget=bool(node.attrs.get("input_forget", 0)),
+            **_strides(node),
             vw=target.vector_bytes // 4,
-            proj_parallel=seq * batch * 4 * hidden * size >= _STEP_PARALLEL_WORK,
-            step_parallel=batch * 4 * hidden * hidden >= _STEP_PARALLEL_WORK,
+            proj_parallel=seq * batch * gates * hidden * size >= _STEP_PARALLEL_WORK,
+            step_parallel=batch * gates * hidden * hidden >= _STEP_PARALLEL_WORK,
         )
-        return StepCode("c/lstm.c.j2", ctx, tuple(args))
+        return StepCode("c/recurrent.c.j2", ctx, tuple(args))
 
 
-KERNELS = (LstmKernel(),)
+KERNELS = (RecurrentKernel(),)
