@@ -120,6 +120,9 @@ CASES = [
     ("GRU", 5, 3, 4, 6, "bidirectional", 1, {"B", "sequence_lens"},
      {"activations": ["LeakyRelu", "ScaledTanh", "Sigmoid", "Affine"], "activation_alpha": [0.2, 0.8, 1.5],
       "activation_beta": [1.2, -0.3]}),  # fmt: skip
+    # large enough for the two directions to run on two threads
+    ("LSTM", 7, 2, 24, 31, "bidirectional", 1, {"B", "P", "initial_h"}, {}),
+    ("GRU", 7, 3, 40, 33, "bidirectional", 0, {"B", "initial_h", "sequence_lens"}, {}),
     ("RNN", 7, 3, 5, 9, "forward", 0, {"B"}, {}),
     ("RNN", 7, 4, 6, 11, "bidirectional", 1, {"B", "initial_h", "sequence_lens"}, {"clip": 0.9}),
     ("RNN", 1, 1, 64, 96, "reverse", 0, {"B", "initial_h"}, {"activations": ["ThresholdedRelu"]}),

@@ -11,8 +11,9 @@ reference provider.
 Per direction the kernel first computes the input projections of every timestep at once
 (X[t]·Wᵀ + Wb + Rb for all t, into scratch), then per step the recurrent product H·Rᵀ with the
 gates, the cell update and the outputs fused after it (GRU with linear_before_reset 0 runs a
-second product, (r ⊙ H)·R_hᵀ, within the step). A step is split over OpenMP threads only when its
-product is large: a small model such as Silero VAD's LSTM (hidden 128, batch 1) runs on one thread.
+second product, (r ⊙ H)·R_hᵀ, within the step). The two directions of a bidirectional node run
+on two threads; otherwise a step is split over OpenMP threads only when its product is large: a
+small model such as Silero VAD's LSTM (hidden 128, batch 1) runs on one thread.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class RecurrentContext:
     s_d: int
     s_b: int
     vw: int  # float lanes of the target's vectors
+    dir_floats: int  # scratch floats of one direction
+    dir_parallel: bool  # the two directions on two threads (then nothing within one is split)
     proj_parallel: bool
     step_parallel: bool
 
@@ -137,6 +140,28 @@ def _strides(node: Node) -> dict[str, int]:
                 s_d=hidden, s_b=dirs * hidden)  # fmt: skip
 
 
+def _direction_floats(node: Node) -> int:
+    """Scratch floats of one direction: projections of every step, gates, h and c."""
+    _, seq, batch, _, hidden = _sizes(node)
+    gates = _OPS[node.op_type][0]
+    return seq * batch * gates * hidden + batch * gates * hidden + 2 * batch * hidden
+
+
+def _parallel(node: Node) -> tuple[bool, bool, bool]:
+    """Which loops fork (directions, projections, step products): the two directions of a large
+    enough bidirectional node run on two threads (no synchronization per step); otherwise the
+    projections and each step's product are split when large (a fork/join per step costs more
+    than a small product, and far more on a loaded machine)."""
+    dirs, seq, batch, size, hidden = _sizes(node)
+    width = _OPS[node.op_type][0] * hidden
+    dir_parallel = dirs == 2 and seq * batch * width * (size + hidden) >= PARALLEL_MIN_WORK
+    return (
+        dir_parallel,
+        not dir_parallel and seq * batch * width * size >= _STEP_PARALLEL_WORK,
+        not dir_parallel and batch * width * hidden >= _STEP_PARALLEL_WORK,
+    )
+
+
 class RecurrentKernel(CKernel):
     kinds: tuple[str, ...] = ("RNN", "GRU", "LSTM")
 
@@ -155,9 +180,7 @@ class RecurrentKernel(CKernel):
         )
 
     def scratch_nbytes(self, node: Node) -> int:
-        _, seq, batch, _, hidden = _sizes(node)
-        gates = _OPS[node.op_type][0]
-        return 4 * (seq * batch * gates * hidden + batch * gates * hidden + 2 * batch * hidden)
+        return 4 * _sizes(node)[0] * _direction_floats(node)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -170,6 +193,7 @@ class RecurrentKernel(CKernel):
         args = [*ins, *output_args(step), *scratch]
         names = [input_names[i] for i in present] + ["y", "yh", "yc"][: len(node.outputs)] + ["scratch"]
         clip = float(node.attrs["clip"])
+        forks = _parallel(node)
         ctx = RecurrentContext(
             params=params(names, args, [True] * len(args)),
             op=node.op_type,
@@ -192,8 +216,10 @@ class RecurrentKernel(CKernel):
             input_forget=bool(node.attrs.get("input_forget", 0)),
             **_strides(node),
             vw=target.vector_bytes // 4,
-            proj_parallel=seq * batch * gates * hidden * size >= _STEP_PARALLEL_WORK,
-            step_parallel=batch * gates * hidden * hidden >= _STEP_PARALLEL_WORK,
+            dir_floats=_direction_floats(node),
+            dir_parallel=forks[0],
+            proj_parallel=forks[1],
+            step_parallel=forks[2],
         )
         return StepCode("c/recurrent.c.j2", ctx, tuple(args))
 
