@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -489,3 +490,40 @@ def test_a_while_loop_bounded_by_int64_max_runs_as_a_loop_step(tmp_path: Path) -
         feeds = {"c0": np.array(start, np.int64), "acc0": np.ones(3, np.float32)}
         for got, want in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+_PROGRAM_MUTATIONS = [
+    ("unknown kind", lambda b: b["steps"][0].update(kind="NoSuchOp"), "no kernel for 'NoSuchOp'"),
+    ("ref past the inputs", lambda b: b["steps"][0]["inputs"].__setitem__(0, "i99"), "'i99' names no input"),
+    ("ref to a later result", lambda b: b["steps"][0]["inputs"].__setitem__(0, "t5"), "'t5' names no input"),
+    ("not a ref", lambda b: b["outputs"].__setitem__(0, "q0"), "'q0' is not a ref"),
+    ("object dtype", lambda b: b["steps"][0]["specs"][0].__setitem__(1, "O"), "not a numeric or bool type"),
+    ("negative dim", lambda b: b["steps"][0]["specs"][0].__setitem__(0, [-1]), "is not \\[shape, dtype\\]"),
+    ("no steps", lambda b: b.pop("steps"), "needs 'steps' and 'outputs' lists"),
+]
+
+
+@pytest.mark.parametrize("what,mutate,message", _PROGRAM_MUTATIONS, ids=[m[0] for m in _PROGRAM_MUTATIONS])
+def test_a_malformed_program_in_a_rehashed_plan_fails_at_load(
+    tmp_path: Path, what: str, mutate: Any, message: str
+) -> None:
+    # the sub-programs of control steps are checked when the plan loads, as every other field is:
+    # a broken pipeline's plan never reaches a KeyError or an object array in the middle of a run
+    import hashlib
+    import json
+
+    from runtime.errors import ArtifactError
+
+    art = compile_model(_if_model([], [("c", TensorProto.BOOL, [])]), tmp_path / "art")
+    plan = json.loads((art / "plan.json").read_text())
+    (step,) = [s for s in plan["steps"] if s["op_type"] == "If"]
+    mutate(step["attrs"]["then_branch"])
+    data = json.dumps(plan).encode()
+    (art / "plan.json").write_bytes(data)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["plan.json"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    manifest["files"]["plan.json"].pop("sample_sha256", None)
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=message) as info:
+        Session(art)
+    assert "then_branch" in str(info.value)

@@ -17,18 +17,23 @@ the condition allow and stacks the scan outputs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from runtime.errors import OnnxAotError
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import finish
 from runtime.kernels.registry import OutputSpec
 from runtime.kernels.registry import get_kernel
 from runtime.kernels.registry import register
 
-__all__ = ["run_program"]
+__all__ = ["run_program", "check_control_attrs"]
+
+_REF = re.compile(r"(?:[iat])(?:0|[1-9][0-9]*)")
+_NUMERIC_KINDS = "biuf"
 
 
 def run_program(
@@ -79,6 +84,9 @@ def loop(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
         running = _truth(xp, outs[0])
         carried = [xp.array(v, copy=True) for v in outs[1 : 1 + n]]
         for k, value in enumerate(outs[1 + n :]):
+            if len(scans[k]) == outputs[n + k][0][0]:  # (stop before memory grows past the plan)
+                raise RuntimeKernelError(f"onnx_aot.Loop: more iterations than the {len(scans[k])} its "
+                                         f"scan outputs were compiled for")
             scans[k].append(xp.array(value, copy=True))
         i += 1
     stacked = []
@@ -114,3 +122,106 @@ def scan(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
         for e, a, d in zip(elems, attrs["out_axes"], attrs["out_dirs"], strict=True)
     ]
     return finish(xp, "onnx_aot.Scan", states + stacked, outputs)
+
+
+# -- checking a plan's programs once, at load ------------------------------------------------------
+def check_control_attrs(kind: str, attrs: Any, n_inputs: int, where: str) -> None:
+    """ValueError naming ``where`` unless a control step's attributes (its programs, nested ones
+    included) are well formed: known kinds, refs to inputs / arguments / earlier results only,
+    numeric dtypes and whole-number shapes. A kind that is not a control step passes."""
+    check = _ATTR_CHECKS.get(kind)
+    if check is not None:
+        if not isinstance(attrs, dict):
+            raise ValueError(f"{where}: attributes are not an object")
+        check(attrs, n_inputs, where)
+
+
+def _check_if(attrs: dict[str, Any], n_inputs: int, where: str) -> None:
+    for key in ("then_branch", "else_branch"):
+        _check_program(attrs.get(key), n_inputs, 0, f"{where} {key}")
+
+
+def _check_loop(attrs: dict[str, Any], n_inputs: int, where: str) -> None:
+    n = attrs.get("n_carried")
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= n_inputs - 2:
+        raise ValueError(f"{where}: n_carried {n!r} does not fit its {n_inputs} inputs")
+    body = attrs.get("body")
+    args = body.get("args") if isinstance(body, dict) else None
+    if not isinstance(args, list) or len(args) != 2 + n:
+        raise ValueError(f"{where}: the body must take {2 + n} arguments")
+    for spec in args:
+        _check_spec(spec, f"{where} body args")
+    _check_program(body, n_inputs, len(args), f"{where} body")
+
+
+def _check_scan(attrs: dict[str, Any], n_inputs: int, where: str) -> None:
+    n, length = attrs.get("n_states"), attrs.get("length")
+    lists = [attrs.get(k) for k in ("in_axes", "in_dirs", "out_axes", "out_dirs")]
+    if not all(_count(v) for v in (n, length)) or not all(
+        isinstance(v, list) and all(_count(x) for x in v) for v in lists
+    ):
+        raise ValueError(f"{where}: n_states, length and the axes / directions must be whole numbers >= 0")
+    in_axes, in_dirs, out_axes, out_dirs = (list(v or ()) for v in lists)
+    assert isinstance(n, int)
+    n_scans = len(in_axes)
+    if n + n_scans > n_inputs or len(in_dirs) != n_scans or len(out_axes) != len(out_dirs):
+        raise ValueError(f"{where}: states, scan inputs and axes do not fit its {n_inputs} inputs")
+    _check_program(attrs.get("body"), n_inputs, n + n_scans, f"{where} body")
+
+
+_ATTR_CHECKS = {"onnx_aot.If": _check_if, "onnx_aot.Loop": _check_loop, "onnx_aot.Scan": _check_scan}
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_program(program: Any, n_inputs: int, n_args: int, where: str) -> None:
+    if not isinstance(program, dict) or not isinstance(program.get("steps"), list) \
+            or not isinstance(program.get("outputs"), list):
+        raise ValueError(f"{where}: a program needs 'steps' and 'outputs' lists")
+    made: set[str] = set()
+    for k, step in enumerate(program["steps"]):
+        at = f"{where} step {k}"
+        if not isinstance(step, dict) or not isinstance(step.get("attrs"), dict) or not all(
+            isinstance(step.get(key), list) for key in ("inputs", "outputs", "specs")
+        ):
+            raise ValueError(f"{at}: needs 'kind', 'attrs', 'inputs', 'outputs' and 'specs'")
+        try:
+            get_kernel(str(step.get("kind")))
+        except OnnxAotError as exc:
+            raise ValueError(f"{at}: {exc}") from None
+        for ref in step["inputs"]:
+            if ref is not None:
+                _check_ref(ref, n_inputs, n_args, made, at)
+        if len(step["specs"]) != len(step["outputs"]):
+            raise ValueError(f"{at}: {len(step['specs'])} specs for {len(step['outputs'])} outputs")
+        for spec in step["specs"]:
+            _check_spec(spec, at)
+        for ref in step["outputs"]:
+            if not isinstance(ref, str) or not ref.startswith("t") or not _REF.fullmatch(ref) or ref in made:
+                raise ValueError(f"{at}: output {ref!r} is not a new result name t<k>")
+            made.add(ref)
+        check_control_attrs(str(step["kind"]), step["attrs"], len(step["inputs"]), at)
+    for ref in program["outputs"]:
+        _check_ref(ref, n_inputs, n_args, made, f"{where} outputs")
+
+
+def _check_ref(ref: Any, n_inputs: int, n_args: int, made: set[str], where: str) -> None:
+    if not isinstance(ref, str) or not _REF.fullmatch(ref):
+        raise ValueError(f"{where}: {ref!r} is not a ref (i<k>, a<k> or t<k>)")
+    limit = {"i": n_inputs, "a": n_args}.get(ref[0])
+    if (limit is not None and int(ref[1:]) >= limit) or (limit is None and ref not in made):
+        raise ValueError(f"{where}: {ref!r} names no input, argument or earlier result")
+
+
+def _check_spec(spec: Any, where: str) -> None:
+    if not isinstance(spec, list) or len(spec) != 2 or not isinstance(spec[0], list) \
+            or not all(_count(d) for d in spec[0]) or not isinstance(spec[1], str):
+        raise ValueError(f"{where}: spec {spec!r} is not [shape, dtype]")
+    try:
+        dtype = np.dtype(spec[1])
+    except TypeError:
+        dtype = np.dtype(object)
+    if dtype.kind not in _NUMERIC_KINDS:
+        raise ValueError(f"{where}: dtype {spec[1]!r} is not a numeric or bool type")

@@ -17,6 +17,7 @@ import numpy as np
 from runtime.errors import ArtifactError
 from runtime.errors import RuntimeKernelError
 from runtime.kernels import get_kernel
+from runtime.kernels.control import check_control_attrs
 from runtime.memory import memory_space
 from runtime.plan_schema import Plan
 from runtime.plan_schema import PlanPartition
@@ -59,6 +60,7 @@ class ReferencePartition:
             else:
                 try:
                     kernel = get_kernel(kind)
+                    check_control_attrs(kind, step.attrs, len(step.inputs), "attributes")
                 except Exception as exc:
                     raise ArtifactError(f"plan.json step {step.name!r}: {exc}") from None
             self.steps.append((step.name, kind, kernel, step.attrs, ins, outs, specs))
