@@ -133,8 +133,10 @@ def _copy(step: PlanStep, values: Mapping[str, PlanValue], partition: int) -> Co
 def _concat_in_place(step: PlanStep, values: Mapping[str, PlanValue]) -> bool:
     """A Concat whose inputs all sit in their slices of its output (the compiler produced each one
     there), so it launches nothing: checked from the locations, not taken on trust."""
-    if step.op_type != "Concat" or step.domain not in ("", "ai.onnx"):
-        return False
+    axis = step.attrs.get("axis")
+    if step.op_type != "Concat" or step.domain not in ("", "ai.onnx") or not isinstance(axis, int) \
+            or len(step.outputs) != 1 or any(name is None for name in step.inputs):
+        return False  # (then "has no launches" names the step)
     out = values[step.outputs[0]]
     offset = out.location.offset
     for name in step.inputs:
@@ -143,7 +145,7 @@ def _concat_in_place(step: PlanStep, values: Mapping[str, PlanValue]) -> bool:
                 out.location.kind != "arena" or value.location.offset != offset:
             return False
         offset += value.nbytes
-    axis = int(step.attrs["axis"]) % max(len(out.shape), 1)
+    axis %= max(len(out.shape), 1)
     return offset == out.location.offset + out.nbytes and all(d == 1 for d in out.shape[:axis])
 
 
