@@ -116,7 +116,7 @@ def test_torch_pad_chain_folds_through_the_transpose(rank: int) -> None:
     assert pad.attrs["pads"] == [0] * (rank - 1) + [128] + [0] * (rank - 1) + [128]
     assert graph.outputs[0].shape == (1, 1, 832)[-rank:]
     chain = [n.name for n in model.graph.node if n.op_type not in ("Constant", "Pad")]
-    assert {graph.eliminated[name] for name in chain} == {"shape computation"}
+    assert {graph.eliminated[name] for name in chain} == {"folded at import"}
     x = np.random.default_rng(0).standard_normal((1, 1, 576)[-rank:]).astype(F32)
     (want,) = ort_run(model, {"x": x})
     (got,) = evaluate(graph, {"x": x})
@@ -194,7 +194,7 @@ def test_any_op_with_known_inputs_folds_not_only_shape_ops(op: str, attrs: dict)
     c = np.arange(12, dtype=F32).reshape(4, 3) / 7
     model = _constant_chain(op, c, (3, 4) if op == "Transpose" else None, **attrs)
     graph = import_model(model)
-    assert kinds(graph) == ["Add"] and graph.eliminated["op"] == "shape computation"
+    assert kinds(graph) == ["Add"] and graph.eliminated["op"] == "folded at import"
     x = np.ones(graph.inputs[0].shape, F32)
     np.testing.assert_allclose(evaluate(graph, {"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-6)
 
@@ -223,7 +223,7 @@ def test_random_ops_are_never_evaluated_and_the_reason_is_kept() -> None:
 def test_dropout_folds_its_seed_unused() -> None:
     # inference Dropout is an Identity: the canonical form decides, not the ONNX op's seed attribute
     graph = import_model(_constant_chain("Dropout", np.ones((2, 3), F32), seed=2))
-    assert kinds(graph) == ["Add"] and graph.eliminated["op"] == "shape computation"
+    assert kinds(graph) == ["Add"] and graph.eliminated["op"] == "folded at import"
 
 
 def test_a_shape_known_only_after_an_upstream_fold_reaches_the_nodes_after_it() -> None:

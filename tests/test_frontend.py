@@ -385,7 +385,7 @@ def test_shape_gather_unsqueeze_concat_reshape_folds_at_import(batch: int | str)
     assert kinds(graph) == ["Reshape"] and graph.outputs[0].shape == (2, 12)
     assert graph.nodes[0].attrs == {"shape": [2, 12]} and graph.nodes[0].inputs == (graph.inputs[0],)
     assert {k: graph.eliminated[k] for k in ("shape", "gather", "unsqueeze", "concat")} == dict.fromkeys(
-        ("shape", "gather", "unsqueeze", "concat"), "shape computation"
+        ("shape", "gather", "unsqueeze", "concat"), "folded at import"
     )
     assert not graph.constants  # the folded shape values were pruned
 
@@ -438,7 +438,7 @@ def test_size_folds_at_import() -> None:
     ]
     graph = check_numeric(make_model(nodes, [("x", F32, (2, 3))], ["y"], {"one": np.array([1], I64)}))
     # tiny float results fold at import too (canonical forms may need them: a Pad value)
-    assert kinds(graph) == ["Mul"] and graph.eliminated["size"] == "shape computation"
+    assert kinds(graph) == ["Mul"] and graph.eliminated["size"] == "folded at import"
     np.testing.assert_array_equal(graph.nodes[0].inputs[1].const, np.array([6], np.float32))
 
 

@@ -270,7 +270,7 @@ def _fold_into(graph: Graph, env: dict[str, Value], arrays: dict[str, np.ndarray
         graph.constants[value_name] = const
         graph.reserve_name(value_name)
         env[value_name] = const
-    graph.eliminated[name] = "shape computation"
+    graph.eliminated[name] = "folded at import"
 
 
 def _note_control_flow(knowledge: Knowledge, env: dict[str, Value], proto: onnx.NodeProto, name: str) -> None:

@@ -4,7 +4,7 @@ Every iteration imports the body with its iteration number a constant (so indice
 fold) and the loop-carried values of the previous iteration as its inputs; scan outputs are the
 iterations' values stacked along the scan axis. A Loop unrolls when its trip count is known at
 compile time (or absent, with a condition that folds) and the unrolled body stays within
-MAX_UNROLLED_NODES nodes; other Loops become a loop step (loop_step.py). A Scan always unrolls.
+MAX_UNROLLED_NODES nodes; other Loops become a loop step (loop_step.py). A Scan over the cap becomes a scan step.
 
 A Loop's condition that is known only at run time is honoured with ``Where``: from the iteration in
 which it turns false, the carried values stay as they were (the later iterations' results are
