@@ -527,3 +527,34 @@ def test_a_malformed_program_in_a_rehashed_plan_fails_at_load(
     with pytest.raises(ArtifactError, match=message) as info:
         Session(art)
     assert "then_branch" in str(info.value)
+
+
+def _while_body(endless: bool) -> onnx.GraphProto:
+    """acc += 0.5 while sum(acc) < 4 (a run-time condition), or forever when ``endless``."""
+    nodes = [_const("half", np.float32(0.5)), helper.make_node("Add", ["acc", "half"], ["acc_out"])]
+    if endless:
+        nodes.append(helper.make_node("Identity", ["cond"], ["cond_out"]))
+    else:
+        nodes += [_const("limit", np.float32(4)),
+                  helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+                  helper.make_node("Less", ["total", "limit"], ["cond_out"])]
+    inputs = [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+              helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("acc", F, [3])]
+    return _graph(nodes, "body", inputs, ["cond_out", "acc_out"])
+
+
+@pytest.mark.parametrize("start", [0.0, 1.2, 10.0])
+def test_a_loop_without_a_trip_count_runs_while_its_run_time_condition_holds(
+    tmp_path: Path, start: float
+) -> None:
+    loop = helper.make_node("Loop", ["", "", "acc0"], ["acc"], body=_while_body(False))
+    model = onnx_model([loop], [("acc0", F, [3])], [("acc", F, [3])], opset=13)
+    _check(model, tmp_path, {"acc0": np.full(3, start, np.float32)})
+
+
+def test_a_loop_without_a_trip_count_that_never_ends_is_refused() -> None:
+    loop = helper.make_node("Loop", ["", "", "acc0"], ["acc"], name="forever", body=_while_body(True))
+    model = onnx_model([loop], [("acc0", F, [3])], [("acc", F, [3])], opset=13)
+    with pytest.raises(UnsupportedOpError, match="'forever'.*the loop would never end"):
+        compile_model(model, "/nonexistent/never-written")

@@ -90,8 +90,13 @@ def _check_work(
     """Refuse a loop that surely runs more than MAX_STEP_WORK body steps: a known trip count and a
     condition the body never turns false. (A trip count that only bounds a loop whose condition
     decides, such as PyTorch's while loops with M = 2^63 - 1, is not refused.)"""
-    known = scope.env[node.input[0]].const
     endless = cond_out.const is not None and bool(cond_out.const.reshape(-1)[0])
+    if not node.input[0]:
+        if endless:
+            raise UnsupportedOpError(f"{where}: no trip count and a condition the body never turns false: "
+                                     f"the loop would never end", [(name, "Loop")])
+        return
+    known = scope.env[node.input[0]].const
     if known is not None and endless and int(known.reshape(-1)[0]) * max(len(body.node), 1) > MAX_STEP_WORK:
         raise UnsupportedOpError(
             f"{where}: {int(known.reshape(-1)[0])} iterations of a {len(body.node)}-node body: over the "

@@ -3,8 +3,9 @@
 Every iteration imports the body with its iteration number a constant (so indices computed from it
 fold) and the loop-carried values of the previous iteration as its inputs; scan outputs are the
 iterations' values stacked along the scan axis. A Loop unrolls when its trip count is known at
-compile time (or absent, with a condition that folds) and the unrolled body stays within
-MAX_UNROLLED_NODES nodes; other Loops become a loop step (loop_step.py). A Scan over the cap becomes a scan step.
+compile time and the unrolled body stays within MAX_UNROLLED_NODES nodes, or when it has no trip
+count but scan outputs (their length must be known: its condition must fold); other Loops become
+a loop step (loop_step.py). A Scan over the cap becomes a scan step.
 
 A Loop's condition that is known only at run time is honoured with ``Where``: from the iteration in
 which it turns false, the carried values stay as they were (the later iterations' results are
@@ -103,9 +104,11 @@ def _trip_count(scope: ControlScope, node: onnx.NodeProto, where: str) -> int | 
 
 
 def _unrolls(scope: ControlScope, node: onnx.NodeProto, body: onnx.GraphProto, where: str) -> bool:
-    """Unroll unless a trip count is given that is known only at run time or over the unroll cap."""
+    """Unroll unless a trip count is given that is known only at run time or over the unroll cap; a
+    loop with no trip count unrolls only when it has scan outputs (unrolling is how their length is
+    known), else it is a loop step that runs while its condition holds."""
     if not node.input or not node.input[0]:
-        return True
+        return len(body.output) > len(node.input) - 1
     trip = _trip_count(scope, node, where)
     return trip is not None and trip * max(len(body.node), 1) <= MAX_UNROLLED_NODES
 
