@@ -24,7 +24,9 @@ What it measures (docs/performance.md explains the method and its fairness setti
 onnxruntime gets the model in the form it optimizes best: an older (IR < 4) model that lists its
 initializers as graph inputs is given to it with those inputs removed (``for_onnxruntime``),
 because onnxruntime treats such initializers as overridable inputs and folds and fuses none of them.
-onnxruntime stays optional: ``--compare`` without it is a ``BenchError``.
+onnxruntime stays optional: ``--compare`` without it is a ``BenchError``, and so is a model it
+refuses (its message's first line, no traceback). Inputs the artifact was compiled with ``--bind``
+(the manifest's options "binds") are fed to onnxruntime with those values.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 
     from runtime import Session
 
-__all__ = ["BenchError", "bench", "for_onnxruntime", "format_report", "import_onnxruntime",
+__all__ = ["BenchError", "bench", "bound_feeds", "for_onnxruntime", "format_report", "import_onnxruntime",
            "initializers_as_inputs", "measure_overhead", "prepare_environment", "random_feeds", "cold_start",
            "RTOL", "ATOL"]
 
@@ -244,31 +246,70 @@ def random_feeds(session: Session, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _ort_model(compare: Path, tmp: Path) -> tuple[Path, list[str]]:
-    """The model file onnxruntime gets, and the initializer inputs removed for it."""
+def _ort_model(compare: Path, tmp: Path,
+               binds: dict[str, Any]) -> tuple[Path, list[str], dict[str, np.ndarray]]:
+    """The model file onnxruntime gets, the initializer inputs removed for it, and the values of
+    the inputs the artifact was compiled with ``--bind`` (converted as the compiler converts them)."""
     import onnx
 
     try:
         model = onnx.load(str(compare))
     except Exception as exc:  # OSError, protobuf's DecodeError and friends
         raise BenchError(f"--compare: cannot read {compare}: {exc}") from None
+    bound = bound_feeds(model, binds)
     removed = initializers_as_inputs(model)
     if not removed and model.ir_version >= 4:
-        return compare, []
+        return compare, [], bound
     path = tmp / "for_onnxruntime.onnx"
     onnx.save(for_onnxruntime(model), str(path))
-    return path, removed
+    return path, removed, bound
 
 
-def _check_io(session: Session, ref: Any, compare: Path) -> None:
+def bound_feeds(model: onnx.ModelProto, binds: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``binds`` (the manifest's options "binds": input -> values) as feeds of ``model``, each of
+    the input's declared element type and shape, the same conversion ``--bind`` made."""
+    if not binds:
+        return {}
+    import onnx
+    from onnx import numpy_helper
+
+    from compiler.frontend.loader import bind_input_values
+
+    inputs_only = onnx.ModelProto()  # the conversion reads only the graph inputs: skip the weights
+    inputs_only.graph.input.extend(model.graph.input)
+    bound = bind_input_values(inputs_only, binds)
+    return {t.name: numpy_helper.to_array(t) for t in bound.graph.initializer if t.name in binds}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _ort_load(ort: Any, path: Path, compare: Path, threads: int) -> Any:
+    """onnxruntime's session on ``path``, or a ``BenchError`` with the first line of its refusal."""
+    try:
+        return ort_session(ort, str(path), threads)
+    except Exception as exc:  # onnxruntime raises its own exception types (Fail, InvalidGraph...)
+        raise BenchError(f"--compare {compare}: onnxruntime cannot load it: {_first_line(exc)}") from None
+
+
+def _check_io(session: Session, ref: Any, compare: Path, bound: dict[str, np.ndarray]) -> None:
     ours = {s.name for s in session.inputs}
-    theirs = {i.name for i in ref.get_inputs()}
+    theirs = {i.name for i in ref.get_inputs()} - set(bound)
     if ours != theirs:
         raise BenchError(f"--compare {compare}: its inputs {sorted(theirs)} are not the artifact's "
-                         f"{sorted(ours)} (inputs bound with --bind cannot be compared)")
+                         f"{sorted(ours)}" + (f" (bound with --bind: {sorted(bound)})" if bound else ""))
     missing = [s.name for s in session.outputs if s.name not in {o.name for o in ref.get_outputs()}]
     if missing:
         raise BenchError(f"--compare {compare}: has no output(s) {missing} that the artifact has")
+
+
+def _manifest_binds(artifact: Path) -> dict[str, Any]:
+    """The values the artifact was compiled with ``--bind`` (its manifest's options)."""
+    manifest = json.loads((artifact / "manifest.json").read_text(encoding="utf-8"))
+    binds: dict[str, Any] = (manifest.get("options") or {}).get("binds") or {}
+    return binds
 
 
 def _one(engine: str, path: Path, feeds_path: Path, threads: int) -> dict[str, Any]:
@@ -287,15 +328,18 @@ def _one(engine: str, path: Path, feeds_path: Path, threads: int) -> dict[str, A
 
 
 def cold_start(artifact: Path, ort_model: Path | None, feeds_path: Path, threads: int,
-               reps: int) -> dict[str, Any]:
-    """Medians over ``reps`` fresh processes per engine, engines alternating; ratios when both ran."""
+               reps: int, *, ort_feeds_path: Path | None = None) -> dict[str, Any]:
+    """Medians over ``reps`` fresh processes per engine, engines alternating; ratios when both ran.
+
+    ``ort_feeds_path`` holds onnxruntime's feeds when they differ (inputs bound with ``--bind``)."""
     samples: dict[str, list[dict[str, Any]]] = {"onnx-aot": []}
     if ort_model is not None:
         samples["onnxruntime"] = []
     for _ in range(reps):
         samples["onnx-aot"].append(_one("onnx-aot", artifact, feeds_path, threads))
         if ort_model is not None:
-            samples["onnxruntime"].append(_one("onnxruntime", ort_model, feeds_path, threads))
+            samples["onnxruntime"].append(_one("onnxruntime", ort_model, ort_feeds_path or feeds_path,
+                                               threads))
     out: dict[str, Any] = {"reps": reps}
     keys = ("import_s", "load_s", "first_run_s", "load_first_s", "base_rss", "peak_rss")
     for engine, records in samples.items():
@@ -332,18 +376,25 @@ def bench(artifact: str | os.PathLike[str], *, compare: str | os.PathLike[str] |
         tmp = Path(tmp_name)
         ort_path: Path | None = None
         ref_run: Callable[[], object] | None = None
+        ort_feeds = feeds
         if compare is not None:
             compare = Path(compare)
-            ort_path, removed = _ort_model(compare, tmp)
-            ref = ort_session(ort, str(ort_path), session.threads)
-            _check_io(session, ref, compare)
+            ort_path, removed, bound = _ort_model(compare, tmp, _manifest_binds(artifact))
+            ref = _ort_load(ort, ort_path, compare, session.threads)
+            _check_io(session, ref, compare, bound)
+            ort_feeds = {**feeds, **bound}
             names = [s.name for s in session.outputs]
             result["compare"] = {"model": str(compare), "onnxruntime": str(ort.__version__),
-                                 "initializer_inputs_removed": len(removed)}
-            result["accuracy"] = error_stats(session.run(None, feeds), ref.run(names, feeds))
+                                 "initializer_inputs_removed": len(removed), "bound_inputs": sorted(bound)}
+            try:
+                expected = ref.run(names, ort_feeds)
+            except Exception as exc:  # onnxruntime's own exception types
+                raise BenchError(f"--compare {compare}: onnxruntime cannot run it: "
+                                 f"{_first_line(exc)}") from None
+            result["accuracy"] = error_stats(session.run(None, feeds), expected)
 
             def ref_run() -> object:
-                return ref.run(names, feeds)
+                return ref.run(names, ort_feeds)
 
         a, b = alternate(lambda: session.run(None, feeds), ref_run, max(runs, 1), max(warmup, 0))
         latency: dict[str, Any] = {"onnx_aot_s": statistics.median(a), "onnx_aot_min_s": min(a),
@@ -359,7 +410,12 @@ def bench(artifact: str | os.PathLike[str], *, compare: str | os.PathLike[str] |
         if cold_reps > 0:
             feeds_path = tmp / "feeds.npz"
             np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
-            result["cold"] = cold_start(artifact, ort_path, feeds_path, session.threads, cold_reps)
+            ort_feeds_path = feeds_path
+            if ort_feeds is not feeds:
+                ort_feeds_path = tmp / "ort_feeds.npz"
+                np.savez(ort_feeds_path, **ort_feeds)  # type: ignore[arg-type]
+            result["cold"] = cold_start(artifact, ort_path, feeds_path, session.threads, cold_reps,
+                                        ort_feeds_path=ort_feeds_path)
     return result
 
 
@@ -381,6 +437,8 @@ def format_report(r: dict[str, Any]) -> str:
         note = (f"; {cmp_['initializer_inputs_removed']} initializers listed as graph inputs were "
                 "removed for onnxruntime (IR < 4 form) so it can fold its weights"
                 if cmp_["initializer_inputs_removed"] else "")
+        if cmp_.get("bound_inputs"):
+            note += f"; fed onnxruntime the --bind values of {', '.join(cmp_['bound_inputs'])}"
         lines.append(f"  compared with onnxruntime {cmp_['onnxruntime']} on {cmp_['model']}{note}")
     text = (f"  latency         median onnx-aot {_ms(lat['onnx_aot_s'])} (min {_ms(lat['onnx_aot_min_s'])}, "
             f"max {_ms(lat['onnx_aot_max_s'])})")

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +25,11 @@ from compiler.version import __version__
 from runtime.errors import InputError
 from runtime.errors import OnnxAotError
 
-__all__ = ["main", "parse_bind", "parse_shape"]
+__all__ = ["CommandError", "main", "parse_bind", "parse_shape"]
+
+
+class CommandError(OnnxAotError):
+    """A command-line argument names a file or folder that cannot be used (checked before any work)."""
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -79,6 +86,13 @@ def _parse_input(text: str) -> tuple[str, str]:
     return name, path
 
 
+def _positive(text: str) -> int:
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -101,6 +115,10 @@ def _budget(text: str) -> float:
 
 REBUILD_HELP = ("compile the shipped C source for this CPU (-march=native; needs cc) into "
                 "~/.cache/onnx-aot/runtime ($ONNX_AOT_RUNTIME_CACHE_DIR) and run that library")
+
+
+ARTIFACT_HELP = "the artifact folder that 'onnx-aot compile MODEL.onnx -o DIR' wrote"
+THREADS_HELP = "OpenMP threads for the C kernels (default: all cores)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,30 +170,34 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run an artifact once and print its outputs")
-    p.add_argument("artifact")
+    p.add_argument("artifact", help=ARTIFACT_HELP)
     p.add_argument("--input", action="append", type=_parse_input, default=[], metavar="NAME=FILE.npy",
                    help="feed an input from a .npy file (random data for inputs not given)")
     p.add_argument("--output-dir", help="save each output as NAME.npy in this folder")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     p.add_argument("--profile", metavar="OUT.json", default=None,
                    help="record every step's wall time, write Chrome-trace JSON (chrome://tracing, "
                         "Perfetto) to OUT.json and print the ten slowest steps")
-    p.add_argument("--runs", type=int, default=1, metavar="N",
-                   help="run N times (default 1; with --profile every run is recorded)")
+    p.add_argument("--runs", type=_positive, default=1, metavar="N",
+                   help="run N times (default 1) and report the first run and the median of the "
+                        "others; with --profile every run is recorded")
     p.add_argument("--rebuild", action="store_true", help=REBUILD_HELP)
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="median latency of an artifact, optionally against onnxruntime "
                                      "(alternating runs), cold start, peak RSS, runtime overhead")
-    p.add_argument("artifact")
-    p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("artifact", help=ARTIFACT_HELP)
+    p.add_argument("--runs", type=_positive, default=20, metavar="N",
+                   help="timed runs per engine (default 20)")
+    p.add_argument("--warmup", type=_count, default=3, metavar="N",
+                   help="untimed runs per engine before them (default 3)")
+    p.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
     p.add_argument("--compare", metavar="MODEL.onnx", default=None,
                    help="also run onnxruntime on MODEL.onnx in this process, runs alternating, same "
-                        "feeds and threads: latency ratio onnx-aot / onnxruntime and max errors")
+                        "feeds and threads: latency ratio onnx-aot / onnxruntime and max errors "
+                        "(inputs compiled with --bind get their bound values)")
     p.add_argument("--cold-reps", type=_count, default=5, metavar="N",
                    help="session creation, creation + first run and peak RSS, each measured in N fresh "
                         "processes per engine (engines alternating; medians; 0: skip; default 5)")
@@ -187,7 +209,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="the memory plan: arenas, peak step, largest buffers, live bytes")
-    p.add_argument("artifact")
+    p.add_argument("artifact", help=ARTIFACT_HELP)
     p.add_argument("--top", type=_count, default=10, metavar="N",
                    help="how many of the largest buffers to list (default 10)")
     p.add_argument("--steps", type=_count, default=None, metavar="N",
@@ -201,33 +223,85 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="rerun the artifact's golden self-test cases on this machine "
                                       "(exit 1 on a mismatch)")
-    p.add_argument("artifact")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("artifact", help=ARTIFACT_HELP)
+    p.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
     p.add_argument("--verify-weights", action="store_true", help="hash weights.bin fully first")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:  # bare ``onnx-aot``: the help, as a usage error
+        parser.print_help(sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
-        if args.command == "compile":
-            return _compile(args)
-        if args.command == "run":
-            return _run(args)
-        if args.command == "bench":
-            return _bench(args)
-        if args.command == "verify":
-            from runtime.verify import main as verify_main
-
-            return verify_main([args.artifact, *(["--threads", str(args.threads)] if args.threads else []),
-                                *(["--verify-weights"] if args.verify_weights else [])])
-        return _inspect(args)
+        return _dispatch(args)
     except OnnxAotError as exc:
         print(f"onnx-aot: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file the command reads or writes (disk full, permissions, ...)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"onnx-aot: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("onnx-aot: interrupted", file=sys.stderr)
         return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "compile":
+        return _compile(args)
+    check_artifact_arg(args.artifact)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "verify":
+        from runtime.verify import main as verify_main
+
+        return verify_main([args.artifact, *(["--threads", str(args.threads)] if args.threads else []),
+                            *(["--verify-weights"] if args.verify_weights else [])])
+    return _inspect(args)
+
+
+def check_artifact_arg(text: str) -> None:
+    """An ARTIFACT argument that is a model or a file, or names nothing: a one-line error that
+    says how to make an artifact."""
+    path = Path(text)
+    if path.is_dir():
+        return
+    if path.is_file():
+        if path.suffix.lower() == ".onnx":
+            raise CommandError(f"{text} is an ONNX model, not an artifact folder; compile it first "
+                               f"with: onnx-aot compile {text} -o DIR")
+        raise CommandError(f"{text} is a file, not an artifact folder (the folder that "
+                           "'onnx-aot compile MODEL.onnx -o DIR' writes)")
+    raise CommandError(f"{text}: no such artifact folder (make one with: onnx-aot compile "
+                       f"MODEL.onnx -o {text})")
+
+
+def check_output_folder(text: str, option: str, *, replaced: bool) -> None:
+    """Refuse an output folder that cannot be written, before any work is done.
+
+    ``replaced``: the folder is written next to itself and renamed into place (``compile -o``), so
+    its parent must be writable; otherwise files are written into the folder itself.
+    """
+    path = base = Path(text).absolute()
+    try:
+        if path.exists() and not path.is_dir():
+            raise CommandError(f"{option} {text}: exists and is not a folder")
+        if replaced and path.is_dir() and any(path.iterdir()) and not (path / "manifest.json").is_file():
+            raise CommandError(f"{option} {text}: folder exists, is not empty and holds no artifact; "
+                               "not overwriting it")
+        base = path.parent if replaced else path
+        while not base.exists():
+            base = base.parent
+        if not base.is_dir():
+            raise CommandError(f"{option} {text}: {base} is a file, not a folder")
+        os.rmdir(tempfile.mkdtemp(prefix=".onnx-aot-probe-", dir=base))
+    except OSError as exc:
+        raise CommandError(f"{option} {text}: cannot write into {base} ({exc.strerror or exc})") from None
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -235,6 +309,7 @@ def _compile(args: argparse.Namespace) -> int:
     from compiler.driver import stderr_progress
 
     shapes = dict(args.shape)
+    check_output_folder(args.output, "-o", replaced=True)
     start = time.perf_counter()
     out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
                         shapes=shapes, binds=dict(args.bind),
@@ -246,32 +321,45 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_input(name: str, path: str) -> np.ndarray:
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except OSError as exc:
+        raise InputError(f"--input {name}: cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise InputError(f"--input {name}: {path} is not a plain numpy array file (.npy as "
+                         "numpy.save writes it, holding no Python objects)") from None
+    if not isinstance(loaded, np.ndarray):
+        loaded.close()
+        raise InputError(f"--input {name}: {path} is a .npz archive; give one .npy file per input")
+    return loaded
+
+
 def _run(args: argparse.Namespace) -> int:
     from compiler.bench import random_feeds
     from runtime import Session
 
+    if args.output_dir:
+        check_output_folder(args.output_dir, "--output-dir", replaced=False)
+    given = {name: _read_input(name, path) for name, path in args.input}
     session = Session(args.artifact, threads=args.threads, profile=args.profile is not None,
                       rebuild=args.rebuild)
     feeds = random_feeds(session, args.seed)
     names = {s.name for s in session.inputs}
-    for name, path in args.input:
+    for name, array in given.items():
         if name not in names:
             raise InputError(f"--input names {name!r}, which is not an input ({', '.join(sorted(names))})")
-        try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"--input {name}: cannot read {path}: {exc}") from None
-    if args.runs < 1:
-        raise InputError(f"--runs must be >= 1, got {args.runs}")
-    start = time.perf_counter()
+        feeds[name] = array
+    times = []
     for _ in range(args.runs):
+        start = time.perf_counter()
         outputs = session.run(None, feeds)
-    elapsed = (time.perf_counter() - start) / args.runs
+        times.append(time.perf_counter() - start)
     for spec, array in zip(session.outputs, outputs, strict=True):
         flat = array.reshape(-1)
         head = np.array2string(flat[:5], precision=5, separator=", ")
         print(f"{spec.name}: {array.dtype} {list(array.shape)} first values {head}")
-    print(f"ran in {elapsed * 1000:.2f} ms" + (f" (mean of {args.runs} runs)" if args.runs > 1 else ""))
+    print(_timing_line(times))
     if args.profile is not None:
         from runtime.profiling import format_slowest
         from runtime.profiling import load_trace
@@ -287,6 +375,16 @@ def _run(args: argparse.Namespace) -> int:
             np.save(out / f"{safe}.npy", array)
         print(f"saved {len(outputs)} output(s) to {out}")
     return 0
+
+
+def _timing_line(times: list[float]) -> str:
+    """The first (cold) run, then the median of the warm ones: the first includes one-time costs."""
+    first = f"ran in {times[0] * 1000:.2f} ms"
+    if len(times) == 1:
+        return first + " (the first run: one-time setup included; --runs N for warm timings)"
+    warm = times[1:]
+    return (f"{first} the first time; warm runs: median {statistics.median(warm) * 1000:.3f} ms of "
+            f"{len(warm)} (min {min(warm) * 1000:.3f} ms, max {max(warm) * 1000:.3f} ms)")
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -158,8 +158,10 @@ def compile_graph(
               for k, v in enumerate(graph.outputs)]
     golden = make_golden(graph, public, cases=golden_cases)
 
-    say(f"partitioning {len(graph)} nodes over {', '.join(p.name for p in providers)}")
+    nodes = len(graph)
     schedule = partition_graph(graph, providers)
+    placed = [(p.name, schedule.provider_of_step.count(p.name)) for p in providers]
+    say(f"partitioning {nodes} nodes: " + ", ".join(f"{n} on {name}" for name, n in placed if n))
     provider_by_name = {p.name: p for p in providers}
     step_space = [provider_by_name[name].memory_space for name in schedule.provider_of_step]
     scratch = [provider_by_name[name].scratch_nbytes(node)

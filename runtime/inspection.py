@@ -212,7 +212,7 @@ def format_text(ins: Inspection, *, steps: int | None = None) -> str:
              f"from {ins.manifest['source']['file']})"]
     lines += [f"  input  {s.name}: {s.dtype.name} {list(s.shape)}" for s in plan.inputs]
     lines += [f"  output {s.name}: {s.dtype.name} {list(s.shape)}" for s in plan.output_specs]
-    lines.append(f"weights: {plan.weights_nbytes} bytes in {len(plan.constants)} constants")
+    lines.append(f"weights: {format_bytes(plan.weights_nbytes)} bytes in {len(plan.constants)} constants")
     providers: dict[str, int] = {}
     ops: dict[str, int] = {}
     for step in plan.steps:

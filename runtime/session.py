@@ -325,10 +325,15 @@ class Session:
         with self._device:
             self._call(ctx, ext)
 
-    def run(self, output_names: list[str] | None, feeds: dict[str, Any]) -> list[np.ndarray]:
-        """Run once; return the requested outputs (all when ``output_names`` is None) in order."""
+    def run(self, output_names: list[str] | str | None, feeds: dict[str, Any]) -> list[np.ndarray]:
+        """Run once; return the requested outputs (all when ``output_names`` is None) in order.
+
+        A single name given as a str (``run("probs", feeds)``) is taken as ``["probs"]``.
+        """
         names = [s.name for s in self.outputs]
         if output_names is not None:
+            if isinstance(output_names, str):
+                output_names = [output_names]
             unknown = [n for n in output_names if n not in names]
             if unknown:
                 raise InputError(f"unknown output(s) {', '.join(map(repr, unknown))}; the model's "
