@@ -371,6 +371,9 @@ def bench(artifact: str | os.PathLike[str], *, compare: str | os.PathLike[str] |
     session = Session(artifact, threads=threads, rebuild=rebuild)
     result: dict[str, Any] = {"artifact": str(artifact), "threads": session.threads, "runs": max(runs, 1),
                               "warmup": max(warmup, 0), "load_in_process_s": time.perf_counter() - start}
+    if rebuild:
+        built = session.cpu_build.rebuilt if session.cpu_build is not None else None
+        result["rebuilt"] = str(built) if built is not None else None
     feeds = random_feeds(session, seed)
     with tempfile.TemporaryDirectory(prefix="onnx-aot-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -432,6 +435,9 @@ def format_report(r: dict[str, Any]) -> str:
     lat = r["latency"]
     lines = [f"{r['artifact']}: threads {r['threads']}, {r['runs']} runs after {r['warmup']} warm-up"
              + (", alternating with onnxruntime in this process" if "ratio" in lat else "")]
+    if "rebuilt" in r:
+        lines.append(f"  rebuilt         in-process runs on {r['rebuilt']}" if r["rebuilt"] else
+                     "  rebuilt         nothing (the artifact has no C build); it runs as compiled")
     cmp_ = r.get("compare")
     if cmp_:
         note = (f"; {cmp_['initializer_inputs_removed']} initializers listed as graph inputs were "

@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -310,6 +311,13 @@ def _compile(args: argparse.Namespace) -> int:
 
     shapes = dict(args.shape)
     check_output_folder(args.output, "-o", replaced=True)
+    if args.target == "cuda" and not args.quiet:
+        from compiler.codegen.nvcc import find_nvcc
+        from compiler.codegen.options import BuildOptions
+
+        if find_nvcc(BuildOptions()) is None:
+            print("onnx-aot: nvcc not found (PATH, /usr/local/cuda/bin): the CUDA kernels ship as "
+                  "source only; the runtime compiles them with NVRTC on the first load", file=sys.stderr)
     start = time.perf_counter()
     out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
                         shapes=shapes, binds=dict(args.bind),
@@ -344,6 +352,8 @@ def _run(args: argparse.Namespace) -> int:
     given = {name: _read_input(name, path) for name, path in args.input}
     session = Session(args.artifact, threads=args.threads, profile=args.profile is not None,
                       rebuild=args.rebuild)
+    if args.rebuild:
+        _say_rebuilt(session.cpu_build)
     feeds = random_feeds(session, args.seed)
     names = {s.name for s in session.inputs}
     for name, array in given.items():
@@ -375,6 +385,16 @@ def _run(args: argparse.Namespace) -> int:
             np.save(out / f"{safe}.npy", array)
         print(f"saved {len(outputs)} output(s) to {out}")
     return 0
+
+
+def _say_rebuilt(build: Any) -> None:
+    """What ``--rebuild`` did: the library this CPU now runs, or why nothing was rebuilt."""
+    if build is None or build.rebuilt is None:
+        print("onnx-aot: --rebuild: the artifact has no C build to rebuild; it runs as compiled",
+              file=sys.stderr)
+    else:
+        print(f"onnx-aot: --rebuild: running the C kernels built for this CPU (-march=native): "
+              f"{build.rebuilt}", file=sys.stderr)
 
 
 def _timing_line(times: list[float]) -> str:

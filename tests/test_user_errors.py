@@ -18,6 +18,7 @@ from onnx import helper
 
 from compiler import compile_model
 from compiler.cli import build_parser
+from compiler.cli import main
 from runtime import Session
 from tests.support.commands import cli
 from tests.support.models import onnx_model
@@ -179,3 +180,32 @@ def test_every_option_has_help() -> None:
     missing = [f"{name} {action.dest}" for name, sub in subs.choices.items() for action in sub._actions
                if not action.help]
     assert not missing, missing
+
+
+def test_cuda_target_without_nvcc_says_so(made: tuple[Path, Path], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import compiler.codegen.nvcc
+    import compiler.providers.cuda.provider
+
+    def no_nvcc(_options: object) -> None:
+        return None
+
+    monkeypatch.setattr(compiler.codegen.nvcc, "find_nvcc", no_nvcc)
+    monkeypatch.setattr(compiler.providers.cuda.provider, "find_nvcc", no_nvcc)
+    model, _ = made
+    assert main(["compile", str(model), "-o", str(tmp_path / "art"), "--target", "cuda",
+                 "--golden-cases", "0"]) == 0
+    assert "nvcc not found" in capsys.readouterr().err and (tmp_path / "art/kernels/cuda/model.cu").is_file()
+
+
+def test_run_rebuild_names_the_library(made: tuple[Path, Path], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ONNX_AOT_RUNTIME_CACHE_DIR", str(tmp_path / "cache"))
+    _, artifact = made
+    assert main(["run", str(artifact), "--rebuild"]) == 0
+    err = capsys.readouterr().err
+    assert "--rebuild: running the C kernels built for this CPU" in err and str(tmp_path / "cache") in err
+    assert main(["bench", str(artifact), "--rebuild", "--runs", "2", "--cold-reps", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rebuilt"].startswith(str(tmp_path / "cache"))
