@@ -422,12 +422,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from compiler.artifact.report import render_memory_html
     from runtime.inspection import format_text
     from runtime.inspection import inspect_artifact
 
     ins = inspect_artifact(args.artifact, top=args.top)
     if args.html:
+        from compiler.artifact.report import render_memory_html  # jinja2: only for the page
+
         page = render_memory_html(ins.plan, ins.report)
         try:
             Path(args.html).write_text(page, encoding="utf-8")

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from compiler import compile_model
 from compiler.cli import build_parser
 from compiler.cli import main
 from runtime import Session
+from tests.support.commands import REPO
 from tests.support.commands import cli
 from tests.support.models import onnx_model
 from tests.support.models import small_model
@@ -209,3 +211,13 @@ def test_run_rebuild_names_the_library(made: tuple[Path, Path], tmp_path: Path,
     assert "--rebuild: running the C kernels built for this CPU" in err and str(tmp_path / "cache") in err
     assert main(["bench", str(artifact), "--rebuild", "--runs", "2", "--cold-reps", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rebuilt"].startswith(str(tmp_path / "cache"))
+
+
+def test_inspect_text_needs_no_jinja2(made: tuple[Path, Path]) -> None:
+    """The HTML page needs jinja2; the text summary does not (a deploy-only install lacks it)."""
+    _, artifact = made
+    blocked = ("import sys; sys.modules['jinja2'] = None; import compiler.cli as c; "
+               "sys.exit(c.main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", blocked, "inspect", str(artifact)], text=True, cwd=REPO,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0 and "arena host" in done.stdout, done.stderr
