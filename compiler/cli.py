@@ -282,27 +282,37 @@ def check_artifact_arg(text: str) -> None:
                        f"MODEL.onnx -o {text})")
 
 
-def check_output_folder(text: str, option: str, *, replaced: bool) -> None:
+def check_output_file(text: str, option: str) -> None:
+    """Refuse an output file (``--profile``, ``--html``) that cannot be written, before any work."""
+    if Path(text).is_dir():
+        raise CommandError(f"{option} {text}: is a folder, not a file")
+    check_output_folder(str(Path(text).absolute().parent), option, replaced=False, label=text)
+
+
+def check_output_folder(text: str, option: str, *, replaced: bool, label: str | None = None) -> None:
     """Refuse an output folder that cannot be written, before any work is done.
 
     ``replaced``: the folder is written next to itself and renamed into place (``compile -o``), so
-    its parent must be writable; otherwise files are written into the folder itself.
+    its parent must be writable; otherwise files are written into the folder itself. ``label``
+    is the argument to name when it is not ``text`` (a file in that folder).
     """
     path = base = Path(text).absolute()
+    label = label or text
     try:
         if path.exists() and not path.is_dir():
-            raise CommandError(f"{option} {text}: exists and is not a folder")
+            raise CommandError(f"{option} {label}: " + ("exists and is not a folder" if label == text
+                                                        else f"{path} is a file, not a folder"))
         if replaced and path.is_dir() and any(path.iterdir()) and not (path / "manifest.json").is_file():
-            raise CommandError(f"{option} {text}: folder exists, is not empty and holds no artifact; "
+            raise CommandError(f"{option} {label}: folder exists, is not empty and holds no artifact; "
                                "not overwriting it")
         base = path.parent if replaced else path
         while not base.exists():
             base = base.parent
         if not base.is_dir():
-            raise CommandError(f"{option} {text}: {base} is a file, not a folder")
+            raise CommandError(f"{option} {label}: {base} is a file, not a folder")
         os.rmdir(tempfile.mkdtemp(prefix=".onnx-aot-probe-", dir=base))
     except OSError as exc:
-        raise CommandError(f"{option} {text}: cannot write into {base} ({exc.strerror or exc})") from None
+        raise CommandError(f"{option} {label}: cannot write into {base} ({exc.strerror or exc})") from None
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -349,6 +359,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.output_dir:
         check_output_folder(args.output_dir, "--output-dir", replaced=False)
+    if args.profile is not None:
+        check_output_file(args.profile, "--profile")
     given = {name: _read_input(name, path) for name, path in args.input}
     session = Session(args.artifact, threads=args.threads, profile=args.profile is not None,
                       rebuild=args.rebuild)
@@ -408,8 +420,12 @@ def _timing_line(times: list[float]) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from compiler.bench import BenchError
     from compiler.bench import bench
     from compiler.bench import format_report
+
+    if args.compare is not None and not Path(args.compare).is_file():
+        raise BenchError(f"--compare {args.compare}: no such model file")
 
     result = bench(args.artifact, compare=args.compare, threads=args.threads, runs=args.runs,
                    warmup=args.warmup, cold_reps=args.cold_reps, overhead=args.overhead,
@@ -425,6 +441,8 @@ def _inspect(args: argparse.Namespace) -> int:
     from runtime.inspection import format_text
     from runtime.inspection import inspect_artifact
 
+    if args.html:
+        check_output_file(args.html, "--html")
     ins = inspect_artifact(args.artifact, top=args.top)
     if args.html:
         from compiler.artifact.report import render_memory_html  # jinja2: only for the page

@@ -221,3 +221,16 @@ def test_inspect_text_needs_no_jinja2(made: tuple[Path, Path]) -> None:
     done = subprocess.run([sys.executable, "-c", blocked, "inspect", str(artifact)], text=True, cwd=REPO,
                           capture_output=True, timeout=120)
     assert done.returncode == 0 and "arena host" in done.stdout, done.stderr
+
+
+def test_output_files_and_compare_model_are_checked_first(made: tuple[Path, Path], tmp_path: Path) -> None:
+    model, artifact = made
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    result = cli("run", str(artifact), "--profile", str(afile / "p.json"), ok=False)
+    one_line_error(result, "--profile", f"{afile} is a file, not a folder")
+    assert result.stdout == ""  # refused before running
+    result = cli("inspect", str(artifact), "--html", str(tmp_path), ok=False)
+    one_line_error(result, "--html", "is a folder, not a file")
+    result = cli("bench", str(artifact), "--compare", str(tmp_path / "nowhere.onnx"), ok=False)
+    one_line_error(result, "nowhere.onnx", "no such model file")
