@@ -174,7 +174,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("artifact", help=ARTIFACT_HELP)
     p.add_argument("--input", action="append", type=_parse_input, default=[], metavar="NAME=FILE.npy",
                    help="feed an input from a .npy file (random data for inputs not given)")
-    p.add_argument("--output-dir", help="save each output as NAME.npy in this folder")
+    p.add_argument("--output-dir", metavar="DIR", help="save each output as NAME.npy in this folder "
+                                                       "(checked before the model runs)")
     p.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     p.add_argument("--profile", metavar="OUT.json", default=None,

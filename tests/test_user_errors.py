@@ -182,6 +182,8 @@ def test_every_option_has_help() -> None:
     missing = [f"{name} {action.dest}" for name, sub in subs.choices.items() for action in sub._actions
                if not action.help]
     assert not missing, missing
+    for sub in subs.choices.values():
+        assert "usage:" in sub.format_help()  # a stray % in a help text would raise here
 
 
 def test_cuda_target_without_nvcc_says_so(made: tuple[Path, Path], tmp_path: Path,
