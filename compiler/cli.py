@@ -14,6 +14,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -87,28 +88,26 @@ def _parse_input(text: str) -> tuple[str, str]:
     return name, path
 
 
-def _positive(text: str) -> int:
-    value = _count(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
-
-
-def _count(text: str) -> int:
+def _parse(text: str, convert: Callable[[str], Any], what: str) -> Any:
     try:
-        value = int(text)
+        return convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def _count(text: str, least: int = 0) -> int:
+    value = int(_parse(text, int, "a whole number"))
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a number >= {least}, got {value}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _count(text, 1)
 
 
 def _budget(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds, got {text!r}") from None
+    value = float(_parse(text, float, "milliseconds"))
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"the planning budget must be a finite number >= 0, got {text}")
     return value
