@@ -282,18 +282,15 @@ def _scan_body() -> onnx.GraphProto:
     return _graph(nodes, "body", inputs, ["s_out", "m", "z"])
 
 
+def _scan9_node(**directions: list[int]) -> onnx.NodeProto:
+    """Scan over a (axis 0, reversed) and b (axis 1); outputs y on the last axis, t on axis 0."""
+    return helper.make_node("Scan", ["s0", "a", "b"], ["s", "y", "t"], body=_scan_body(), num_scan_inputs=2,
+                            scan_input_axes=[0, 1], scan_input_directions=[1, 0], scan_output_axes=[-1, 0],
+                            **directions)
+
+
 def _scan9_model() -> onnx.ModelProto:
-    scan = helper.make_node(
-        "Scan",
-        ["s0", "a", "b"],
-        ["s", "y", "t"],
-        body=_scan_body(),
-        num_scan_inputs=2,
-        scan_input_axes=[0, 1],
-        scan_input_directions=[1, 0],
-        scan_output_axes=[-1, 0],
-        scan_output_directions=[0, 1],
-    )
+    scan = _scan9_node(scan_output_directions=[0, 1])
     return onnx_model(
         [scan],
         [("s0", F, [2]), ("a", F, [4, 2]), ("b", F, [2, 4])],
@@ -379,16 +376,7 @@ def _control_models() -> list[tuple[onnx.ModelProto, list[dict[str, np.ndarray]]
         {"n": np.array(n, np.int64), "acc0": np.full(3, s, np.float32)} for n, s in ((0, 0), (5, 1))
     ]
     length = loops.MAX_UNROLLED_NODES // 3 + 1  # over the unroll cap: a scan step
-    scan = helper.make_node(
-        "Scan",
-        ["s0", "a", "b"],
-        ["s", "y", "t"],
-        body=_scan_body(),
-        num_scan_inputs=2,
-        scan_input_axes=[0, 1],
-        scan_input_directions=[1, 0],
-        scan_output_axes=[-1, 0],
-    )
+    scan = _scan9_node()
     scan_model = onnx_model(
         [scan],
         [("s0", F, [2]), ("a", F, [length, 2]), ("b", F, [2, length])],
