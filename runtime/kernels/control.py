@@ -30,13 +30,13 @@ from runtime.kernels.registry import OutputSpec
 from runtime.kernels.registry import get_kernel
 from runtime.kernels.registry import register
 
-__all__ = ["run_program", "check_control_attrs"]
+__all__ = ["run_sub_schedule", "check_control_attrs"]
 
 _REF = re.compile(r"(?:[iat])(?:0|[1-9][0-9]*)")
 _NUMERIC_KINDS = "biuf"
 
 
-def run_program(
+def run_sub_schedule(
     xp: Any, program: dict[str, Any], inputs: Sequence[Any], args: Sequence[Any] = ()
 ) -> list[Any]:
     """The values of ``program``'s outputs, its refs read from ``inputs`` and ``args``."""
@@ -45,8 +45,9 @@ def run_program(
     def read(ref: str | None) -> Any:
         if ref is None:
             return None
-        table = {"i": inputs, "a": args}.get(ref[0])
-        return table[int(ref[1:])] if table is not None else temps[ref]
+        if ref[0] == "i":
+            return inputs[int(ref[1:])]
+        return args[int(ref[1:])] if ref[0] == "a" else temps[ref]
 
     for step in program["steps"]:
         specs: list[OutputSpec] = [(tuple(shape), np.dtype(dtype)) for shape, dtype in step["specs"]]
@@ -63,7 +64,7 @@ def _truth(xp: Any, value: Any) -> bool:
 def if_(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     branch = attrs["then_branch"] if _truth(xp, inputs[0]) else attrs["else_branch"]
     return finish(
-        xp, "onnx_aot.If", [xp.array(r, copy=True) for r in run_program(xp, branch, inputs)], outputs
+        xp, "onnx_aot.If", [xp.array(r, copy=True) for r in run_sub_schedule(xp, branch, inputs)], outputs
     )
 
 
@@ -80,7 +81,7 @@ def loop(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
     i = 0
     while running and (trips is None or i < trips):
         args = [xp.asarray(np.int64(i)).reshape(iteration_shape), xp.asarray(True).reshape(cond_shape)]
-        outs = run_program(xp, attrs["body"], inputs, [*args, *carried])
+        outs = run_sub_schedule(xp, attrs["body"], inputs, [*args, *carried])
         running = _truth(xp, outs[0])
         carried = [xp.array(v, copy=True) for v in outs[1 : 1 + n]]
         for k, value in enumerate(outs[1 + n :]):
@@ -113,7 +114,7 @@ def scan(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
             xp.take(x, length - 1 - t if d else t, axis=int(a))
             for x, a, d in zip(xs, attrs["in_axes"], attrs["in_dirs"], strict=True)
         ]
-        outs = run_program(xp, attrs["body"], inputs, [*states, *slices])
+        outs = run_sub_schedule(xp, attrs["body"], inputs, [*states, *slices])
         states = [xp.array(v, copy=True) for v in outs[:n]]
         for k, value in enumerate(outs[n:]):
             elems[k].append(xp.array(value, copy=True))
