@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from compiler.bench_cold import ort_session
+from runtime.cli import random_feeds
 from runtime.errors import OnnxAotError
 
 if TYPE_CHECKING:
@@ -230,20 +231,6 @@ def measure_overhead(session: Session, feeds: dict[str, np.ndarray], runs: int,
     return {"runs": runs, "run_s": run_median, "kernels_s": statistics.median(kernels),
             "overhead_s": median, "outside_entries_s": statistics.median(outside),
             "call_boundary_s": statistics.median(boundary), "overhead_fraction": median / run_median}
-
-
-def random_feeds(session: Session, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs for ``session``: normal floats, random bools, integers in [0, 10)."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in session.inputs:
-        if spec.dtype.kind == "f":
-            feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
-        elif spec.dtype.kind == "b":
-            feeds[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
-        else:
-            feeds[spec.name] = rng.integers(0, 10, spec.shape).astype(spec.dtype)
-    return feeds
 
 
 def _ort_model(compare: Path, tmp: Path,

@@ -1,37 +1,42 @@
-"""The ``onnx-aot`` command line: compile | run | bench | inspect | verify.
+"""The ``onnx-aot`` command line: compile | run | bench | inspect | verify | strip.
 
-``python -m compiler`` is the same program. Errors of the project's own types print one clear
-line (exit 1); usage errors exit 2.
+``python -m compiler`` is the same program. run, inspect, verify and strip are the runtime's own
+commands (``runtime/cli.py``, also ``python -m runtime``), which a deploy-only install has too;
+this module adds compile, bench and ``inspect --html``. Errors of the project's own types print
+one clear line (exit 1); usage errors exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from compiler.frontend.dims import placeholders
 from compiler.frontend.dims import shape_arg
 from compiler.version import __version__
-from runtime.errors import InputError
+from runtime.cli import ARTIFACT_HELP
+from runtime.cli import REBUILD_HELP
+from runtime.cli import THREADS_HELP
+from runtime.cli import CommandError
+from runtime.cli import add_runtime_commands
+from runtime.cli import check_artifact_arg
+from runtime.cli import check_output_file
+from runtime.cli import check_output_folder
+from runtime.cli import count_arg as _count
+from runtime.cli import parse_arg
+from runtime.cli import positive_arg as _positive
+from runtime.cli import report_error
+from runtime.cli import run_runtime_command
 from runtime.errors import OnnxAotError
 
 __all__ = ["CommandError", "main", "parse_bind", "parse_shape"]
-
-
-class CommandError(OnnxAotError):
-    """A command-line argument names a file or folder that cannot be used (checked before any work)."""
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -81,44 +86,11 @@ def parse_bind(text: str) -> tuple[str, np.ndarray]:
         raise argparse.ArgumentTypeError(f"--bind {name}: values must be numbers, got {values!r}") from None
 
 
-def _parse_input(text: str) -> tuple[str, str]:
-    name, sep, path = text.rpartition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=file.npy, got {text!r}")
-    return name, path
-
-
-def _parse(text: str, convert: Callable[[str], Any], what: str) -> Any:
-    try:
-        return convert(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-
-
-def _count(text: str, least: int = 0) -> int:
-    value = int(_parse(text, int, "a whole number"))
-    if value < least:
-        raise argparse.ArgumentTypeError(f"expected a number >= {least}, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    return _count(text, 1)
-
-
 def _budget(text: str) -> float:
-    value = float(_parse(text, float, "milliseconds"))
+    value = float(parse_arg(text, float, "milliseconds"))
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"the planning budget must be a finite number >= 0, got {text}")
     return value
-
-
-REBUILD_HELP = ("compile the shipped C source for this CPU (-march=native; needs cc) into "
-                "~/.cache/onnx-aot/runtime ($ONNX_AOT_RUNTIME_CACHE_DIR) and run that library")
-
-
-ARTIFACT_HELP = "the artifact folder that 'onnx-aot compile MODEL.onnx -o DIR' wrote"
-THREADS_HELP = "OpenMP threads for the C kernels (default: all cores)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,8 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"onnx-aot {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_compile, _add_run, _add_bench, _add_inspect, _add_verify):
-        add(sub)
+    _add_compile(sub)
+    added = add_runtime_commands(sub)
+    added["inspect"].add_argument("--html", metavar="FILE",
+                                  help="also write the memory page (as report/memory.html) to FILE")
+    _add_bench(sub)
     return parser
 
 
@@ -168,24 +143,6 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
-def _add_run(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run an artifact once and print its outputs")
-    p.add_argument("artifact", help=ARTIFACT_HELP)
-    p.add_argument("--input", action="append", type=_parse_input, default=[], metavar="NAME=FILE.npy",
-                   help="feed an input from a .npy file (random data for inputs not given)")
-    p.add_argument("--output-dir", metavar="DIR", help="save each output as NAME.npy in this folder "
-                                                       "(checked before the model runs)")
-    p.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
-    p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
-    p.add_argument("--profile", metavar="OUT.json", default=None,
-                   help="record every step's wall time, write Chrome-trace JSON (chrome://tracing, "
-                        "Perfetto) to OUT.json and print the ten slowest steps")
-    p.add_argument("--runs", type=_positive, default=1, metavar="N",
-                   help="run N times (default 1) and report the first run and the median of the "
-                        "others; with --profile every run is recorded")
-    p.add_argument("--rebuild", action="store_true", help=REBUILD_HELP)
-
-
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="median latency of an artifact, optionally against onnxruntime "
                                      "(alternating runs), cold start, peak RSS, runtime overhead")
@@ -208,27 +165,6 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rebuild", action="store_true", help=REBUILD_HELP + " (the in-process runs)")
 
 
-def _add_inspect(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("inspect", help="the memory plan: arenas, peak step, largest buffers, live bytes")
-    p.add_argument("artifact", help=ARTIFACT_HELP)
-    p.add_argument("--top", type=_count, default=10, metavar="N",
-                   help="how many of the largest buffers to list (default 10)")
-    p.add_argument("--steps", type=_count, default=None, metavar="N",
-                   help="list only the N steps with the most live bytes (default: every step)")
-    p.add_argument("--json", action="store_true",
-                   help="print the same data as JSON (report/memory.json with fields added)")
-    p.add_argument("--html", metavar="FILE",
-                   help="also write the memory page (as report/memory.html) to FILE")
-
-
-def _add_verify(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify", help="rerun the artifact's golden self-test cases on this machine "
-                                      "(exit 1 on a mismatch)")
-    p.add_argument("artifact", help=ARTIFACT_HELP)
-    p.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
-    p.add_argument("--verify-weights", action="store_true", help="hash weights.bin fully first")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -238,13 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _dispatch(args)
-    except OnnxAotError as exc:
-        print(f"onnx-aot: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # a file the command reads or writes (disk full, permissions, ...)
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"onnx-aot: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 1
+    except (OnnxAotError, OSError) as exc:  # OSError: a file the command reads or writes
+        return report_error(exc)
     except KeyboardInterrupt:
         print("onnx-aot: interrupted", file=sys.stderr)
         return 130
@@ -253,66 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "compile":
         return _compile(args)
-    check_artifact_arg(args.artifact)
-    if args.command == "run":
-        return _run(args)
     if args.command == "bench":
+        check_artifact_arg(args.artifact)
         return _bench(args)
-    if args.command == "verify":
-        from runtime.verify import main as verify_main
-
-        return verify_main([args.artifact, *(["--threads", str(args.threads)] if args.threads else []),
-                            *(["--verify-weights"] if args.verify_weights else [])])
-    return _inspect(args)
-
-
-def check_artifact_arg(text: str) -> None:
-    """An ARTIFACT argument that is a model or a file, or names nothing: a one-line error that
-    says how to make an artifact."""
-    path = Path(text)
-    if path.is_dir():
-        return
-    if path.is_file():
-        if path.suffix.lower() == ".onnx":
-            raise CommandError(f"{text} is an ONNX model, not an artifact folder; compile it first "
-                               f"with: onnx-aot compile {text} -o DIR")
-        raise CommandError(f"{text} is a file, not an artifact folder (the folder that "
-                           "'onnx-aot compile MODEL.onnx -o DIR' writes)")
-    raise CommandError(f"{text}: no such artifact folder (make one with: onnx-aot compile "
-                       f"MODEL.onnx -o {text})")
-
-
-def check_output_file(text: str, option: str) -> None:
-    """Refuse an output file (``--profile``, ``--html``) that cannot be written, before any work."""
-    if Path(text).is_dir():
-        raise CommandError(f"{option} {text}: is a folder, not a file")
-    check_output_folder(str(Path(text).absolute().parent), option, replaced=False, label=text)
-
-
-def check_output_folder(text: str, option: str, *, replaced: bool, label: str | None = None) -> None:
-    """Refuse an output folder that cannot be written, before any work is done.
-
-    ``replaced``: the folder is written next to itself and renamed into place (``compile -o``), so
-    its parent must be writable; otherwise files are written into the folder itself. ``label``
-    is the argument to name when it is not ``text`` (a file in that folder).
-    """
-    path = base = Path(text).absolute()
-    label = label or text
-    try:
-        if path.exists() and not path.is_dir():
-            raise CommandError(f"{option} {label}: " + ("exists and is not a folder" if label == text
-                                                        else f"{path} is a file, not a folder"))
-        if replaced and path.is_dir() and any(path.iterdir()) and not (path / "manifest.json").is_file():
-            raise CommandError(f"{option} {label}: folder exists, is not empty and holds no artifact; "
-                               "not overwriting it")
-        base = path.parent if replaced else path
-        while not base.exists():
-            base = base.parent
-        if not base.is_dir():
-            raise CommandError(f"{option} {label}: {base} is a file, not a folder")
-        os.rmdir(tempfile.mkdtemp(prefix=".onnx-aot-probe-", dir=base))
-    except OSError as exc:
-        raise CommandError(f"{option} {label}: cannot write into {base} ({exc.strerror or exc})") from None
+    if args.command == "inspect" and args.html:
+        check_artifact_arg(args.artifact)
+        _write_html(args)
+    return run_runtime_command(args)
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -339,86 +217,6 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_input(name: str, path: str) -> np.ndarray:
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except OSError as exc:
-        raise InputError(f"--input {name}: cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError:
-        raise InputError(f"--input {name}: {path} is not a plain numpy array file (.npy as "
-                         "numpy.save writes it, holding no Python objects)") from None
-    if not isinstance(loaded, np.ndarray):
-        loaded.close()
-        raise InputError(f"--input {name}: {path} is a .npz archive; give one .npy file per input")
-    return loaded
-
-
-def _run(args: argparse.Namespace) -> int:
-    from compiler.bench import random_feeds
-    from runtime import Session
-
-    if args.output_dir:
-        check_output_folder(args.output_dir, "--output-dir", replaced=False)
-    if args.profile is not None:
-        check_output_file(args.profile, "--profile")
-    given = {name: _read_input(name, path) for name, path in args.input}
-    session = Session(args.artifact, threads=args.threads, profile=args.profile is not None,
-                      rebuild=args.rebuild)
-    if args.rebuild:
-        _say_rebuilt(session.cpu_build)
-    feeds = random_feeds(session, args.seed)
-    names = {s.name for s in session.inputs}
-    for name, array in given.items():
-        if name not in names:
-            raise InputError(f"--input names {name!r}, which is not an input ({', '.join(sorted(names))})")
-        feeds[name] = array
-    times = []
-    for _ in range(args.runs):
-        start = time.perf_counter()
-        outputs = session.run(None, feeds)
-        times.append(time.perf_counter() - start)
-    for spec, array in zip(session.outputs, outputs, strict=True):
-        flat = array.reshape(-1)
-        head = np.array2string(flat[:5], precision=5, separator=", ")
-        print(f"{spec.name}: {array.dtype} {list(array.shape)} first values {head}")
-    print(_timing_line(times))
-    if args.profile is not None:
-        from runtime.profiling import format_slowest
-        from runtime.profiling import load_trace
-
-        trace = session.end_profiling(args.profile)
-        print(f"profile: {trace} (Chrome-trace JSON); the ten slowest steps:")
-        sys.stdout.write(format_slowest(load_trace(trace), 10))
-    if args.output_dir:
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for spec, array in zip(session.outputs, outputs, strict=True):
-            safe = spec.name.replace("/", "_").replace("\\", "_")
-            np.save(out / f"{safe}.npy", array)
-        print(f"saved {len(outputs)} output(s) to {out}")
-    return 0
-
-
-def _say_rebuilt(build: Any) -> None:
-    """What ``--rebuild`` did: the library this CPU now runs, or why nothing was rebuilt."""
-    if build is None or build.rebuilt is None:
-        print("onnx-aot: --rebuild: the artifact has no C build to rebuild; it runs as compiled",
-              file=sys.stderr)
-    else:
-        print(f"onnx-aot: --rebuild: running the C kernels built for this CPU (-march=native): "
-              f"{build.rebuilt}", file=sys.stderr)
-
-
-def _timing_line(times: list[float]) -> str:
-    """The first (cold) run, then the median of the warm ones: the first includes one-time costs."""
-    first = f"ran in {times[0] * 1000:.2f} ms"
-    if len(times) == 1:
-        return first + " (the first run: one-time setup included; --runs N for warm timings)"
-    warm = times[1:]
-    return (f"{first} the first time; warm runs: median {statistics.median(warm) * 1000:.3f} ms of "
-            f"{len(warm)} (min {min(warm) * 1000:.3f} ms, max {max(warm) * 1000:.3f} ms)")
-
-
 def _bench(args: argparse.Namespace) -> int:
     from compiler.bench import BenchError
     from compiler.bench import bench
@@ -437,28 +235,18 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    from runtime.inspection import format_text
+def _write_html(args: argparse.Namespace) -> None:
+    """``inspect --html FILE``: the memory page (jinja2: the compiler's side), before the text."""
+    from compiler.artifact.report import render_memory_html
     from runtime.inspection import inspect_artifact
 
-    if args.html:
-        check_output_file(args.html, "--html")
+    check_output_file(args.html, "--html")
     ins = inspect_artifact(args.artifact, top=args.top)
-    if args.html:
-        from compiler.artifact.report import render_memory_html  # jinja2: only for the page
-
-        page = render_memory_html(ins.plan, ins.report)
-        try:
-            Path(args.html).write_text(page, encoding="utf-8")
-        except OSError as exc:
-            print(f"onnx-aot: error: cannot write {args.html}: {exc.strerror or exc}", file=sys.stderr)
-            return 1
-        print(f"onnx-aot: wrote {args.html}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(ins.summary, indent=1, ensure_ascii=False))
-    else:
-        sys.stdout.write(format_text(ins, steps=args.steps))
-    return 0
+    try:
+        Path(args.html).write_text(render_memory_html(ins.plan, ins.report), encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"cannot write {args.html}: {exc.strerror or exc}") from None
+    print(f"onnx-aot: wrote {args.html}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,6 +22,7 @@ import onnx
 
 from compiler.artifact.golden import DEFAULT_CASES
 from compiler.artifact.golden import make_golden
+from compiler.artifact.writer import check_out_dir
 from compiler.artifact.writer import write_artifact
 from compiler.codegen.options import BuildOptions
 from compiler.frontend.importer import import_model
@@ -101,6 +102,7 @@ def compile_model(
     providers = providers if providers is not None else default_providers(target)
     build = _cpu_build_options(build, cpu)
     out = Path(out_dir)
+    check_out_dir(out)  # a path that cannot be written fails before any work
 
     say("loading model")
     source_name, source_sha = _source_identity(model)

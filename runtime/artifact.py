@@ -4,6 +4,9 @@ The compiler writes these files (``compiler/artifact``) and the runtime reads th
 JSON and raw bytes: loading never unpickles or evaluates anything. The manifest lists every file
 with its size and sha256; on load the sizes of all files and the hashes of the plan and the
 kernels are checked before any library is loaded (weights by size; fully hashed on request).
+Files the manifest marks ``"optional": true`` (the memory report, the portable CPU build, the
+golden cases: what ``onnx-aot strip`` removes) may be absent; a build whose library is absent is
+not offered to the CPU-build choice.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ __all__ = [
     "MANIFEST",
     "PLAN",
     "WEIGHTS",
+    "RECOMPILE",
     "Artifact",
+    "artifact_problem",
     "load_artifact",
     "read_json",
     "sha256_file",
@@ -40,6 +45,7 @@ __all__ = [
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
 WEIGHTS = "weights.bin"
+RECOMPILE = "recompile the model (onnx-aot compile MODEL.onnx -o DIR) or copy the artifact folder again"
 
 
 @dataclass
@@ -73,31 +79,60 @@ def read_json(path: Path, what: str) -> tuple[bytes, dict[str, Any]]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ArtifactError(f"{path}: {what} is missing") from None
+        raise ArtifactError(f"{path.parent}: {what} is missing: not an artifact folder, or an incomplete "
+                            f"one ({RECOMPILE})") from None
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: {what} is not valid JSON ({exc})") from None
+        raise ArtifactError(f"{path}: not valid JSON ({exc}): the artifact is damaged; {RECOMPILE}") from None
     if not isinstance(data, dict):
-        raise ArtifactError(f"{path}: {what} is not a JSON object")
+        raise ArtifactError(f"{path}: not a JSON object: the artifact is damaged; {RECOMPILE}")
     return raw, data
 
 
 def load_artifact(path: str | os.PathLike[str], *, verify_weights: bool = False) -> Artifact:
     """Read and verify the artifact folder at ``path``."""
     root = Path(path)
-    if not root.is_dir():
-        raise ArtifactError(f"{root}: no such artifact folder")
+    problem = artifact_problem(root)
+    if problem is not None:
+        raise ArtifactError(problem)
     _, manifest = read_json(root / MANIFEST, "manifest.json")
     check_format_version(manifest.get("format_version"), FORMAT_VERSION, root / MANIFEST,
                          manifest.get("compiler"))
     verify_files(root, manifest, (PLAN, WEIGHTS), WEIGHTS, verify_weights=verify_weights)
     target = manifest.get("target")
     cpu = target.get("cpu") if isinstance(target, dict) else None
-    cpu_build = select_cpu_build(cpu if isinstance(cpu, dict) else None, where=str(root / MANIFEST))
+    cpu_build = select_cpu_build(_present_builds(root, cpu) if isinstance(cpu, dict) else None,
+                                 where=str(root / MANIFEST))
     plan = Plan.from_json(read_json(root / PLAN, "plan.json")[1], root / PLAN)
     weights = _map_weights(root / WEIGHTS)
     return Artifact(root, manifest, plan, weights, cpu_build)
+
+
+def artifact_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an artifact folder (a model, a file, nothing there), saying how to
+    make one; None for a folder."""
+    if path.is_dir():
+        return None
+    if path.is_file():
+        if path.suffix.lower() == ".onnx":
+            return (f"{path} is an ONNX model, not an artifact folder; compile it first with: "
+                    f"onnx-aot compile {path} -o DIR")
+        return (f"{path} is a file, not an artifact folder (the folder that "
+                "'onnx-aot compile MODEL.onnx -o DIR' writes)")
+    return f"{path}: no such artifact folder (make one with: onnx-aot compile MODEL.onnx -o {path})"
+
+
+def _present_builds(root: Path, cpu: dict[str, Any]) -> dict[str, Any]:
+    """``target.cpu`` without the optional builds whose library was removed (``onnx-aot strip``);
+    the preferred build is required, so verify_files has already found it."""
+    builds = cpu.get("builds")
+    if not isinstance(builds, list) or len(builds) < 2:
+        return cpu
+    kept = [b for k, b in enumerate(builds)
+            if k == 0 or not isinstance(b, dict) or not isinstance(b.get("library"), str)
+            or (root / b["library"]).is_file()]
+    return {**cpu, "builds": kept}
 
 
 def _map_weights(path: Path) -> np.ndarray:

@@ -50,7 +50,8 @@ def inspect_artifact(path: str | os.PathLike[str], *, top: int = 10) -> Inspecti
     try:
         report = json.loads(report_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ArtifactError(f"{report_path}: the memory report is missing") from None
+        raise ArtifactError(f"{report_path}: the memory report is missing (an optional part: onnx-aot "
+                            "strip removes it); inspect the artifact as compiled") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ArtifactError(f"{report_path}: the memory report is not valid JSON ({exc})") from None
     if not isinstance(report, dict) or not isinstance(report.get("arenas"), dict) \

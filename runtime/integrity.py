@@ -5,7 +5,9 @@ also carries ``sample_sha256``, the digest of 64 evenly spaced 4 KiB blocks (the
 it is smaller), so the default load can catch most damage to a multi-gigabyte weights file in
 microseconds. ``verify_files`` checks every size, every sha256 except the weights' (sampled by
 default, fully with ``verify_weights``), that no entry points outside the folder and that the
-format version is one this runtime reads. Every failure is an ``ArtifactError`` naming the file.
+format version is one this runtime reads. A file marked ``"optional": true`` (report, portable
+build, golden cases) may be missing: ``onnx-aot strip`` removes them. Every failure is an
+``ArtifactError`` naming the file and saying to recompile (or copy the folder again).
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from typing import Any
 
 from runtime.errors import ArtifactError
 
-__all__ = ["SAMPLE_BLOCKS", "SAMPLE_BLOCK_BYTES", "sha256_file", "sampled_sha256", "check_format_version",
-           "verify_files"]
+__all__ = ["DAMAGED", "SAMPLE_BLOCKS", "SAMPLE_BLOCK_BYTES", "sha256_file", "sampled_sha256",
+           "check_format_version", "verify_files"]
 
 SAMPLE_BLOCKS = 64
+DAMAGED = ("the artifact is damaged: recompile the model (onnx-aot compile MODEL.onnx -o DIR) or "
+           "copy the artifact folder again")
 SAMPLE_BLOCK_BYTES = 4096
 
 
@@ -56,8 +60,8 @@ def check_format_version(version: Any, supported: int, where: Path, written_by: 
     if isinstance(version, int) and not isinstance(version, bool) and version > supported:
         raise ArtifactError(
             f"{where}: artifact format version {version}{by} is newer than this runtime reads "
-            f"(version {supported}): upgrade the runtime (pip install -U onnx-aot) or recompile the "
-            f"model with the onnx-aot that matches this runtime")
+            f"(version {supported}): upgrade the runtime (install onnx-aot again from its repository) "
+            f"or recompile the model with the onnx-aot that matches this runtime")
     raise ArtifactError(
         f"{where}: artifact format version {version!r}{by}; this runtime reads version {supported} "
         f"(recompile the model with a matching onnx-aot)")
@@ -85,20 +89,23 @@ def verify_files(root: Path, manifest: Mapping[str, Any], required: tuple[str, .
             raise ArtifactError(f"{where}: entry for {rel!r} lacks a size or sha256")
         try:
             if not file.is_file():
+                if entry.get("optional") is True and not file.exists():
+                    continue  # removed on purpose (onnx-aot strip) or by hand: not needed to run
                 raise FileNotFoundError(file)
             size = file.stat().st_size
         except (FileNotFoundError, NotADirectoryError):
-            raise ArtifactError(f"{file}: listed in the manifest but missing") from None
+            raise ArtifactError(f"{file}: listed in the manifest but missing; {DAMAGED}") from None
         except OSError as exc:
             raise ArtifactError(f"{file}: cannot be read ({exc.strerror or exc})") from None
         if size != entry["size"]:
             raise ArtifactError(f"{file}: size {size} does not match the manifest ({entry['size']}): "
-                                "the file is truncated or changed")
+                                f"the file is truncated or changed; {DAMAGED}")
         try:
             if rel != weights or verify_weights:
                 if sha256_file(file) != entry["sha256"]:
-                    raise ArtifactError(f"{file}: contents do not match the manifest's sha256")
+                    raise ArtifactError(f"{file}: contents do not match the manifest's sha256; {DAMAGED}")
             elif "sample_sha256" in entry and sampled_sha256(file) != entry["sample_sha256"]:
-                raise ArtifactError(f"{file}: contents do not match the manifest (sampled check)")
+                raise ArtifactError(f"{file}: contents do not match the manifest (sampled check); "
+                                    f"{DAMAGED}")
         except OSError as exc:
             raise ArtifactError(f"{file}: cannot be read ({exc.strerror or exc})") from None

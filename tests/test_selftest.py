@@ -4,7 +4,6 @@ still pass the manifest (re-hashed) fail it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -21,6 +20,8 @@ from compiler import compile_model
 from runtime import Session
 from runtime.selftest import SelfTestError
 from runtime.selftest import relative_error
+from tests.support.damage import rehash
+from tests.support.damage import shift_library_weights
 from tests.support.models import small_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,19 +30,6 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return compile_model(small_model(), tmp_path_factory.mktemp("selftest") / "art")
-
-
-def _rehash(art: Path, rel: str) -> None:
-    """Make a deliberate change pass the manifest, as a broken build pipeline would."""
-    manifest = json.loads((art / "manifest.json").read_text())
-    data = (art / rel).read_bytes()
-    manifest["files"][rel] = {
-        **manifest["files"][rel],
-        "size": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-    }
-    manifest["files"][rel].pop("sample_sha256", None)
-    (art / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -80,7 +68,7 @@ def test_a_broken_kernel_fails_verify(pristine: Path, tmp_path: Path) -> None:
     weights = bytearray((art / "weights.bin").read_bytes())
     weights[const["offset"] : const["offset"] + 4] = np.float32(1e3).tobytes()
     (art / "weights.bin").write_bytes(bytes(weights))
-    _rehash(art, "weights.bin")
+    rehash(art, "weights.bin")
     session = Session(art)
     with pytest.raises(SelfTestError) as info:
         session.verify()
@@ -96,22 +84,7 @@ def test_a_patched_library_fails_verify(pristine: Path, tmp_path: Path) -> None:
     # broken build pipeline would ship it): only the self-test can notice.
     art = tmp_path / "patched"
     shutil.copytree(pristine, art)
-    import re
-
-    from compiler.codegen.options import BuildOptions
-    from compiler.codegen.toolchain import compile_flags
-
-    source = (art / "kernels/cpu/model.c").read_text()
-    # the entry hands a kernel its weights one float further on: every conv weight shifts
-    broken, n = re.subn(
-        r"\(weights \+ (\d+)\)", lambda m: f"(weights + {int(m.group(1)) + 4})", source, count=1
-    )
-    assert n == 1
-    (art / "kernels/cpu/model.c").write_text(broken)
-    flags = [f for f in compile_flags(BuildOptions()) if f != "-Werror"]
-    subprocess.run(["cc", *flags, "model.c", "-o", "model.so", "-lm"], cwd=art / "kernels/cpu", check=True)
-    _rehash(art, "kernels/cpu/model.c")
-    _rehash(art, "kernels/cpu/model.so")
+    shift_library_weights(art)
     report = Session(art).verify(raise_on_mismatch=False)
     assert not report.ok, report.summary()
 
@@ -140,17 +113,20 @@ def _mm_model(n: int) -> object:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-def test_golden_is_skipped_with_a_reason_when_too_big_or_disabled(tmp_path: Path) -> None:
-    big = compile_model(_mm_model(600), tmp_path / "big", golden_cases=2)  # 2 x 2.9 MB > 4 MiB cap
+def test_big_outputs_are_sampled_and_disabled_cases_cannot_verify(tmp_path: Path) -> None:
+    big = compile_model(_mm_model(600), tmp_path / "big", golden_cases=2)  # outputs 1.4 MB: whole
     index = json.loads((big / "golden.json").read_text())
-    assert len(index["cases"]) == 1  # capped to what fits
+    assert len(index["cases"]) == 2 and "sample" not in index["cases"][0]["outputs"][0]
+    huge = compile_model(_mm_model(1100), tmp_path / "huge")  # 4.8 MB per output: sampled
+    (record,) = json.loads((huge / "golden.json").read_text())["cases"][0]["outputs"]
+    assert record["sample"]["of"] == 1100 * 1100 and record["nbytes"] <= 2 << 20
+    assert (huge / "golden.bin").stat().st_size <= 4 << 20
+    assert Session(huge).verify().verified
     none = compile_model(_mm_model(8), tmp_path / "none", golden_cases=0)
     report = Session(none).verify()
-    assert report.ok and report.cases == 0 and "disabled" in report.summary()
+    assert not report.verified and report.cases == 0 and "disabled" in report.summary()
     result = _cli("verify", str(none))
-    assert result.returncode == 0 and "no golden cases" in result.stdout
-    huge = compile_model(_mm_model(1100), tmp_path / "huge")  # one case: 9.7 MB
-    assert "cap" in json.loads((huge / "golden.json").read_text())["skipped"]
+    assert result.returncode == 1 and "cannot verify" in result.stdout
 
 
 def test_integer_inputs_stay_valid_indices(tmp_path: Path) -> None:

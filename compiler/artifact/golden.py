@@ -2,17 +2,20 @@
 
 At compile time the final graph (after the passes, before partitioning) is evaluated node by node
 (``compiler/ir/evaluate.py``) with the reference kernels of ``runtime/kernels`` -- the oracle every
-generated kernel is tested against -- on inputs drawn from a seeded generator. The inputs and
-outputs go into the artifact as raw little-endian bytes (``golden.bin``) with a JSON index
-(``golden.json``: per case, per tensor name, dtype, shape, offset, nbytes; per output the
-tolerance), both hashed in the manifest like every other file. ``runtime/selftest.py`` reruns them
-on the deploy machine.
+generated kernel is tested against -- on inputs from the runtime's own generator
+(``runtime.selftest.generate_input``: splitmix64, so no numpy version changes them). The inputs
+are not stored: ``golden.json`` records each one's generator, seed and sha256, and the deploy
+machine regenerates it. The outputs go into ``golden.bin`` as raw little-endian bytes, whole when
+a case's outputs fit the byte budget (``max_bytes`` over all cases, 4 MiB), else as an evenly spaced
+sample of each output with its ``max|ref|``; per output the tolerance. Both files are hashed in
+the manifest like every other file and marked optional (``onnx-aot strip`` removes them).
+``runtime/selftest.py`` reruns them on the deploy machine.
 
-Kept small: at most ``cases`` cases and ``max_bytes`` (4 MiB) of inputs plus outputs in all; a
-model whose one case is bigger, with an intermediate value over 256 MiB, whose graph draws random
-numbers, or whose reference run fails on every input tried gets a ``golden.json`` that says why
-it has no cases (``verify`` then reports that and passes). Everything is seeded and ordered, so
-two compiles stay byte-identical.
+So every artifact carries golden cases whatever its input size. Only a graph that draws random
+numbers, one with an intermediate value over 256 MiB (the reference run is kept bounded) or whose
+reference run fails on every input tried gets a ``golden.json`` that says why it has none; ``verify``
+then says it cannot verify and exits 1. Everything is seeded and ordered, so two compiles stay
+byte-identical.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Value
 from compiler.passes.base import NONDETERMINISTIC
 from runtime.errors import OnnxAotError
+from runtime.selftest import array_sha256
+from runtime.selftest import generate_input
+from runtime.selftest import sample_indices
 
 __all__ = ["GOLDEN_BIN", "GOLDEN_JSON", "DEFAULT_CASES", "DEFAULT_MAX_BYTES", "make_golden", "tolerance_for"]
 
@@ -37,7 +43,7 @@ GOLDEN_BIN = "golden.bin"
 DEFAULT_CASES = 2
 DEFAULT_MAX_BYTES = 4 << 20
 MAX_VALUE_BYTES = 256 << 20
-GOLDEN_FORMAT = 1
+GOLDEN_FORMAT = 2
 _ALIGN = 64
 
 
@@ -55,29 +61,28 @@ def tolerance_for(dtype: np.dtype) -> float:
     return 0.0  # integers and bools must match exactly
 
 
-def _random_feeds(graph: Graph, rng: np.random.Generator, integers: bool) -> dict[str, np.ndarray]:
-    feeds = {}
-    for value in graph.inputs:
-        assert value.dtype is not None and value.shape is not None
-        dtype, shape = value.dtype, value.shape
-        if dtype.kind in "fc":
-            array = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind == "b":
-            array = rng.integers(0, 2, shape).astype(bool)
-        elif integers:
-            array = rng.integers(0, 4, shape).astype(dtype)
-        else:
-            array = np.zeros(shape, dtype)  # a safe index / count where random ones are not
-        feeds[value.name] = array
-    return feeds
+def _input_kind(dtype: np.dtype, integers: bool) -> str:
+    if dtype.kind in "fc":
+        return "uniform"
+    if dtype.kind == "b":
+        return "bool"
+    return "int0to3" if integers else "zeros"  # zeros: a safe index / count where random ones are not
 
 
-def _case(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]] | _Failure:
+def _case(graph: Graph, seed: int) -> tuple[list[dict[str, Any]], list[np.ndarray]] | _Failure:
+    """(input records, reference outputs) for case ``seed``, or why none could be made."""
     last = ""
     for integers in (True, False):
-        feeds = _random_feeds(graph, np.random.default_rng(seed), integers)
+        records, feeds = [], {}
+        for k, value in enumerate(graph.inputs):
+            assert value.dtype is not None and value.shape is not None
+            kind, input_seed = _input_kind(value.dtype, integers), (seed << 16) + k
+            array = generate_input(kind, value.dtype, tuple(value.shape), input_seed)
+            feeds[value.name] = array
+            records.append({"name": value.name, "dtype": value.dtype.name, "shape": list(value.shape),
+                            "generator": kind, "seed": input_seed, "sha256": array_sha256(array)})
         try:
-            return feeds, evaluate(graph, feeds)
+            return records, evaluate(graph, feeds)
         except (OnnxAotError, ArithmeticError, ValueError, TypeError, IndexError, KeyError,
                 MemoryError, FloatingPointError) as exc:
             last = f"{type(exc).__name__}: {exc}"
@@ -94,47 +99,62 @@ def _largest(graph: Graph) -> int:
                default=0)
 
 
+def _skip_reason(graph: Graph, cases: int) -> str | None:
+    if cases <= 0:
+        return "disabled at compile time (--golden-cases 0)"
+    if any(node.op_type in NONDETERMINISTIC for node in graph.nodes):
+        return "the graph draws random numbers (" + ", ".join(
+            sorted({n.op_type for n in graph.nodes if n.op_type in NONDETERMINISTIC})) + ")"
+    if _largest(graph) > MAX_VALUE_BYTES:
+        return (f"an intermediate value takes {_largest(graph)} bytes, over the {MAX_VALUE_BYTES}-byte "
+                "cap for the compile-time reference run")
+    return None
+
+
 def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: int = DEFAULT_CASES,
                 max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, bytes]:
     """The self-test files for ``graph``: ``{golden.json: ..., golden.bin: ...}``."""
     index: dict[str, Any] = {"format": GOLDEN_FORMAT, "seed": seed, "metric":
-                             "max|got-ref| / max|ref| per output (exact for integers and bools)",
+                             "max|got-ref| / max|ref| per output (exact for integers and bools); a "
+                             "sampled output: over its sample, and | max|got| - max|ref| | / max|ref|",
                              "cases": []}
     blob = bytearray()
-    per_case = sum(_nbytes(v) for v in (*graph.inputs, *graph.outputs))
-    skip = None
-    if cases <= 0:
-        skip = "disabled at compile time"
-    elif any(node.op_type in NONDETERMINISTIC for node in graph.nodes):
-        skip = "the graph draws random numbers (" + ", ".join(
-            sorted({n.op_type for n in graph.nodes if n.op_type in NONDETERMINISTIC})) + ")"
-    elif per_case > max_bytes:
-        skip = f"one case's inputs and outputs take {per_case} bytes, over the {max_bytes}-byte cap"
-    elif _largest(graph) > MAX_VALUE_BYTES:
-        skip = (f"an intermediate value takes {_largest(graph)} bytes, over the {MAX_VALUE_BYTES}-byte "
-                "cap for the compile-time reference run")
-    if skip is None:
-        count = max(1, min(cases, max_bytes // max(per_case, 1)))
-        for k in range(count):
-            result = _case(graph, seed + k)
-            if isinstance(result, _Failure):
-                if not index["cases"]:
-                    skip = result.reason
-                break
-            feeds, outputs = result
-            case: dict[str, Any] = {"inputs": [], "outputs": []}
-            for value in graph.inputs:
-                case["inputs"].append(_put(blob, value.name, feeds[value.name]))
-            for k_out, array in enumerate(outputs):
-                name = output_names[k_out]
-                record = _put(blob, name, array)
-                record["tolerance"] = tolerance_for(array.dtype)
-                case["outputs"].append(record)
-            index["cases"].append(case)
+    skip = _skip_reason(graph, cases)
+    budget = max_bytes // max(cases, 1)  # output bytes per case
+    for k in range(cases if skip is None else 0):
+        result = _case(graph, seed + k)
+        if isinstance(result, _Failure):
+            if not index["cases"]:
+                skip = result.reason
+            break
+        records, outputs = result
+        whole = sum(a.nbytes for a in outputs) <= budget
+        case: dict[str, Any] = {"inputs": records, "outputs": []}
+        for k_out, array in enumerate(outputs):
+            share = budget // max(len(outputs), 1) // max(array.dtype.itemsize, 1)
+            record = _put_output(blob, output_names[k_out], array, None if whole else max(1, share))
+            record["tolerance"] = tolerance_for(array.dtype)
+            case["outputs"].append(record)
+        index["cases"].append(case)
     if skip is not None:
         index["skipped"] = skip
     text = json.dumps(index, indent=1, ensure_ascii=False) + "\n"
     return {GOLDEN_JSON: text.encode("utf-8"), GOLDEN_BIN: bytes(blob)}
+
+
+def _put_output(blob: bytearray, name: str, array: np.ndarray, count: int | None) -> dict[str, Any]:
+    """Store ``array`` whole, or (``count`` given and smaller than its size) ``count`` evenly
+    spaced elements of it and the largest finite magnitude of all of them."""
+    if count is None or count >= array.size:
+        return _put(blob, name, array)
+    flat = np.asarray(array).reshape(-1)
+    record = _put(blob, name, flat[sample_indices(flat.size, count)])
+    record["shape"] = list(array.shape)
+    magnitudes = np.abs(flat.astype(np.complex128 if flat.dtype.kind == "c" else np.float64))
+    finite = magnitudes[np.isfinite(magnitudes)]
+    record["sample"] = {"count": int(count), "of": int(flat.size),
+                        "absmax": float(finite.max()) if finite.size else 0.0}
+    return record
 
 
 def _put(blob: bytearray, name: str, array: np.ndarray) -> dict[str, Any]:

@@ -3,6 +3,10 @@
 Everything goes into a temporary sibling folder first; only a complete folder is renamed into
 place. Nothing written depends on time, temp paths or dict-iteration accidents, so two compiles
 of the same model with the same options are byte-identical.
+
+The manifest marks the parts a deployment can do without ``"optional": true``: the memory report,
+the portable CPU build and the golden self-test cases. ``onnx-aot strip DIR`` removes them
+(``runtime/strip.py``); an artifact missing them still loads and runs.
 """
 
 from __future__ import annotations
@@ -34,15 +38,25 @@ from runtime.artifact import MANIFEST
 from runtime.artifact import PLAN
 from runtime.artifact import WEIGHTS
 from runtime.artifact import sha256_file
+from runtime.cli import folder_problem
 from runtime.errors import CompileError
 from runtime.errors import OnnxAotError
 from runtime.integrity import sampled_sha256
 from runtime.plan_schema import CudaModule
 from runtime.plan_schema import Plan
 
-__all__ = ["write_artifact", "dump_json"]
+__all__ = ["write_artifact", "dump_json", "check_out_dir", "OPTIONAL_FILES"]
 
 KERNEL_DIRS = {"host": "kernels/cpu", "cuda": "kernels/cuda"}
+OPTIONAL_FILES = ("golden.json", "golden.bin", "report/memory.json", "report/memory.html")
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse an artifact folder that cannot be written (a file, a path under a file, a folder
+    that is not an artifact, a read-only parent): ``CompileError`` naming it, before any work."""
+    problem = folder_problem(out, replaced=True)
+    if problem is not None:
+        raise CompileError(f"{out}: {problem}")
 
 
 def dump_json(obj: Any) -> bytes:
@@ -66,10 +80,7 @@ def write_artifact(
     hashed like the rest.
     """
     out = out.absolute()
-    if out.exists() and not out.is_dir():
-        raise CompileError(f"{out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
-        raise CompileError(f"{out}: folder exists, is not empty and holds no artifact; not overwriting it")
+    check_out_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sweep_leftovers(out)  # temp folders of killed compiles into the same place
     tmp = make_temp_dir(out)
@@ -121,17 +132,22 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
     (report_dir / "memory.json").write_bytes(dump_json(compiled.memory_report))
     (report_dir / "memory.html").write_text(render_memory_html(plan, compiled.memory_report),
                                             encoding="utf-8")
-    files = {}
-    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        rel = path.relative_to(tmp).as_posix()
-        files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-        if rel == WEIGHTS:  # what the default (fast) load checks
-            files[rel]["sample_sha256"] = sampled_sha256(path)
     target: dict[str, Any] = {"machine": platform.machine(),
                               "providers": {name: code.manifest() for name, code in generated.items()}}
     for code in generated.values():
         if isinstance(code, GeneratedC):  # a native CPU build
             target["cpu"] = _cpu_target(code)
+    optional = set(OPTIONAL_FILES)
+    for build_record in target.get("cpu", {}).get("builds", [])[1:]:  # the portable builds
+        optional.update((build_record["library"], build_record["source"]))
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        rel = path.relative_to(tmp).as_posix()
+        files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        if rel == WEIGHTS:  # what the default (fast) load checks
+            files[rel]["sample_sha256"] = sampled_sha256(path)
+        if rel in optional:
+            files[rel]["optional"] = True
     manifest = {
         "format_version": FORMAT_VERSION,
         "compiler": {"name": "onnx-aot", "version": __version__},
