@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Set everything up on a fresh machine, then run the whole test suite.
+# Set everything up (scripts/setup.sh: into the active venv), then run the whole test suite; pytest
+# prints one line of progress per test file (pyproject.toml: [tool.pytest.ini_options]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=${PYTHON:-python3}
 set +e
-"$PY" -m pytest -q "$@"
+"$PY" -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -256,8 +256,9 @@ def _chromium() -> str | None:
     return os.environ.get("ONNX_AOT_CHROMIUM") or shutil.which("chromium")
 
 
-@pytest.mark.skipif(_chromium() is None, reason="Debian's chromium is not installed (scripts/setup.sh "
-                    "installs it where apt-get works): the browser test of the memory page needs it")
+@pytest.mark.skipif(_chromium() is None, reason="no chromium on PATH (optional, installed outside the venv: "
+                    "apt-get install chromium; .ci/run does; or set $ONNX_AOT_CHROMIUM): the browser "
+                    "test of the memory page needs it")
 def test_page_in_headless_chromium(squeezenet: Path, tmp_path: Path) -> None:
     plan, _ = _load(squeezenet)
     page = squeezenet / "report" / "memory.html"
