@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set everything up on a fresh machine, compile the ResNet-50 shipped inside the onnx package
-# into artifacts/resnet50, run it with the runtime and print a summary.
+# Set everything up (scripts/setup.sh, into the active venv), compile ResNet-50 (the onnx package's
+# light model with seeded random weights) into artifacts/resnet50, run it, compare with onnxruntime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
