@@ -427,6 +427,8 @@ def test_gemm_transposes(trans_a: int, trans_b: int, tmp_path: Path) -> None:
         (5, 1, 37, 0, None),  # one column: dot products
         (70, 100, 19, 0, (1, 100)),  # tail panel, tail rows
         (1, 1000, 300, 0, (1000,)),  # a classifier row with B not transposed
+        (23, 70, 1024, 0, (70,)),  # A's rows 4 KB apart: A copied into row blocks too (tail block)
+        (37, 19, 2048, 1, None),  # the same with B^T packed
     ],
 )
 def test_gemm_paths(
@@ -463,6 +465,7 @@ def test_fused_gemm(m: int, tmp_path: Path) -> None:
         ((2, 3, 5, 7), (7, 4)),
         ((3, 1, 5, 7), (1, 4, 7, 6)),
         ((2, 6, 9), (2, 9, 20)),
+        ((2, 19, 1024), (1024, 40)),  # A's rows 4 KB apart: row blocks of every batch copied
         ((7,), (7, 5)),
         ((5, 7), (7,)),
         ((4, 5, 7), (7,)),
@@ -470,7 +473,8 @@ def test_fused_gemm(m: int, tmp_path: Path) -> None:
     ],
 )
 def test_matmul(a_shape: tuple[int, ...], b_shape: tuple[int, ...], tmp_path: Path) -> None:
-    check_case(Case("MatMul", [("a", rand(*a_shape), False), ("b", rand(*b_shape), False)], {}), tmp_path)
+    b = rand(*b_shape, scale=b_shape[-2 if len(b_shape) > 1 else 0] ** -0.5)  # outputs of unit scale
+    check_case(Case("MatMul", [("a", rand(*a_shape), False), ("b", b, False)], {}), tmp_path)
 
 
 # -- pooling, normalization, softmax -------------------------------------------------------------

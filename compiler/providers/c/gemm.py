@@ -50,6 +50,11 @@ DOT_MAX_ROWS = 8  # Gemm with at most this many rows (and k-contiguous operands)
 # the caches); with at least this many rows to amortize the copy, B is packed into panels.
 PACK_MIN_ROWS = 16
 ROWS_OUTER_MAX_PANELS = 8  # up to this many panels, threads split the rows rather than the panels
+MAX_ROWS = 12  # the most rows any target's tile has (choose_tiling)
+# A's rows this many bytes apart (or a multiple) fall into one L1 set: the tile's mr row streams
+# evict each other (a 64 x 1024 by 1024 x 8210 product ran at 65 GFLOPS, at 75 with K = 1040).
+# The packed path then also copies A, row block by row block, into k-major blocks.
+ALIASING_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class GemmContext:
     t: Tiling
     e: Epilogue
     path: str  # "dot" | "direct" | "packed"
+    pack_a: bool  # the packed path also copies A into k-major row blocks (after B's panels)
+    b_floats: int  # scratch floats reserved for B's panels (A's blocks follow)
     p: MatmulProduct  # A(m, k) = a[m * p.sam + k * p.sak], B(k, n) = b[k * p.sbk + n * p.sbn]
     nb: int  # batches (MatMul)
     a_off: tuple[int, ...]  # per-batch element offsets into A and B
@@ -130,6 +137,13 @@ def choose_tiling(m: int, n: int, k: int, target: TargetInfo) -> Tiling:
 
 def packed_nbytes(k: int, n: int) -> int:
     return 4 * k * (n + MAX_PANEL)
+
+
+def _pack_a(prod: _Product) -> bool:
+    """Whether the packed path copies A too: A's rows contiguous along k, and a multiple of
+    ALIASING_BYTES apart."""
+    p = prod.p
+    return prod.path == "packed" and p.sak == 1 and (4 * p.sam) % ALIASING_BYTES == 0
 
 
 def activation(node: Node, vector: bool = False) -> str:
@@ -221,7 +235,10 @@ class GemmKernel(CKernel):
 
     def scratch_nbytes(self, node: Node) -> int:
         prod = claimed(_product(node), node)
-        return packed_nbytes(prod.p.k, prod.p.n) if prod.path == "packed" else 0
+        if prod.path != "packed":
+            return 0
+        a_blocks = 4 * len(prod.a_off) * (prod.p.m + MAX_ROWS - 1) * prod.p.k if _pack_a(prod) else 0
+        return packed_nbytes(prod.p.k, prod.p.n) + a_blocks
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -253,6 +270,8 @@ class GemmKernel(CKernel):
             t=t,
             e=e,
             path=prod.path,
+            pack_a=_pack_a(prod),
+            b_floats=packed_nbytes(p.k, p.n) // 4,
             p=p,
             nb=nb,
             a_off=prod.a_off,

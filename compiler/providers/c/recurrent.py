@@ -102,6 +102,17 @@ class RecurrentContext:
     dir_parallel: bool  # the two directions on two threads (then nothing within one is split)
     proj_parallel: bool
     step_parallel: bool
+    proj_block: tuple[int, int]  # (rows of x, rows of W) per register block of the projections
+    step_block: tuple[int, int]  # (rows of h, rows of R) per register block of a step's product
+
+
+def _blocks(batch: int, target: TargetInfo) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Register blocks of the two products: ra x rb accumulators plus ra + rb loaded vectors must
+    fit the target's vector registers (32 with AVX-512, else 16). A step's product has only
+    ``batch`` rows of h: at batch 1 it runs one h row against many rows of R."""
+    ra, rb = (4, 4) if target.vector_registers >= 32 else (2, 4)
+    step = (1, 8 if target.vector_registers >= 32 else 6) if batch == 1 else (min(ra, batch), rb)
+    return (ra, rb), step
 
 
 def _sizes(node: Node) -> tuple[int, int, int, int, int]:
@@ -194,6 +205,7 @@ class RecurrentKernel(CKernel):
         names = [input_names[i] for i in present] + ["y", "yh", "yc"][: len(node.outputs)] + ["scratch"]
         clip = float(node.attrs["clip"])
         forks = _parallel(node)
+        blocks = _blocks(batch, target)
         ctx = RecurrentContext(
             params=params(names, args, [True] * len(args)),
             op=node.op_type,
@@ -220,6 +232,8 @@ class RecurrentKernel(CKernel):
             dir_parallel=forks[0],
             proj_parallel=forks[1],
             step_parallel=forks[2],
+            proj_block=blocks[0],
+            step_block=blocks[1],
         )
         return StepCode("c/recurrent.c.j2", ctx, tuple(args))
 
