@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.frontend.dims import DimSpec
 from compiler.frontend.dims import placeholders
 from compiler.frontend.dims import shape_arg
 from compiler.version import __version__
@@ -36,27 +37,50 @@ from runtime.cli import report_error
 from runtime.cli import run_runtime_command
 from runtime.errors import OnnxAotError
 
-__all__ = ["CommandError", "main", "parse_bind", "parse_shape"]
+__all__ = ["CommandError", "main", "parse_bind", "parse_dim", "parse_shape"]
 
 
-def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """``NAME=1x3x224x224`` -> ("NAME", (1, 3, 224, 224)); the name may contain '='-free text.
+def parse_shape(text: str) -> tuple[str, tuple[DimSpec, ...]]:
+    """``NAME=1x3x224x224`` -> ("NAME", (1, 3, 224, 224)); ``NAME=1x3x48x32..2048`` gives the last dim
+    a range, ``(32, 2048)``; the name may contain '='-free text.
 
-    Every dim must be a whole number >= 0 (the compiler checks it against the model): a name such
-    as ``N`` or a -1 pasted from a model's declared shape is refused with the text to use instead.
+    Every dim must be a whole number >= 0 or a range ``LO..HI`` (the compiler checks them against
+    the model): a name such as ``N`` or a -1 pasted from a model's declared shape is refused with
+    the text to use instead.
     """
     name, sep, dims = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=D0xD1x..., got {text!r}")
     parts = [d.strip() for d in re.split("[xX]", dims)] if dims.strip() else []
-    sizes = [int(d) if re.fullmatch("[0-9]+", d) else None for d in parts]
+    sizes = [_dim_spec(d) for d in parts]
     if None in sizes:
         k = sizes.index(None)
         what = "a negative size" if re.fullmatch("-[0-9]+", parts[k]) else "not a number"
         raise argparse.ArgumentTypeError(
             f"--shape {text}: dim {k} is {parts[k]!r}, {what}; every dim must be a number >= 0 (the "
-            f"size to compile for), e.g. {shape_arg(name, placeholders(sizes))}")
-    return name, tuple(int(d) for d in parts)
+            f"size to compile for), e.g. "
+            f"{shape_arg(name, placeholders([s if isinstance(s, int) else None for s in sizes]))} "
+            f"(or a range LO..HI of sizes: --shape x=1x3x48x32..2048)")
+    return name, tuple(s for s in sizes if s is not None)
+
+
+def parse_dim(text: str) -> tuple[str, DimSpec]:
+    """``PARAM=LO..HI`` (``--dim seq=1..512``) -> ("seq", (1, 512)); ``PARAM=N`` fixes the dim."""
+    name, sep, dim = text.rpartition("=")
+    spec = _dim_spec(dim.strip())
+    if not sep or not name or spec is None:
+        raise argparse.ArgumentTypeError(f"expected PARAM=LO..HI (a dim_param of the model and the range "
+                                         f"of its sizes, e.g. --dim seq=1..512), got {text!r}")
+    return name, spec
+
+
+def _dim_spec(text: str) -> DimSpec | None:
+    """``N`` -> N, ``LO..HI`` -> (LO, HI); None for anything else."""
+    match = re.fullmatch(r"([0-9]+)(?:\.\.([0-9]+))?", text)
+    if match is None:
+        return None
+    lo, hi = match.groups()
+    return int(lo) if hi is None else (int(lo), int(hi))
 
 
 def parse_bind(text: str) -> tuple[str, np.ndarray]:
@@ -119,7 +143,11 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
                    help="cpu: C kernels (default); cuda: generated CUDA kernels built with nvcc when "
                         "present (run with cupy), reference kernels on the device for the rest")
     p.add_argument("--shape", action="append", type=parse_shape, default=[], metavar="NAME=DIMS",
-                   help="bind an input's shape, e.g. --shape input=1x3x224x224 (repeatable)")
+                   help="bind an input's shape, e.g. --shape input=1x3x224x224; a dim may be a range "
+                        "LO..HI, e.g. --shape x=1x3x48x32..2048 (repeatable)")
+    p.add_argument("--dim", action="append", type=parse_dim, default=[], metavar="PARAM=LO..HI",
+                   help="bind a named dim (a dim_param) of every input that has it to a range, e.g. "
+                        "--dim seq=1..512 (repeatable; see docs/dynamic-shapes.md)")
     p.add_argument("--bind", action="append", type=parse_bind, default=[], metavar="NAME=VALUES",
                    help="make an input a constant with these values, for inputs that carry shapes, "
                         "axes, pads or sizes, e.g. --bind shape=1,-1 or --bind pads=@pads.npy "
@@ -208,7 +236,7 @@ def _compile(args: argparse.Namespace) -> int:
                   "source only; the runtime compiles them with NVRTC on the first load", file=sys.stderr)
     start = time.perf_counter()
     out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
-                        shapes=shapes, binds=dict(args.bind),
+                        shapes=shapes, dims=dict(args.dim) or None, binds=dict(args.bind),
                         progress=None if args.quiet else stderr_progress,
                         plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
                         golden_cases=args.golden_cases, cpu=args.cpu, winograd=args.winograd)

@@ -14,6 +14,7 @@ import platform
 import sys
 from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from compiler.artifact.golden import make_golden
 from compiler.artifact.writer import check_out_dir
 from compiler.artifact.writer import write_artifact
 from compiler.codegen.options import BuildOptions
+from compiler.frontend.dims import DimSpec
 from compiler.frontend.importer import import_model
 from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Graph
@@ -43,7 +45,8 @@ from runtime.errors import CompileError
 from runtime.isa import X86_LEVELS
 from runtime.isa import host_x86_level
 
-__all__ = ["compile_model", "compile_graph", "TARGETS", "CPU_TARGETS", "default_providers", "resolve_cpu"]
+__all__ = ["compile_model", "compile_graph", "TARGETS", "CPU_TARGETS", "default_providers", "refuse_dynamic",
+           "resolve_cpu"]
 
 TARGETS = ("cpu", "cuda")
 CPU_TARGETS = ("native", *X86_LEVELS)  # --cpu; None: the build machine's level
@@ -73,8 +76,9 @@ def compile_model(
     *,
     opt_level: int = 3,
     target: str = "cpu",
-    shapes: dict[str, tuple[int, ...]] | None = None,
+    shapes: Mapping[str, Sequence[DimSpec]] | None = None,
     binds: Mapping[str, Any] | None = None,
+    dims: Mapping[str, DimSpec] | None = None,
     providers: list[Provider] | None = None,
     build: BuildOptions | None = None,
     progress: Progress | None = None,
@@ -86,8 +90,11 @@ def compile_model(
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
-    ``shapes`` binds input shapes (``--shape``); ``binds`` turns graph inputs into constants with
-    the given values (``--bind``), for inputs that carry shapes, axes or sizes.
+    ``shapes`` binds input shapes (``--shape``): each dim a size or a range ``(LO, HI)``; ``dims``
+    binds named dims (``dim_param``) to a size or range wherever they appear (``--dim``). A range
+    is imported as a symbol (docs/dynamic-shapes.md), but not compiled yet: a ``CompileError``
+    says so after the import. ``binds`` turns graph inputs into constants with the given values
+    (``--bind``), for inputs that carry shapes, axes or sizes.
     ``max_arena_bytes`` fails the compile (``ArenaLimitError``) when an arena needs more;
     ``golden_cases`` seeded self-test cases are stored for ``Session.verify()`` (0: none).
     ``cpu`` picks the C kernels' target (``--cpu``: "native", "x86-64-v2/v3/v4"); None takes
@@ -106,14 +113,16 @@ def compile_model(
 
     say("loading model")
     source_name, source_sha = _source_identity(model)
-    graph = import_model(model, shapes, binds)
+    graph = import_model(model, shapes, binds, dims)
+    refuse_dynamic(graph)
     n_onnx = len(graph) + len(graph.eliminated)
     say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes")
     graph = optimize(graph, opt_level, target=target, winograd=winograd)
     options = {
         "opt_level": opt_level,
         "target": target,
-        "shapes": {k: [int(d) for d in v] for k, v in sorted((shapes or {}).items())},  # numpy ints too
+        "shapes": {k: [_option_dim(d) for d in v] for k, v in sorted((shapes or {}).items())},
+        **({"dims": {k: _option_dim(v) for k, v in sorted(dims.items())}} if dims else {}),
         "binds": {k: np.asarray(v).tolist() for k, v in sorted((binds or {}).items())},
         "plan_budget_ms": plan_budget_ms,
         **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),
@@ -187,6 +196,24 @@ def compile_graph(
                            extra_files=golden)
     say(f"wrote {final}")
     return final
+
+
+def _option_dim(dim: DimSpec) -> int | list[int]:
+    """A dim as the manifest's compile options record it: a size, or [LO, HI] (numpy ints too)."""
+    if isinstance(dim, (tuple, list)):
+        return [int(d) for d in dim]
+    return int(dim)
+
+
+def refuse_dynamic(graph: Graph) -> None:
+    """Stop at a graph with symbolic dims: the import keeps them, the later stages (memory plan per
+    shape, kernels with run-time dims, runtime) are issue 17's next steps."""
+    if not graph.symbols:
+        return
+    ranges = ", ".join(f"{name}={lo}..{hi}" for name, (lo, hi) in sorted(graph.symbols.items()))
+    raise CompileError(f"dynamic dims ({ranges}) are imported but not yet compiled: the memory plan, "
+                       f"the kernels and the runtime take static shapes only (docs/dynamic-shapes.md); "
+                       f"give each dim one size with --shape / --dim to compile")
 
 
 def resolve_cpu(cpu: str | None) -> str:

@@ -7,15 +7,25 @@ real zero: an empty tensor.
 
 When an unknown dim is left unbound, the error gives ``--shape`` text the user can paste as it is
 and edit: each unknown dim gets a *placeholder* size (:func:`placeholders`).
+
+A dim may also be given a range, ``LO..HI`` (``--shape x=1x3x48x32..2048``, ``--dim seq=1..512``;
+``(32, 2048)`` in Python): it becomes a *symbol* (runtime/symbolic.py) named after its
+``dim_param`` (:func:`symbol_name`), or after the input and dim index where it has none.
 """
 
 from __future__ import annotations
 
+import keyword
+import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SPATIAL_PLACEHOLDER", "dim_label", "known_size", "placeholders", "shape_arg"]
+__all__ = ["SPATIAL_PLACEHOLDER", "DimSpec", "dim_label", "dim_text", "known_size", "placeholders",
+           "shape_arg", "symbol_name"]
+
+# A dim as --shape / shapes= gives it: a size, or an inclusive range (LO, HI) of sizes
+DimSpec = int | tuple[int, int]
 
 # The placeholder of an unknown dim that is neither a batch dim nor next to a known spatial dim
 SPATIAL_PLACEHOLDER = 224
@@ -77,6 +87,21 @@ def placeholders(sizes: Sequence[int | None], names: Sequence[str] = (),
     return tuple(out)
 
 
-def shape_arg(name: str, sizes: Sequence[int]) -> str:
-    """``--shape NAME=AxBxC``, quoted for a POSIX shell where the name needs it."""
-    return "--shape " + shlex.quote(f"{name}={'x'.join(str(s) for s in sizes)}")
+def dim_text(dim: DimSpec) -> str:
+    """A dim as ``--shape`` writes it: ``N`` or ``LO..HI``."""
+    return f"{dim[0]}..{dim[1]}" if isinstance(dim, tuple) else str(dim)
+
+
+def shape_arg(name: str, sizes: Sequence[DimSpec]) -> str:
+    """``--shape NAME=AxBxC`` (a range as ``LO..HI``), quoted for a POSIX shell where the name needs it."""
+    return "--shape " + shlex.quote(f"{name}={'x'.join(dim_text(s) for s in sizes)}")
+
+
+def symbol_name(text: str) -> str:
+    """A valid symbol name (runtime/symbolic.py: a Python identifier, not ``min`` / ``max`` or a
+    keyword) made from a ``dim_param`` or an ``INPUT_K`` label: other characters become ``_``."""
+    name = re.sub(r"\W", "_", text) or "_"
+    if not name.isidentifier() or name in ("min", "max") or keyword.iskeyword(name):
+        name = "d_" + name
+    return name
+

@@ -23,15 +23,20 @@ the one ordered sweep is that fixed point.
 **What is known, and why not.** :class:`Knowledge` records, for each value the sweep could not
 make a constant, the node that computes it, that node's inputs that are not known, and why it
 stayed a node when they all were. Error messages walk these records back to the graph inputs a
-value depends on (:meth:`Knowledge.explain`). Dynamic shapes (dims that are symbols) extend this
-without replacing it: a shape becomes partly known, a ``Shape`` result a vector of integers and
-symbols; ``known_array`` and the records gain that partial kind and a symbolic step joins
-``evaluate``, while the constant rule above stays as it is.
+value depends on (:meth:`Knowledge.explain`). Dynamic shapes (dims that are symbols, ``--shape
+x=1x3x48x32..2048``) extend this without replacing it: a ``Shape`` of a tensor with symbolic dims
+is known too, and a node that reads such a shape or a *symbolic constant* folds into a symbolic
+constant -- an object array of ints and expressions (``runtime/symbolic.py``), e.g. a Reshape's
+target ``[1, 120, H*W]`` -- by :func:`fold_symbolic`: the same reference kernels run at several
+bindings of the symbols and each integer element is fitted as an expression (``probing.py``).
+The constant rule above stays as it is: a result whose shape depends on the symbols is no
+constant and stays a node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,12 +44,21 @@ from typing import Any
 import numpy as np
 import onnx
 
+from compiler.frontend.probing import Probes
+from compiler.frontend.probing import atoms_of
+from compiler.frontend.probing import fit
+from compiler.ir.evaluate import concrete_shape
 from compiler.ir.evaluate import run_node
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
+from compiler.ir.graph import is_symbolic_shape
 from compiler.passes.base import NONDETERMINISTIC
+from runtime.symbolic import evaluate as sym_evaluate
 
-__all__ = ["FOLD_MAX_BYTES", "Knowledge", "Producer", "evaluate", "is_random", "known_array"]
+Binding = Mapping[str, int]
+
+__all__ = ["FOLD_MAX_BYTES", "Knowledge", "Producer", "evaluate", "fold_symbolic", "is_known", "is_random",
+           "known_array"]
 
 # Results of one node larger than this stay a node at import. Far above any shape computation
 # (a rank-8 int64 shape is 64 bytes) and small next to real weights.
@@ -60,22 +74,39 @@ def is_random(op_type: str, attr_names: Sequence[str]) -> bool:
     return op_type in NONDETERMINISTIC or "seed" in attr_names
 
 
-def known_array(node: Node, index: int) -> np.ndarray | None:
+def known_array(node: Node, index: int, binding: Binding | None = None) -> np.ndarray | None:
     """What a kernel reads of input ``index`` of ``node`` when it is known at compile time: the
     constant, or for ``Shape`` a zero-stride stand-in of the right shape (no memory whatever its
-    size); None when it is not known."""
+    size); None when it is not known. A symbolic constant or a symbolic shape is taken at
+    ``binding`` (the symbols' values); without one, a symbolic constant is its object array and a
+    symbolic shape's stand-in is None."""
     value = node.inputs[index]
     if value is None:
         return None
     if value.const is not None:
-        return value.const
+        if value.const.dtype != object or binding is None:
+            return value.const
+        flat = [sym_evaluate(d, binding) for d in value.const.reshape(-1)]
+        return np.array(flat, dtype=value.dtype).reshape(value.const.shape)
     if node.kind == "Shape" and value.shape is not None and value.dtype is not None:
-        return np.broadcast_to(np.zeros((), value.dtype), value.shape)
+        if is_symbolic_shape(value.shape) and binding is None:
+            return None
+        return np.broadcast_to(np.zeros((), value.dtype), concrete_shape(value.shape, binding))
     return None
 
 
-def evaluate(nodes: Sequence[Node]) -> dict[int, np.ndarray]:
-    """Run ``nodes`` (one ONNX node's canonical form, in order) with the reference kernels.
+def is_known(node: Node, index: int) -> bool:
+    """Input ``index`` of ``node`` is known at compile time (a constant, symbolic or not; for
+    ``Shape``, an input whose shape is known, symbolic or not)."""
+    value = node.inputs[index]
+    if value is None or value.const is not None:
+        return value is not None
+    return node.kind == "Shape" and value.shape is not None and value.dtype is not None
+
+
+def evaluate(nodes: Sequence[Node], binding: Binding | None = None) -> dict[int, np.ndarray]:
+    """Run ``nodes`` (one ONNX node's canonical form, in order) with the reference kernels, symbolic
+    dims and constants taken at ``binding``.
 
     Returns every result by ``id`` of its Value; raises NotFolded naming the reason when an input
     is not known or a kernel refuses.
@@ -87,19 +118,59 @@ def evaluate(nodes: Sequence[Node]) -> dict[int, np.ndarray]:
             if value is not None and id(value) in results:
                 args.append(results[id(value)])
                 continue
-            array = known_array(node, k)
+            array = known_array(node, k, binding)
             if array is None and value is not None:
                 raise NotFolded(f"input {value.name!r} is not known")
             args.append(array)
         try:
-            outs = run_node(node, args)
+            outs = run_node(node, args, binding=binding)
             for value, array in zip(node.outputs, outs, strict=True):
                 # (ascontiguousarray makes 0-d arrays 1-d: reshape after it)
                 result = np.ascontiguousarray(np.asarray(array, dtype=value.dtype))
-                results[id(value)] = result.reshape(value.shape)
+                results[id(value)] = result.reshape(concrete_shape(value.shape or (), binding))
         except Exception as exc:  # the kernel refuses these inputs: the node stays, the reason is kept
             raise NotFolded(f"evaluating it failed ({type(exc).__name__}: {exc})") from None
     return results
+
+
+def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probes) -> dict[str, np.ndarray]:
+    """The results of ``nodes`` (inputs known, some symbolic) as expressions of the symbols: each
+    integer element fitted from evaluations at the probe bindings (``probing.py``). A result that
+    is the same at every probe is a plain constant; one whose shape, or non-integer value, depends
+    on the symbols is not folded."""
+    groups: list[Sequence[object]] = []
+    for node in nodes:
+        for value in node.inputs:
+            if value is not None and value.const is not None and value.const.dtype == object:
+                groups.append(list(value.const.reshape(-1)))
+            elif node.kind == "Shape" and value is not None and value.shape is not None:
+                groups.append(value.shape)
+    atoms = atoms_of(*groups)
+    found = probes.run(lambda b: [evaluate(nodes, b)[id(v)] for v in outputs])
+    if not found:
+        raise NotFolded("evaluating it failed at every probe binding of the symbols")
+    bindings = [b for b, _ in found]
+    folded: dict[str, np.ndarray] = {}
+    for j, value in enumerate(outputs):
+        arrays = [results[j] for _, results in found]
+        if len({a.shape for a in arrays}) != 1:
+            raise NotFolded("the shape of its result depends on the symbols")
+        if all(np.array_equal(a, arrays[0]) for a in arrays):
+            folded[value.name] = arrays[0]
+            continue
+        if arrays[0].dtype.kind not in "iu":
+            raise NotFolded("its result depends on the symbols and is not an integer")
+        table = np.stack([a.reshape(-1) for a in arrays])
+        elements = []
+        for e in range(table.shape[1]):
+            dim = fit(table[:, e].tolist(), atoms, bindings)
+            if dim is None:
+                raise NotFolded(f"element {e} of its result fits no expression of the symbols")
+            elements.append(dim)
+        array = np.empty(len(elements), dtype=object)
+        array[:] = elements
+        folded[value.name] = array.reshape(arrays[0].shape)
+    return folded
 
 
 @dataclass(frozen=True)
@@ -118,9 +189,11 @@ class Producer:
 class Knowledge:
     """What the import knows of each value at compile time, and why an unknown one is unknown."""
 
-    def __init__(self, graph_inputs: Iterable[str]) -> None:
+    def __init__(self, graph_inputs: Iterable[str], ranges: dict[str, tuple[int, int]] | None = None) -> None:
         self._graph_inputs = frozenset(graph_inputs)
         self._producers: dict[str, Producer] = {}
+        self.symbols = dict(ranges or {})  # the symbols of dynamic dims and their ranges
+        self.probes = Probes(self.symbols) if ranges else None  # bindings of the symbols, if any
 
     def fold(self, proto: onnx.NodeProto, name: str, nodes: Sequence[Node],
              outputs: Sequence[Value]) -> dict[str, np.ndarray] | None:
@@ -132,6 +205,8 @@ class Knowledge:
             if unknown:
                 raise NotFolded("")
             _check_foldable(proto, nodes, produced)
+            if self.probes is not None and _reads_symbols(nodes):
+                return fold_symbolic(nodes, produced, self.probes)
             results = evaluate(nodes)
             return {v.name: results[id(v)] for v in produced}
         except NotFolded as exc:
@@ -194,9 +269,16 @@ def _unknown_inputs(nodes: Sequence[Node]) -> list[str]:
     names: dict[str, None] = {}
     for node in nodes:
         for k, value in enumerate(node.inputs):
-            if value is not None and id(value) not in made and known_array(node, k) is None:
+            if value is not None and id(value) not in made and not is_known(node, k):
                 names.setdefault(value.name, None)
     return list(names)
+
+
+def _reads_symbols(nodes: Sequence[Node]) -> bool:
+    """Some node reads a symbolic constant, or a symbolic shape through ``Shape``."""
+    return any(value is not None and (value.is_symbolic if value.const is not None
+                                      else node.kind == "Shape" and is_symbolic_shape(value.shape))
+               for node in nodes for value in node.inputs)
 
 
 def _check_foldable(proto: onnx.NodeProto, nodes: Sequence[Node], outputs: Sequence[Value]) -> None:
@@ -207,6 +289,8 @@ def _check_foldable(proto: onnx.NodeProto, nodes: Sequence[Node], outputs: Seque
         raise NotFolded("a random op is never evaluated at compile time")
     if any(v.shape is None or v.dtype is None for v in outputs):
         raise NotFolded("its output shapes are not known")
+    if any(is_symbolic_shape(v.shape) for v in outputs):
+        raise NotFolded("its output shapes depend on the symbols (a constant has one shape)")
     nbytes = sum(v.nbytes for v in outputs)
     if nbytes > FOLD_MAX_BYTES:
         raise NotFolded(f"its results ({nbytes:,} bytes) are over the {FOLD_MAX_BYTES:,}-byte cap on "

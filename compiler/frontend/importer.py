@@ -11,8 +11,11 @@ from (``Knowledge.explain``).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,43 +41,57 @@ from compiler.frontend.dims import dim_label
 from compiler.frontend.dims import known_size
 from compiler.frontend.folding import Knowledge
 from compiler.frontend.folding import Producer
-from compiler.frontend.loader import bind_input_shapes
+from compiler.frontend.loader import bind_input_dims
 from compiler.frontend.loader import bind_input_values
 from compiler.frontend.loader import infer_shapes
 from compiler.frontend.loader import load_model
 from compiler.frontend.loader import opset_of
+from compiler.frontend.probing import Probes
+from compiler.frontend.probing import atoms_of
+from compiler.frontend.probing import fit
 from compiler.frontend.window_shapes import infer_with_pool_sizes
+from compiler.ir.evaluate import concrete_shape
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Value
 from compiler.limits import check_tensor_size
 from runtime.errors import ModelError
 from runtime.errors import ShapeError
 from runtime.errors import UnsupportedOpError
+from runtime.symbolic import bounds
+from runtime.symbolic import evaluate as sym_evaluate
+from runtime.symbolic import sym
 
 __all__ = ["import_model", "graph_from_proto"]
 
 def import_model(
     model: str | os.PathLike[str] | onnx.ModelProto,
-    shapes: dict[str, tuple[int, ...]] | None = None,
+    shapes: Mapping[str, Sequence[Any]] | None = None,
     binds: Mapping[str, Any] | None = None,
+    dims: Mapping[str, Any] | None = None,
 ) -> Graph:
-    """Load, check, bind values and shapes and convert ``model`` into a verified IR graph."""
+    """Load, check, bind values and shapes and convert ``model`` into a verified IR graph.
+
+    ``shapes`` (``--shape``) and ``dims`` (``--dim``) may give a dim a range ``(LO, HI)``: it is
+    imported as a symbol (``Graph.symbols``), see docs/dynamic-shapes.md."""
     large: dict[str, onnx.TensorProto] = {}
     proto = load_model(model, large)
     proto = bind_input_values(proto, binds)
-    proto = bind_input_shapes(proto, shapes, constants=set(large))
-    return graph_from_proto(proto, large)
+    bound = bind_input_dims(proto, shapes, dims, constants=set(large))
+    return graph_from_proto(bound.proto, large, bound.ranges)
 
 
 def graph_from_proto(proto: onnx.ModelProto,
-                     large: dict[str, onnx.TensorProto] | None = None) -> Graph:
-    """Build the IR from ``proto``; ``large`` holds initializers kept out of it (see load_model)."""
+                     large: dict[str, onnx.TensorProto] | None = None,
+                     ranges: dict[str, tuple[int, int]] | None = None) -> Graph:
+    """Build the IR from ``proto``; ``large`` holds initializers kept out of it (see load_model);
+    ``ranges`` are the symbols' ranges, for the dims whose ``dim_param`` names one."""
     opset = opset_of(proto)
     reject_unknown_ops(proto)
     inferred = infer_shapes(proto)
     g_proto = inferred.graph
     types = _type_table(g_proto)
     graph = Graph(g_proto.name or "model", opset)
+    graph.symbols = dict(ranges or {})
     env: dict[str, Value] = {}
 
     initializers = {t.name: t for t in g_proto.initializer}
@@ -92,18 +109,20 @@ def graph_from_proto(proto: onnx.ModelProto,
     for inp in g_proto.input:
         if inp.name in initializers:
             continue  # older models list initializers as inputs too: they are constants
-        dtype, shape = _static_type(types, inp.name, f"graph input {inp.name!r}")
+        dtype, shape = _static_type(types, inp.name, f"graph input {inp.name!r}", graph.symbols)
         env[inp.name] = graph.add_input(Value(inp.name, dtype, shape))
 
     used = frozenset(referenced_names(g_proto))  # (subgraphs read outer values by name too)
     node_names: set[str] = set()
-    knowledge = Knowledge(v.name for v in graph.inputs)
+    knowledge = Knowledge((v.name for v in graph.inputs), graph.symbols)
 
     def import_one(at: ControlScope, node_proto: onnx.NodeProto, used_here: frozenset[str],
                    k: int = 0) -> None:
         if is_control_flow(node_proto):  # If / Loop / Scan (frontend/control/)
             name = node_proto.name or f"{node_proto.op_type}_{k}"
-            import_control_flow(at, node_proto, name)
+            with _symbolic_guard(f"node {name!r} ({node_proto.op_type})", "control flow",
+                                 [at.env.get(n) for n in node_proto.input if n]):
+                import_control_flow(at, node_proto, name)
             _note_control_flow(knowledge, at.env, node_proto, name)
         else:
             _import_node(at.graph, node_proto, k, at.env, types, opset, used_here, node_names, knowledge)
@@ -172,8 +191,11 @@ def _type_table(g_proto: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
     return table
 
 
-def _static_type(types: dict[str, onnx.TypeProto], name: str,
-                 what: str) -> tuple[np.dtype, tuple[int, ...]]:
+def _static_type(types: dict[str, onnx.TypeProto], name: str, what: str,
+                 symbols: Mapping[str, tuple[int, int]] | None = None) -> tuple[np.dtype, tuple[int, ...]]:
+    """``name``'s dtype and shape: every dim a size, or one of ``symbols`` (a ``dim_param`` naming
+    a symbol of the graph, with its range); anything else is a ShapeError."""
+    symbols = symbols or {}
     ttype = types.get(name)
     if ttype is not None and ttype.WhichOneof("value") not in (None, "tensor_type"):
         kind = ttype.WhichOneof("value").replace("_type", "")
@@ -184,13 +206,16 @@ def _static_type(types: dict[str, onnx.TypeProto], name: str,
     dtype = np_dtype_of(tt.elem_type, what)
     if not tt.HasField("shape"):
         raise ShapeError(f"{what} has no known shape")
-    dims = []
+    dims: list[Any] = []
     for k, dim in enumerate(tt.shape.dim):
         size = known_size(dim)  # None: a dim_param, no value or a negative value (dims.py)
+        if size is None and dim.HasField("dim_param") and dim.dim_param in symbols:
+            dims.append(sym(dim.dim_param))
+            continue
         if size is None:
             raise ShapeError(f"{what} has a non-static dim {k} ({dim_label(dim)})")
         dims.append(size)
-    check_tensor_size(what, dtype, dims)
+    check_tensor_size(what, dtype, [bounds(d, symbols)[1] for d in dims])
     return dtype, tuple(dims)
 
 
@@ -241,12 +266,15 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
     if proto.op_type == "Size" and proto.domain in ("", "ai.onnx"):  # static shapes: always known
         x = inputs[0]
         assert x is not None
-        _fold_into(graph, env, {proto.output[0]: np.array(x.size, np.int64)}, name)
+        size = np.empty((), object if x.is_symbolic else np.int64)
+        size[()] = x.size  # (an expression of the symbols where x's shape is symbolic)
+        _fold_into(graph, env, {proto.output[0]: size}, name, {proto.output[0]: np.dtype(np.int64)})
         return
     outputs = _output_values(proto, inputs, types, where, opset, used, knowledge)
     ctx = CanonContext(proto, name, onnx_attrs(proto), inputs, outputs, opset, graph, used,
                        explain=knowledge.explain)
-    nodes = canonicalize(ctx)
+    with _symbolic_guard(where, "its canonical form", [*inputs, *outputs]):
+        nodes = canonicalize(ctx)
     if all(v.dtype is not None and v.shape is not None and v.size == 0 for v in outputs):
         # an empty tensor (a zero dim) holds no data: known whatever the inputs, and no kernel sees it
         _fold_into(graph, env, {v.name: np.zeros(v.shape or (), v.dtype) for v in outputs}, name)
@@ -254,7 +282,7 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
         return
     folded = knowledge.fold(proto, name, nodes, outputs)
     if folded is not None:
-        _fold_into(graph, env, folded, name)
+        _fold_into(graph, env, folded, name, {v.name: v.dtype for v in outputs if v.dtype is not None})
         return
     for node in nodes:
         graph.add_node(node)
@@ -263,10 +291,13 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
         env[value.name] = value
 
 
-def _fold_into(graph: Graph, env: dict[str, Value], arrays: dict[str, np.ndarray], name: str) -> None:
-    """The folded ONNX node ``name``'s results become constants of those names."""
+def _fold_into(graph: Graph, env: dict[str, Value], arrays: dict[str, np.ndarray], name: str,
+               dtypes: Mapping[str, np.dtype] | None = None) -> None:
+    """The folded ONNX node ``name``'s results become constants of those names (a symbolic one, an
+    object array, keeps its output's dtype from ``dtypes``)."""
     for value_name, array in arrays.items():
-        const = Value(value_name, const=array)
+        dtype = (dtypes or {}).get(value_name) if array.dtype == object else None
+        const = Value(value_name, dtype, const=array)
         graph.constants[value_name] = const
         graph.reserve_name(value_name)
         env[value_name] = const
@@ -315,10 +346,14 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dic
             outputs.append(Value(f"{proto.name}/unused_{len(outputs)}", np.dtype(np.float32), ()))
             continue
         try:
-            dtype, shape = _static_type(types, name, f"output {name!r} of {where}")
+            dtype, shape = _static_type(types, name, f"output {name!r} of {where}", knowledge.symbols)
         except ShapeError:
             if fallback is None:
-                fallback = _infer_single(proto, inputs, opset)
+                probes = knowledge.probes
+                if probes is not None and any(v is not None and v.is_symbolic for v in inputs):
+                    fallback = _infer_symbolic(proto, inputs, opset, probes, where)
+                else:
+                    fallback = _infer_single(proto, inputs, opset)
             if name not in fallback and name not in used:
                 # e.g. Dropout-7's mask, which onnx does not infer: canonical forms drop unused extra
                 # outputs, and the verifier rejects a shapeless value that would stay
@@ -373,13 +408,15 @@ def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
     return result
 
 
-def _single_node_model(proto: onnx.NodeProto, inputs: list[Value | None], opset: int) -> onnx.ModelProto:
-    """``proto`` alone in a model, its inputs typed as known and its constant ones initializers."""
+def _single_node_model(proto: onnx.NodeProto, inputs: list[Value | None], opset: int,
+                       max_const: int | None = None) -> onnx.ModelProto:
+    """``proto`` alone in a model, its inputs typed as known and its constant ones initializers
+    (with ``max_const``, only those of at most that many elements: weights only need their type)."""
     value_infos, inits = [], []
     for onnx_name, value in zip(proto.input, inputs, strict=True):  # (a value may be named apart:
         if value is None:                                            # an If's output is its branch's)
             continue
-        if value.const is not None:
+        if value.const is not None and (max_const is None or value.const.size <= max_const):
             inits.append(numpy_helper.from_array(value.const, onnx_name))
         assert value.dtype is not None
         elem = helper.np_dtype_to_tensor_dtype(value.dtype)
@@ -387,6 +424,79 @@ def _single_node_model(proto: onnx.NodeProto, inputs: list[Value | None], opset:
     outs = [helper.make_empty_tensor_value_info(n) for n in proto.output if n]
     graph = helper.make_graph([proto], "single", value_infos, outs, initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _infer_symbolic(proto: onnx.NodeProto, inputs: list[Value | None], opset: int, probes: Probes,
+                    where: str) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Shape-infer one node whose inputs have symbolic dims or values: onnx's inference of the node
+    alone at the probe bindings, each output dim fitted as an expression of the input's symbolic
+    dims and values (``probing.py``); a dim that fits none is a ShapeError naming it."""
+    atoms = atoms_of(*(v.shape for v in inputs if v is not None and v.shape is not None),
+                     *(list(v.const.reshape(-1)) for v in inputs if v is not None and v.const is not None
+                       and v.const.dtype == object))
+
+    def at(binding: dict[str, int]) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
+        concrete = [_at_binding(v, binding) for v in inputs]
+        model = _single_node_model(proto, concrete, opset, max_const=4096)
+        inferred = infer_with_pool_sizes(model, _infer_strict)
+        types = _type_table(inferred.graph)
+        result = {}
+        for name in proto.output:
+            if name and name in types:
+                try:
+                    result[name] = _static_type(types, name, name)
+                except (ShapeError, ModelError):
+                    pass
+        return result or None
+
+    found = probes.run(at)
+    result: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    for name in proto.output:
+        seen = [(binding, types[name]) for binding, types in found if name in types]
+        if not seen or len({(t[0], len(t[1])) for _, t in seen}) != 1:
+            continue
+        dims = []
+        for k in range(len(seen[0][1][1])):
+            dim = fit([t[1][k] for _, t in seen], atoms, [b for b, _ in seen])
+            if dim is None:
+                raise ShapeError(f"{where}: output {name!r} dim {k} is no expression of the symbols this "
+                                 f"import can find (from its inputs' dims {', '.join(map(str, atoms))}); "
+                                 f"dynamic shapes: docs/dynamic-shapes.md")
+            dims.append(dim)
+        result[name] = (seen[0][1][0], tuple(dims))  # type: ignore[arg-type]  # (symbolic dims: see ir.graph.Shape)
+    return result
+
+
+def _at_binding(value: Value | None, binding: dict[str, int]) -> Value | None:
+    """``value`` with its symbolic dims and symbolic constant taken at ``binding``."""
+    if value is None or not value.is_symbolic:
+        return value
+    if value.const is not None:
+        flat = [sym_evaluate(d, binding) for d in value.const.reshape(-1)]
+        return Value(value.name, const=np.array(flat, dtype=value.dtype).reshape(value.const.shape))
+    assert value.shape is not None
+    return Value(value.name, value.dtype, concrete_shape(value.shape, binding))
+
+
+@contextlib.contextmanager
+def _symbolic_guard(where: str, what: str, values: Sequence[Value | None]) -> Iterator[None]:
+    """A step that cannot take symbolic dims yet fails (TypeError and the like, from comparing or
+    converting an expression) with a ShapeError naming the node and the symbolic dims it met."""
+    try:
+        yield
+    except (TypeError, ValueError, ArithmeticError, AssertionError, IndexError) as exc:
+        met = [f"{v.name!r} {_shape_text(v)}" for v in values if v is not None and v.is_symbolic]
+        if not met:
+            raise
+        raise ShapeError(f"{where}: {what} cannot take symbolic dims yet (dynamic shapes are imported "
+                         f"for part of the ops, docs/dynamic-shapes.md); it met {'; '.join(met)} "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+def _shape_text(value: Value) -> str:
+    if value.const is not None and value.const.dtype == object:
+        return "value [" + ", ".join(str(d) for d in value.const.reshape(-1)) + "]"
+    return "shape [" + ", ".join(str(d) for d in value.shape or ()) + "]"
 
 
 def _inference_error(proto: onnx.NodeProto, inputs: list[Value | None], opset: int) -> str | None:
@@ -404,3 +514,7 @@ def _inference_error(proto: onnx.NodeProto, inputs: list[Value | None], opset: i
 
 def _infer_plain(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model, data_prop=True)
+
+
+def _infer_strict(model: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)

@@ -10,6 +10,7 @@ import operator
 import os
 from collections.abc import Mapping
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,20 @@ from onnx import external_data_helper
 from onnx import helper
 from onnx import numpy_helper
 
+from compiler.frontend.dims import DimSpec
 from compiler.frontend.dims import dim_label
+from compiler.frontend.dims import dim_text
 from compiler.frontend.dims import known_size
 from compiler.frontend.dims import placeholders
 from compiler.frontend.dims import shape_arg
+from compiler.frontend.dims import symbol_name
 from compiler.frontend.window_shapes import infer_with_pool_sizes
 from runtime.errors import ModelError
 from runtime.errors import ShapeError
 from runtime.errors import UnsupportedOpError
 
-__all__ = ["MIN_OPSET", "MAX_OPSET", "load_model", "bind_input_shapes", "bind_input_values", "infer_shapes",
-           "opset_of"]
+__all__ = ["MIN_OPSET", "MAX_OPSET", "BoundInputs", "load_model", "bind_input_dims", "bind_input_shapes",
+           "bind_input_values", "infer_shapes", "opset_of"]
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -180,19 +184,39 @@ def opset_of(proto: onnx.ModelProto) -> int:
     raise ModelError("model imports no version of the default ONNX domain")
 
 
+@dataclass
+class BoundInputs:
+    """A model whose real graph inputs have every dim bound: a size, or a symbol (its ``dim_param``
+    is the symbol's name) with an inclusive range in ``ranges``."""
+
+    proto: onnx.ModelProto
+    ranges: dict[str, tuple[int, int]]
+
+
 def bind_input_shapes(
-    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None,
+    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[Any]] | None,
     constants: set[str] | None = None,
 ) -> onnx.ModelProto:
-    """Return a copy of ``proto`` whose real graph inputs all have static shapes.
+    """:func:`bind_input_dims` for static sizes only: the bound copy of ``proto``."""
+    bound = bind_input_dims(proto, shapes, None, constants)
+    return bound.proto
 
-    ``shapes`` binds inputs by name (``--shape``); it may give any unknown dim (see
-    compiler/frontend/dims.py: a ``dim_param``, no value, or a negative value) and must agree with
-    the known ones. Unknown dims left unbound are one error listing every such input, with
-    ``--shape`` text to paste. ``constants`` names inputs that stand for initializers kept out of a
-    skeleton model (they are not real inputs).
+
+def bind_input_dims(
+    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[Any]] | None,
+    dims: Mapping[str, Any] | None = None, constants: set[str] | None = None,
+) -> BoundInputs:
+    """A copy of ``proto`` whose real graph inputs all have bound dims, and the symbols' ranges.
+
+    ``shapes`` binds inputs by name (``--shape``): each dim a size or a range ``(LO, HI)``; it may
+    give any unknown dim (see compiler/frontend/dims.py: a ``dim_param``, no value, or a negative
+    value) and must agree with the known ones. ``dims`` binds ``dim_param`` names wherever they
+    appear (``--dim``). A range with LO < HI becomes a symbol. Unknown dims left unbound are one
+    error listing every such input, with ``--shape`` text to paste. ``constants`` names inputs that
+    stand for initializers kept out of a skeleton model (they are not real inputs).
     """
-    given = {name: _given_sizes(name, dims) for name, dims in (shapes or {}).items()}
+    given = {name: _given_dims(f"--shape for {name!r}", dims_) for name, dims_ in (shapes or {}).items()}
+    symbols = _Symbols({p: _given_range(f"--dim {p}", r) for p, r in (dims or {}).items()})
     proto = _copy(proto)
     initializers = {t.name for t in proto.graph.initializer} | set(constants or ())
     real_inputs = [i for i in proto.graph.input if i.name not in initializers]
@@ -208,35 +232,110 @@ def bind_input_shapes(
         if not inp.type.HasField("tensor_type"):
             raise UnsupportedOpError(f"input {inp.name!r} is not a tensor (only tensor inputs are supported)")
         ttype = inp.type.tensor_type
+        sizes = [known_size(d) for d in ttype.shape.dim]
         if inp.name in given:
-            _bind_sizes(inp.name, ttype, given[inp.name])
-        elif not ttype.HasField("shape") or any(known_size(d) is None for d in ttype.shape.dim):
+            _bind_sizes(inp.name, ttype, given[inp.name], symbols)
+        elif not ttype.HasField("shape") or any(size is None and d.dim_param not in symbols.params
+                                                 for d, size in zip(ttype.shape.dim, sizes, strict=True)):
             unbound.append(inp)
+        elif None in sizes:  # every unknown dim is a --dim name
+            _bind_sizes(inp.name, ttype, [symbols.params[d.dim_param] if size is None else size
+                                          for d, size in zip(ttype.shape.dim, sizes, strict=True)], symbols)
     if unbound:
-        raise ShapeError(_unbound_message(unbound))
-    return proto
+        raise ShapeError(_unbound_message(unbound, symbols.params))
+    symbols.check_all_used(real_inputs)
+    return BoundInputs(proto, symbols.ranges)
 
 
-def _given_sizes(name: str, dims: Sequence[Any]) -> tuple[int, ...]:
-    """The sizes ``--shape`` / ``shapes=`` gives ``name``: whole numbers >= 0 (0: an empty tensor)."""
-    sizes = []
-    for k, dim in enumerate(dims):
-        try:
-            if isinstance(dim, bool):
-                raise TypeError
-            size = operator.index(dim)
-        except TypeError:
-            raise ShapeError(f"--shape for {name!r}: dim {k} is {dim!r}, not a number; give the size "
-                             f"to compile for") from None
-        if size < 0:
-            raise ShapeError(f"--shape for {name!r}: dim {k} is {size}, a negative size; give the size "
-                             f"to compile for (-1 means unknown only inside a model)")
-        sizes.append(size)
-    return tuple(sizes)
+class _Symbols:
+    """Names the symbols of ranged dims (after their ``dim_param``, else ``INPUT_K``) and keeps one
+    range per symbol: inputs that share a ``dim_param`` share its symbol."""
+
+    def __init__(self, params: dict[str, DimSpec]) -> None:
+        self.params = params  # --dim: dim_param -> size or range
+        self.ranges: dict[str, tuple[int, int]] = {}
+        self._by_param: dict[str, str] = {}
+        self._used: set[str] = set()
+
+    def bind(self, what: str, dim: onnx.TensorShapeProto.Dimension, spec: DimSpec, label: str) -> None:
+        """Give ``dim`` (dim ``label`` of an input, described by ``what``) the size or range ``spec``."""
+        param = dim.dim_param if dim.HasField("dim_param") and dim.dim_param not in ("", "?") else ""
+        if param in self.params:
+            self._used.add(param)
+            if _normal(self.params[param]) != _normal(spec):
+                raise ShapeError(f"{what}: --shape gives {dim_text(spec)}, --dim {param} gives "
+                                 f"{dim_text(self.params[param])}; give one of them")
+        spec = _normal(spec)
+        dim.Clear()
+        if not isinstance(spec, tuple):
+            dim.dim_value = spec
+            return
+        name = self._by_param.get(param) if param else None
+        if name is None:
+            name = self._fresh(symbol_name(param or label))
+            if param:
+                self._by_param[param] = name
+        if self.ranges.setdefault(name, spec) != spec:
+            raise ShapeError(f"{what}: range {dim_text(spec)}, but dim_param {param!r} is given "
+                             f"{dim_text(self.ranges[name])} on another input; inputs that share a "
+                             f"dim_param share its range")
+        dim.dim_param = name
+
+    def _fresh(self, base: str) -> str:
+        name, n = base, 2
+        while name in self.ranges or name in self._by_param.values():
+            name, n = f"{base}_{n}", n + 1
+        return name
+
+    def check_all_used(self, inputs: list[onnx.ValueInfoProto]) -> None:
+        unused = sorted(set(self.params) - self._used)
+        if unused:
+            have = sorted({d.dim_param for i in inputs for d in i.type.tensor_type.shape.dim
+                           if d.HasField("dim_param") and d.dim_param} - set(self.params))
+            raise ShapeError(f"--dim {unused[0]}: no graph input has a dim named {unused[0]!r} (the "
+                             f"inputs' other dim_params: {', '.join(map(repr, have)) or 'none'})")
 
 
-def _bind_sizes(name: str, ttype: onnx.TypeProto.Tensor, want: tuple[int, ...]) -> None:
-    """Give ``ttype`` the shape ``want``, which must have its rank and agree with its known dims."""
+def _normal(spec: DimSpec) -> DimSpec:
+    """A range of one size is that size."""
+    return spec[0] if isinstance(spec, tuple) and spec[0] == spec[1] else spec
+
+
+def _size(what: str, value: Any) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        size = operator.index(value)
+    except TypeError:
+        raise ShapeError(f"{what} is {value!r}, not a number; give the size to compile for") from None
+    if size < 0:
+        raise ShapeError(f"{what} is {size}, a negative size; give the size to compile for (-1 means "
+                         f"unknown only inside a model)")
+    return size
+
+
+def _given_range(what: str, value: Any) -> DimSpec:
+    """A size, or a range ``(LO, HI)`` with ``1 <= LO <= HI`` (a range of one size is that size)."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ShapeError(f"{what} is {value!r}: a range is (LO, HI), two sizes")
+        lo, hi = _size(f"{what} LO", value[0]), _size(f"{what} HI", value[1])
+        if lo > hi:
+            raise ShapeError(f"{what} is {lo}..{hi}: LO is above HI")
+        if lo == 0 and hi > 0:
+            raise ShapeError(f"{what} is {lo}..{hi}: a range starts at 1 or more (a 0 size is an "
+                             f"empty tensor: compile it on its own)")
+        return _normal((lo, hi))
+    return _size(what, value)
+
+
+def _given_dims(what: str, dims: Sequence[Any]) -> tuple[DimSpec, ...]:
+    """The dims ``--shape`` / ``shapes=`` gives an input: sizes >= 0 (0: an empty tensor) or ranges."""
+    return tuple(_given_range(f"{what}: dim {k}", dim) for k, dim in enumerate(dims))
+
+
+def _bind_sizes(name: str, ttype: onnx.TypeProto.Tensor, want: Sequence[DimSpec], symbols: _Symbols) -> None:
+    """Give ``ttype`` the dims ``want``, which must have its rank and agree with its known dims."""
     dims = ttype.shape.dim
     if ttype.HasField("shape"):
         model = [known_size(d) for d in dims]
@@ -244,18 +343,21 @@ def _bind_sizes(name: str, ttype: onnx.TypeProto.Tensor, want: tuple[int, ...]) 
             hint = shape_arg(name, placeholders(model, [d.dim_param for d in dims]))
             raise ShapeError(f"input {name!r} has rank {len(model)} ({_shape_text(dims)}) but --shape "
                              f"gives {len(want)} dims; e.g. {hint}")
-        clash = [k for k, size in enumerate(model) if size is not None and size != want[k]]
+        clash = [k for k, size in enumerate(model) if size is not None and size != _normal(want[k])]
         if clash:
             k = clash[0]
             fixed = [size if size is not None else w for size, w in zip(model, want, strict=True)]
+            kind = "a range " if isinstance(_normal(want[k]), tuple) else ""
             raise ShapeError(f"input {name!r} dim {k} is fixed at {model[k]} by the model, --shape gives "
-                             f"{want[k]}; e.g. {shape_arg(name, fixed)}")
-    ttype.shape.ClearField("dim")
-    for size in want:
-        ttype.shape.dim.add().dim_value = size
+                             f"{kind}{dim_text(want[k])}; e.g. {shape_arg(name, fixed)}")
+    else:
+        for _ in want:
+            dims.add()
+    for k, (dim, spec) in enumerate(zip(ttype.shape.dim, want, strict=True)):
+        symbols.bind(f"input {name!r} dim {k}", dim, spec, f"{name}_{k}")
 
 
-def _unbound_message(unbound: list[onnx.ValueInfoProto]) -> str:
+def _unbound_message(unbound: list[onnx.ValueInfoProto], bound: Mapping[str, DimSpec]) -> str:
     """One message for every input with unknown dims left unbound, ending in ``--shape`` text."""
     described: list[tuple[str, list[str]]] = []  # (input, its unknown dims; [] for no shape)
     hints, shapeless = [], []
@@ -268,9 +370,10 @@ def _unbound_message(unbound: list[onnx.ValueInfoProto]) -> str:
             continue
         dims = ttype.shape.dim
         described.append((inp.name, [f"dim {k} ({dim_label(d)})" for k, d in enumerate(dims)
-                                     if known_size(d) is None]))
+                                     if known_size(d) is None and d.dim_param not in bound]))
         sizes = placeholders([known_size(d) for d in dims], [d.dim_param for d in dims], chosen)
-        hints.append(shape_arg(inp.name, sizes))
+        hints.append(shape_arg(inp.name, [bound.get(d.dim_param, size) if known_size(d) is None else size
+                                          for d, size in zip(dims, sizes, strict=True)]))
     if len(described) > 1:
         listed = "; ".join(f"{name!r} {', '.join(dims) or 'no shape (not even a rank)'}"
                            for name, dims in described)

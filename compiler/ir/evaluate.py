@@ -23,8 +23,10 @@ from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from runtime.errors import CompileError
 from runtime.kernels import get_kernel
+from runtime.symbolic import Expr
+from runtime.symbolic import evaluate as sym_evaluate
 
-__all__ = ["EvaluationError", "Interpreter", "evaluate", "run_node"]
+__all__ = ["EvaluationError", "Interpreter", "concrete_shape", "evaluate", "run_node"]
 
 TRANSFER = "onnx_aot.Transfer"
 
@@ -33,12 +35,21 @@ class EvaluationError(CompileError):
     """A reference kernel gave a result that does not fit the node's outputs."""
 
 
-def run_node(node: Node, args: Sequence[Any], xp: Any = np) -> list[Any]:
-    """``node``'s reference kernel applied to ``args`` (arrays, None for omitted inputs)."""
+def run_node(node: Node, args: Sequence[Any], xp: Any = np,
+             binding: Mapping[str, int] | None = None) -> list[Any]:
+    """``node``'s reference kernel applied to ``args`` (arrays, None for omitted inputs); where its
+    outputs' shapes are symbolic, they are taken at ``binding`` (the symbols' values)."""
     if node.kind == TRANSFER:
         return [args[0]]
-    specs = [(v.shape, v.dtype) for v in node.outputs if v.shape is not None]
+    specs = [(concrete_shape(v.shape, binding), v.dtype) for v in node.outputs if v.shape is not None]
     return list(get_kernel(node.kind)(xp, list(args), dict(node.attrs), specs))
+
+
+def concrete_shape(shape: Sequence[Any], binding: Mapping[str, int] | None) -> tuple[int, ...]:
+    """``shape`` with its symbolic dims evaluated at ``binding`` (a static shape as it is)."""
+    if binding is None or not any(isinstance(d, Expr) for d in shape):
+        return tuple(shape)
+    return tuple(sym_evaluate(d, binding) for d in shape)
 
 
 class Interpreter:

@@ -1,14 +1,20 @@
 """The compiler's intermediate representation: Graph, Node and Value with use-def links.
 
-Every value has a static shape and a numpy dtype once the frontend is done. Constants are
-values with ``const`` set (a numpy array) and no producer. Passes change a graph only through
-the methods here (``add_node``, ``remove_node``, ``replace_all_uses``, ``set_input``), which keep
-``Value.producer`` and ``Value.uses`` right; ``Graph.verify`` checks the invariants.
+Every value has a shape and a numpy dtype once the frontend is done. A dim is an ``int``, or, for
+a model imported with dims that have ranges (``--shape x=1x3x48x32..2048``), an expression of the
+graph's symbols (``runtime.symbolic.Expr``; ``Graph.symbols`` holds their ranges). Constants are
+values with ``const`` set (a numpy array) and no producer; a *symbolic* constant (a shape computed
+from symbolic dims) is an object array of ints and expressions with the ONNX dtype it stands for.
+Passes change a graph only through the methods here (``add_node``, ``remove_node``,
+``replace_all_uses``, ``set_input``), which keep ``Value.producer`` and ``Value.uses`` right;
+``Graph.verify`` checks the invariants.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 from collections.abc import Iterable
 from collections.abc import Iterator
 from typing import Any
@@ -16,8 +22,19 @@ from typing import Any
 import numpy as np
 
 from runtime.errors import ModelError
+from runtime.symbolic import Dim
+from runtime.symbolic import Expr
 
-__all__ = ["Value", "Node", "Graph", "Use", "ONNX_DOMAIN", "AOT_DOMAIN"]
+__all__ = ["Value", "Node", "Graph", "Use", "ONNX_DOMAIN", "AOT_DOMAIN", "Shape", "is_symbolic_shape"]
+
+# A shape: ints, and expressions of symbols where a dim is dynamic. ``Value.shape`` is annotated
+# ``tuple[int, ...]`` still: only the frontend builds symbolic dims yet, and compile_model stops
+# right after the import when any remains (issue 17's next steps type the later stages).
+Shape = tuple[Dim, ...]
+
+
+def is_symbolic_shape(shape: Iterable[Dim] | None) -> bool:
+    return shape is not None and any(isinstance(d, Expr) for d in shape)
 
 ONNX_DOMAIN = ""
 AOT_DOMAIN = "onnx_aot"  # the domain of our own fused / internal ops
@@ -32,16 +49,17 @@ class Value:
         self,
         name: str,
         dtype: np.dtype | None = None,
-        shape: tuple[int, ...] | None = None,
+        shape: tuple[int, ...] | Shape | None = None,
         const: np.ndarray | None = None,
     ) -> None:
         self.name = name
         if const is not None:
             const = np.asarray(const)
-            dtype = const.dtype
+            if const.dtype != object or dtype is None:  # (a symbolic constant keeps its ONNX dtype)
+                dtype = const.dtype
             shape = tuple(int(d) for d in const.shape)
         self.dtype: np.dtype | None = np.dtype(dtype) if dtype is not None else None
-        self.shape: tuple[int, ...] | None = tuple(shape) if shape is not None else None
+        self.shape: tuple[int, ...] | None = tuple(shape) if shape is not None else None  # type: ignore[arg-type]
         self.const: np.ndarray | None = const
         self.producer: Node | None = None
         self.uses: list[Use] = []
@@ -52,13 +70,22 @@ class Value:
         return self.const is not None
 
     @property
+    def is_symbolic(self) -> bool:
+        """A dim is an expression of symbols, or the value is a symbolic constant."""
+        return is_symbolic_shape(self.shape) or (self.const is not None and self.const.dtype == object)
+
+    @property
     def nbytes(self) -> int:
+        """Bytes of the tensor (an ``Expr`` where the shape is symbolic: see ``Shape``)."""
         assert self.shape is not None and self.dtype is not None, self.name
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return self.size * self.dtype.itemsize
 
     @property
     def size(self) -> int:
+        """Elements of the tensor (an ``Expr`` where the shape is symbolic: see ``Shape``)."""
         assert self.shape is not None, self.name
+        if is_symbolic_shape(self.shape):
+            return functools.reduce(operator.mul, self.shape, 1)  # type: ignore[no-any-return]
         return int(np.prod(self.shape, dtype=np.int64))
 
     def consumers(self) -> list[Node]:
@@ -148,6 +175,7 @@ class Graph:
     def __init__(self, name: str = "graph", opset: int = 0) -> None:
         self.name = name
         self.opset = opset
+        self.symbols: dict[str, tuple[int, int]] = {}  # the dynamic dims' symbols and their ranges
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.output_names: list[str] = []  # the public (ONNX) names of the outputs, by position

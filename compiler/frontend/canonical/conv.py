@@ -17,6 +17,7 @@ from compiler.ir.graph import Node
 from runtime.kernels.window import conv_out_size
 from runtime.kernels.window import pool_out_size
 from runtime.kernels.window import same_pads
+from runtime.symbolic import is_symbolic
 
 __all__ = ["check_output", "resolve_pads", "spatial_dims"]
 
@@ -45,7 +46,9 @@ def check_output(ctx: CanonContext, want: list[int]) -> None:
     """ModelError unless the output's spatial sizes are ``want`` (runtime/kernels/window.py's)."""
     y, x = ctx.outputs[0].shape, ctx.inputs[0]
     assert y is not None and x is not None and x.shape is not None
-    if any(size < 1 for size in want) and all(size > 0 for size in x.shape[2:]):
+    # (a symbolic size is checked where it is bound, at run time)
+    if (any(not is_symbolic(size) and size < 1 for size in want)
+            and all(is_symbolic(size) or size > 0 for size in x.shape[2:])):
         raise ctx.error(f"the window does not fit the input: spatial input {tuple(x.shape[2:])} gives "
                         f"output sizes {tuple(want)}; check the --shape sizes")
     if list(y[2:]) != want:

