@@ -11,6 +11,8 @@ as graph inputs and as initializers.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,9 @@ from onnx import numpy_helper
 from compiler.driver import compile_model
 from runtime import Session
 from runtime.kernels import get_kernel
+from tests.support.crnn_model import crnn_input
+from tests.support.crnn_model import crnn_model
+from tests.support.models import ort_run
 
 RNG = np.random.default_rng(20261126)
 RTOL, ATOL = 1e-5, 1e-6  # float32 C (expf / tanhf) against the float64 reference
@@ -146,3 +151,26 @@ def test_lstm_any_subset_of_outputs(outputs: list[str], tmp_path: Path) -> None:
     model = recurrent_model("LSTM", feeds, 7, outputs, set(), direction="bidirectional")
     run_case(model, feeds, set(), tmp_path)
 
+
+
+def test_a_crnn_recognizer_matches_onnxruntime_with_every_step_on_c(tmp_path: Path) -> None:
+    """Issue 21's model kind at small dims: convs, a bidirectional LSTM, a transB classifier
+    Gemm (its weights stored transposed at compile time)."""
+    model = crnn_model(height=32, width=72, features=64, hidden=40, classes=97)
+    feeds = crnn_input(model)
+    out = compile_model(model, tmp_path / "crnn", golden_cases=0)
+    plan = json.loads((out / "plan.json").read_text())
+    assert {s["provider"] for s in plan["steps"]} == {"c"}
+    gemm = next(s for s in plan["steps"] if s["op_type"] in ("Gemm", "FusedGemm"))
+    assert gemm["attrs"]["transB"] == 0
+    (got,) = Session(out).run(None, feeds)
+    (want,) = ort_run(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_bench_crnn_script_smoke() -> None:
+    command = [sys.executable, "-m", "scripts.bench_crnn", "--smoke", "--threads", "1"]
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=repo, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "threads 1: onnx-aot" in result.stdout and "ratio" in result.stdout
