@@ -36,6 +36,8 @@ from compiler.memory import MemoryPlan
 from compiler.memory import plan_offsets
 from compiler.memory import verify_plan
 from compiler.memory.lifetimes import assign_storage
+from compiler.nested import ControlProvider
+from compiler.nested import compile_control
 from compiler.partition.partitioner import partition_graph
 from compiler.passes import optimize
 from compiler.plan import build_plan
@@ -87,6 +89,7 @@ def compile_model(
     golden_cases: int = DEFAULT_CASES,
     cpu: str | None = None,
     winograd: bool = True,
+    compiled_control: bool = True,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -102,6 +105,8 @@ def compile_model(
     x86-64 a portable x86-64-v2 build is shipped too unless the target already is x86-64-v2.
     ``winograd`` (level 2 and up, CPU target) runs 3x3 stride-1 convolutions as Winograd
     F(4x4 or 2x2, 3x3); ``--no-winograd`` turns it off (see docs/ops.md for its numerics).
+    ``compiled_control`` False runs If / Loop / Scan steps the target cannot run compiled anyway:
+    their programs on the reference kernels, not their nested schedules (compiler/nested.py).
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
@@ -129,6 +134,7 @@ def compile_model(
         "golden_cases": golden_cases,
         "winograd": winograd,
         "cpu": build.isa,
+        **({} if compiled_control else {"compiled_control": False}),
     }
     return compile_graph(graph, out, providers=providers, build=build, progress=say,
                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
@@ -170,6 +176,11 @@ def compile_graph(
     golden = make_golden(graph, public, cases=golden_cases)
 
     nodes = len(graph)
+    control = compile_control(graph, providers, materialize_outputs, plan_budget_ms,
+                              enabled=options.get("compiled_control", True))
+    if control:
+        say(f"compiled {len(control)} control step(s) into nested schedules")
+        providers = [ControlProvider(control), *providers]
     schedule = partition_graph(graph, providers)
     placed = [(p.name, schedule.provider_of_step.count(p.name)) for p in providers]
     say(f"partitioning {nodes} nodes: " + ", ".join(f"{n} on {name}" for name, n in placed if n))
@@ -190,7 +201,7 @@ def compile_graph(
         verify_plan(buffers, mem_plans[space], alignment[space])
     check_arena_limit(source_name, mem_plans, max_arena_bytes)
 
-    plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name)
+    plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name, control)
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
     final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say,
                            extra_files=golden)

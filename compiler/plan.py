@@ -9,8 +9,10 @@ records of ``runtime/plan_schema.py``, which the runtime reads back.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 import numpy as np
@@ -36,15 +38,18 @@ from runtime.plan_schema import PlanBuffer
 from runtime.plan_schema import PlanConstant
 from runtime.plan_schema import PlanOutput
 from runtime.plan_schema import PlanPartition
+from runtime.plan_schema import PlanSchedule
 from runtime.plan_schema import PlanStep
 from runtime.plan_schema import PlanValue
 from runtime.plan_schema import StepScratch
 from runtime.plan_schema import TensorSpec
 from runtime.plan_schema import ValueLocation
 
-__all__ = ["CompiledPlan", "build_plan", "attach_code", "WEIGHT_ALIGNMENT", "jsonable"]
+__all__ = ["ALIGNMENT", "Compiled", "CompiledPlan", "NestedSchedule", "build_plan", "attach_code",
+           "WEIGHT_ALIGNMENT", "jsonable"]
 
 WEIGHT_ALIGNMENT = 64
+ALIGNMENT = 64  # of a nested schedule's buffers and of the slots in a control step's region
 
 
 @dataclass
@@ -53,6 +58,28 @@ class CompiledPlan:
     weights: bytes
     partitions: list[PartitionPlan]
     memory_report: dict[str, Any]
+
+
+@dataclass
+class NestedSchedule:
+    """One body of a control step (compiler/nested.py), scheduled and planned (host arena,
+    offsets relative to the step's region)."""
+
+    graph: Graph
+    refs: list[str]
+    schedule: Schedule
+    storage: Storage
+    mem_plan: MemoryPlan
+    control: dict[int, Compiled]  # the compiled control steps inside, by id(node)
+
+
+@dataclass
+class Compiled:
+    """A control step compiled: its bodies, its region's size and the attributes plan.json gets."""
+
+    schedules: list[NestedSchedule]
+    region_nbytes: int
+    attrs: dict[str, Any] = field(default_factory=dict)
 
 
 def jsonable(obj: Any) -> Any:
@@ -86,29 +113,44 @@ class _Weights:
     """weights.bin: the constants in order of first use, each 64-byte aligned."""
 
     data: bytes
-    offsets: dict[str, int]  # root value name -> byte offset
     records: tuple[PlanConstant, ...]
 
 
-def _lay_out_weights(graph: Graph, steps: list[Node], storage: Storage) -> _Weights:
-    offsets: dict[str, int] = {}
-    chunks: list[bytes] = []
-    records: list[PlanConstant] = []
-    offset = 0
-    for node in steps:
-        for value in node.inputs:
-            root = storage.root[value.name] if value is not None else ""
-            if value is None or storage.kind[root] != "weights" or root in offsets:
-                continue
-            array = graph.constants[root].const
-            assert array is not None
-            data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False)).tobytes()
-            offsets[root] = offset
-            records.append(PlanConstant(root, offset, len(data), array.dtype, tuple(array.shape)))
-            padded = _align(len(data), WEIGHT_ALIGNMENT)
-            chunks.append(data + b"\0" * (padded - len(data)))
-            offset += padded
-    return _Weights(b"".join(chunks), offsets, tuple(records))
+class _WeightsLayout:
+    """Lays out the constants of the model and of its nested schedules in one weights.bin (an array
+    the outer graph and a body share, such as an outer constant a branch reads, is stored once)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.records: list[PlanConstant] = []
+        self.offset = 0
+        self.by_array: dict[int, int] = {}  # id(array) -> offset (the graphs keep the arrays alive)
+
+    def add(self, graph: Graph, steps: list[Node], storage: Storage) -> dict[str, int]:
+        """The offsets of the constants ``steps`` read (root value name -> byte offset)."""
+        offsets: dict[str, int] = {}
+        for node in steps:
+            for value in node.inputs:
+                root = storage.root[value.name] if value is not None else ""
+                if value is None or storage.kind[root] != "weights" or root in offsets:
+                    continue
+                array = graph.constants[root].const
+                assert array is not None
+                if id(array) not in self.by_array:
+                    self._append(root, array)
+                offsets[root] = self.by_array[id(array)]
+        return offsets
+
+    def _append(self, root: str, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False)).tobytes()
+        self.by_array[id(array)] = self.offset
+        self.records.append(PlanConstant(root, self.offset, len(data), array.dtype, tuple(array.shape)))
+        padded = _align(len(data), WEIGHT_ALIGNMENT)
+        self.chunks.append(data + b"\0" * (padded - len(data)))
+        self.offset += padded
+
+    def finish(self) -> _Weights:
+        return _Weights(b"".join(self.chunks), tuple(self.records))
 
 
 @dataclass(frozen=True)
@@ -120,10 +162,11 @@ class _Locator:
     arena: Mapping[str, tuple[str, int]]  # buffer id -> (memory space, offset)
 
     @classmethod
-    def build(cls, storage: Storage, weights: _Weights, mem_plans: dict[str, MemoryPlan]) -> _Locator:
+    def build(cls, storage: Storage, weights: Mapping[str, int],
+              mem_plans: dict[str, MemoryPlan]) -> _Locator:
         arena = {str(bid): (space, off)
                  for space, mplan in mem_plans.items() for bid, off in mplan.offsets.items()}
-        return cls(storage, weights.offsets, arena)
+        return cls(storage, weights, arena)
 
     def location(self, name: str) -> ValueLocation:
         """plan.json's location of value ``name``."""
@@ -162,18 +205,23 @@ class _PartitionOut:
     steps: tuple[PlanStep, ...]
 
 
-def _step_record(t: int, node: Node, part: Partition, scratch: Location | None, nbytes: int) -> PlanStep:
+def _step_record(t: int, node: Node, part: Partition, scratch: Location | None, nbytes: int,
+                 schedules: tuple[PlanSchedule, ...] | None) -> PlanStep:
     return PlanStep(
         index=t, name=node.name, op_type=node.op_type, domain=node.domain, provider=part.provider.name,
         partition=part.index, onnx_nodes=tuple(node.origin),
         inputs=tuple(v.name if v is not None else None for v in node.inputs),
         outputs=tuple(v.name for v in node.outputs), attrs=jsonable(node.attrs),
-        scratch=StepScratch(scratch.offset, nbytes) if scratch is not None else None)
+        scratch=StepScratch(scratch.offset, nbytes) if scratch is not None else None, schedules=schedules)
+
+
+_Nested = Callable[[int, Node], "tuple[PlanSchedule, ...] | None"]
 
 
 def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_sizes: Mapping[str, int],
-               referenced: dict[str, None]) -> _PartitionOut:
-    """Locate the operands of ``part``'s steps (adding their names to ``referenced``)."""
+               referenced: dict[str, None], prefix: str, nested: _Nested) -> _PartitionOut:
+    """Locate the operands of ``part``'s steps (adding their names to ``referenced``); its entry is
+    ``prefix`` + its index, a control step's schedules come from ``nested``."""
     ext: list[str] = []
     space_here = part.provider.memory_space
     step_plans: list[StepPlan] = []
@@ -188,8 +236,8 @@ def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_si
         scratch = locator.scratch(t)
         nbytes = scratch_sizes.get(f"scratch/{t}", 0)
         step_plans.append(StepPlan(t, local, node, ins, outs, scratch, nbytes))
-        records.append(_step_record(t, node, part, scratch, nbytes))
-    entry = f"onnx_aot_partition_{part.index}"
+        records.append(_step_record(t, node, part, scratch, nbytes, nested(t, node)))
+    entry = f"{prefix}{part.index}"
     runner = getattr(part.provider, "runner", part.provider.name)
     record = PlanPartition(part.index, part.provider.name, runner, space_here, entry, part.steps[0],
                            part.steps[-1], tuple(ext))
@@ -242,37 +290,111 @@ def build_plan(
     mem_plans: dict[str, MemoryPlan],
     alignment: dict[str, int],
     providers: dict[str, Provider],
+    control: Mapping[int, Compiled] | None = None,
 ) -> CompiledPlan:
-    """The plan records, weights.bin's bytes, the partitions for code generation, the memory report."""
-    weights = _lay_out_weights(graph, schedule.steps, storage)
-    locator = _Locator.build(storage, weights, mem_plans)
-    scratch_sizes = {str(b.id): b.nbytes for bs in storage.buffers.values() for b in bs}
-    referenced: dict[str, None] = {}
-    parts = [_partition(part, schedule.steps, locator, scratch_sizes, referenced)
-             for part in schedule.partitions]
+    """The plan records, weights.bin's bytes, the partitions for code generation (the nested
+    schedules' after the model's), the memory report. ``control``: the compiled control steps."""
+    layout = _WeightsLayout()
+    nested_parts: list[PartitionPlan] = []
+    level = _Level(graph, layout, nested_parts)
+    parts, values = level.build(graph, schedule, storage, mem_plans, control or {}, "onnx_aot_partition_")
+    weights = layout.finish()
     arenas, buffers = _arenas(mem_plans, storage, alignment)
     plan = Plan(
         format_version=FORMAT_VERSION, name=graph.name, inputs=tuple(_spec(v) for v in graph.inputs),
         outputs=_outputs(graph), constants=weights.records, weights_nbytes=len(weights.data), arenas=arenas,
-        buffers=buffers, values=_value_records(graph, referenced, locator),
+        buffers=buffers, values=values,
         steps=tuple(step for p in parts for step in p.steps), partitions=tuple(p.record for p in parts),
         onnx_nodes=_onnx_nodes(graph, schedule))
     report = memory_report(schedule, storage, mem_plans, alignment)
-    return CompiledPlan(plan, weights.data, [p.plan for p in parts], report)
+    nested_report = _nested_report(schedule, control or {})
+    if nested_report:
+        report["nested"] = nested_report
+    return CompiledPlan(plan, weights.data, [p.plan for p in parts] + nested_parts, report)
+
+
+@dataclass(frozen=True)
+class _Level:
+    """Builds the records of one schedule level, and of the nested schedules under it."""
+
+    top: Graph
+    layout: _WeightsLayout
+    nested_parts: list[PartitionPlan]  # the nested schedules' partitions, for code generation
+
+    def build(self, graph: Graph, schedule: Schedule, storage: Storage, mem_plans: dict[str, MemoryPlan],
+              control: Mapping[int, Compiled],
+              prefix: str) -> tuple[list[_PartitionOut], dict[str, PlanValue]]:
+        locator = _Locator.build(storage, self.layout.add(graph, schedule.steps, storage), mem_plans)
+        scratch_sizes = {str(b.id): b.nbytes for bs in storage.buffers.values() for b in bs}
+        # a nested schedule's inputs and outputs are bound by name even where no step reads them
+        referenced: dict[str, None] = {} if graph is self.top else dict.fromkeys(
+            v.name for v in (*graph.inputs, *graph.outputs))
+
+        def nested(t: int, node: Node) -> tuple[PlanSchedule, ...] | None:
+            compiled = control.get(id(node))
+            if compiled is None:
+                return None
+            return tuple(self.schedule(body, f"{prefix}{t}_{s}_")
+                         for s, body in enumerate(compiled.schedules))
+
+        parts = [_partition(part, schedule.steps, locator, scratch_sizes, referenced, prefix, nested)
+                 for part in schedule.partitions]
+        return parts, _value_records(graph, referenced, locator)
+
+    def schedule(self, body: NestedSchedule, prefix: str) -> PlanSchedule:
+        mem_plans = {"host": body.mem_plan}
+        parts, values = self.build(body.graph, body.schedule, body.storage, mem_plans, body.control, prefix)
+        self.nested_parts.extend(p.plan for p in parts)
+        _, buffers = _arenas(mem_plans, body.storage, {"host": ALIGNMENT})
+        return PlanSchedule(
+            inputs=tuple(v.name for v in body.graph.inputs), refs=tuple(body.refs),
+            outputs=tuple(v.name for v in body.graph.outputs), arena_nbytes=body.mem_plan.arena_nbytes,
+            buffers=buffers, values=values, steps=tuple(step for p in parts for step in p.steps),
+            partitions=tuple(p.record for p in parts))
+
+
+def _nested_report(schedule: Schedule, control: Mapping[int, Compiled]) -> dict[str, Any]:
+    """report/memory.json's ``nested``: per compiled control step (by step index) the memory report
+    of each of its schedules, offsets relative to the step's region (and theirs, nested)."""
+    out: dict[str, Any] = {}
+    for t, node in enumerate(schedule.steps):
+        compiled = control.get(id(node))
+        if compiled is None:
+            continue
+        out[str(t)] = []
+        for body in compiled.schedules:
+            report = memory_report(body.schedule, body.storage, {"host": body.mem_plan}, {"host": ALIGNMENT})
+            inner = _nested_report(body.schedule, body.control)
+            out[str(t)].append({**report, **({"nested": inner} if inner else {})})
+    return out
 
 
 def attach_code(plan: Plan, provider: str, *, library: str | None = None, module: CudaModule | None = None,
                 launches: Mapping[int, tuple[KernelLaunch, ...]] | None = None) -> Plan:
     """``plan`` with what code generation made for ``provider``'s partitions: their ``library``
-    (C) or ``module`` (CUDA), and each step's ``launches`` (by step index)."""
-    partitions = tuple(
-        dataclasses.replace(p, library=library or p.library, module=module or p.module)
-        if p.provider == provider else p for p in plan.partitions)
-    steps = plan.steps
+    (C) or ``module`` (CUDA), nested schedules' partitions too, and each step's ``launches`` (by
+    step index)."""
+    steps = tuple(_nested_code(s, provider, library, module) for s in plan.steps)
     if launches:
         steps = tuple(dataclasses.replace(s, launches=launches[s.index]) if s.index in launches else s
                       for s in steps)
-    return dataclasses.replace(plan, partitions=partitions, steps=steps)
+    return dataclasses.replace(plan, partitions=_with_code(plan.partitions, provider, library, module),
+                               steps=steps)
+
+
+def _with_code(partitions: tuple[PlanPartition, ...], provider: str, library: str | None,
+               module: CudaModule | None) -> tuple[PlanPartition, ...]:
+    return tuple(dataclasses.replace(p, library=library or p.library, module=module or p.module)
+                 if p.provider == provider else p for p in partitions)
+
+
+def _nested_code(step: PlanStep, provider: str, library: str | None, module: CudaModule | None) -> PlanStep:
+    if step.schedules is None:
+        return step
+    schedules = tuple(dataclasses.replace(
+        s, partitions=_with_code(s.partitions, provider, library, module),
+        steps=tuple(_nested_code(t, provider, library, module) for t in s.steps)) for s in step.schedules)
+    return dataclasses.replace(step, schedules=schedules)
 
 
 def memory_report(schedule: Schedule, storage: Storage, mem_plans: dict[str, MemoryPlan],

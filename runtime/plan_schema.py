@@ -16,12 +16,13 @@ Room for what later issues add, without changing what is here:
   symbolic dim widens ``Dim`` to ``int | DimExpr`` (an expression over named symbols, written in
   JSON as a string such as ``"2*seq+1"``); every shape in the schema is read by ``_shape`` and
   written by ``_shape_json``, so those two functions and ``TensorSpec.nbytes`` are where it goes.
-- **Sub-schedules.** The steps and their partitions are read together (``_schedule``), and a step
-  carries only what a kernel step needs. A conditional step (two sub-schedules) or a loop step (a
-  body) becomes a ``kind`` field on ``PlanStep`` ("kernel" when absent, so today's plans stay
-  valid) plus ``branches: tuple[PlanSchedule, PlanSchedule]`` / ``body: PlanSchedule``, where a
-  ``PlanSchedule`` holds ``steps`` and ``partitions`` read by the same ``_schedule``: a nested
-  schedule is read and validated exactly like the top-level one.
+- **Sub-schedules** (format version 2). A control step compiled into nested schedules (an
+  ``onnx_aot.If``: two, the branches; a ``Loop`` / ``Scan``: one, the body) carries them in
+  ``schedules``: each a ``PlanSchedule`` with its own ``values``, ``buffers``, ``steps`` and
+  ``partitions``, read and checked by the same ``_schedule`` as the top level (so nesting goes to
+  any depth). Its arena offsets are relative to the control step's scratch region, where the step
+  runs it. (One ``schedules`` tuple instead of ``branches`` / ``body`` fields: the op type already
+  says which it is, and one field is one reader.)
 
 Adding a field changes plan.json and so bumps ``FORMAT_VERSION`` (docs/architecture.md says so).
 """
@@ -42,10 +43,10 @@ from runtime.json_fields import is_count
 __all__ = [
     "FORMAT_VERSION", "Dim", "Shape", "TensorSpec", "PlanOutput", "PlanConstant", "PlanArena",
     "PlanBuffer", "ValueLocation", "PlanValue", "StepScratch", "LaunchArg", "KernelLaunch", "PlanStep",
-    "CudaModule", "PlanPartition", "OnnxNodeFate", "Plan",
+    "CudaModule", "PlanPartition", "OnnxNodeFate", "PlanSchedule", "Plan",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: control steps' nested schedules (PlanStep.schedules)
 
 Dim = int  # a dim: a size today; later also an expression of symbols (see the module docstring)
 Shape = tuple[Dim, ...]
@@ -342,6 +343,7 @@ class PlanStep:
     attrs: Mapping[str, Any]
     scratch: StepScratch | None = None
     launches: tuple[KernelLaunch, ...] | None = None  # None: not a CUDA step (no "launches" key)
+    schedules: tuple[PlanSchedule, ...] | None = None  # a compiled control step's (no key: None)
 
     @property
     def kind(self) -> str:
@@ -355,16 +357,19 @@ class PlanStep:
                "scratch": self.scratch.to_json() if self.scratch is not None else None}
         if self.launches is not None:
             out["launches"] = [launch.to_json() for launch in self.launches]
+        if self.schedules is not None:
+            out["schedules"] = [schedule.to_json() for schedule in self.schedules]
         return out
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanStep:
         f = Fields.of(data, where)
         launches = f.records("launches", KernelLaunch.from_json) if "launches" in f.data else None
+        schedules = f.records("schedules", PlanSchedule.from_json) if "schedules" in f.data else None
         return cls(f.count("index"), f.text("name"), f.text("op_type"), f.text("domain"), f.text("provider"),
                    f.count("partition"), f.texts("onnx_nodes"), _operands(f, "inputs", omitted=True),
                    _operands(f, "outputs", omitted=False), f.obj("attrs").data,
-                   f.record("scratch", StepScratch.from_json), launches)
+                   f.record("scratch", StepScratch.from_json), launches, schedules)
 
 
 @dataclass(frozen=True)
@@ -479,7 +484,61 @@ def _schedule(f: Fields,
         for name in (*step.inputs, *step.outputs):
             if name is not None and name not in values:
                 raise at.error(f"names value {name!r}, which 'values' does not have")
+        if (step.schedules is not None) != (partitions[step.partition].runner == "control"):
+            raise at.error("has nested schedules but is not in a control partition, or the reverse")
     return steps, partitions
+
+
+_REF_KINDS = ("i", "a")
+
+
+@dataclass(frozen=True)
+class PlanSchedule:
+    """A control step's nested schedule (a branch or a loop body), compiled like the top level.
+
+    ``inputs`` are the values bound from outside, each by ``refs[k]``: ``"i<k>"`` the control
+    step's input k, ``"a<k>"`` the body's argument k (a Loop's iteration number and carried values,
+    a Scan's states and slices); ``outputs`` the values the body yields, in order. Both live outside
+    its arena (``ext``); everything else is in ``buffers`` at offsets relative to the control
+    step's scratch region, of which it uses ``arena_nbytes``."""
+
+    inputs: tuple[str, ...]
+    refs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    arena_nbytes: int
+    buffers: tuple[PlanBuffer, ...]
+    values: Mapping[str, PlanValue]
+    steps: tuple[PlanStep, ...]
+    partitions: tuple[PlanPartition, ...]
+
+    def partition_steps(self, part: PlanPartition) -> tuple[PlanStep, ...]:
+        return self.steps[part.first_step:part.last_step + 1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"inputs": list(self.inputs), "refs": list(self.refs), "outputs": list(self.outputs),
+                "arena_nbytes": self.arena_nbytes, "buffers": [b.to_json() for b in self.buffers],
+                "values": {name: v.to_json() for name, v in self.values.items()},
+                "steps": [s.to_json() for s in self.steps],
+                "partitions": [p.to_json() for p in self.partitions]}
+
+    @classmethod
+    def from_json(cls, data: Any, where: Where) -> PlanSchedule:
+        f = Fields.of(data, where)
+        values = f.mapping("values", PlanValue.from_json)
+        steps, partitions = _schedule(f, values)
+        out = cls(f.texts("inputs"), f.texts("refs"), f.texts("outputs"), f.count("arena_nbytes"),
+                  f.records("buffers", PlanBuffer.from_json), values, steps, partitions)
+        if len(out.refs) != len(out.inputs) or not all(
+                r[:1] in _REF_KINDS and r[1:].isdigit() for r in out.refs):
+            raise f.at("refs").wrong('one "i<k>" or "a<k>" per input', list(out.refs))
+        for name in (*out.inputs, *out.outputs):
+            if name not in values or values[name].location.kind != "ext":
+                raise where.error(f"binds {name!r}, which is not one of its values outside the arena")
+        for name, value in values.items():
+            loc = value.location
+            if loc.kind == "arena" and loc.offset + value.nbytes > out.arena_nbytes:
+                raise f.at("values").item(name).error(f"lies past the schedule's {out.arena_nbytes} bytes")
+        return out
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from runtime.io_binding import SessionIO
 from runtime.memory import memory_space
 from runtime.plan_schema import Plan
 from runtime.plan_schema import PlanPartition
+from runtime.plan_schema import PlanSchedule
 from runtime.plan_schema import TensorSpec
 
 if TYPE_CHECKING:
@@ -185,12 +186,20 @@ class Session:
                 raise InputError(f"device_id {device_id}: this machine has {count} CUDA device(s)")
             self._device = cp.cuda.Device(int(device_id))
 
-    def _load_partition(self, record: PlanPartition) -> tuple[str, Any]:
+    def _load_partition(self, record: PlanPartition,
+                        plan: Plan | PlanSchedule | None = None) -> tuple[str, Any]:
+        """Load one partition of the plan, or of a nested ``PlanSchedule`` inside it."""
         runner = record.runner
+        owner = plan if plan is not None else self.plan
         if runner == "reference":
             from runtime.providers.reference import ReferencePartition
 
-            return ("reference", ReferencePartition(self.plan, record, self._weights))
+            return ("reference", ReferencePartition(owner, record, self._weights))
+        if runner == "control":
+            from runtime.providers.control import ControlPartition
+
+            return ("control", ControlPartition(owner, record, lambda p, r: self._load_partition(r, p),
+                                                self._artifact.weights, self._weights_addr))
         if runner == "c":
             from runtime.providers.c import CLibrary
 

@@ -21,6 +21,7 @@ from runtime.errors import UnsupportedOpError
 from runtime.session import Session
 from tests.support.models import onnx_model
 from tests.support.models import ort_run
+from tests.support.rehash import write_plan
 
 F = TensorProto.FLOAT
 
@@ -497,21 +498,16 @@ def test_a_malformed_program_in_a_rehashed_plan_fails_at_load(
 ) -> None:
     # the sub-programs of control steps are checked when the plan loads, as every other field is:
     # a broken pipeline's plan never reaches a KeyError or an object array in the middle of a run
-    import hashlib
     import json
 
     from runtime.errors import ArtifactError
 
-    art = compile_model(_if_model([], [("c", TensorProto.BOOL, [])]), tmp_path / "art")
+    model = _if_model([], [("c", TensorProto.BOOL, [])])
+    art = compile_model(model, tmp_path / "art", compiled_control=False)  # programs: the fallback
     plan = json.loads((art / "plan.json").read_text())
     (step,) = [s for s in plan["steps"] if s["op_type"] == "If"]
     mutate(step["attrs"]["then_branch"])
-    data = json.dumps(plan).encode()
-    (art / "plan.json").write_bytes(data)
-    manifest = json.loads((art / "manifest.json").read_text())
-    manifest["files"]["plan.json"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
-    manifest["files"]["plan.json"].pop("sample_sha256", None)
-    (art / "manifest.json").write_text(json.dumps(manifest))
+    write_plan(art, plan)
     with pytest.raises(ArtifactError, match=message) as info:
         Session(art)
     assert "then_branch" in str(info.value)

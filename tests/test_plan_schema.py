@@ -78,7 +78,8 @@ def _first_launch(p: dict[str, Any]) -> dict[str, Any]:
 
 # (what, change, the message: the field's path)
 BROKEN = [
-    ("not an object", lambda p: p.clear() or p.update(format_version=1, inputs=[]), "values is missing"),
+    ("not an object", lambda p: p.clear() or p.update(format_version=FORMAT_VERSION, inputs=[]),
+     "values is missing"),
     ("name", lambda p: p.update(name=3), "name must be a string"),
     ("constant dtype", lambda p: p["constants"][0].update(dtype="complex7"), r"constants\[0\]\.dtype"),
     ("weights size", lambda p: p.update(weights_nbytes=-3), "weights_nbytes must be an integer >= 0"),

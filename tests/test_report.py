@@ -26,6 +26,7 @@ from compiler import compile_model
 from compiler.artifact.report import render_memory_html
 from runtime.errors import ArtifactError
 from runtime.inspection import memory_summary
+from runtime.plan_schema import FORMAT_VERSION
 from runtime.plan_schema import Plan
 from tests.support.commands import cli
 from tests.support.zoo import light_model_path
@@ -307,7 +308,7 @@ def _hand_plan() -> tuple[dict[str, Any], dict[str, Any]]:
              step(1, "relu", "Relu", ["b"], None),
              step(2, "gpu", "MatMul", ["d"], None)]
     values = {n: {"dtype": "float32", "shape": [2, 8], "location": ["arena", 0, "host"]} for n in "abd"}
-    plan = {"format_version": 1, "name": "hand", "inputs": [], "outputs": [], "constants": [],
+    plan = {"format_version": FORMAT_VERSION, "name": "hand", "inputs": [], "outputs": [], "constants": [],
             "weights_nbytes": 0, "arenas": [arena("host", "s"), arena("dev", "t")],
             "buffers": [buffer("a", "host", ["a", "b"]), buffer("scratch/0", "host", []),
                         buffer("d", "dev", ["d"])],

@@ -21,6 +21,7 @@ from runtime.kernels.control import check_control_attrs
 from runtime.memory import memory_space
 from runtime.plan_schema import Plan
 from runtime.plan_schema import PlanPartition
+from runtime.plan_schema import PlanSchedule
 from runtime.plan_schema import PlanValue
 
 __all__ = ["ReferencePartition"]
@@ -44,7 +45,7 @@ def _viewer(value: PlanValue, weights: Any) -> View:
 class ReferencePartition:
     """One reference partition, prepared once at load, running in its memory space's ``xp``."""
 
-    def __init__(self, plan: Plan, record: PlanPartition, weights: dict[str, Any]) -> None:
+    def __init__(self, plan: Plan | PlanSchedule, record: PlanPartition, weights: dict[str, Any]) -> None:
         values = plan.values
         self.space = memory_space(record.memory_space)
         self.xp = self.space.xp

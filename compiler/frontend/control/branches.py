@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import onnx
 
+from compiler.frontend.control.program import BODIES
 from compiler.frontend.control.program import Capture
 from compiler.frontend.control.scope import ControlScope
 from compiler.frontend.control.scope import inline
@@ -92,7 +93,8 @@ def add_control_step(
         for out, v in zip(node.output, like, strict=True)
     ]
     step = Node(
-        node.op_type, capture.values(), outputs, dict(attrs), name=name, domain=AOT_DOMAIN, origin=[name]
+        node.op_type, capture.values(), outputs, {**attrs, BODIES: list(capture.bodies)}, name=name,
+        domain=AOT_DOMAIN, origin=[name]
     )
     scope.graph.add_node(step)
     for out, value in zip(node.output, outputs, strict=True):

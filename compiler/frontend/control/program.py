@@ -11,6 +11,7 @@ alive until it runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
@@ -23,7 +24,21 @@ from compiler.ir.graph import Value
 from compiler.plan import jsonable
 from runtime.errors import ModelError
 
-__all__ = ["Capture"]
+__all__ = ["BODIES", "Body", "Capture"]
+
+# The node attribute holding a control step's subgraphs as IR graphs (a list of Body, one per
+# program): the driver compiles them into nested schedules, or drops them and keeps the programs.
+BODIES = "bodies"
+
+
+@dataclass
+class Body:
+    """A subgraph imported into a graph of its own. Its inputs are bound by ``refs`` (by position)
+    to the control step's inputs (``"i<k>"``) or the program's arguments (``"a<k>"``); its outputs
+    are the subgraph's, in order."""
+
+    graph: Graph
+    refs: list[str]
 
 
 class Capture:
@@ -33,15 +48,24 @@ class Capture:
         self.scope = scope
         self.name = name
         self.inputs: list[str] = list(fixed)  # outer env names, by input index
-        self._proxy: dict[str, Value] = {}  # outer name -> the value standing for it in sub-graphs
+        # (id(sub-graph), outer name) -> the value standing for it in that sub-graph (one per
+        # sub-graph: a Value belongs to one graph, and each body is compiled on its own)
+        self._proxy: dict[tuple[int, str], Value] = {}
         # id(proxy or sub-graph constant) -> (the value, kept alive so that its id is not reused; its
         # input index)
         self._outer: dict[int, tuple[Value, int]] = {}
+        self._by_name: dict[str, int] = {}  # outer name read through proxies -> its input index
+        self.bodies: list[Body] = []  # one per program written, in order
 
-    def _input(self, outer: str, value: Value) -> int:
+    def _input(self, outer: str, value: Value, *, proxy: bool = False) -> int:
         if id(value) not in self._outer:
-            self._outer[id(value)] = (value, len(self.inputs))
-            self.inputs.append(outer)
+            index = self._by_name.get(outer) if proxy else None
+            if index is None:
+                index = len(self.inputs)
+                self.inputs.append(outer)
+                if proxy:
+                    self._by_name[outer] = index
+            self._outer[id(value)] = (value, index)
         return self._outer[id(value)][1]
 
     def child(self, base: str) -> ControlScope:
@@ -53,15 +77,16 @@ class Capture:
         for name in sorted(outer_names(sub)):
             if name in child.env:
                 continue
-            if name not in self._proxy:
+            key = (id(child.graph), name)
+            if key not in self._proxy:
                 outer = self.scope.value(name, f"{where}: its subgraph")
                 proxy_name = self.scope.fresh(f"{self.name}/outer/{name}")
                 if outer.const is not None:
                     proxy = Value(proxy_name, const=outer.const)
                 else:
                     proxy = Value(proxy_name, outer.dtype, outer.shape)
-                self._proxy[name] = proxy
-            proxy = self._proxy[name]
+                self._proxy[key] = proxy
+            proxy = self._proxy[key]
             child.env[name] = proxy
             if proxy.const is not None:
                 child.graph.constants[proxy.name] = proxy
@@ -81,7 +106,27 @@ class Capture:
         whose arguments are ``args``; also return the values of its outputs (in the sub-graph)."""
         self.bind_outer(child, sub, where)
         outs = [child.env[n] for n in inline(child, sub, prefix, bindings, where)]
-        return self._write(child.graph, outs, args, where), outs
+        program = self._write(child.graph, outs, args, where)
+        self.bodies.append(self._body(child.graph, outs, args))
+        return program, outs
+
+    def _body(self, graph: Graph, outs: Sequence[Value], args: Sequence[Value]) -> Body:
+        """``graph`` as a Body: inputs nothing reads are dropped, the outputs set."""
+        arg_index = {id(v): k for k, v in enumerate(args)}
+        refs: list[str] = []
+        kept: list[Value] = []
+        for value in graph.inputs:
+            if id(value) in arg_index:
+                refs.append(f"a{arg_index[id(value)]}")
+            elif id(value) in self._outer:
+                refs.append(f"i{self._outer[id(value)][1]}")
+            else:
+                continue
+            kept.append(value)
+        graph.inputs[:] = kept
+        for value in outs:
+            graph.add_output(value)
+        return Body(graph, refs)
 
     def _ref(self, value: Value | None, refs: dict[int, str], args: dict[int, int], where: str) -> str | None:
         if value is None:
@@ -90,9 +135,9 @@ class Capture:
             return refs[id(value)]
         if id(value) in args:
             return f"a{args[id(value)]}"
-        for outer, proxy in self._proxy.items():
+        for (_, outer), proxy in self._proxy.items():
             if proxy is value:
-                return f"i{self._input(outer, value)}"
+                return f"i{self._input(outer, value, proxy=True)}"
         if value.const is not None:  # a constant the sub-graph made: a constant of the outer graph too
             if id(value) not in self._outer:
                 self._input(self.scope.constant(f"{self.name}/{value.name}", value.const), value)
@@ -112,7 +157,7 @@ class Capture:
             steps.append(
                 {
                     "kind": node.kind,
-                    "attrs": jsonable(node.attrs),
+                    "attrs": jsonable({k: v for k, v in node.attrs.items() if k != BODIES}),
                     "inputs": inputs,
                     "outputs": [refs[id(v)] for v in node.outputs],
                     "specs": [[list(v.shape or ()), str(v.dtype)] for v in node.outputs],

@@ -169,7 +169,7 @@ class CProvider:
         functions: dict[str, str] = {}  # name -> text
         entries: list[EntryContext] = []
         seen_symbols: set[str] = set()
-        seen_steps: set[int] = set()
+        seen_steps: set[int] = set()  # id(node): step indices repeat in nested schedules
         names: dict[tuple[str, Any], str] = {}  # (template, context) -> function name
         for part in partitions:
             if part.provider != self.name:
@@ -182,9 +182,9 @@ class CProvider:
             seen_symbols.add(symbol)
             calls: list[CallSite] = []
             for step in part.steps:
-                if step.index in seen_steps:
+                if id(step.node) in seen_steps:
                     raise CompileError(f"step {step.index} appears twice in the C partitions")
-                seen_steps.add(step.index)
+                seen_steps.add(id(step.node))
                 code: StepCode = KERNELS.kernel(step.node).build(step, target)
                 fn: str | None = None
                 if code.template is not None:

@@ -1,0 +1,148 @@
+"""Control steps compiled into nested schedules: each If branch and each Loop / Scan body goes
+through the same back half as the model (partition, storage, memory plan; its C kernels are built
+into the model's library with the rest), and the control step runs them between partitions.
+
+The frontend keeps every subgraph of an ``onnx_aot.If`` / ``Loop`` / ``Scan`` step as an IR graph
+(``Body``, in the ``bodies`` attribute) beside its program. :func:`compile_control` compiles those
+bodies (nested control steps inside first) on the host target; on any other target it drops them,
+and the step keeps its programs and runs them with the reference kernels (the fallback).
+
+A compiled step's memory is its *region*: kernel scratch of the step in the outer arena, live for
+that step only. The body's own arena plan (offsets relative to the region) comes first; both
+branches of an If share it (the larger of the two plans); after it come a loop's slots: the
+iteration number, the condition the body returns, two buffers per carried value or state (a body
+reads one and writes the other, swapped each iteration), and a Scan's slices and elements that are
+not contiguous in the outer tensors (copied in and out there). Inputs and outer values are read
+where the outer plan put them; an If's outputs, a Loop's scan outputs and a Scan's contiguous
+slices and elements are written where the outer plan put the step's outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from compiler.frontend.control.program import BODIES
+from compiler.frontend.control.program import Body
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.memory import plan_offsets
+from compiler.memory import verify_plan
+from compiler.memory.lifetimes import assign_storage
+from compiler.partition.partitioner import partition_graph
+from compiler.plan import ALIGNMENT
+from compiler.plan import Compiled
+from compiler.plan import NestedSchedule
+from compiler.providers.base import PartitionPlan
+from compiler.providers.base import Provider
+
+__all__ = ["ControlProvider", "compile_control"]
+
+
+class ControlProvider:
+    """Claims the compiled control steps; their region is their scratch. No code of its own: the
+    runtime's control runner (runtime/providers/control.py) calls the bodies' partitions."""
+
+    name = "control"
+    runner = "control"
+    memory_space = "host"
+    alignment = ALIGNMENT
+
+    def __init__(self, compiled: dict[int, Compiled]) -> None:
+        self.compiled = compiled
+
+    def claims(self, graph: Graph) -> set[Node]:
+        return {node for node in graph.nodes if id(node) in self.compiled}
+
+    def scratch_nbytes(self, node: Node) -> int:
+        return self.compiled[id(node)].region_nbytes
+
+    def generate(self, partitions: list[PartitionPlan], kernels_dir: Any, options: Any) -> None:
+        return None
+
+
+def compile_control(
+    graph: Graph, providers: list[Provider], prepare: Callable[[Graph], None], budget_ms: float | None,
+    *, enabled: bool = True,
+) -> dict[int, Compiled]:
+    """Compile the bodies of ``graph``'s control steps (by id(node)); ``prepare`` readies a body's
+    graph for planning (``materialize_outputs``). Every step loses its ``bodies`` attribute; those
+    not compiled (a target other than the host's, or not ``enabled``) keep their programs."""
+    host_only = enabled and all(p.memory_space == "host" for p in providers)
+    compiled: dict[int, Compiled] = {}
+    for node in graph.nodes:
+        bodies: list[Body] | None = node.attrs.pop(BODIES, None)
+        if bodies is None or not host_only:
+            continue
+        schedules = [_compile_body(body, providers, prepare, budget_ms) for body in bodies]
+        compiled[id(node)] = _layout(node, schedules)
+        node.attrs = dict(compiled[id(node)].attrs)  # the programs are not needed any more
+    return compiled
+
+
+def _compile_body(
+    body: Body, providers: list[Provider], prepare: Callable[[Graph], None], budget_ms: float | None
+) -> NestedSchedule:
+    graph = body.graph
+    prepare(graph)
+    graph.verify()
+    inner = compile_control(graph, providers, prepare, budget_ms)
+    everyone: list[Provider] = [ControlProvider(inner), *providers]
+    schedule = partition_graph(graph, everyone)
+    by_name = {p.name: p for p in everyone}
+    scratch = [by_name[name].scratch_nbytes(node)
+               for name, node in zip(schedule.provider_of_step, schedule.steps, strict=True)]
+    storage = assign_storage(graph, schedule.steps, ["host"] * len(schedule.steps), scratch)
+    buffers = storage.buffers.get("host", [])
+    mem_plan = plan_offsets(buffers, ALIGNMENT, budget_ms=budget_ms)
+    verify_plan(buffers, mem_plan, ALIGNMENT)
+    return NestedSchedule(graph, body.refs, schedule, storage, mem_plan, inner)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+class _Slots:
+    """Places after the bodies' arena in a control step's region."""
+
+    def __init__(self, start: int) -> None:
+        self.end = _align(start)
+
+    def take(self, value: Value) -> int:
+        offset = self.end
+        self.end = _align(offset + value.nbytes)
+        return offset
+
+
+def _layout(node: Node, schedules: list[NestedSchedule]) -> Compiled:
+    """The region of control step ``node`` and the plan attributes saying where its slots are."""
+    slots = _Slots(max(s.mem_plan.arena_nbytes for s in schedules))
+    attrs = dict(node.attrs)
+    if node.op_type == "If":
+        return Compiled(schedules, slots.end, {})
+    body = schedules[0]
+    args = _arguments(body)
+    outs = body.graph.outputs
+    if node.op_type == "Loop":
+        n = int(attrs["n_carried"])
+        loop_attrs: dict[str, Any] = {"n_carried": n}
+        loop_attrs["iteration"] = slots.take(args[0]) if 0 in args else None
+        loop_attrs["cond"] = slots.take(outs[0])
+        loop_attrs["carried"] = [[slots.take(outs[1 + k]), slots.take(outs[1 + k])] for k in range(n)]
+        return Compiled(schedules, slots.end, loop_attrs)
+    n = int(attrs["n_states"])
+    scan_attrs = {k: attrs[k] for k in ("n_states", "length", "in_axes", "in_dirs", "out_axes", "out_dirs")}
+    scan_attrs["states"] = [[slots.take(outs[k]), slots.take(outs[k])] for k in range(n)]
+    scan_attrs["slices"] = [slots.take(args[n + k]) if axis and n + k in args else None
+                            for k, axis in enumerate(attrs["in_axes"])]
+    scan_attrs["elements"] = [slots.take(value) if axis else None
+                              for value, axis in zip(outs[n:], attrs["out_axes"], strict=True)]
+    return Compiled(schedules, slots.end, scan_attrs)
+
+
+def _arguments(body: NestedSchedule) -> dict[int, Value]:
+    """The body's inputs bound to arguments, by argument number."""
+    return {int(ref[1:]): value for ref, value in zip(body.refs, body.graph.inputs, strict=True)
+            if ref.startswith("a")}
