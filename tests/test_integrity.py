@@ -16,6 +16,7 @@ import pytest
 
 from compiler import compile_model
 from runtime import Session
+from runtime.artifact import FORMAT_VERSION
 from runtime.artifact import load_artifact
 from runtime.errors import ArtifactError
 from runtime.integrity import sampled_sha256
@@ -184,9 +185,10 @@ def test_manifest_damage(art: Path, no_library_loads: None) -> None:
 
 def test_newer_format_version_says_what_is_needed(art: Path, no_library_loads: None) -> None:
     manifest = _manifest(art)
-    _write_manifest(art, {**manifest, "format_version": 2, "compiler": {"version": "9.0"}})
+    newer = FORMAT_VERSION + 1
+    _write_manifest(art, {**manifest, "format_version": newer, "compiler": {"version": "9.0"}})
     with pytest.raises(
-        ArtifactError, match=r"format version 2 \(written by onnx-aot 9.0\) is newer.*upgrade"
+        ArtifactError, match=rf"format version {newer} \(written by onnx-aot 9.0\) is newer.*upgrade"
     ):
         Session(art)
     _write_manifest(art, {**manifest, "format_version": "one"})
@@ -325,7 +327,8 @@ _PLAN_MUTATIONS = [
     ("step index", lambda p: p["steps"][0].update(index=3), r"steps\[0\]\.index must be 0"),
     ("value location", lambda p: next(iter(p["values"].values())).update(location=["disk", 0]),
      r"values\['x'\]\.location must be"),
-    ("format version", lambda p: p.update(format_version=2), "plan format version 2"),
+    ("format version", lambda p: p.update(format_version=FORMAT_VERSION + 1),
+     f"plan format version {FORMAT_VERSION + 1}"),
 ]
 
 
