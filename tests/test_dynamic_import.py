@@ -27,6 +27,8 @@ from compiler.cli import parse_dim
 from compiler.cli import parse_shape
 from compiler.driver import compile_model
 from compiler.frontend.importer import import_model
+from compiler.frontend.probing import Probes
+from compiler.frontend.probing import fit
 from compiler.ir.graph import Graph
 from runtime.errors import CompileError
 from runtime.errors import ShapeError
@@ -183,8 +185,8 @@ def yolo_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def _ppocr_rec() -> Path:
-    model = model_named("ppocrv4-rec")
+def _cached(name: str) -> Path:
+    model = model_named(name)
     try:
         return fetch([model], say=lambda msg: print(msg, file=sys.stderr))[model.name]
     except RegistryUnreachableError as exc:
@@ -193,7 +195,7 @@ def _ppocr_rec() -> Path:
 
 # -- the imports keep symbols ----------------------------------------------------------------------
 def test_ppocr_rec_imported_once_has_every_width_s_shapes() -> None:
-    path = _ppocr_rec()
+    path = _cached("ppocrv4-rec")
     dynamic = import_model(path, {"x": (1, 3, 48, (32, 2048))})
     (name,) = dynamic.symbols
     assert dynamic.symbols[name] == (32, 2048) and name == "p2o_DynamicDimension_1"  # its dim_param
@@ -202,6 +204,15 @@ def test_ppocr_rec_imported_once_has_every_width_s_shapes() -> None:
         static = import_model(path, {"x": (1, 3, 48, width)})
         assert assert_same_as_static(dynamic, static, {name: width}) > 400
     assert str(dynamic.outputs[0].shape[1]) == f"({name}+3)//8"  # the sequence length the CTC reads
+
+
+def test_ppocr_det_imported_once_has_the_static_shapes() -> None:
+    path = _cached("ppocrv4-det")
+    dynamic = import_model(path, {"x": (1, 3, (32, 1024), (32, 1024))})
+    h, w = sorted(dynamic.symbols)
+    for height, width in ((640, 640), (320, 960), (32, 1024)):
+        static = import_model(path, {"x": (1, 3, height, width)})
+        assert assert_same_as_static(dynamic, static, {h: height, w: width}) > 1000
 
 
 @pytest.mark.parametrize("binding", [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 77},
@@ -301,3 +312,117 @@ def test_static_compiles_record_ranges_of_one_size_as_given(tmp_path: Path) -> N
     out = compile_model(bert_model(), tmp_path / "b", shapes={"x": (2, 5, 32), "mask": (2, 5)},
                         golden_cases=0)
     assert "dims" not in json.loads((out / "manifest.json").read_text())["options"]
+
+
+# -- one op at a time ------------------------------------------------------------------------------
+def _i64(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def single_op_model(nodes: list[onnx.NodeProto], inits: dict[str, np.ndarray],
+                    in_shape: tuple[Any, ...] = ("n", 4, 8, "w"), out_rank: int = 4) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "one", [helper.make_tensor_value_info("x", F, list(in_shape))],
+                              [helper.make_tensor_value_info("y", F, [None] * out_rank)],
+                              initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+N = helper.make_node
+SLICE = ["x", "s", "e", "a"]
+SQUARE = {"in_shape": ("n", 4, "w", "w")}
+ONE = np.ones((1,), np.float32)
+TAKES_SYMBOLS = {
+    "Pad": ([N("Pad", ["x", "p"], ["y"])], {"p": _i64(0, 0, 1, 1, 0, 0, 1, 1)}, {}),
+    "Slice to the end": ([N("Slice", SLICE, ["y"])], {"s": _i64(1), "e": _i64(2**62), "a": _i64(3)}, {}),
+    "Slice clamped": ([N("Slice", SLICE, ["y"])], {"s": _i64(0), "e": _i64(16), "a": _i64(3)}, {}),
+    "MaxPool": ([N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])], {}, {}),
+    "ConvTranspose": ([N("ConvTranspose", ["x", "k"], ["y"], strides=[2, 2])],
+                      {"k": np.ones((4, 4, 3, 3), np.float32)}, {}),
+    "Flatten": ([N("Flatten", ["x"], ["y"], axis=1)], {}, {"out_rank": 2}),
+    "Flatten of a square": ([N("Flatten", ["x"], ["y"], axis=1)], {}, {"out_rank": 2, **SQUARE}),
+    "ReduceSum": ([N("ReduceSum", ["x", "ax"], ["y"], keepdims=0)], {"ax": _i64(3)}, {"out_rank": 3}),
+    "Tile": ([N("Tile", ["x", "r"], ["y"])], {"r": _i64(1, 1, 1, 2)}, {}),
+    "Expand to a Shape": ([N("Shape", ["x"], ["s"]), N("Expand", ["c", "s"], ["y"])], {"c": ONE}, {}),
+    "ConstantOfShape": ([N("Shape", ["x"], ["s"]), N("ConstantOfShape", ["s"], ["z"]),
+                         N("Add", ["x", "z"], ["y"])], {}, {}),
+    "torch expand_as (Equal / Where)": ([
+        N("Shape", ["x"], ["s"]), N("Shape", ["s"], ["r"]),
+        N("ConstantOfShape", ["r"], ["ones"], value=helper.make_tensor("v", I64, [1], [1])),
+        N("Mul", ["ones", "m1"], ["neg"]), N("Equal", ["s", "neg"], ["eq"]),
+        N("Where", ["eq", "ones", "s"], ["t"]), N("Expand", ["c", "t"], ["y"])],
+        {"m1": _i64(-1), "c": ONE}, {}),
+    "Gather along a symbolic axis": ([N("Gather", ["x", "i"], ["y"], axis=3)], {"i": _i64(0, 2)}, {}),
+    "Resize by scales": ([N("Resize", ["x", "", "sc"], ["y"], mode="linear")],
+                         {"sc": np.array([1, 1, 2, 2], np.float32)}, {}),
+    "DepthToSpace": ([N("DepthToSpace", ["x"], ["y"], blocksize=2)], {}, {}),
+    "Range over a float dim": ([N("Shape", ["x"], ["s"]), N("Gather", ["s", "i3"], ["w"]),
+                                N("Cast", ["w"], ["wf"], to=F), N("Range", ["z", "wf", "o"], ["r"]),
+                                N("Add", ["x", "r"], ["y"])],
+                               {"i3": np.array(3, np.int64), "z": np.array(0, np.float32),
+                                "o": np.array(1, np.float32)}, {}),
+    "Einsum": ([N("Einsum", ["x", "x"], ["y"], equation="ncij,ncjk->ncik")], {}, SQUARE),
+    "InstanceNormalization": ([N("InstanceNormalization", ["x", "sc", "b"], ["y"])],
+                              {"sc": np.ones(4, np.float32), "b": np.zeros(4, np.float32)}, {}),
+    "LSTM over a symbolic sequence": ([N("Squeeze", ["x", "ax"], ["xs"]),
+                                       N("Transpose", ["xs"], ["xt"], perm=[2, 0, 1]),
+                                       N("LSTM", ["xt", "W", "R"], ["y"], hidden_size=2)],
+                                      {"ax": _i64(2), "W": np.ones((1, 8, 4), np.float32),
+                                       "R": np.ones((1, 8, 2), np.float32)}, {"in_shape": ("n", 4, 1, "w")}),
+}
+
+
+# a result whose shape follows the symbols stays a node (a constant has one shape); at a static shape
+# the import folds it when it is small (FOLD_MAX_BYTES), so only the shapes are compared
+FOLDED_WHEN_STATIC = {"Expand to a Shape", "ConstantOfShape", "torch expand_as (Equal / Where)",
+                      "Range over a float dim"}
+
+
+@pytest.mark.parametrize("case", list(TAKES_SYMBOLS))
+def test_ops_that_take_symbols_import_like_the_static_import(case: str) -> None:
+    nodes, inits, extra = TAKES_SYMBOLS[case]
+    model = single_op_model(nodes, inits, **extra)
+    dynamic = import_model(model, dims={"n": (1, 4), "w": (8, 64)})
+    assert any(isinstance(d, Expr) for d in dynamic.outputs[0].shape)
+    for n, w in ((1, 8), (3, 13), (4, 64)):
+        dims = extra.get("in_shape", ("n", 4, 8, "w"))
+        static_shape = tuple(n if d == "n" else w if d == "w" else d for d in dims)
+        static = import_model(model, {"x": static_shape})
+        if case in FOLDED_WHEN_STATIC:  # a small result of a static shape is a constant there
+            shapes = {v.name: v.shape for v in static.values()}
+            met = [v for v in dynamic.values() if v.name in shapes]  # (the outputs, at least)
+            assert "y" in {v.name for v in met}
+            for value in met:
+                assert _at(value.shape, {"n": n, "w": w}) == shapes[value.name], (case, value.name)
+            continue
+        assert_same_as_static(dynamic, static, {"n": n, "w": w})
+
+
+@pytest.mark.parametrize(("nodes", "inits"), [
+    ([N("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)], {}),
+    ([N("Conv", ["x", "k"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],
+     {"k": np.ones((4, 4, 3, 3), np.float32)}),
+    ([N("TopK", ["x", "k"], ["y", "i"], axis=3)], {"k": _i64(3)}),
+])
+def test_ops_that_cannot_take_symbols_yet_name_the_node_and_dims(nodes: list[onnx.NodeProto],
+                                                                 inits: dict[str, np.ndarray]) -> None:
+    model = single_op_model(nodes, inits)
+    op = nodes[0].op_type
+    with pytest.raises(ShapeError, match=rf"node '{op}_0' \({op}\): its canonical form cannot take "
+                                         r"symbolic dims yet .* it met 'x' shape \[n, 4, 8, w\]"):
+        import_model(model, dims={"n": (1, 4), "w": (8, 64)})
+
+
+def test_fit_family() -> None:
+    w, h = sym("W"), sym("H")
+    probes = Probes({"W": (8, 64), "H": (1, 9)})
+    bindings = probes.varied
+    cases = [(lambda b: (b["W"] + 1) // 2, "(W+1)//2"), (lambda b: min(b["W"], 16), "min(16,W)"),
+             (lambda b: 4 * b["W"] * b["H"], "4*H*W"), (lambda b: b["W"] * b["W"], "W*W"),
+             (lambda b: b["W"] + 2 * b["H"] + 3, "2*H+W+3"), (lambda b: (b["W"] - 3) // 4 + 1, "(W+1)//4"),
+             (lambda b: 7, 7)]
+    for f, want in cases:
+        got = fit([f(b) for b in bindings], [w, h], bindings)
+        assert (str(got) if isinstance(got, Expr) else got) == want
+    assert fit([b["W"] ** 3 + b["H"] for b in bindings], [w, h], bindings) is None
+    again = Probes({"W": (8, 64), "H": (1, 9)})
+    assert (again.varied, again.aligned) == (probes.varied, probes.aligned)  # seeded: every import alike

@@ -135,9 +135,9 @@ def evaluate(nodes: Sequence[Node], binding: Binding | None = None) -> dict[int,
 
 def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probes) -> dict[str, np.ndarray]:
     """The results of ``nodes`` (inputs known, some symbolic) as expressions of the symbols: each
-    integer element fitted from evaluations at the probe bindings (``probing.py``). A result that
-    is the same at every probe is a plain constant; one whose shape, or non-integer value, depends
-    on the symbols is not folded."""
+    integer element (or whole-number float element) fitted from evaluations at the probe bindings
+    (``probing.py``). A result that is the same at every probe is a plain constant; one whose
+    shape, or fractional or boolean value, depends on the symbols is not folded."""
     groups: list[Sequence[object]] = []
     for node in nodes:
         for value in node.inputs:
@@ -158,8 +158,10 @@ def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probe
         if all(np.array_equal(a, arrays[0]) for a in arrays):
             folded[value.name] = arrays[0]
             continue
-        if arrays[0].dtype.kind not in "iu":
-            raise NotFolded("its result depends on the symbols and is not an integer")
+        if not (arrays[0].dtype.kind in "iu" or (arrays[0].dtype.kind == "f" and all(
+                np.array_equal(a, np.floor(a)) and np.all(np.abs(a) < 2**24) for a in arrays))):
+            # (a shape cast to float and scaled by whole numbers stays whole: Range(0.0, W) folds)
+            raise NotFolded("its result depends on the symbols and is not a whole number")
         table = np.stack([a.reshape(-1) for a in arrays])
         elements = []
         for e in range(table.shape[1]):

@@ -6,11 +6,12 @@ computation, e.g. ``Shape -> Gather -> Concat`` giving a Reshape's target). Inst
 hand-written symbolic rule per op, the import *probes*: it runs that static code at several
 bindings of the symbols (:class:`Probes`) and fits each integer result (a dim, an element of a shape
 tensor) as an expression of the *atoms* the node reads -- its inputs' symbolic dims and symbolic
-constant elements -- from a small family (:func:`fit`):
+constant elements, and the bare symbols those depend on -- from a small family (:func:`fit`), in
+this order:
 
-- a constant;
-- ``(p*a + q) // r`` of one atom ``a`` (identity, scaling, every Conv / pool / Resize size rule:
-  ``(a + pads - dilation*(k-1) - 1) // stride + 1`` is of this form);
+- a constant; an input's dim passed through unchanged;
+- ``(p*a + q) // r`` of one bare symbol, then of one atom ``a`` (scaling, every Conv / pool /
+  Resize size rule: ``(a + pads - dilation*(k-1) - 1) // stride + 1`` is of this form);
 - an integer linear combination of atoms (a Concat along a symbolic axis, a Pad);
 - ``c * a1 * a2 * ...`` (a Flatten, a Reshape's ``-1``);
 - ``min(f, c)`` / ``max(f, c)`` of the one-atom form (a Slice end clamped to a dim).
@@ -46,8 +47,10 @@ from runtime.symbolic import Dim
 from runtime.symbolic import Expr
 from runtime.symbolic import evaluate
 from runtime.symbolic import floordiv
+from runtime.symbolic import free_symbols
 from runtime.symbolic import max_
 from runtime.symbolic import min_
+from runtime.symbolic import sym
 
 __all__ = ["Probes", "fit", "atoms_of"]
 
@@ -128,6 +131,14 @@ def fit(ys: Sequence[int], atoms: Sequence[Expr], bindings: Sequence[Binding]) -
     if len(set(ys)) == 1:
         return ys[0]
     values = [[evaluate(a, b) for a in atoms] for b in bindings]
+    for k, atom in enumerate(atoms):  # an input dim passed through (a Concat's other dims)
+        if all(v[k] == y for v, y in zip(values, ys, strict=True)):
+            return atom
+    # then the bare symbols: over a small range many forms agree (s and s + (s+4)//5 - 1 for s in
+    # 1..4), and the simplest one is the one later rules compare equal
+    symbols = sorted({name for atom in atoms for name in free_symbols(atom)})
+    atoms = atoms_of([sym(name) for name in symbols], atoms)
+    values = [[evaluate(a, b) for a in atoms] for b in bindings]
     for k, atom in enumerate(atoms):
         line = _fit_line([v[k] for v in values], ys)
         if line is not None:
@@ -172,10 +183,10 @@ def _fit_linear(ys: Sequence[int], atoms: Sequence[Expr], values: Sequence[Seque
 
 
 def _fit_product(ys: Sequence[int], atoms: Sequence[Expr], values: Sequence[Sequence[int]]) -> Dim | None:
-    """``c * a1 * a2 * ...`` (up to three atoms; ``c`` a fraction, the product divisible by its
-    denominator at every probe)."""
+    """``c * a1 * a2 * ...`` (up to three atoms, repeats allowed: ``W*W``; ``c`` a fraction, the
+    product divisible by its denominator at every probe)."""
     for size in (2, 3, 1):
-        for subset in itertools.combinations(range(len(atoms)), size):
+        for subset in itertools.combinations_with_replacement(range(len(atoms)), size):
             products = [int(np.prod([v[k] for k in subset], dtype=object)) for v in values]
             if any(p == 0 for p in products):
                 continue
