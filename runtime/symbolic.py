@@ -123,6 +123,12 @@ class Expr:
 
     __str__ = to_json
 
+    def __format__(self, spec: str) -> str:
+        try:
+            return format(self.to_json(), spec)
+        except ValueError:  # a numeric spec (f"{size:,}" in a message): the text as it is
+            return self.to_json()
+
     def __repr__(self) -> str:
         return f"Expr({self.to_json()!r})"
 

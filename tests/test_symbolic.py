@@ -51,6 +51,7 @@ def test_text_is_python_and_reads_back() -> None:
     assert to_json(W // 2) == "W//2"
     assert to_json(min_(W, 2048)) == "min(2048,W)"
     assert to_json(5) == 5
+    assert f"{(W + 1) // 2}" == "(W+1)//2" and f"{W:,}" == "W" and f"{W:>3}" == "  W"  # (messages)
     for expr in (2 * (W // 2), -(W // 2), W * W - H, H * W * 3 + (W // 2) * 2 - 7, (H * W) // 4,
                  min_(W, 2048) + 1, max_(H, W) * 2, mod(W, 3), 1 - W):
         text = to_json(expr)

@@ -120,8 +120,9 @@ def graph_from_proto(proto: onnx.ModelProto,
                    k: int = 0) -> None:
         if is_control_flow(node_proto):  # If / Loop / Scan (frontend/control/)
             name = node_proto.name or f"{node_proto.op_type}_{k}"
+            reads = [*node_proto.input, *(n for sub in subgraphs(node_proto) for n in outer_names(sub))]
             with _symbolic_guard(f"node {name!r} ({node_proto.op_type})", "control flow",
-                                 [at.env.get(n) for n in node_proto.input if n]):
+                                 [at.env.get(n) for n in dict.fromkeys(reads) if n]):
                 import_control_flow(at, node_proto, name)
             _note_control_flow(knowledge, at.env, node_proto, name)
         else:
@@ -460,7 +461,8 @@ def _infer_symbolic(proto: onnx.NodeProto, inputs: list[Value | None], opset: in
             dim = fit([t[1][k] for _, t in seen], atoms, [b for b, _ in seen])
             if dim is None:
                 raise ShapeError(f"{where}: output {name!r} dim {k} is no expression of the symbols this "
-                                 f"import can find (from its inputs' dims {', '.join(map(str, atoms))}); "
+                                 f"import can fit (from its inputs' dims {', '.join(map(str, atoms))}; the "
+                                 f"node takes {len(seen)} of {probes.count} probe sizes: check the ranges); "
                                  f"dynamic shapes: docs/dynamic-shapes.md")
             dims.append(dim)
         result[name] = (seen[0][1][0], tuple(dims))  # type: ignore[arg-type]  # (symbolic dims: see ir.graph.Shape)

@@ -61,6 +61,7 @@ VARIED = 14  # random bindings besides those at and next to the range ends
 ALIGNED = 12
 ALIGN = 32
 MIN_SUCCESSES = 6
+MIN_POINTS = 4  # the fewest probes a fit is made from
 _DENOMINATORS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
 
 
@@ -81,6 +82,10 @@ class Probes:
                                              for _ in range(VARIED)]
         self.aligned: list[Binding] = [{n: _aligned(rng, *self.ranges[n]) for n in names}
                                        for _ in range(ALIGNED)]
+
+    @property
+    def count(self) -> int:
+        return len(self.varied) + len(self.aligned)
 
     def run(self, fn: Callable[[Binding], R | None]) -> list[tuple[Binding, R]]:
         """``fn`` at the varied bindings, or at the aligned ones when too few of those succeed (an
@@ -126,7 +131,7 @@ def fit(ys: Sequence[int], atoms: Sequence[Expr], bindings: Sequence[Binding]) -
     """An expression of ``atoms`` equal to ``ys[i]`` at ``bindings[i]`` for every i, from the family
     in the module docstring; None when none fits."""
     ys = [int(y) for y in ys]
-    if not ys:
+    if len(ys) < MIN_POINTS:  # (a node the model takes at hardly any probe: no fit is trusted)
         return None
     if len(set(ys)) == 1:
         return ys[0]
