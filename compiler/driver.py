@@ -38,6 +38,7 @@ from compiler.memory import verify_plan
 from compiler.memory.lifetimes import assign_storage
 from compiler.nested import ControlProvider
 from compiler.nested import compile_control
+from compiler.nested import optimize_bodies
 from compiler.partition.partitioner import partition_graph
 from compiler.passes import optimize
 from compiler.plan import build_plan
@@ -123,6 +124,7 @@ def compile_model(
     n_onnx = len(graph) + len(graph.eliminated)
     say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes")
     graph = optimize(graph, opt_level, target=target, winograd=winograd)
+    optimize_bodies(graph, lambda g: optimize(g, opt_level, target=target, winograd=winograd))
     options = {
         "opt_level": opt_level,
         "target": target,

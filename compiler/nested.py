@@ -37,7 +37,7 @@ from compiler.plan import NestedSchedule
 from compiler.providers.base import PartitionPlan
 from compiler.providers.base import Provider
 
-__all__ = ["ControlProvider", "compile_control"]
+__all__ = ["ControlProvider", "compile_control", "optimize_bodies"]
 
 
 class ControlProvider:
@@ -60,6 +60,16 @@ class ControlProvider:
 
     def generate(self, partitions: list[PartitionPlan], kernels_dir: Any, options: Any) -> None:
         return None
+
+
+def optimize_bodies(graph: Graph, optimize: Callable[[Graph], Graph]) -> None:
+    """Run ``optimize`` (the model's passes and lowerings) over the bodies of ``graph``'s control
+    steps, nested ones first. Only the compiled path sees the result: the programs (the fallback)
+    were written at import."""
+    for node in graph.nodes:
+        for body in node.attrs.get(BODIES, ()):
+            optimize_bodies(body.graph, optimize)
+            body.graph = optimize(body.graph)
 
 
 def compile_control(

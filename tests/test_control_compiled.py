@@ -238,8 +238,22 @@ def test_a_malformed_nested_schedule_fails_at_load(tmp_path: Path, what: str, mu
     art = compile_model(_if_model(), tmp_path / "art")
     plan = json.loads((art / "plan.json").read_text())
     (step,) = [s for s in plan["steps"] if "schedules" in s]
-    mutate(step["schedules"][1])
+    mutate(step["schedules"][0])
     write_plan(art, plan)
     with pytest.raises(ArtifactError, match=message) as info:
         Session(art)
-    assert f"steps[{step['index']}].schedules[1]" in str(info.value)
+    assert f"steps[{step['index']}].schedules[0]" in str(info.value)
+
+
+def test_concurrent_runs_of_a_loop_step_do_not_share_bindings(tmp_path: Path) -> None:
+    # each run binds its own region (its pooled arena) and pointer arrays
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = _loop_model(scan=False)
+    session = Session(compile_model(model, tmp_path / "art"), threads=1)
+    cases = [_loop_feeds(n) for n in (2, 9, 4, 7) * 4]
+    wants = [ort_run(model, feeds) for feeds in cases]
+    with ThreadPoolExecutor(4) as pool:
+        gots = list(pool.map(lambda feeds: session.run(None, feeds), cases))
+    for got, want in zip(gots, wants, strict=True):
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-3, atol=1e-4)

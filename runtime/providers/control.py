@@ -51,41 +51,80 @@ class _Body:
 
     def __init__(self, schedule: PlanSchedule, load: Loader, weights_addr: int) -> None:
         self.parts = [load(schedule, record) for record in schedule.partitions]
-        self.c_slots = [len(part.ext) for kind, part in self.parts if kind == "c"]
+        self.c_ext = [part.ext for kind, part in self.parts if kind == "c"]
         self.weights_addr = weights_addr
-        self.inputs = schedule.inputs
         self.outputs = schedule.outputs
         self.specs = {name: (schedule.values[name].dtype, schedule.values[name].shape)
                       for name in (*schedule.inputs, *schedule.outputs)}
-        self.by_input = {int(ref[1:]): name for ref, name in zip(schedule.refs, schedule.inputs, strict=True)
-                         if ref[0] == "i"}
-        self.by_arg = {int(ref[1:]): name for ref, name in zip(schedule.refs, schedule.inputs, strict=True)
-                       if ref[0] == "a"}
+        refs = list(zip(schedule.refs, schedule.inputs, strict=True))
+        self.by_input = {int(ref[1:]): name for ref, name in refs if ref[0] == "i"}
+        self.by_arg = {int(ref[1:]): name for ref, name in refs if ref[0] == "a"}
         self.arena_nbytes = schedule.arena_nbytes
 
-    def bind(self, ins: list[Any]) -> tuple[dict[str, Any], dict[str, int]]:
-        """The arrays and addresses of the inputs bound to the step's inputs."""
-        arrays = {name: ins[k] for k, name in self.by_input.items()}
-        return arrays, {name: data_address(a) for name, a in arrays.items()}
-
-    def pointers(self) -> list[Any]:
-        """Fresh pointer arrays for the C partitions (one set per execution: runs may overlap)."""
-        return [(ctypes.c_void_p * max(n, 1))() for n in self.c_slots]
-
-    def run(self, arenas: dict[str, Any], region_addr: int, arrays: dict[str, Any], addrs: dict[str, int],
-            pointers: list[Any]) -> None:
-        """Call the partitions: C entries with the region's address, the others with ``arenas``
-        (the region as the host arena)."""
+    def call(self, arenas: dict[str, Any], region_addr: int, arrays: dict[str, Any],
+             pointers: list[Any]) -> None:
+        """Call the partitions: C entries with their pointer arrays and the region's address, the
+        others with ``arenas`` (the region as the host arena) and the bound ``arrays``."""
         c = 0
         for kind, part in self.parts:
             if kind == "c":
-                slots = pointers[c]
+                part.entry(pointers[c], region_addr, self.weights_addr, None)
                 c += 1
-                for slot, name in enumerate(part.ext):
-                    slots[slot] = addrs[name]
-                part.entry(slots, region_addr, self.weights_addr, None)
             else:
                 part.run(arenas, arrays)
+
+
+Place = tuple[Any, int]  # an array and its address
+
+
+class _Bindings:
+    """Where a body's inputs and outputs are during one execution of its step: fixed places,
+    places that alternate with the iteration's parity (the two buffers of a carried value), and
+    places that move every iteration (scan slices and elements, ``source.at(t)``). The C entries'
+    pointer arrays are filled once per parity; an iteration rewrites only the moving slots."""
+
+    def __init__(self, body: _Body, ins: list[Any]) -> None:
+        self.body = body
+        self.places: list[dict[str, Place]] = [{}, {}]  # by parity
+        self.moving: list[tuple[str, Any]] = []
+        for k, name in body.by_input.items():
+            self.fix(name, ins[k])
+
+    def fix(self, name: str, array: Any, addr: int | None = None) -> None:
+        place = (array, data_address(array) if addr is None else addr)
+        self.places[0][name] = self.places[1][name] = place
+
+    def alternate(self, name: str, even: Place, odd: Place) -> None:
+        self.places[0][name], self.places[1][name] = even, odd
+
+    def move(self, name: str, source: Any) -> None:
+        self.moving.append((name, source))
+
+    def ready(self) -> None:
+        """Fill the pointer arrays (fresh ones per execution: runs may overlap)."""
+        moving = {name: k for k, (name, _) in enumerate(self.moving)}
+        self.arrays = [{name: place[0] for name, place in places.items()} for places in self.places]
+        self.pointers = []
+        for places in self.places:
+            sets = [(ctypes.c_void_p * max(len(ext), 1))() for ext in self.body.c_ext]
+            for slots, ext in zip(sets, self.body.c_ext, strict=True):
+                for slot, name in enumerate(ext):
+                    if name not in moving:
+                        slots[slot] = places[name][1]
+            self.pointers.append(sets)
+        self.slots_of = [[(c, slot) for c, ext in enumerate(self.body.c_ext) for slot, name in enumerate(ext)
+                          if name == moved] for moved, _ in self.moving]
+
+    def run(self, t: int, parity: int, arenas: dict[str, Any], region_addr: int) -> None:
+        pointers, arrays = self.pointers[parity], self.arrays[parity]
+        for (name, source), slots in zip(self.moving, self.slots_of, strict=True):
+            array, addr = source.at(t)
+            arrays[name] = array
+            for c, slot in slots:
+                pointers[c][slot] = addr
+        self.body.call(arenas, region_addr, arrays, pointers)
+        for _, source in self.moving:
+            source.done(t)
 
 
 def _slot(region: np.ndarray, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -113,172 +152,155 @@ class _Step:
                                 f"{self.nbytes} bytes of scratch")
         self.run = {"If": self._if, "Loop": self._loop, "Scan": self._scan}[step.op_type]
 
-    def _operands(self, arenas: dict[str, Any], ext: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-        return ([v(arenas, ext) if v is not None else None for v in self.ins],
-                [v(arenas, ext) for v in self.outs])
-
-    def _region(self, arenas: dict[str, Any]) -> tuple[np.ndarray, int]:
-        region = arenas["host"][self.offset:self.offset + self.nbytes]
-        return region, data_address(region)
-
-    def _inner(self, region: np.ndarray) -> dict[str, Any]:
-        return {"host": region}
+    def _enter(self, arenas: dict[str, Any], ext: dict[str, Any]) -> tuple[list[Any], list[Any], _Region]:
+        """The step's inputs and outputs (views) and its region."""
+        ins = [v(arenas, ext) if v is not None else None for v in self.ins]
+        outs = [v(arenas, ext) for v in self.outs]
+        return ins, outs, _Region(arenas["host"][self.offset:self.offset + self.nbytes])
 
     def _if(self, arenas: dict[str, Any], ext: dict[str, Any]) -> None:
-        ins, outs = self._operands(arenas, ext)
+        ins, outs, region = self._enter(arenas, ext)
         body = self.bodies[0 if bool(ins[0].reshape(-1)[0]) else 1]
-        arrays, addrs = body.bind(ins)
+        bound = _Bindings(body, ins)
         for name, out in zip(body.outputs, outs, strict=True):
-            arrays[name], addrs[name] = out, data_address(out)
-        region, addr = self._region(arenas)
-        body.run(self._inner(region), addr, arrays, addrs, body.pointers())
+            bound.fix(name, out)
+        bound.ready()
+        bound.run(0, 0, region.arenas, region.addr)
 
     def _loop(self, arenas: dict[str, Any], ext: dict[str, Any]) -> None:
-        ins, outs = self._operands(arenas, ext)
+        ins, outs, region = self._enter(arenas, ext)
         body, attrs = self.bodies[0], self.attrs
         n = int(attrs["n_carried"])
         trips = None if ins[0] is None else int(ins[0].reshape(-1)[0])
         running = True if ins[1] is None else bool(ins[1].reshape(-1)[0])
-        region, addr = self._region(arenas)
-        arrays, addrs = body.bind(ins)
+        bound = _Bindings(body, ins)
         iteration = None
         if attrs["iteration"] is not None:
-            iteration = _slot(region, attrs["iteration"], *body.specs[body.by_arg[0]])
-            arrays[body.by_arg[0]], addrs[body.by_arg[0]] = iteration, addr + attrs["iteration"]
-        cond = _slot(region, attrs["cond"], *body.specs[body.outputs[0]])
-        arrays[body.outputs[0]], addrs[body.outputs[0]] = cond, addr + attrs["cond"]
-        flag = cond.reshape(-1)
-        carried = _Carried(region, addr, attrs["carried"], ins[2:2 + n], body, 2, 1)
-        elements = [_Elements(out, 0, 0, body.outputs[1 + n + k]) for k, out in enumerate(outs[n:])]
-        pointers, inner = body.pointers(), self._inner(region)
+            bound.fix(body.by_arg[0], *region.slot(attrs["iteration"], body.specs[body.by_arg[0]]))
+            iteration = region.array[attrs["iteration"]:attrs["iteration"] + 8].view(np.int64)
+        cond = region.slot(attrs["cond"], body.specs[body.outputs[0]])
+        bound.fix(body.outputs[0], *cond)
+        flag = cond[0].reshape(-1)
+        carried = _Carried(region, attrs["carried"], ins[2:2 + n], body, 2, 1, bound)
+        elements = [_Elements(out, 0, 0) for out in outs[n:]]
+        for k, e in enumerate(elements):
+            bound.move(body.outputs[1 + n + k], e)
+        bound.ready()
         i = 0
         while running and (trips is None or i < trips):
             if iteration is not None:
-                iteration[...] = i
-            carried.bind(arrays, addrs)
-            for e in elements:
-                e.bind(i, arrays, addrs, self.name)
-            body.run(inner, addr, arrays, addrs, pointers)
+                iteration[0] = i
+            bound.run(i, i & 1, region.arenas, region.addr)
             running = bool(flag[0])
-            carried.swap()
             i += 1
-        carried.finish(outs[:n])
+        carried.finish(outs[:n], i & 1)
         for e in elements:
-            e.check(i, self.name)
+            e.check(i)
 
     def _scan(self, arenas: dict[str, Any], ext: dict[str, Any]) -> None:
-        ins, outs = self._operands(arenas, ext)
+        ins, outs, region = self._enter(arenas, ext)
         body, attrs = self.bodies[0], self.attrs
         n, length = int(attrs["n_states"]), int(attrs["length"])
-        region, addr = self._region(arenas)
-        arrays, addrs = body.bind(ins)
-        states = _Carried(region, addr, attrs["states"], ins[:n], body, 0, 0)
+        bound = _Bindings(body, ins)
+        states = _Carried(region, attrs["states"], ins[:n], body, 0, 0, bound)
         xs = ins[n:n + len(attrs["in_axes"])]
-        slices = [_Slices(x, axis, d, body.by_arg.get(n + k), region, addr, off, body)
-                  for k, (x, axis, d, off) in enumerate(
-                      zip(xs, attrs["in_axes"], attrs["in_dirs"], attrs["slices"], strict=True))]
-        elements = [_Elements(out, axis, d, body.outputs[n + k], region, addr, off)
-                    for k, (out, axis, d, off) in enumerate(
-                        zip(outs[n:], attrs["out_axes"], attrs["out_dirs"], attrs["elements"], strict=True))]
-        pointers, inner = body.pointers(), self._inner(region)
+        for k, (x, axis, reverse, off) in enumerate(
+                zip(xs, attrs["in_axes"], attrs["in_dirs"], attrs["slices"], strict=True)):
+            name = body.by_arg.get(n + k)
+            if name is not None:
+                copy = region.slot(off, body.specs[name]) if off is not None else None
+                bound.move(name, _Slices(x, axis, reverse, length, copy))
+        for k, (out, axis, reverse, off) in enumerate(
+                zip(outs[n:], attrs["out_axes"], attrs["out_dirs"], attrs["elements"], strict=True)):
+            name = body.outputs[n + k]
+            bound.move(name, _Elements(out, axis, reverse, region.slot(off, body.specs[name])
+                                       if off is not None else None))
+        bound.ready()
         for t in range(length):
-            states.bind(arrays, addrs)
-            for s in slices:
-                s.bind(t, length, arrays, addrs)
-            for e in elements:
-                e.bind(t, arrays, addrs, self.name)
-            body.run(inner, addr, arrays, addrs, pointers)
-            for e in elements:
-                e.store(t)
-            states.swap()
-        states.finish(outs[:n])
+            bound.run(t, t & 1, region.arenas, region.addr)
+        states.finish(outs[:n], length & 1)
+
+
+class _Region:
+    """A control step's scratch region: the bodies' arena, then the step's slots."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.addr = data_address(array)
+        self.arenas = {"host": array}
+
+    def slot(self, offset: int, spec: tuple[np.dtype, tuple[int, ...]]) -> Place:
+        return _slot(self.array, offset, *spec), self.addr + offset
 
 
 class _Carried:
-    """Carried values (states) in two buffers each: a body reads one and writes the other."""
+    """Carried values (states) in two buffers each: in an iteration of parity p the body reads
+    buffer p and writes the other, so after i iterations the values are in buffer i % 2."""
 
-    def __init__(self, region: np.ndarray, addr: int, offsets: list[list[int]], initial: list[Any],
-                 body: _Body, first_arg: int, first_out: int) -> None:
-        self.names = [(body.by_arg.get(first_arg + k), body.outputs[first_out + k])
-                      for k in range(len(initial))]
-        self.bufs = []
-        for (a, b), value, (_, out) in zip(offsets, initial, self.names, strict=True):
-            dtype, shape = body.specs[out]
-            pair = (_slot(region, a, dtype, shape), _slot(region, b, dtype, shape))
-            np.copyto(pair[0], value)
-            self.bufs.append((pair, (addr + a, addr + b)))
-        self.cur = 0
-
-    def bind(self, arrays: dict[str, Any], addrs: dict[str, int]) -> None:
-        cur, nxt = self.cur, 1 - self.cur
-        for (name_in, name_out), (pair, where) in zip(self.names, self.bufs, strict=True):
+    def __init__(self, region: _Region, offsets: list[list[int]], initial: list[Any], body: _Body,
+                 first_arg: int, first_out: int, bound: _Bindings) -> None:
+        self.pairs = []
+        for k, ((a, b), value) in enumerate(zip(offsets, initial, strict=True)):
+            name_in, name_out = body.by_arg.get(first_arg + k), body.outputs[first_out + k]
+            pair = (region.slot(a, body.specs[name_out]), region.slot(b, body.specs[name_out]))
+            np.copyto(pair[0][0], value)
             if name_in is not None:
-                arrays[name_in], addrs[name_in] = pair[cur], where[cur]
-            arrays[name_out], addrs[name_out] = pair[nxt], where[nxt]
+                bound.alternate(name_in, pair[0], pair[1])
+            bound.alternate(name_out, pair[1], pair[0])
+            self.pairs.append(pair)
 
-    def swap(self) -> None:
-        self.cur = 1 - self.cur
-
-    def finish(self, outs: list[Any]) -> None:
-        for out, (pair, _) in zip(outs, self.bufs, strict=True):
-            np.copyto(out, pair[self.cur])
+    def finish(self, outs: list[Any], parity: int) -> None:
+        for out, pair in zip(outs, self.pairs, strict=True):
+            np.copyto(out, pair[parity][0])
 
 
 class _Slices:
-    """A Scan input's slice per iteration: a view where it is contiguous, else a copy in the region."""
+    """A Scan input's slice per iteration: a view where it is contiguous (axis 0), else a copy
+    into its slot in the region."""
 
-    def __init__(self, x: Any, axis: int, reverse: int, name: str | None, region: np.ndarray, addr: int,
-                 offset: int | None, body: _Body) -> None:
-        self.name, self.reverse = name, bool(reverse)
-        self.moved = np.moveaxis(x, axis, 0)
-        self.copy = None
-        if name is not None and offset is not None:
-            self.copy, self.addr = _slot(region, offset, *body.specs[name]), addr + offset
+    def __init__(self, x: Any, axis: int, reverse: int, length: int, copy: Place | None) -> None:
+        self.moved, self.reverse, self.copy = np.moveaxis(x, axis, 0), bool(reverse), copy
+        self.length = length
 
-    def bind(self, t: int, length: int, arrays: dict[str, Any], addrs: dict[str, int]) -> None:
-        if self.name is None:
-            return
-        view = self.moved[length - 1 - t if self.reverse else t]
+    def at(self, t: int) -> Place:
+        view = self.moved[self.length - 1 - t if self.reverse else t]
         if self.copy is None:
-            arrays[self.name], addrs[self.name] = view, data_address(view)
-        else:
-            np.copyto(self.copy, view)
-            arrays[self.name], addrs[self.name] = self.copy, self.addr
+            return view, data_address(view)
+        np.copyto(self.copy[0], view)
+        return self.copy
+
+    def done(self, t: int) -> None:
+        pass
 
 
 class _Elements:
-    """A scan output's element per iteration: written in place where contiguous, else into the
-    region and copied out after the iteration."""
+    """A scan output's element per iteration: written in place where contiguous (axis 0), else
+    into its slot in the region and copied out after the iteration."""
 
-    def __init__(self, out: Any, axis: int, reverse: int, name: str, region: np.ndarray | None = None,
-                 addr: int = 0, offset: int | None = None) -> None:
-        self.moved, self.reverse, self.name = np.moveaxis(out, axis, 0), bool(reverse), name
+    def __init__(self, out: Any, axis: int, reverse: int, copy: Place | None = None) -> None:
+        self.moved, self.reverse, self.copy = np.moveaxis(out, axis, 0), bool(reverse), copy
         self.length = self.moved.shape[0]
-        self.copy = None
-        if offset is not None and region is not None:
-            self.copy, self.addr = _slot(region, offset, out.dtype, self.moved.shape[1:]), addr + offset
 
     def _index(self, t: int) -> int:
         return self.length - 1 - t if self.reverse else t
 
-    def bind(self, t: int, arrays: dict[str, Any], addrs: dict[str, int], step: str) -> None:
+    def at(self, t: int) -> Place:
         if t >= self.length:
-            raise RuntimeKernelError(f"step {step!r} (Loop): more iterations than the {self.length} its "
-                                     f"scan outputs were compiled for")
-        if self.copy is None:
-            view = self.moved[self._index(t)]
-            arrays[self.name], addrs[self.name] = view, data_address(view)
-        else:
-            arrays[self.name], addrs[self.name] = self.copy, self.addr
-
-    def store(self, t: int) -> None:
+            raise RuntimeKernelError(f"more iterations than the {self.length} its scan outputs were "
+                                     f"compiled for")
         if self.copy is not None:
-            self.moved[self._index(t)] = self.copy
+            return self.copy
+        view = self.moved[self._index(t)]
+        return view, data_address(view)
 
-    def check(self, ran: int, step: str) -> None:
+    def done(self, t: int) -> None:
+        if self.copy is not None:
+            self.moved[self._index(t)] = self.copy[0]
+
+    def check(self, ran: int) -> None:
         if ran != self.length:
-            raise RuntimeKernelError(f"step {step!r} (Loop): ran {ran} iterations, but its scan outputs "
-                                     f"were compiled for {self.length}")
+            raise RuntimeKernelError(f"ran {ran} iterations, but its scan outputs were compiled for "
+                                     f"{self.length}")
 
 
 class ControlPartition:
@@ -294,8 +316,6 @@ class ControlPartition:
             t0 = time.perf_counter()
             try:
                 step.run(arenas, ext)
-            except RuntimeKernelError:
-                raise
             except Exception as exc:
                 raise RuntimeKernelError(f"step {step.name!r} ({step.op_type}) failed: {exc}") from exc
             if timings is not None:
