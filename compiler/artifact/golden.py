@@ -7,8 +7,10 @@ generated kernel is tested against -- on inputs from the runtime's own generator
 are not stored: ``golden.json`` records each one's generator, seed and sha256, and the deploy
 machine regenerates it. The outputs go into ``golden.bin`` as raw little-endian bytes, whole when
 a case's outputs fit the byte budget (``max_bytes`` over all cases, 4 MiB), else as an evenly spaced
-sample of each output with its ``max|ref|``; per output the tolerance. Both files are hashed in
-the manifest like every other file and marked optional (``onnx-aot strip`` removes them).
+sample of each output with its ``max|ref|``; per output the tolerance. A model whose inputs and
+outputs of one case exceed the budget gets one case (each case is a reference run at compile
+time). Both files are hashed in the manifest like every other file and marked optional
+(``onnx-aot strip`` removes them).
 ``runtime/selftest.py`` reruns them on the deploy machine.
 
 So every artifact carries golden cases whatever its input size. Only a graph that draws random
@@ -120,8 +122,12 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
                              "cases": []}
     blob = bytearray()
     skip = _skip_reason(graph, cases)
-    budget = max_bytes // max(cases, 1)  # output bytes per case
-    for k in range(cases if skip is None else 0):
+    # each case costs a reference run at compile time: one case when a case's tensors exceed the
+    # budget (large inputs and outputs: the slow reference runs), else as many as fit, up to ``cases``
+    per_case = sum(_nbytes(v) for v in (*graph.inputs, *graph.outputs))
+    count = max(1, min(cases, max_bytes // max(per_case, 1)))
+    budget = max_bytes // count  # output bytes per case
+    for k in range(count if skip is None else 0):
         result = _case(graph, seed + k)
         if isinstance(result, _Failure):
             if not index["cases"]:
