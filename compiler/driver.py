@@ -163,6 +163,7 @@ def compile_graph(
     ``source`` is the (name, sha256) recorded as the model's source, ``options`` the compile
     options recorded in the manifest.
     """
+    refuse_dynamic(graph)
     say = progress or (lambda _msg: None)
     providers = providers if providers is not None else default_providers("cpu")
     if build is None:

@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Union
 
-__all__ = ["Dim", "Expr", "sym", "as_dim", "floordiv", "ceildiv", "mod", "min_", "max_",
-           "evaluate", "bounds", "free_symbols", "is_symbolic", "to_json", "parse", "evaluate_text"]
+__all__ = ["Dim", "Expr", "sym", "as_dim", "floordiv", "ceildiv", "mod", "min_", "max_", "evaluate", "bounds",
+           "simplify", "free_symbols", "is_symbolic", "to_json", "parse", "evaluate_text"]
 
 # An atom: ("s", name) | ("fd", Expr, divisor) | ("min", args) | ("max", args)
 Atom = tuple
@@ -352,6 +352,46 @@ def bounds(x: Dim, ranges: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
                 interval = _interval_mul(interval, a)
         lo, hi = lo + interval[0], hi + interval[1]
     return lo, hi
+
+
+def simplify(x: Dim, ranges: Mapping[str, tuple[int, int]]) -> Dim:
+    """``x`` with what the symbols' ``ranges`` decide folded: an atom whose bounds are one value
+    becomes that value (``(s+4)//5`` for ``s`` in 1..4 is 1), and a ``min`` / ``max`` argument that
+    can never be the extremum is dropped (``min(1, W)`` for ``W >= 1`` is 1)."""
+    if not isinstance(x, Expr):
+        return x
+    lo, hi = bounds(x, ranges)
+    if lo == hi:
+        return lo
+    result: Dim = x._const
+    for mono, coef in x._terms:
+        product: Dim = coef
+        for atom, power in mono:
+            value = _simplify_atom(atom, ranges)
+            for _ in range(power):
+                product = _mul(product, value)
+        result = _add(result, product)
+    return result
+
+
+def _simplify_atom(atom: Atom, ranges: Mapping[str, tuple[int, int]]) -> Dim:
+    kind = atom[0]
+    if kind == "s":
+        return Expr((((((atom, 1),), 1),)), 0)
+    if kind == "fd":
+        value = floordiv(simplify(atom[1], ranges), atom[2])
+    else:
+        args = [simplify(a, ranges) for a in atom[1]]
+        spans = [bounds(a, ranges) for a in args]
+        if kind == "min":  # a never below another's maximum is never the least
+            kept = [a for a, (lo, _) in zip(args, spans, strict=True)
+                    if not any(lo > hi2 for k2, (_, hi2) in enumerate(spans) if args[k2] is not a)]
+        else:
+            kept = [a for a, (_, hi) in zip(args, spans, strict=True)
+                    if not any(hi < lo2 for k2, (lo2, _) in enumerate(spans) if args[k2] is not a)]
+        value = _extremum(kind, kept or args)
+    lo, hi = bounds(value, ranges)
+    return lo if lo == hi else value
 
 
 def free_symbols(x: object) -> frozenset[str]:

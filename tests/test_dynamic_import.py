@@ -397,6 +397,13 @@ def test_ops_that_take_symbols_import_like_the_static_import(case: str) -> None:
         assert_same_as_static(dynamic, static, {"n": n, "w": w})
 
 
+def test_what_the_ranges_decide_is_folded() -> None:
+    model = single_op_model(*TAKES_SYMBOLS["Slice to the end"][:2])
+    dynamic = import_model(model, dims={"n": (1, 4), "w": (8, 64)})
+    (node,) = dynamic.nodes
+    assert node.attrs["starts"] == [1] and node.attrs["ends"] == [sym("w")]  # not min(1, w)
+
+
 @pytest.mark.parametrize(("nodes", "inits"), [
     ([N("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)], {}),
     ([N("Conv", ["x", "k"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],

@@ -19,6 +19,7 @@ from runtime.symbolic import max_
 from runtime.symbolic import min_
 from runtime.symbolic import mod
 from runtime.symbolic import parse
+from runtime.symbolic import simplify
 from runtime.symbolic import sym
 from runtime.symbolic import to_json
 
@@ -97,6 +98,18 @@ def test_evaluate_bounds_and_free_symbols() -> None:
         bounds(expr, {"H": (1, 2)})
 
 
+def test_simplify_folds_what_the_ranges_decide() -> None:
+    s = sym("s")
+    ranges = {"W": (8, 64), "s": (1, 4)}
+    assert simplify(min_(1, W), ranges) == 1
+    assert simplify(max_(W, 4), ranges) == W
+    assert simplify(s + (s + 4) // 5 - 1, ranges) == s
+    assert simplify(min_(W, 100) + 1, ranges) == W + 1
+    assert simplify(min_(W, 16), ranges) == min_(W, 16)
+    assert simplify((W + 1) // 2 * min_(2, s + 1), ranges) == 2 * ((W + 1) // 2)
+    assert simplify(7, ranges) == 7
+
+
 def _random_expr(rng: random.Random, depth: int) -> tuple[Callable[[dict[str, int]], int], object]:
     """A random expression as a plain-int function and as the same operations on dims."""
     names = ("W", "H", "seq")
@@ -142,3 +155,4 @@ def test_random_expressions_evaluate_like_their_arithmetic() -> None:
             assert evaluate_text(text, binding) == want
             lo, hi = bounds(expr, ranges)  # type: ignore[arg-type]
             assert lo <= want <= hi, (text, binding, lo, hi)
+            assert evaluate(simplify(expr, ranges), binding) == want, (text, binding)  # type: ignore[arg-type]

@@ -57,8 +57,10 @@ from compiler.limits import check_tensor_size
 from runtime.errors import ModelError
 from runtime.errors import ShapeError
 from runtime.errors import UnsupportedOpError
+from runtime.symbolic import Expr
 from runtime.symbolic import bounds
 from runtime.symbolic import evaluate as sym_evaluate
+from runtime.symbolic import simplify
 from runtime.symbolic import sym
 
 __all__ = ["import_model", "graph_from_proto"]
@@ -141,8 +143,35 @@ def graph_from_proto(proto: onnx.ModelProto,
             raise ShapeError(f"graph output {out.name!r} has no static shape")
         graph.add_output(value, out.name)
     graph.prune_constants()
+    if graph.symbols:
+        _simplify_symbols(graph)
     graph.verify()
     return graph
+
+
+def _simplify_symbols(graph: Graph) -> None:
+    """Fold what the symbols' ranges decide in every shape, attribute and symbolic constant
+    (``min(1, W)``, a Slice start clamped to a dim that is never below 1, is 1)."""
+    def fold(item: Any) -> Any:
+        if isinstance(item, Expr):
+            return simplify(item, graph.symbols)
+        if isinstance(item, (list, tuple)) and any(isinstance(d, Expr) for d in item):
+            return type(item)(fold(d) for d in item)
+        if isinstance(item, np.ndarray) and item.dtype == object:
+            out = np.empty(item.shape, object)
+            out.reshape(-1)[:] = [fold(d) for d in item.reshape(-1)]
+            return out
+        return item
+
+    for value in graph.values():
+        if value.shape is not None:
+            value.shape = fold(value.shape)
+        if value.const is not None and value.const.dtype == object:
+            const = fold(value.const)
+            symbolic = any(isinstance(d, Expr) for d in const.reshape(-1))
+            value.const = const if symbolic else const.astype(value.dtype)
+    for node in graph.nodes:
+        node.attrs = {key: fold(item) for key, item in node.attrs.items()}
 
 
 # ONNX ops the frontend rewrites into another canonical kind (see docs/ops.md)
