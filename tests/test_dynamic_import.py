@@ -448,3 +448,11 @@ def test_a_node_the_ranges_hardly_fit_and_control_flow_are_shape_errors() -> Non
     with pytest.raises(ShapeError, match=r"node 'If_0' \(If\): control flow cannot take symbolic dims yet .* "
                                          r"it met 'x' shape \[n, w\]"):
         import_model(model, dims={"n": (1, 4), "w": (8, 64)})
+
+
+def test_a_node_no_probe_size_fits_is_a_shape_error_saying_so() -> None:
+    reshape = single_op_model([N("Reshape", ["x", "s"], ["y"])], {"s": _i64(7, -1)}, ("n", "w"), 2)
+    with pytest.raises(ShapeError, match=r"node 'Reshape_0' \(Reshape\): cannot infer a static shape for "
+                                         r"output 'y' at any probe size of the symbols \(at n=1, w=8\): its "
+                                         r"input shapes \(nxw, 2\) do not fit the op"):
+        import_model(reshape, dims={"n": (1, 4), "w": (8, 13)})

@@ -404,7 +404,12 @@ def _unknown_shape(proto: onnx.NodeProto, inputs: list[Value | None], output: st
     unknown = [(i, v) for i, v in enumerate(inputs)
                if v is not None and v.const is None and (listed is None or i in listed)]
     message = f"{where}: cannot infer a static shape for output {output!r}"
-    rejected = _inference_error(proto, inputs, opset)
+    probed = inputs
+    if knowledge.probes is not None and any(v is not None and v.is_symbolic for v in inputs):
+        at = knowledge.probes.varied[0]  # (every symbol at its LO: what onnx says there)
+        probed = [_at_binding(v, at) for v in inputs]
+        message += f" at any probe size of the symbols (at {', '.join(f'{k}={n}' for k, n in at.items())})"
+    rejected = _inference_error(proto, probed, opset)
     if rejected is not None:
         shapes = ", ".join("x".join(map(str, v.shape)) if v is not None and v.shape is not None else "-"
                            for v in inputs)
