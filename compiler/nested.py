@@ -3,9 +3,10 @@ through the same back half as the model (partition, storage, memory plan; its C 
 into the model's library with the rest), and the control step runs them between partitions.
 
 The frontend keeps every subgraph of an ``onnx_aot.If`` / ``Loop`` / ``Scan`` step as an IR graph
-(``Body``, in the ``bodies`` attribute) beside its program. :func:`compile_control` compiles those
-bodies (nested control steps inside first) on the host target; on any other target it drops them,
-and the step keeps its programs and runs them with the reference kernels (the fallback).
+(``Body``, in the ``bodies`` attribute) beside its program. :func:`optimize_bodies` runs the model's
+passes over them; :func:`compile_control` compiles them (nested control steps inside first) on the
+host target; on any other target (or when told not to) it drops them, and the step keeps its
+programs and runs them with the reference kernels (the fallback).
 
 A compiled step's memory is its *region*: kernel scratch of the step in the outer arena, live for
 that step only. The body's own arena plan (offsets relative to the region) comes first; both
