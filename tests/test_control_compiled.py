@@ -257,3 +257,26 @@ def test_concurrent_runs_of_a_loop_step_do_not_share_bindings(tmp_path: Path) ->
         gots = list(pool.map(lambda feeds: session.run(None, feeds), cases))
     for got, want in zip(gots, wants, strict=True):
         np.testing.assert_allclose(got[0], want[0], rtol=1e-3, atol=1e-4)
+
+
+def test_a_body_mixing_c_and_reference_partitions_carries_its_values(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # int64 Add / Mod run on the reference kernels, reading and writing carried buffers in the region
+    monkeypatch.setattr(loops, "MAX_UNROLLED_NODES", 5)
+    node = helper.make_node
+    nodes = [_const("three", np.array(3, np.int64)), _const("seven", np.array(7, np.int64)),
+             node("Add", ["cnt", "three"], ["t"]), node("Mod", ["t", "seven"], ["cnt_out"]),
+             node("Cast", ["cnt_out"], ["f"], to=F), node("Add", ["acc", "f"], ["acc_out"]),
+             node("Mul", ["acc_out", "acc_out"], ["sq"]), node("Identity", ["cond"], ["cond_out"])]
+    args = [_vi("i", I64, []), _vi("cond", TensorProto.BOOL, []), _vi("cnt", I64, [3]), _vi("acc", F, [3])]
+    body = _graph(nodes, "body", args, ["cond_out", "cnt_out", "acc_out", "sq"])
+    loop = helper.make_node("Loop", ["n", "", "cnt0", "acc0"], ["cnt", "acc", "sqs"], body=body)
+    outputs = [("cnt", I64, [3]), ("acc", F, [3]), ("sqs", F, [6, 3])]
+    inputs = [("cnt0", I64, [3]), ("acc0", F, [3])]
+    model = onnx_model([_const("n", np.array(6, np.int64)), loop], inputs, outputs, opset=13)
+    session = Session(compile_model(model, tmp_path / "art"))
+    (step,) = _control_steps(session.plan.steps)
+    runners = {p.runner for p in step.schedules[0].partitions}  # type: ignore[index]
+    assert runners == {"c", "reference"}
+    _check(session, model, {"cnt0": np.array([1, 5, 9], np.int64), "acc0": np.ones(3, np.float32)})

@@ -30,8 +30,8 @@ from runtime.errors import UnsupportedOpError
 __all__ = ["MAX_STEP_WORK", "ScanParams", "import_loop_step", "import_scan_step", "scan_params"]
 
 # A loop step whose trip count is known at compile time may run at most this many body steps
-# (iterations x body nodes): they run one by one through the reference kernels, at compile time
-# too (the golden self-test), at some microseconds each.
+# (iterations x body nodes): the golden self-test runs them one by one through the reference
+# kernels at compile time, at some microseconds each (and so does the fallback at run time).
 MAX_STEP_WORK = 1_000_000
 
 
@@ -100,7 +100,8 @@ def _check_work(
     if known is not None and endless and int(known.reshape(-1)[0]) * max(len(body.node), 1) > MAX_STEP_WORK:
         raise UnsupportedOpError(
             f"{where}: {int(known.reshape(-1)[0])} iterations of a {len(body.node)}-node body: over the "
-            f"{MAX_STEP_WORK} body steps a loop step runs (one by one, with the reference kernels)",
+            f"{MAX_STEP_WORK} body steps a loop step may run (the compile-time self-test runs them one by "
+            "one, with the reference kernels)",
             [(name, "Loop")],
         )
 
