@@ -52,6 +52,12 @@ class _Body:
     def __init__(self, schedule: PlanSchedule, load: Loader, weights_addr: int) -> None:
         self.parts = [load(schedule, record) for record in schedule.partitions]
         self.c_ext = [part.ext for kind, part in self.parts if kind == "c"]
+        self.pointer_types = [ctypes.c_void_p * max(len(ext), 1) for ext in self.c_ext]
+        self.slots: dict[str, list[tuple[int, int]]] = {}  # name -> its (C partition, slot) pairs
+        for c, ext in enumerate(self.c_ext):
+            for slot, name in enumerate(ext):
+                self.slots.setdefault(name, []).append((c, slot))
+        self.needs_arrays = any(kind != "c" for kind, _ in self.parts)  # reference / control parts
         self.weights_addr = weights_addr
         self.outputs = schedule.outputs
         self.specs = {name: (schedule.values[name].dtype, schedule.values[name].shape)
@@ -100,20 +106,21 @@ class _Bindings:
     def move(self, name: str, source: Any) -> None:
         self.moving.append((name, source))
 
-    def ready(self) -> None:
-        """Fill the pointer arrays (fresh ones per execution: runs may overlap)."""
-        moving = {name: k for k, (name, _) in enumerate(self.moving)}
-        self.arrays = [{name: place[0] for name, place in places.items()} for places in self.places]
+    def ready(self, parities: int = 2) -> None:
+        """Fill the pointer arrays of ``parities`` parities (fresh ones per execution: runs may
+        overlap); the arrays by name only where a partition other than C reads them."""
+        body = self.body
+        places = self.places[:parities]
+        self.arrays = [{name: place[0] for name, place in p.items()} if body.needs_arrays else {}
+                       for p in places]
         self.pointers = []
-        for places in self.places:
-            sets = [(ctypes.c_void_p * max(len(ext), 1))() for ext in self.body.c_ext]
-            for slots, ext in zip(sets, self.body.c_ext, strict=True):
-                for slot, name in enumerate(ext):
-                    if name not in moving:
-                        slots[slot] = places[name][1]
+        for p in places:
+            sets = [make() for make in body.pointer_types]
+            for name, place in p.items():
+                for c, slot in body.slots.get(name, ()):
+                    sets[c][slot] = place[1]
             self.pointers.append(sets)
-        self.slots_of = [[(c, slot) for c, ext in enumerate(self.body.c_ext) for slot, name in enumerate(ext)
-                          if name == moved] for moved, _ in self.moving]
+        self.slots_of = [body.slots.get(name, []) for name, _ in self.moving]
 
     def run(self, t: int, parity: int, arenas: dict[str, Any], region_addr: int) -> None:
         pointers, arrays = self.pointers[parity], self.arrays[parity]
@@ -164,7 +171,7 @@ class _Step:
         bound = _Bindings(body, ins)
         for name, out in zip(body.outputs, outs, strict=True):
             bound.fix(name, out)
-        bound.ready()
+        bound.ready(1)
         bound.run(0, 0, region.arenas, region.addr)
 
     def _loop(self, arenas: dict[str, Any], ext: dict[str, Any]) -> None:
@@ -313,7 +320,7 @@ class ControlPartition:
 
     def run(self, arenas: dict[str, Any], ext: dict[str, Any], timings: np.ndarray | None = None) -> None:
         for local, step in enumerate(self.steps):
-            t0 = time.perf_counter()
+            t0 = time.perf_counter() if timings is not None else 0.0
             try:
                 step.run(arenas, ext)
             except Exception as exc:
