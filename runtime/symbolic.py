@@ -382,13 +382,13 @@ def _simplify_atom(atom: Atom, ranges: Mapping[str, tuple[int, int]]) -> Dim:
         value = floordiv(simplify(atom[1], ranges), atom[2])
     else:
         args = [simplify(a, ranges) for a in atom[1]]
-        spans = [bounds(a, ranges) for a in args]
-        if kind == "min":  # a never below another's maximum is never the least
-            kept = [a for a, (lo, _) in zip(args, spans, strict=True)
-                    if not any(lo > hi2 for k2, (_, hi2) in enumerate(spans) if args[k2] is not a)]
-        else:
-            kept = [a for a, (_, hi) in zip(args, spans, strict=True)
-                    if not any(hi < lo2 for k2, (lo2, _) in enumerate(spans) if args[k2] is not a)]
+        kept = list(args)
+        for arg in args:  # for min: an argument never below another one is never needed
+            lo, hi = bounds(arg, ranges)
+            dominated = [o for o in kept if o is not arg and (
+                lo >= bounds(o, ranges)[1] if kind == "min" else hi <= bounds(o, ranges)[0])]
+            if dominated and len(kept) > 1:
+                kept = [o for o in kept if o is not arg]
         value = _extremum(kind, kept or args)
     lo, hi = bounds(value, ranges)
     return lo if lo == hi else value

@@ -456,3 +456,40 @@ def test_a_node_no_probe_size_fits_is_a_shape_error_saying_so() -> None:
                                          r"output 'y' at any probe size of the symbols \(at n=1, w=8\): its "
                                          r"input shapes \(nxw, 2\) do not fit the op"):
         import_model(reshape, dims={"n": (1, 4), "w": (8, 13)})
+
+
+def gpt_positions_model() -> onnx.ModelProto:
+    """A decoder's prologue as exports write it: position ids and the causal mask are constants of the
+    longest length, sliced to ``seq`` (``self.position_ids[:, :seq]``, ``bias[:, :, :seq, :seq]``)."""
+    rng = np.random.default_rng(7)
+    inits = [_init("pos_ids", np.arange(512, dtype=np.int64).reshape(1, 512)),
+             _init("pos_table", rng.standard_normal((512, 16)).astype(np.float32)),
+             _init("causal", np.tril(np.ones((512, 512), np.float32)).reshape(1, 1, 512, 512)),
+             _init("ax1", _i64(1)), _init("zero", _i64(0)), _init("i1", np.array(1, np.int64)),
+             _init("ax0", _i64(0)), _init("ax23", _i64(2, 3)), _init("zz", _i64(0, 0))]
+    nodes = [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i1"], ["seq"], axis=0),
+             N("Unsqueeze", ["seq", "ax0"], ["seq1"]),
+             N("Slice", ["pos_ids", "zero", "seq1", "ax1"], ["pid"]),
+             N("Gather", ["pos_table", "pid"], ["pe"]), N("Add", ["x", "pe"], ["h"]),
+             N("Concat", ["seq1", "seq1"], ["ss"], axis=0),
+             N("Slice", ["causal", "zz", "ss", "ax23"], ["cm"]),
+             N("Transpose", ["h"], ["ht"], perm=[0, 2, 1]), N("MatMul", ["h", "ht"], ["sc"]),
+             N("Unsqueeze", ["sc", "ax1"], ["sc4"]), N("Mul", ["sc4", "cm"], ["y"])]
+    graph = helper.make_graph(nodes, "gpt", [helper.make_tensor_value_info("x", F, ["b", "seq", 16])],
+                              [helper.make_tensor_value_info("y", F, [None] * 4)], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_constants_sliced_to_a_symbolic_length() -> None:
+    model = gpt_positions_model()
+    dynamic = import_model(model, dims={"b": (1, 4), "seq": (1, 512)})
+    slices = [n for n in dynamic.nodes if n.op_type == "Slice"]
+    assert [n.attrs["ends"] for n in slices] == [[sym("seq")], [sym("seq"), sym("seq")]]  # min(512, seq)
+    assert dynamic.outputs[0].shape == (sym("b"), 1, sym("seq"), sym("seq"))
+    for b, seq in ((1, 1), (2, 77), (4, 512)):
+        # (the static import folds the slices of constants: compare the values both have)
+        static = {v.name: v.shape for v in import_model(model, {"x": (b, seq, 16)}).values()}
+        met = [v for v in dynamic.values() if v.name in static]
+        assert len(met) >= 5
+        for value in met:
+            assert _at(value.shape, {"b": b, "seq": seq}) == static[value.name], value.name

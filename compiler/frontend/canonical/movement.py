@@ -6,6 +6,8 @@ from their compile-time constants, axes are normalized and slice bounds clamped.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from compiler.frontend.canonical.context import CanonContext
@@ -15,6 +17,8 @@ from compiler.frontend.canonical.context import np_dtype_of
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from runtime.symbolic import Dim
+from runtime.symbolic import bounds
+from runtime.symbolic import is_symbolic
 from runtime.symbolic import max_
 from runtime.symbolic import min_
 
@@ -97,8 +101,8 @@ def _slice(ctx: CanonContext) -> list[Node]:
         axes = ints(ctx.attr("axes", range(len(starts))))
         steps = [1] * len(starts)
     else:
-        starts = ints(ctx.const_input(1, "starts"))  # type: ignore[arg-type]
-        ends = ints(ctx.const_input(2, "ends"))  # type: ignore[arg-type]
+        starts = _bounds_ints(ctx, ctx.const_input(1, "starts"))
+        ends = _bounds_ints(ctx, ctx.const_input(2, "ends"))
         axes_c = ctx.const_input(3, "axes")
         steps_c = ctx.const_input(4, "steps")
         axes = ints(axes_c) if axes_c is not None else list(range(len(starts)))
@@ -110,8 +114,8 @@ def _slice(ctx: CanonContext) -> list[Node]:
         if st == 0:
             raise ctx.error("slice step 0")
         dim = x.shape[a]
-        s = s + dim if s < 0 else s
-        e = e + dim if e < 0 else e
+        s = s + dim if _negative(ctx, s) else s
+        e = e + dim if _negative(ctx, e) else e
         if st > 0:  # (min_ / max_: a dynamic dim is an expression, runtime/symbolic.py)
             start, end = min_(max_(s, 0), dim), min_(max_(e, 0), dim)
         else:  # the start clamps to a real index; end -1 means "through index 0"
@@ -120,6 +124,22 @@ def _slice(ctx: CanonContext) -> list[Node]:
         n_ends.append(end)
     return [ctx.node("Slice", ctx.inputs[:1], {"starts": n_starts, "ends": n_ends, "axes": axes,
                                                "steps": steps})]
+
+
+def _bounds_ints(ctx: CanonContext, values: Any) -> list[Any]:
+    """Slice starts / ends: ints, or expressions of the symbols (``x[:, :seq]`` of a constant in a
+    model with dynamic dims, runtime/symbolic.py) kept as they are."""
+    return [v if is_symbolic(v) else int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def _negative(ctx: CanonContext, index: Any) -> bool:
+    """A Slice index counts from the end; an expression must be of one sign over the ranges."""
+    if not is_symbolic(index):
+        return bool(index < 0)
+    lo, hi = bounds(index, ctx.graph.symbols)
+    if lo < 0 <= hi:
+        raise ctx.error(f"slice index {index} is negative for some sizes in the ranges and not for others")
+    return hi < 0
 
 
 @register("Split")
