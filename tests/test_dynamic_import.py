@@ -493,3 +493,30 @@ def test_constants_sliced_to_a_symbolic_length() -> None:
         assert len(met) >= 5
         for value in met:
             assert _at(value.shape, {"b": b, "seq": seq}) == static[value.name], value.name
+
+
+def test_shape_arithmetic_folds_into_a_symbolic_reshape_target() -> None:
+    """Shape -> Gather -> Cast -> Div -> Cast, Sub, Mul, Squeeze, Unsqueeze, Concat: a Reshape of
+    (n, 4, 8, w) into (n, 4, 8*2 - 0, w // 2) as an exporter computes it (an integer Div; a float
+    one is fractional at odd widths, so it is not folded: docs/dynamic-shapes.md)."""
+    nodes = [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i0"], ["n"], axis=0),
+             N("Gather", ["s", "i3"], ["w"], axis=0), N("Cast", ["w"], ["wf"], to=TensorProto.INT32),
+             N("Div", ["wf", "twof"], ["hf"]), N("Cast", ["hf"], ["half"], to=I64),
+             N("Gather", ["s", "i2"], ["h"], axis=0), N("Mul", ["h", "two"], ["h2"]),
+             N("Sub", ["h2", "zero"], ["h3"]),
+             N("Unsqueeze", ["n", "ax0"], ["n1"]), N("Unsqueeze", ["h3", "ax0"], ["h31"]),
+             N("Unsqueeze", ["half", "ax0"], ["w1"]), N("Squeeze", ["four", "ax0"], ["four0"]),
+             N("Unsqueeze", ["four0", "ax0"], ["four1"]),
+             N("Concat", ["n1", "four1", "h31", "w1"], ["target"], axis=0),
+             N("Reshape", ["x", "target"], ["y"])]
+    inits = {"i0": np.array(0, np.int64), "i2": np.array(2, np.int64), "i3": np.array(3, np.int64),
+             "twof": np.array(2, np.int32), "two": np.array(2, np.int64), "zero": np.array(0, np.int64),
+             "ax0": _i64(0), "four": _i64(4)}
+    model = single_op_model(nodes, inits)
+    dynamic = import_model(model, dims={"n": (1, 4), "w": (8, 64)})
+    (reshape,) = dynamic.nodes
+    assert reshape.attrs["shape"] == [sym("n"), 4, 16, sym("w") // 2]
+    # the element counts agree at even widths only: recorded for the runtime to check
+    assert dynamic.assumptions == [("Reshape_15", 32 * sym("n") * sym("w"), 64 * sym("n") * (sym("w") // 2))]
+    for n, w in ((1, 8), (3, 14), (4, 64)):  # (the model takes even widths)
+        assert_same_as_static(dynamic, import_model(model, {"x": (n, 4, 8, w)}), {"n": n, "w": w})

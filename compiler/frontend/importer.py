@@ -172,6 +172,7 @@ def _simplify_symbols(graph: Graph) -> None:
             value.const = const if symbolic else const.astype(value.dtype)
     for node in graph.nodes:
         node.attrs = {key: fold(item) for key, item in node.attrs.items()}
+    graph.assumptions = [(name, fold(a), fold(b)) for name, a, b in graph.assumptions if fold(a) != fold(b)]
 
 
 # ONNX ops the frontend rewrites into another canonical kind (see docs/ops.md)

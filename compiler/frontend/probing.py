@@ -52,7 +52,7 @@ from runtime.symbolic import max_
 from runtime.symbolic import min_
 from runtime.symbolic import sym
 
-__all__ = ["Probes", "fit", "atoms_of"]
+__all__ = ["Probes", "fit", "atoms_of", "may_be_equal"]
 
 R = TypeVar("R")
 Binding = dict[str, int]
@@ -95,6 +95,15 @@ class Probes:
             return found
         aligned = _successes(fn, self.aligned)
         return aligned if len(aligned) >= len(found) else found
+
+
+def may_be_equal(a: Dim, b: Dim, ranges: dict[str, tuple[int, int]]) -> bool:
+    """``a == b`` at some probe binding of ``ranges`` (always, where both are the same expression;
+    for ints, when they are equal): a model whose dims must agree takes the sizes where they do."""
+    if a == b or not (isinstance(a, Expr) or isinstance(b, Expr)):
+        return a == b
+    probes = Probes(ranges)
+    return any(evaluate(a, binding) == evaluate(b, binding) for binding in probes.varied + probes.aligned)
 
 
 def _aligned(rng: random.Random, lo: int, hi: int) -> int:

@@ -176,6 +176,9 @@ class Graph:
         self.name = name
         self.opset = opset
         self.symbols: dict[str, tuple[int, int]] = {}  # the dynamic dims' symbols and their ranges
+        # (node, a, b): a == b holds only at some sizes in the ranges (a Reshape's element counts):
+        # the sizes the model takes; issue 17's runtime checks them at each binding
+        self.assumptions: list[tuple[str, Any, Any]] = []
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.output_names: list[str] = []  # the public (ONNX) names of the outputs, by position

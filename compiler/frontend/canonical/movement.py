@@ -15,6 +15,7 @@ from compiler.frontend.canonical.context import first_float
 from compiler.frontend.canonical.context import ints
 from compiler.frontend.canonical.context import np_dtype_of
 from compiler.frontend.canonical.registry import register
+from compiler.frontend.probing import may_be_equal
 from compiler.ir.graph import Node
 from runtime.symbolic import Dim
 from runtime.symbolic import bounds
@@ -29,9 +30,12 @@ __all__: list[str] = []
 def _reshape(ctx: CanonContext) -> list[Node]:
     out, x = ctx.outputs[0], ctx.inputs[0]
     assert out.shape is not None and x is not None and x.shape is not None
-    if x.size != out.size:  # (a shape the model declares for another input size, say)
+    if x.size != out.size and not may_be_equal(x.size, out.size, ctx.graph.symbols):
+        # (a shape the model declares for another input size, say)
         raise ctx.error(f"cannot reshape {tuple(x.shape)} ({x.size:,} elements) into {tuple(out.shape)} "
                         f"({out.size:,} elements); check the --shape sizes")
+    if x.size != out.size:  # equal at some sizes in the ranges: those are the ones the model takes
+        ctx.graph.assumptions.append((ctx.name, x.size, out.size))
     return [ctx.node("Reshape", ctx.inputs[:1], {"shape": list(out.shape)})]
 
 
