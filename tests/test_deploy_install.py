@@ -12,6 +12,7 @@ compiled here.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -95,6 +96,8 @@ def deploy_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     why = _setuptools_77()
     if why is not None:
         pytest.skip(f"cannot build the deploy distribution offline: {why}")
+    if importlib.util.find_spec("ensurepip") is None:
+        pytest.skip("this Python cannot make a venv with pip (Debian/Ubuntu: apt-get install python3-venv)")
     root = tmp_path_factory.mktemp("deploy")
     # a copy of what the distribution builds from, so the build leaves nothing in the repository
     src = root / "src"
