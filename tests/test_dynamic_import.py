@@ -213,6 +213,9 @@ def test_ppocr_det_imported_once_has_the_static_shapes() -> None:
     for height, width in ((640, 640), (320, 960), (32, 1024)):
         static = import_model(path, {"x": (1, 3, height, width)})
         assert assert_same_as_static(dynamic, static, {h: height, w: width}) > 1000
+    # the FPN adds an upsampled coarser map to a finer one and concatenates: equal at multiples of 32
+    kinds = {n.name: n.op_type for n in dynamic.nodes}
+    assert dynamic.assumptions and {kinds[name] for name, *_ in dynamic.assumptions} == {"Add", "Concat"}
 
 
 @pytest.mark.parametrize("binding", [{"batch": 1, "seq": 1}, {"batch": 3, "seq": 77},
@@ -245,6 +248,10 @@ def test_yolo_fragment_with_ranged_image_dims(binding: dict[str, int]) -> None:
     # stride-8 map's (h+7)//8 at every size the model takes (multiples of 16)
     assert str(out[2]) == "4*((h+15)//16)*((w+15)//16)"
     assert evaluate(out[2], bound) == (bound["h"] // 8) * (bound["w"] // 8)
+    # ... an equality the model needs, recorded for the runtime to check at each binding
+    h, w = sym("h"), sym("w")
+    assert dynamic.assumptions == [("Concat_18", 2 * ((h + 15) // 16), (h + 7) // 8),
+                                   ("Concat_18", 2 * ((w + 15) // 16), (w + 7) // 8)]
 
 
 # -- the interface ---------------------------------------------------------------------------------
@@ -520,3 +527,15 @@ def test_shape_arithmetic_folds_into_a_symbolic_reshape_target() -> None:
     assert dynamic.assumptions == [("Reshape_15", 32 * sym("n") * sym("w"), 64 * sym("n") * (sym("w") // 2))]
     for n, w in ((1, 8), (3, 14), (4, 64)):  # (the model takes even widths)
         assert_same_as_static(dynamic, import_model(model, {"x": (n, 4, 8, w)}), {"n": n, "w": w})
+
+
+def test_inputs_that_must_agree_and_never_do_are_a_shape_error() -> None:
+    x = helper.make_tensor_value_info("x", F, ["n", "w"])
+    b = helper.make_tensor_value_info("b", F, ["n", 5])
+    y = helper.make_tensor_value_info("y", F, [None, None])
+    graph = helper.make_graph([N("Add", ["x", "b"], ["y"])], "g", [x, b], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ShapeError, match=r"node 'Add_0' \(Add\): its inputs' dim 1 \(w and 5\) differ at "
+                                         r"every size in the ranges"):
+        import_model(model, dims={"n": (1, 4), "w": (8, 64)})
+    assert import_model(model, dims={"n": (1, 4), "w": (1, 64)}).assumptions == []  # (w = 1 broadcasts)

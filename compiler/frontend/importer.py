@@ -49,6 +49,7 @@ from compiler.frontend.loader import opset_of
 from compiler.frontend.probing import Probes
 from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
+from compiler.frontend.probing import may_be_equal
 from compiler.frontend.window_shapes import infer_with_pool_sizes
 from compiler.ir.evaluate import concrete_shape
 from compiler.ir.graph import Graph
@@ -320,6 +321,38 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
         node_names.add(node.name)
     for value in outputs:
         env[value.name] = value
+    if knowledge.probes is not None and any(v is not None and v.is_symbolic for v in inputs):
+        _record_assumptions(graph, proto, name, inputs)
+
+
+# ops whose inputs broadcast against each other (numpy rules): their dims must agree or be 1
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where",
+                           "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor",
+                           "PRelu", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
+
+
+def _record_assumptions(graph: Graph, proto: onnx.NodeProto, name: str, inputs: list[Value | None]) -> None:
+    """Dims of ``proto``'s inputs that must be equal (a Concat's other dims, broadcast dims neither
+    of which can be 1) but are different expressions: each equality goes in ``graph.assumptions``
+    for the runtime to check at a binding; dims equal at no probe size are a ShapeError."""
+    concat = proto.op_type == "Concat"
+    if proto.domain not in ("", "ai.onnx") or not (concat or proto.op_type in _BROADCASTING):
+        return
+    shapes = [v.shape for v in inputs if v is not None and v.shape is not None]
+    rank = max((len(shape) for shape in shapes), default=0)
+    axis = int(onnx_attrs(proto).get("axis", 0)) % max(rank, 1) if concat else -1
+    for k in range(rank):
+        dims = [shape[k - rank + len(shape)] for shape in shapes if k - rank + len(shape) >= 0]
+        if k == axis or not concat and any(bounds(d, graph.symbols)[0] <= 1 for d in dims):
+            continue  # (a dim that may be 1 broadcasts)
+        for other in dims[1:]:
+            if other == dims[0]:
+                continue
+            if not may_be_equal(dims[0], other, graph.symbols):
+                raise ShapeError(f"node {name!r} ({proto.op_type}): its inputs' dim {k} ({dims[0]} and "
+                                 f"{other}) differ at every size in the ranges; check the --shape / --dim "
+                                 f"ranges")
+            graph.assumptions.append((name, dims[0], other))
 
 
 def _fold_into(graph: Graph, env: dict[str, Value], arrays: dict[str, np.ndarray], name: str,
