@@ -124,7 +124,8 @@ def compile_model(
     n_onnx = len(graph) + len(graph.eliminated)
     say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes")
     graph = optimize(graph, opt_level, target=target, winograd=winograd)
-    optimize_bodies(graph, lambda g: optimize(g, opt_level, target=target, winograd=winograd))
+    if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled (nested.py)
+        optimize_bodies(graph, lambda g: optimize(g, opt_level, target=target, winograd=winograd))
     options = {
         "opt_level": opt_level,
         "target": target,
