@@ -280,3 +280,13 @@ def test_a_body_mixing_c_and_reference_partitions_carries_its_values(
     runners = {p.runner for p in step.schedules[0].partitions}  # type: ignore[index]
     assert runners == {"c", "reference"}
     _check(session, model, {"cnt0": np.array([1, 5, 9], np.int64), "acc0": np.ones(3, np.float32)})
+
+
+def test_a_loop_slot_outside_the_region_fails_at_load(tmp_path: Path) -> None:
+    art = compile_model(_loop_model(scan=False), tmp_path / "art")
+    plan = json.loads((art / "plan.json").read_text())
+    (step,) = [s for s in plan["steps"] if "schedules" in s]
+    step["attrs"]["carried"][0][1] = step["scratch"]["nbytes"]
+    write_plan(art, plan)
+    with pytest.raises(ArtifactError, match="its slots in the region: .* does not fit"):
+        Session(art)

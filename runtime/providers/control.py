@@ -158,6 +158,10 @@ class _Step:
             raise ArtifactError(f"plan.json step {step.name!r}: its schedules need more than its "
                                 f"{self.nbytes} bytes of scratch")
         self.run = {"If": self._if, "Loop": self._loop, "Scan": self._scan}[step.op_type]
+        try:
+            _check_slots(step.op_type, step.attrs, self.bodies[0], self.nbytes)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"plan.json step {step.name!r}: its slots in the region: {exc}") from None
 
     def _enter(self, arenas: dict[str, Any], ext: dict[str, Any]) -> tuple[list[Any], list[Any], _Region]:
         """The step's inputs and outputs (views) and its region."""
@@ -226,6 +230,29 @@ class _Step:
         for t in range(length):
             bound.run(t, t & 1, region.arenas, region.addr)
         states.finish(outs[:n], length & 1)
+
+
+def _check_slots(op_type: str, attrs: Any, body: _Body, nbytes: int) -> None:
+    """ValueError (or KeyError / TypeError) unless a loop step's slots lie in its region."""
+    if op_type == "If":
+        return
+    slots: list[tuple[Any, str | None]] = []  # (offset, the name whose spec sizes it)
+    if op_type == "Loop":
+        n = attrs["n_carried"]
+        slots += [(attrs["iteration"], body.by_arg.get(0)), (attrs["cond"], body.outputs[0])]
+        slots += [(off, body.outputs[1 + k]) for k in range(n) for off in attrs["carried"][k]]
+    else:
+        n = attrs["n_states"]
+        slots += [(off, body.outputs[k]) for k in range(n) for off in attrs["states"][k]]
+        slots += [(off, body.by_arg.get(n + k)) for k, off in enumerate(attrs["slices"])]
+        slots += [(off, body.outputs[n + k]) for k, off in enumerate(attrs["elements"])]
+    for offset, name in slots:
+        if offset is None or name is None:
+            continue
+        dtype, shape = body.specs[name]
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not isinstance(offset, int) or offset < 0 or offset + size > nbytes:
+            raise ValueError(f"{name!r} at {offset!r} does not fit the {nbytes} bytes")
 
 
 class _Region:
