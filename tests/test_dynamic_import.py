@@ -539,3 +539,16 @@ def test_inputs_that_must_agree_and_never_do_are_a_shape_error() -> None:
                                          r"every size in the ranges"):
         import_model(model, dims={"n": (1, 4), "w": (8, 64)})
     assert import_model(model, dims={"n": (1, 4), "w": (1, 64)}).assumptions == []  # (w = 1 broadcasts)
+
+
+def test_matmul_inner_dims_must_agree() -> None:
+    x = helper.make_tensor_value_info("x", F, ["n", "w"])
+    b = helper.make_tensor_value_info("b", F, ["v", 3])
+    y = helper.make_tensor_value_info("y", F, [None, None])
+    graph = helper.make_graph([N("MatMul", ["x", "b"], ["y"])], "g", [x, b], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    dynamic = import_model(model, dims={"n": (1, 4), "w": (8, 64), "v": (8, 64)})
+    assert dynamic.assumptions == [("MatMul_0", sym("w"), sym("v"))]
+    with pytest.raises(ShapeError, match=r"node 'MatMul_0' \(MatMul\): its inputs' inner dims \(w and v\) "
+                                         r"differ at every size in the ranges"):
+        import_model(model, dims={"n": (1, 4), "w": (8, 16), "v": (17, 64)})

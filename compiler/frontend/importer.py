@@ -332,27 +332,52 @@ _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min
 
 
 def _record_assumptions(graph: Graph, proto: onnx.NodeProto, name: str, inputs: list[Value | None]) -> None:
-    """Dims of ``proto``'s inputs that must be equal (a Concat's other dims, broadcast dims neither
-    of which can be 1) but are different expressions: each equality goes in ``graph.assumptions``
-    for the runtime to check at a binding; dims equal at no probe size are a ShapeError."""
-    concat = proto.op_type == "Concat"
-    if proto.domain not in ("", "ai.onnx") or not (concat or proto.op_type in _BROADCASTING):
+    """Dims of ``proto``'s inputs that must be equal (a Concat's other dims, MatMul's inner dims,
+    broadcast dims neither of which can be 1) but are different expressions: each equality goes in
+    ``graph.assumptions`` for the runtime to check at a binding; dims equal at no probe size are a
+    ShapeError."""
+    if proto.domain not in ("", "ai.onnx"):
         return
     shapes = [v.shape for v in inputs if v is not None and v.shape is not None]
-    rank = max((len(shape) for shape in shapes), default=0)
-    axis = int(onnx_attrs(proto).get("axis", 0)) % max(rank, 1) if concat else -1
-    for k in range(rank):
-        dims = [shape[k - rank + len(shape)] for shape in shapes if k - rank + len(shape) >= 0]
-        if k == axis or not concat and any(bounds(d, graph.symbols)[0] <= 1 for d in dims):
-            continue  # (a dim that may be 1 broadcasts)
+    for what, dims in _must_agree(proto, shapes, graph.symbols):
         for other in dims[1:]:
             if other == dims[0]:
                 continue
             if not may_be_equal(dims[0], other, graph.symbols):
-                raise ShapeError(f"node {name!r} ({proto.op_type}): its inputs' dim {k} ({dims[0]} and "
+                raise ShapeError(f"node {name!r} ({proto.op_type}): its inputs' {what} ({dims[0]} and "
                                  f"{other}) differ at every size in the ranges; check the --shape / --dim "
                                  f"ranges")
             graph.assumptions.append((name, dims[0], other))
+
+
+def _must_agree(proto: onnx.NodeProto, shapes: list[tuple[Any, ...]],
+                ranges: Mapping[str, tuple[int, int]]) -> list[tuple[str, list[Any]]]:
+    """Groups of input dims ``proto`` needs equal: ``(what, dims)``."""
+    concat = proto.op_type == "Concat"
+    if proto.op_type == "MatMul" and len(shapes) == 2 and min(map(len, shapes)) >= 1:
+        a, b = shapes
+        inner = [("inner dims", [a[-1], b[-2] if len(b) >= 2 else b[0]])]
+        return inner + _must_agree_broadcast([a[:-2], b[:-2]], ranges)
+    if not (concat or proto.op_type in _BROADCASTING):
+        return []
+    if not concat:
+        return _must_agree_broadcast(shapes, ranges)
+    rank = max((len(shape) for shape in shapes), default=0)
+    axis = int(onnx_attrs(proto).get("axis", 0)) % max(rank, 1)
+    return [(f"dim {k}", [shape[k] for shape in shapes if len(shape) == rank])
+            for k in range(rank) if k != axis]
+
+
+def _must_agree_broadcast(shapes: list[tuple[Any, ...]],
+                          ranges: Mapping[str, tuple[int, int]]) -> list[tuple[str, list[Any]]]:
+    """Dims aligned from the right where no input's dim can be 1 (one that may be 1 broadcasts)."""
+    rank = max((len(shape) for shape in shapes), default=0)
+    groups = []
+    for k in range(rank):
+        dims = [shape[k - rank + len(shape)] for shape in shapes if k - rank + len(shape) >= 0]
+        if all(bounds(d, ranges)[0] > 1 for d in dims):
+            groups.append((f"dim {k}", dims))
+    return groups
 
 
 def _fold_into(graph: Graph, env: dict[str, Value], arrays: dict[str, np.ndarray], name: str,
