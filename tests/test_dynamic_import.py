@@ -529,12 +529,17 @@ def test_shape_arithmetic_folds_into_a_symbolic_reshape_target() -> None:
         assert_same_as_static(dynamic, import_model(model, {"x": (n, 4, 8, w)}), {"n": n, "w": w})
 
 
-def test_inputs_that_must_agree_and_never_do_are_a_shape_error() -> None:
+def binary_model(op: str, b_dims: list[Any]) -> onnx.ModelProto:
+    """``y = op(x, b)`` with ``x`` of dims ``[n, w]``."""
     x = helper.make_tensor_value_info("x", F, ["n", "w"])
-    b = helper.make_tensor_value_info("b", F, ["n", 5])
+    b = helper.make_tensor_value_info("b", F, b_dims)
     y = helper.make_tensor_value_info("y", F, [None, None])
-    graph = helper.make_graph([N("Add", ["x", "b"], ["y"])], "g", [x, b], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    graph = helper.make_graph([N(op, ["x", "b"], ["y"])], "g", [x, b], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_inputs_that_must_agree_and_never_do_are_a_shape_error() -> None:
+    model = binary_model("Add", ["n", 5])
     with pytest.raises(ShapeError, match=r"node 'Add_0' \(Add\): its inputs' dim 1 \(w and 5\) differ at "
                                          r"every size in the ranges"):
         import_model(model, dims={"n": (1, 4), "w": (8, 64)})
@@ -542,11 +547,7 @@ def test_inputs_that_must_agree_and_never_do_are_a_shape_error() -> None:
 
 
 def test_matmul_inner_dims_must_agree() -> None:
-    x = helper.make_tensor_value_info("x", F, ["n", "w"])
-    b = helper.make_tensor_value_info("b", F, ["v", 3])
-    y = helper.make_tensor_value_info("y", F, [None, None])
-    graph = helper.make_graph([N("MatMul", ["x", "b"], ["y"])], "g", [x, b], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = binary_model("MatMul", ["v", 3])
     dynamic = import_model(model, dims={"n": (1, 4), "w": (8, 64), "v": (8, 64)})
     assert dynamic.assumptions == [("MatMul_0", sym("w"), sym("v"))]
     with pytest.raises(ShapeError, match=r"node 'MatMul_0' \(MatMul\): its inputs' inner dims \(w and v\) "
