@@ -194,7 +194,8 @@ class Session:
         if runner == "reference":
             from runtime.providers.reference import ReferencePartition
 
-            return ("reference", ReferencePartition(owner, record, self._weights))
+            beside_c = any(p.runner in ("c", "control") for p in self.plan.partitions)
+            return ("reference", ReferencePartition(owner, record, self._weights, beside_c))
         if runner == "control":
             from runtime.providers.control import ControlPartition
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 
+from runtime.blas import single_threaded_blas
 from runtime.errors import ArtifactError
 from runtime.errors import RuntimeKernelError
 from runtime.kernels import get_kernel
@@ -45,10 +47,13 @@ def _viewer(value: PlanValue, weights: Any) -> View:
 class ReferencePartition:
     """One reference partition, prepared once at load, running in its memory space's ``xp``."""
 
-    def __init__(self, plan: Plan | PlanSchedule, record: PlanPartition, weights: dict[str, Any]) -> None:
+    def __init__(self, plan: Plan | PlanSchedule, record: PlanPartition, weights: dict[str, Any],
+                 beside_c: bool = False) -> None:
         values = plan.values
         self.space = memory_space(record.memory_space)
         self.xp = self.space.xp
+        # numpy's BLAS on one thread while C kernels' threads share the cores (runtime/blas.py)
+        self._blas = single_threaded_blas if beside_c and self.xp is np else nullcontext
         local_weights = weights[self.space.name]
         self.steps = []
         for step in plan.partition_steps(record):
@@ -79,6 +84,10 @@ class ReferencePartition:
             timings: np.ndarray | None = None) -> None:
         """Run every step; with ``timings`` (float64, one per step) store each step's wall time
         (for a device space, after synchronizing the device so the time is the kernel's)."""
+        with self._blas():
+            self._run(arenas, ext, timings)
+
+    def _run(self, arenas: dict[str, Any], ext: dict[str, np.ndarray], timings: np.ndarray | None) -> None:
         xp = self.xp
         sync = _synchronizer(xp) if timings is not None else None
         for local, (name, kind, kernel, attrs, ins, outs, specs) in enumerate(self.steps):
