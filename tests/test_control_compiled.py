@@ -245,13 +245,18 @@ def test_a_malformed_nested_schedule_fails_at_load(tmp_path: Path, what: str, mu
     assert f"steps[{step['index']}].schedules[0]" in str(info.value)
 
 
-def test_concurrent_runs_of_a_loop_step_do_not_share_bindings(tmp_path: Path) -> None:
-    # each run binds its own region (its pooled arena) and pointer arrays
+@pytest.mark.parametrize("which", ["if", "loop"])
+def test_concurrent_runs_of_a_control_step_do_not_share_bindings(tmp_path: Path, which: str) -> None:
+    # each run binds its own region (its pooled arena) and pointer arrays (an If's: per thread)
     from concurrent.futures import ThreadPoolExecutor
 
-    model = _loop_model(scan=False)
+    if which == "if":
+        model = _if_model()
+        cases = [{"x": (s * np.abs(RNG.standard_normal((3, 4)))).astype(np.float32)} for s in (1, -1) * 8]
+    else:
+        model = _loop_model(scan=False)
+        cases = [_loop_feeds(n) for n in (2, 9, 4, 7) * 4]
     session = Session(compile_model(model, tmp_path / "art"), threads=1)
-    cases = [_loop_feeds(n) for n in (2, 9, 4, 7) * 4]
     wants = [ort_run(model, feeds) for feeds in cases]
     with ThreadPoolExecutor(4) as pool:
         gots = list(pool.map(lambda feeds: session.run(None, feeds), cases))

@@ -13,6 +13,7 @@ rebinds what changes (the carried buffers swap, scan slices move) and calls the 
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = ["ControlPartition", "Loader"]
 # (plan or schedule, partition record) -> (runner, loaded partition): the session's loader
 Loader = Callable[[Any, PlanPartition], tuple[str, Any]]
 View = Callable[[dict[str, Any], dict[str, Any]], Any]
+Address = Callable[[int, dict[str, Any]], int]  # (host arena's address, ext) -> a value's address
 _COUNTS = {"If": 2, "Loop": 1, "Scan": 1}
 
 
@@ -44,6 +46,16 @@ def _viewer(value: PlanValue, weights: np.ndarray) -> View:
         const = weights[off:off + nbytes].view(dtype).reshape(shape)
         return lambda arenas, ext: const
     return lambda arenas, ext: ext[name].reshape(shape)
+
+
+def _addresser(value: PlanValue, weights_addr: int) -> Address:
+    where = value.location
+    off, name = where.offset, where.ext
+    if where.kind == "arena":
+        return lambda base, ext: base + off
+    if where.kind == "weights":
+        return lambda base, ext: weights_addr + off
+    return lambda base, ext: data_address(ext[name])
 
 
 class _Body:
@@ -66,6 +78,23 @@ class _Body:
         self.by_input = {int(ref[1:]): name for ref, name in refs if ref[0] == "i"}
         self.by_arg = {int(ref[1:]): name for ref, name in refs if ref[0] == "a"}
         self.arena_nbytes = schedule.arena_nbytes
+
+    def sources(self, ins: list[Address | None],
+                outs: list[Address]) -> list[tuple[int, int, Address]] | None:
+        """For a body of C partitions only, bound to the step's operands (an If's branch): where
+        each pointer slot's address comes from; None for any other body."""
+        if self.needs_arrays:
+            return None
+        by_name: dict[str, Address | None] = {name: ins[k] for k, name in self.by_input.items()}
+        by_name.update(zip(self.outputs, outs, strict=True))
+        found = []
+        for c, ext in enumerate(self.c_ext):
+            for slot, name in enumerate(ext):
+                address = by_name.get(name)
+                if address is None:
+                    raise ArtifactError(f"a partition reads {name!r}, which the schedule does not bind")
+                found.append((c, slot, address))
+        return found
 
     def call(self, arenas: dict[str, Any], region_addr: int, arrays: dict[str, Any],
              pointers: list[Any]) -> None:
@@ -158,6 +187,15 @@ class _Step:
             raise ArtifactError(f"plan.json step {step.name!r}: its schedules need more than its "
                                 f"{self.nbytes} bytes of scratch")
         self.run = {"If": self._if, "Loop": self._loop, "Scan": self._scan}[step.op_type]
+        # an If whose branch has only C partitions binds its pointers straight from the plan's
+        # locations, into pointer arrays kept per thread (a run never re-enters its own step)
+        ins = [_addresser(values[n], weights_addr) if n is not None else None for n in step.inputs]
+        outs = [_addresser(values[n], weights_addr) for n in step.outputs]
+        try:
+            self.direct = [b.sources(ins, outs) if step.op_type == "If" else None for b in self.bodies]
+        except ArtifactError as exc:
+            raise ArtifactError(f"plan.json step {step.name!r}: {exc}") from None
+        self.local = threading.local()
         try:
             _check_slots(step.op_type, step.attrs, self.bodies[0], self.nbytes)
         except (KeyError, TypeError, ValueError) as exc:
@@ -170,8 +208,24 @@ class _Step:
         return ins, outs, _Region(arenas["host"][self.offset:self.offset + self.nbytes])
 
     def _if(self, arenas: dict[str, Any], ext: dict[str, Any]) -> None:
+        cond = self.ins[0]
+        assert cond is not None
+        take = 0 if bool(cond(arenas, ext).reshape(-1)[0]) else 1
+        direct = self.direct[take]
+        if direct is None:
+            self._if_bound(arenas, ext, take)
+            return
+        pointers = getattr(self.local, "pointers", None)
+        if pointers is None:
+            pointers = self.local.pointers = [[make() for make in b.pointer_types] for b in self.bodies]
+        base = data_address(arenas["host"])
+        for c, slot, address in direct:
+            pointers[take][c][slot] = address(base, ext)
+        self.bodies[take].call(arenas, base + self.offset, {}, pointers[take])
+
+    def _if_bound(self, arenas: dict[str, Any], ext: dict[str, Any], take: int) -> None:
         ins, outs, region = self._enter(arenas, ext)
-        body = self.bodies[0 if bool(ins[0].reshape(-1)[0]) else 1]
+        body = self.bodies[take]
         bound = _Bindings(body, ins)
         for name, out in zip(body.outputs, outs, strict=True):
             bound.fix(name, out)
