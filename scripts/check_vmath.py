@@ -65,8 +65,8 @@ FUNCTIONS = (
     Function("silu", 3.5, ulp_from=-87.3, max_abs=1e-40),
     Function("softplus", 3.0),
     Function("mish", 5.0, ulp_from=-87.3, max_abs=1e-40),
-    Function("gelu", 3.0, ulp_from=-1.0, max_abs=1e-7),
-    Function("gelu_tanh", 3.0, ulp_from=-1.0, max_abs=1e-7),
+    Function("gelu", 3.5, ulp_from=-1.0, max_abs=1e-7),
+    Function("gelu_tanh", 3.5, ulp_from=-1.0, max_abs=1e-7),
     Function("sqrt", 0.5),
 )
 
@@ -163,16 +163,19 @@ def _float_of(bits: float) -> float:
     return float(np.array([int(bits)], dtype=np.uint32).view(np.float32)[0])
 
 
-def bench(lib: VmathLibrary, fn: Function, n: int = 4096, reps: int = 2000) -> tuple[float, float]:
-    """(vector, libm) nanoseconds per value on inputs spread over the function's busy range."""
+def bench(lib: VmathLibrary, fn: Function, n: int = 4096, reps: int = 500,
+          trials: int = 9) -> tuple[float, float]:
+    """(vector, libm) nanoseconds per value on inputs spread over the function's busy range, the
+    best of ``trials`` runs."""
     rng = np.random.default_rng(0)
     if fn.name in ("log", "log1p"):
         x = rng.uniform(0.0, 100.0, n).astype(np.float32)
     else:
         x = rng.uniform(-10.0, 10.0, n).astype(np.float32)
     lib.time(fn.name, 0, x, reps // 10)  # warm up
-    vec = lib.time(fn.name, 0, x, reps)
-    libm = lib.time(fn.name, 1, x, max(1, reps // 10))
+    # the fastest of several runs: on a shared machine the others measure its other tenants
+    vec = min(lib.time(fn.name, 0, x, reps) for _ in range(trials))
+    libm = min(lib.time(fn.name, 1, x, max(1, reps // 10)) for _ in range(trials))
     return vec * 1e9, libm * 1e9
 
 
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-march={args.cpu}: {lib.lanes} float lanes; {'sampled' if args.quick else 'all 2^32 inputs'}")
         ok = all([_check(lib, FUNCTIONS[_number(n)], 4099 if args.quick else 1) for n in names])
         if not args.no_bench:
-            print("ns/value, one thread, 4096 values in cache: vector vs scalar libm")
+            print("ns/value, one thread, 4096 values in cache, best of 9 runs: vector vs scalar libm")
             for n in names:
                 vec, libm = bench(lib, FUNCTIONS[_number(n)])
                 print(f"{n:10s} {vec:7.3f} ns   libm {libm:7.3f} ns   {libm / vec:5.1f}x")
