@@ -48,8 +48,8 @@ _OPS: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
 # The canonical activation functions as C expressions of ``x`` ({a}: alpha, {b}: beta), each
 # computing what runtime.kernels.recurrent.activation computes (NaN in, NaN out).
 _ACTIVATIONS: dict[str, str] = {
-    "Tanh": "tanhf(x)",
-    "Sigmoid": "1.0f / (1.0f + expf(-x))",
+    "Tanh": "stanh(x)",  # the scalar twins of templates/c/vmath.c.j2 (lane 0 of vtanh / vsigmoid)
+    "Sigmoid": "ssigmoid(x)",
     "Relu": "(x < 0.0f ? 0.0f : x)",
     "Affine": "{a} * x + {b}",
     "LeakyRelu": "(x >= 0.0f ? x : {a} * x)",
@@ -87,6 +87,7 @@ class RecurrentContext:
     has_p: bool
     clip: str | None  # float literal, None without clip
     acts: tuple[str, ...]
+    vacts: tuple[str | None, ...]  # vector forms (None: the scalar one lane by lane)
     nact: int  # activation functions per direction
     linear_before_reset: bool
     input_forget: bool
@@ -133,12 +134,22 @@ def _dtypes_ok(node: Node) -> bool:
     )
 
 
+# The same over a vector ``x`` (type vf) where the vector math has the function; the others run
+# their scalar form lane by lane.
+_VECTOR_ACTIVATIONS: dict[str, str] = {"Tanh": "vtanh(x)", "Sigmoid": "vsigmoid(x)"}
+
+
 def _activations(node: Node) -> tuple[str, ...]:
     a = node.attrs
     out = []
     for name, alpha, beta in zip(a["activations"], a["activation_alpha"], a["activation_beta"], strict=True):
         out.append(_ACTIVATIONS[str(name)].format(a=literal(float(alpha)), b=literal(float(beta))))
     return tuple(out)
+
+
+def _vector_activations(node: Node) -> tuple[str | None, ...]:
+    """Each activation's vector C expression of ``x``, None where it runs lane by lane."""
+    return tuple(_VECTOR_ACTIVATIONS.get(str(name)) for name in node.attrs["activations"])
 
 
 def _strides(node: Node) -> dict[str, int]:
@@ -223,6 +234,7 @@ class RecurrentKernel(CKernel):
             has_p=7 in present,
             clip=literal(clip) if np.isfinite(clip) else None,
             acts=_activations(node),
+            vacts=_vector_activations(node),
             nact=nact,
             linear_before_reset=bool(node.attrs.get("linear_before_reset", 0)),
             input_forget=bool(node.attrs.get("input_forget", 0)),
