@@ -142,14 +142,16 @@ def test_specials(library: VmathLibrary) -> None:
 
 
 def test_scalar_twin_equals_vector_lane(library: VmathLibrary, sample: np.ndarray) -> None:
-    """vm_eval runs whole vectors and then the s-twins on the tail: both give the same bits."""
+    """vm_eval runs whole vectors and then the s-twins on the tail: both give the same bits (a NaN
+    may differ in sign and payload)."""
     lanes = library.lanes
     x = sample[: 64 * lanes + lanes - 1]
     for fn in FUNCTIONS:
         tail = library.eval(fn.name, x)  # the last lanes - 1 values through the scalar twin
         padded = np.concatenate([x, np.zeros(1, np.float32)])
         whole = library.eval(fn.name, padded)[:-1]  # every value through a full vector
-        np.testing.assert_array_equal(tail.view(np.uint32), whole.view(np.uint32), err_msg=fn.name)
+        same = (tail.view(np.uint32) == whole.view(np.uint32)) | (np.isnan(tail) & np.isnan(whole))
+        assert same.all(), f"{fn.name}: twin differs at x={x[~same][:4]!r}"
 
 
 @pytest.mark.parametrize("cpu", ["x86-64-v2", "x86-64-v4"])
