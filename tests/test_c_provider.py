@@ -10,6 +10,7 @@ multiples of any tile). Libraries go through the build cache, so reruns are fast
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
 
@@ -31,6 +33,7 @@ from compiler.codegen.elementwise import node_program
 from compiler.codegen.env import render
 from compiler.codegen.env import templates_dir
 from compiler.codegen.options import BuildOptions
+from compiler.driver import compile_model
 from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
@@ -40,6 +43,7 @@ from compiler.providers.base import Location
 from compiler.providers.base import PartitionPlan
 from compiler.providers.base import StepPlan
 from compiler.providers.c.provider import CProvider
+from runtime import Session
 from runtime.errors import ArtifactError
 from runtime.errors import CompileError
 from runtime.errors import RuntimeKernelError
@@ -875,3 +879,27 @@ def test_environment_finds_templates_and_wants_frozen_contexts() -> None:
 
     with pytest.raises(TypeError, match="frozen"):
         render("c/copy.c.j2", Loose("f"))
+
+
+@pytest.mark.parametrize("level", level_params())
+@pytest.mark.parametrize("m,k,n,trans_b", [(23, 1024, 250, 0), (13, 37, 250, 1), (40, 64, 64, 1)])
+def test_packed_gemm_at_every_level(level: str, m: int, k: int, n: int, trans_b: int, tmp_path: Path) -> None:
+    """A Gemm whose constant B the C target packs into 64-column panels ahead of time
+    (onnx_aot.PackedGemm), with a Relu folded in: tail tiles, tail panels, A copied into row
+    blocks when its rows are 4 KB apart; each x86-64 level's tile width reads the same panels."""
+    b, c = rand(*((n, k) if trans_b else (k, n)), scale=k**-0.5), rand(n)
+    nodes = [helper.make_node("Gemm", ["a", "b", "c"], ["g"], transB=trans_b),
+             helper.make_node("Relu", ["g"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+                              [numpy_helper.from_array(b, "b"), numpy_helper.from_array(c, "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = compile_model(model, tmp_path / "a", cpu=level, golden_cases=0)
+    plan = json.loads((out / "plan.json").read_text())
+    assert [(s["op_type"], s["provider"]) for s in plan["steps"]] == [("PackedGemm", "c")]
+    if not host_runs(level):
+        return
+    a = rand(m, k)
+    (y,) = Session(out).run(None, {"a": a})
+    want = np.maximum(a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64) + c, 0)
+    np.testing.assert_allclose(y, want, rtol=RTOL, atol=ATOL)

@@ -155,14 +155,13 @@ def test_lstm_any_subset_of_outputs(outputs: list[str], tmp_path: Path) -> None:
 
 def test_a_crnn_recognizer_matches_onnxruntime_with_every_step_on_c(tmp_path: Path) -> None:
     """Issue 21's model kind at small dims: convs, a bidirectional LSTM, a transB classifier
-    Gemm (its weights stored transposed at compile time)."""
-    model = crnn_model(height=32, width=72, features=64, hidden=40, classes=97)
+    Gemm (its weights packed at compile time)."""
+    model = crnn_model(height=32, width=72, features=64, hidden=40, classes=250)
     feeds = crnn_input(model)
     out = compile_model(model, tmp_path / "crnn", golden_cases=0)
     plan = json.loads((out / "plan.json").read_text())
     assert {s["provider"] for s in plan["steps"]} == {"c"}
-    gemm = next(s for s in plan["steps"] if s["op_type"] in ("Gemm", "FusedGemm"))
-    assert gemm["attrs"]["transB"] == 0
+    assert any(s["op_type"] == "PackedGemm" for s in plan["steps"])
     (got,) = Session(out).run(None, feeds)
     (want,) = ort_run(model, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)

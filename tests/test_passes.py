@@ -30,7 +30,7 @@ from compiler.passes import PassResult
 from compiler.passes import fold_constants as fold_module
 from compiler.passes import optimize
 from compiler.passes import passes_for_level
-from compiler.passes.transpose_gemm_weights import TransposeGemmWeights
+from compiler.passes.pack_gemm_weights import PackGemmWeights
 from runtime.errors import CompileError
 from tests.support.graphs import CONV_ATTRS
 from tests.support.graphs import Builder
@@ -358,25 +358,29 @@ def test_gemm_bias_add_folds_and_non_column_bias_does_not() -> None:
     assert g.nodes[0].attrs["beta"] == 1.0 and g.nodes[0].attrs["transB"] == 1
 
 
-# -- transpose_gemm_weights --------------------------------------------------------------------
-def test_transb_gemm_with_many_rows_gets_its_constant_b_stored_transposed() -> None:
+# -- pack_gemm_weights -------------------------------------------------------------------------
+def test_gemm_with_many_rows_gets_its_constant_b_packed_in_panels() -> None:
     b = Builder()
     wide, few = b.input("wide", (16, 5)), b.input("few", (8, 5))
-    w, shared = b.rand("w", 4, 5), b.rand("shared", 4, 5)
+    w, shared = b.rand("w", 120, 5), b.rand("shared", 120, 5)
     trans = {**GEMM_ATTRS, "transB": 1}
-    y1 = b.op("Gemm", wide, w, b.rand("c", 4), out_shape=(16, 4), name="many_rows", **trans)
-    y2 = b.op("Gemm", wide, w, out_shape=(16, 4), name="same_b", **trans)
-    y3 = b.op("Gemm", few, b.rand("w_few", 4, 5), out_shape=(8, 4), name="dot_rows", **trans)
-    y4 = b.op("Gemm", wide, shared, out_shape=(16, 4), name="b_also_read_elsewhere", **trans)
-    g = b.output(y1, y2, y3, y4, b.op("Neg", shared, name="neg"))
-    assert check(g, TransposeGemmWeights()).modified
-    many, same, dot, elsewhere = g.nodes[:4]
-    assert many.attrs["transB"] == 0 and many.inputs[1] is same.inputs[1]  # one B^T for one B
-    bt = many.inputs[1]
-    assert bt is not None and bt.const is not None and bt.const.shape == (5, 4)
+    y1 = b.op("Gemm", wide, w, b.rand("c", 120), out_shape=(16, 120), name="many_rows", **trans)
+    y2 = b.op("Gemm", wide, w, out_shape=(16, 120), name="same_b", **trans)
+    y3 = b.op("Gemm", few, b.rand("w_few", 120, 5), out_shape=(8, 120), name="dot_rows", **trans)
+    y4 = b.op("Gemm", wide, shared, out_shape=(16, 120), name="b_also_read_elsewhere", **trans)
+    y5 = b.op("Gemm", wide, b.rand("narrow", 5, 20), out_shape=(16, 20), name="narrow_b", **GEMM_ATTRS)
+    y6 = b.op("Gemm", wide, b.rand("kn", 5, 128), out_shape=(16, 128), name="kn", **GEMM_ATTRS)
+    g = b.output(y1, y2, y3, y4, y5, y6, b.op("Neg", shared, name="neg"))
+    assert check(g, PackGemmWeights()).modified
+    many, same, dot, elsewhere, narrow, kn = g.nodes[:6]
+    assert many.kind == same.kind == kn.kind == "onnx_aot.PackedGemm"
+    assert many.inputs[1] is same.inputs[1]  # one packed B for one B
+    panels = many.inputs[1]
+    assert panels is not None and panels.const is not None and panels.const.shape == (2, 5, 64)
+    assert many.attrs["n"] == 120 and "transB" not in many.attrs and many.attrs["activation"] == ""
     assert "w" not in g.constants  # the original B is dropped: the weights are stored once
-    assert dot.attrs["transB"] == 1 and elsewhere.attrs["transB"] == 1
-    assert not TransposeGemmWeights().run(g).modified
+    assert dot.kind == elsewhere.kind == narrow.kind == "Gemm"  # few rows, shared B, 20 -> 64 columns
+    assert not PackGemmWeights().run(g).modified
 
 
 # -- fuse_elementwise --------------------------------------------------------------------------

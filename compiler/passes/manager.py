@@ -24,7 +24,7 @@ from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
-from compiler.passes.transpose_gemm_weights import TransposeGemmWeights
+from compiler.passes.pack_gemm_weights import PackGemmWeights
 from compiler.passes.use_winograd import UseWinograd
 from runtime.errors import CompileError
 from runtime.errors import ModelError
@@ -104,13 +104,13 @@ def passes_for_level(level: int) -> list[Pass]:
 def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
-    For the C target at level 2 and up: the constant B of a transB Gemm stored transposed
-    (``transpose_gemm_weights``), and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
+    For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
+    column panels (``pack_gemm_weights``), and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
     (``layout_nhwc``), and elementwise fusion runs once more over what it produced.
     """
-    passes: list[Pass] = [TransposeGemmWeights()] if level >= 2 and target == "cpu" else []
+    passes: list[Pass] = [PackGemmWeights()] if level >= 2 and target == "cpu" else []
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
     if level >= 3 and target == "cpu":

@@ -18,6 +18,7 @@ from runtime.kernels.common import finish
 from runtime.kernels.conv import conv
 from runtime.kernels.elementwise import apply_elementwise
 from runtime.kernels.linalg import gemm
+from runtime.kernels.linalg import unpack_b_panels
 from runtime.kernels.registry import OutputSpec
 from runtime.kernels.registry import register
 
@@ -68,6 +69,18 @@ def fused_gemm_kernel(
     a, b, c = fill_optional("onnx_aot.FusedGemm", inputs, 3)
     y = apply_activation(xp, gemm(xp, a, b, c, attrs), attrs)
     return finish(xp, "onnx_aot.FusedGemm", [y], outputs)
+
+
+@register("onnx_aot.PackedGemm")
+def packed_gemm_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """FusedGemm (transA 0, transB 0) with B packed ahead of time in column panels (attribute
+    ``n``: B's columns; ``runtime/kernels/linalg.py: pack_b_panels``)."""
+    a, bp, c = fill_optional("onnx_aot.PackedGemm", inputs, 3)
+    b = unpack_b_panels(xp, bp, int(attrs["n"]))
+    y = apply_activation(xp, gemm(xp, a, b, c, {**attrs, "transA": 0, "transB": 0}), attrs)
+    return finish(xp, "onnx_aot.PackedGemm", [y], outputs)
 
 
 def _resolve(ref: Any, inputs: list[Any], results: list[Any]) -> Any:

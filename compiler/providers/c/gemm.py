@@ -41,6 +41,7 @@ from compiler.providers.c.common import scratch_arg
 from compiler.providers.geometry import MatmulProduct
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.kernels.linalg import B_PANEL
 
 __all__ = ["Tiling", "Epilogue", "GemmContext", "choose_tiling", "packed_nbytes", "activation", "fused_ok"]
 
@@ -97,7 +98,7 @@ class GemmContext:
     params: tuple[Param, ...]
     t: Tiling
     e: Epilogue
-    path: str  # "dot" | "direct" | "packed"
+    path: str  # "dot" | "direct" | "packed" | "prepacked" (B packed ahead of time: PackedGemm)
     pack_a: bool  # the packed path also copies A into k-major row blocks (after B's panels)
     b_floats: int  # scratch floats reserved for B's panels (A's blocks follow)
     p: MatmulProduct  # A(m, k) = a[m * p.sam + k * p.sak], B(k, n) = b[k * p.sbk + n * p.sbn]
@@ -107,11 +108,14 @@ class GemmContext:
     parallel: bool
 
 
-def choose_tiling(m: int, n: int, k: int, target: TargetInfo) -> Tiling:
-    """Tile sizes: as many accumulators as registers allow, panel no wider than N needs."""
+def choose_tiling(m: int, n: int, k: int, target: TargetInfo, panel: int | None = None) -> Tiling:
+    """Tile sizes: as many accumulators as registers allow, panel no wider than N needs (and,
+    with ``panel``, a width that divides it: B packed ahead of time in panels of that many columns)."""
     vw = target.vector_bytes // 4
     wide = target.vector_registers >= 32
     nv = max(1, min(4 if wide else 2, math.ceil(n / vw)))
+    while panel is not None and panel % (nv * vw):
+        nv -= 1
     mr = max(1, min((24 if wide else 12) // nv, 12, m))
     nr = nv * vw
     nfull, nt = divmod(n, nr)
@@ -143,7 +147,7 @@ def _pack_a(prod: _Product) -> bool:
     """Whether the packed path copies A too: A's rows contiguous along k, and a multiple of
     ALIASING_BYTES apart."""
     p = prod.p
-    return prod.path == "packed" and p.sak == 1 and (4 * p.sam) % ALIASING_BYTES == 0
+    return prod.path in ("packed", "prepacked") and p.sak == 1 and (4 * p.sam) % ALIASING_BYTES == 0
 
 
 def activation(node: Node, vector: bool = False) -> str:
@@ -193,8 +197,21 @@ def _path(node: Node, p: MatmulProduct, b_off: list[int], batches: int) -> str:
     return "packed" if int(node.attrs["transB"]) or p.m >= PACK_MIN_ROWS else "direct"
 
 
+def _packed_product(node: Node) -> _Product | None:
+    """onnx_aot.PackedGemm: A (m, k) times B packed in (ceil(n / B_PANEL), k, B_PANEL) panels."""
+    a, bp, y = node.input(0), node.input(1), node.outputs[0]
+    if a is None or bp is None or a.shape is None or bp.shape is None or y.shape is None:
+        return None
+    (m, k), n = a.shape, int(node.attrs.get("n", -1))
+    if len(a.shape) != 2 or bp.shape != (-(-n // B_PANEL), k, B_PANEL) or y.shape != (m, n):
+        return None
+    return _Product(MatmulProduct(m, n, k, k, 1, B_PANEL, 1, (), (), ()), (0,), (0,), "prepacked")
+
+
 def _product(node: Node) -> _Product | None:
     """The node's product with its batches' A / B offsets (one B for every batch: packed once)."""
+    if node.kind == "onnx_aot.PackedGemm":
+        return _packed_product(node)
     p = MatmulProduct.from_node(node)
     if p is None:
         return None
@@ -214,7 +231,7 @@ def _product(node: Node) -> _Product | None:
 
 
 class GemmKernel(CKernel):
-    kinds: tuple[str, ...] = ("Gemm", "onnx_aot.FusedGemm", "MatMul")
+    kinds: tuple[str, ...] = ("Gemm", "onnx_aot.FusedGemm", "onnx_aot.PackedGemm", "MatMul")
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or not fused_ok(node) or len(node.outputs) != 1:
@@ -235,16 +252,14 @@ class GemmKernel(CKernel):
 
     def scratch_nbytes(self, node: Node) -> int:
         prod = claimed(_product(node), node)
-        if prod.path != "packed":
-            return 0
         a_blocks = 4 * len(prod.a_off) * (prod.p.m + MAX_ROWS - 1) * prod.p.k if _pack_a(prod) else 0
-        return packed_nbytes(prod.p.k, prod.p.n) + a_blocks
+        return a_blocks + (packed_nbytes(prod.p.k, prod.p.n) if prod.path == "packed" else 0)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         prod = claimed(_product(node), node)
         p = prod.p
-        t = choose_tiling(p.m, p.n, p.k, target)
+        t = choose_tiling(p.m, p.n, p.k, target, B_PANEL if prod.path == "prepacked" else None)
         c = node.input(2)
         alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
         beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
@@ -271,7 +286,7 @@ class GemmKernel(CKernel):
             e=e,
             path=prod.path,
             pack_a=_pack_a(prod),
-            b_floats=packed_nbytes(p.k, p.n) // 4,
+            b_floats=packed_nbytes(p.k, p.n) // 4 if prod.path == "packed" else 0,
             p=p,
             nb=nb,
             a_off=prod.a_off,
