@@ -903,3 +903,33 @@ def test_packed_gemm_at_every_level(level: str, m: int, k: int, n: int, trans_b:
     (y,) = Session(out).run(None, {"a": a})
     want = np.maximum(a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64) + c, 0)
     np.testing.assert_allclose(y, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("level", level_params())
+def test_elementwise_chain_runs_on_vectors_at_every_level(level: str, tmp_path: Path) -> None:
+    """A chain with transcendental functions fused into one FusedElementwise runs its innermost
+    loop on whole vectors (the vector math, elementwise_vector.py) and the scalar program for the
+    tail (37 = 2 x 16 + 5): a contiguous operand, one broadcast along that loop, a constant."""
+    names = ["Tanh", "Add", "Sigmoid", "HardSwish", "Erf"]
+    nodes = [helper.make_node("Mul", ["x", "half"], ["t0"])]
+    for k, op in enumerate(names):
+        args = [f"t{k}", "b"] if op == "Add" else [f"t{k}"]
+        nodes.append(helper.make_node(op, args, [f"t{k + 1}"] if k + 1 < len(names) else ["y"]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 37]),
+              helper.make_tensor_value_info("b", TensorProto.FLOAT, [5, 1])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 37])]
+    half = numpy_helper.from_array(np.array(0.5, np.float32), "half")
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [half])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = compile_model(model, tmp_path / "a", cpu=level, golden_cases=0)
+    source = (out / "kernels" / "cpu" / "model.c").read_text()
+    kernels = source[source.index("const vf x0 ="):]  # the kernels, after the vector math's definitions
+    assert "= vtanh(v" in kernels and "= vsigmoid(v" in kernels and "= verf(x0)" in kernels
+    assert "vbcast(in2[" in kernels  # b, broadcast along the vector loop
+    if not host_runs(level):
+        return
+    x, b = rand(5, 37, scale=3.0), rand(5, 1)
+    (y,) = Session(out).run(None, {"x": x, "b": b})
+    s = 1 / (1 + np.exp(-(np.tanh(x.astype(np.float64) * 0.5) + b)))
+    want = np.vectorize(math.erf)(s * np.clip(s / 6 + 0.5, 0, 1))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-7)

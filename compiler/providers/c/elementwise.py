@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from compiler.codegen.elementwise import ELEMENTWISE_OPS
 from compiler.codegen.elementwise import LoopNest
 from compiler.codegen.elementwise import broadcast_strides
+from compiler.codegen.elementwise import coalesce
+from compiler.codegen.elementwise import contiguous_strides
 from compiler.codegen.elementwise import elementwise_node
+from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import node_program
 from compiler.codegen.elementwise import program_supported
+from compiler.codegen.elementwise import scalar_constant
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
@@ -27,6 +31,7 @@ from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import all_float32
 from compiler.providers.c.common import arg
 from compiler.providers.c.common import output_args
+from compiler.providers.c.elementwise_vector import vector_program
 from compiler.providers.kit import Param
 
 __all__ = ["EltwiseContext", "EltwiseKernel"]
@@ -43,6 +48,11 @@ class EltwiseContext:
     result: str
     parallel: bool
     chunk: int
+    vw: int  # floats per vector
+    # the vector path of the innermost loop (elementwise_vector.py): its loads (variable, vf
+    # expression) and statements (name, vf expression), the last one the result; None: scalar only
+    vloads: tuple[tuple[str, str], ...] | None
+    vector: tuple[tuple[str, str], ...] | None
 
 
 class EltwiseKernel(CKernel):
@@ -81,8 +91,30 @@ class EltwiseKernel(CKernel):
             result=plan.emitted.result,
             parallel=plan.nest.total * max(1, plan.program_length) >= PARALLEL_MIN_WORK,
             chunk=_CHUNK,
+            vw=target.vector_bytes // 4,
+            **_vector_path(node, inputs, plan.loads),
         )
         return StepCode("c/elementwise.c.j2", ctx, tuple(args))
+
+
+def _vector_path(node: Node, inputs: list, loads: tuple[tuple[str, str, str], ...]) -> dict:
+    """The vector loads and statements of the innermost loop, or None for both where an operand
+    is neither contiguous nor constant along it or an instruction has no vector form."""
+    none = {"vloads": None, "vector": None}
+    out = shape_of(node.outputs[0])
+    loaded = [v for v in inputs if scalar_constant(v) is None]
+    strides = [broadcast_strides(shape_of(v), out) for v in loaded]
+    _, cols = coalesce(out, [contiguous_strides(out), *strides])
+    if cols[0][-1] != 1 or any(c[-1] not in (0, 1) for c in cols[1:]):
+        return none
+    vloads = tuple((var, f"vload({ptr} + {idx})" if c[-1] else f"vbcast({ptr}[{idx}])")
+                   for (var, ptr, idx), c in zip(loads, cols[1:], strict=True))
+    exprs, it = [], iter(v for v, _ in vloads)
+    for v in inputs:
+        c = scalar_constant(v)
+        exprs.append(f"vbcast({literal(c)})" if c is not None else next(it))
+    vector = vector_program(node_program(node.kind, node.attrs, len(inputs)), exprs)
+    return none if vector is None else {"vloads": vloads, "vector": vector}
 
 
 KERNELS = (EltwiseKernel(),)
