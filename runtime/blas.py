@@ -22,7 +22,7 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["blas_threads", "single_threaded_blas"]
+__all__ = ["blas_threads", "set_blas_threads", "single_threaded_blas"]
 
 _PREFIXES = ("scipy_openblas", "openblas")
 _SUFFIXES = ("64_", "")
@@ -58,6 +58,14 @@ def blas_threads() -> int | None:
     """The loaded OpenBLAS's thread count (None without one)."""
     found = _functions()
     return int(found[1]()) if found is not None else None
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set the loaded OpenBLAS's thread count; False (nothing done) without one."""
+    found = _functions()
+    if found is not None:
+        found[0](int(n))
+    return found is not None
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from onnx import helper
 from compiler.driver import compile_model
 from runtime import Session
 from runtime.blas import blas_threads
+from runtime.blas import set_blas_threads
 from runtime.blas import single_threaded_blas
 from runtime.providers.reference import ReferencePartition
 
@@ -45,7 +46,11 @@ def test_reference_steps_beside_c_kernels_run_with_one_blas_thread(tmp_path: Pat
 
     monkeypatch.setattr(ReferencePartition, "_run", spy)
     before = blas_threads()
-    x = np.random.default_rng(0).standard_normal((3, 4, 4)).astype(np.float32)
-    (y,) = session.run(None, {"x": x})
-    assert seen == [1] and blas_threads() == before
+    assert set_blas_threads(2)  # two BLAS threads, so that one inside the step is the guard's doing
+    try:
+        x = np.random.default_rng(0).standard_normal((3, 4, 4)).astype(np.float32)
+        (y,) = session.run(None, {"x": x})
+        assert seen == [1] and blas_threads() == 2
+    finally:
+        set_blas_threads(before or 1)
     np.testing.assert_allclose(y, np.linalg.det(np.maximum(x, 0).astype(np.float64)), rtol=1e-4, atol=1e-5)

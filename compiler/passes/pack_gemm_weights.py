@@ -57,11 +57,10 @@ class PackGemmWeights(Pass):
         packed: dict[tuple[int, int], Value] = {}  # (id(B), transB) -> panels, shared by the Gemms of one B
         modified = False
         for node in list(graph):
-            b = node.input(1) if node.kind in _GEMMS else None
-            if b is None or _b_matrix(node) is None or any(_b_matrix(c) is None for c in b.consumers()):
-                continue
             matrix = _b_matrix(node)
-            assert matrix is not None
+            b = node.input(1)
+            if matrix is None or b is None or any(_b_matrix(c) is None for c in b.consumers()):
+                continue
             key = (id(b), int(node.attrs["transB"]))
             if key not in packed:
                 packed[key] = add_constant(graph, f"{b.name}_panels", pack_b_panels(np.asarray(matrix)))

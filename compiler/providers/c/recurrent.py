@@ -24,6 +24,8 @@ import numpy as np
 
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
+from compiler.codegen.vmath import scalar_math_expr
+from compiler.codegen.vmath import vector_math_expr
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.base import shape_of
@@ -48,8 +50,8 @@ _OPS: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
 # The canonical activation functions as C expressions of ``x`` ({a}: alpha, {b}: beta), each
 # computing what runtime.kernels.recurrent.activation computes (NaN in, NaN out).
 _ACTIVATIONS: dict[str, str] = {
-    "Tanh": "stanh(x)",  # the scalar twins of templates/c/vmath.c.j2 (lane 0 of vtanh / vsigmoid)
-    "Sigmoid": "ssigmoid(x)",
+    "Tanh": scalar_math_expr("Tanh", "x"),  # the vector math's scalar twins (lane 0 of its vectors)
+    "Sigmoid": scalar_math_expr("Sigmoid", "x"),
     "Relu": "(x < 0.0f ? 0.0f : x)",
     "Affine": "{a} * x + {b}",
     "LeakyRelu": "(x >= 0.0f ? x : {a} * x)",
@@ -136,7 +138,7 @@ def _dtypes_ok(node: Node) -> bool:
 
 # The same over a vector ``x`` (type vf) where the vector math has the function; the others run
 # their scalar form lane by lane.
-_VECTOR_ACTIVATIONS: dict[str, str] = {"Tanh": "vtanh(x)", "Sigmoid": "vsigmoid(x)"}
+_VECTOR_ACTIVATIONS: dict[str, str] = {name: vector_math_expr(name, "x") for name in ("Tanh", "Sigmoid")}
 
 
 def _activations(node: Node) -> tuple[str, ...]:
