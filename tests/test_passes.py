@@ -358,6 +358,24 @@ def test_gemm_bias_add_folds_and_non_column_bias_does_not() -> None:
     assert g.nodes[0].attrs["beta"] == 1.0 and g.nodes[0].attrs["transB"] == 1
 
 
+def test_batched_linear_layer_becomes_reshape_gemm_reshape() -> None:
+    """A transformer's [batch, seq, K] x [K, N] + bias (PyTorch's form: the bias first) is one
+    Gemm over the rows of every batch, between two Reshapes; without a per-column bias Add it
+    stays a MatMul."""
+    b = Builder()
+    x = b.input("x", (2, 3, 5))
+    y = b.op("MatMul", x, b.rand("w", 5, 4), out_shape=(2, 3, 4), name="linear")
+    y = b.op("Add", b.rand("bias", 4), y, name="bias_add")
+    plain = b.op("MatMul", x, b.rand("w2", 5, 4), out_shape=(2, 3, 4), name="no_bias")
+    g = b.output(b.op("Relu", y), b.op("Add", plain, b.rand("rows", 3, 1), name="row_add"))
+    assert check(g, FuseMatMulAdd()).modified
+    assert kinds(g) == ["Reshape", "Gemm", "Reshape", "MatMul", "Relu", "Add"]
+    flat, gemm, unflat = g.nodes[:3]
+    assert flat.attrs["shape"] == [6, 5] and unflat.attrs["shape"] == [2, 3, 4]
+    assert gemm.attrs == GEMM_ATTRS and gemm.origin == ["linear", "bias_add"]
+    assert gemm.outputs[0].shape == (6, 4) and unflat.outputs[0].shape == (2, 3, 4)
+
+
 # -- pack_gemm_weights -------------------------------------------------------------------------
 def test_gemm_with_many_rows_gets_its_constant_b_packed_in_panels() -> None:
     b = Builder()

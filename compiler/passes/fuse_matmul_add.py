@@ -1,12 +1,20 @@
 """MatMul (or Gemm without a bias) followed by the Add of a constant bias -> Gemm with that bias.
 
-MatMul needs a 2-D A and a constant 2-D B; the bias is a constant that broadcasts to the
-[M, N] output and varies along N only ([N], [1, N], a scalar, ...); it is stored as a 1-D [N]
-C with beta 1. A Gemm whose C is such a constant takes the Add too (C' = beta * C + bias).
-The product's output must have that one use and not be a graph output.
+MatMul needs a constant 2-D B; the bias is a constant that broadcasts to the [M, N] output and
+varies along N only ([N], [1, N], a scalar, ...); it is stored as a 1-D [N] C with beta 1. A
+Gemm whose C is such a constant takes the Add too (C' = beta * C + bias). The product's output
+must have that one use and not be a graph output.
+
+A MatMul whose A has more than two (static) dims, the linear layer of a transformer
+([batch, seq, K] x [K, N] + bias, as PyTorch exports it), is one product over the rows of all
+batches: it becomes Reshape (A to [rows, K]) + Gemm + Reshape (back to [..., N]), views of the
+same contiguous data, so the Gemm lowerings (B packed ahead of time, the bias in the tile's
+epilogue) apply to it too.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -50,8 +58,10 @@ class FuseMatMulAdd(Pass):
         if len(node.outputs) != 1:
             return False
         y = node.outputs[0]
-        if y.shape is None or len(y.shape) != 2 or y.dtype is None or y.dtype.kind != "f":
+        if y.shape is None or len(y.shape) < 2 or y.dtype is None or y.dtype.kind != "f":
             return False
+        if len(y.shape) > 2:
+            return node.kind == "MatMul" and _fuse_batched(graph, node)
         rows, cols = y.shape
         if node.kind == "MatMul":
             a, b = node.input(0), node.input(1)
@@ -88,6 +98,33 @@ class FuseMatMulAdd(Pass):
         )
         replace_nodes(graph, [node, add], gemm)
         return True
+
+
+def _fuse_batched(graph: Graph, node: Node) -> bool:
+    """[..., K] x constant [K, N] + bias -> Reshape [rows, K], Gemm with the bias, Reshape [..., N]."""
+    a, b, y = node.input(0), node.input(1), node.outputs[0]
+    if a is None or b is None or b.const is None or b.const.ndim != 2 or a.shape is None or y.shape is None:
+        return False
+    if not all(isinstance(d, int) for d in (*a.shape, *y.shape)) or len(a.shape) != len(y.shape):
+        return False
+    rows, k, cols = math.prod(a.shape[:-1]), int(a.shape[-1]), int(y.shape[-1])
+    add = sole_consumer(graph, y)
+    bias = _bias(add, y, rows, cols) if add is not None else None
+    if add is None or bias is None:
+        return False
+    flat_a = graph.make_value(f"{a.name}_rows", a.dtype, (rows, k))
+    flat_y = graph.make_value(f"{y.name}_rows", y.dtype, (rows, cols))
+    c_const = add_constant(graph, f"{node.name}_bias", bias.astype(y.dtype))
+    origin = merged_origin([node, add])
+    flat = Node("Reshape", [a], [flat_a], {"shape": [rows, k]}, name=f"{node.name}_rows", origin=origin)
+    graph.add_node(flat, before=node)
+    attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
+    gemm = Node("Gemm", [flat_a, b, c_const], [flat_y], attrs, name=node.name, origin=origin)
+    graph.add_node(gemm, before=node)
+    unflat = Node("Reshape", [flat_y], list(add.outputs), {"shape": list(y.shape)}, name=f"{add.name}_unflat",
+                  origin=origin)
+    replace_nodes(graph, [node, add], unflat)
+    return True
 
 
 def _bias(add: Node, y: Value, rows: int, cols: int) -> np.ndarray | None:
