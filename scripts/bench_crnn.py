@@ -35,24 +35,30 @@ def _spin() -> None:
         pass
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=30, help="timed runs per engine (default 30)")
+def bench_arguments(doc: str, default_runs: int = 30) -> argparse.Namespace:
+    """The options every model bench takes (``--runs``, ``--threads``, ``--busy``, ``--smoke``)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=default_runs,
+                        help=f"timed runs per engine (default {default_runs})")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
     parser.add_argument("--busy", type=int, default=0, help="processes kept spinning meanwhile (default 0)")
     parser.add_argument("--smoke", action="store_true", help="small dims, 2 runs (CI)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def compare_model(model: onnx.ModelProto, name: str, args: argparse.Namespace) -> int:
+    """Compile ``model``, then per thread count time it alternating with onnxruntime and print the
+    medians, their ratio and the max error (``bench_arguments``' options)."""
     prepare_environment()
     facts = machine_facts()
     print(f"{facts['cpu']} ({facts['cores']} cores; {facts['isa']}), onnxruntime {facts['onnxruntime']}, "
           f"{args.busy} busy process(es)", flush=True)
-    model = crnn_model(**(SMOKE_DIMS if args.smoke else {}))
     runs = 2 if args.smoke else args.runs
     busy = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
-    with tempfile.TemporaryDirectory(prefix="onnx-aot-crnn-") as tmp:
-        path = Path(tmp) / "crnn.onnx"
+    with tempfile.TemporaryDirectory(prefix=f"onnx-aot-{name}-") as tmp:
+        path = Path(tmp) / f"{name}.onnx"
         onnx.save(model, path)
-        artifact = compile_model(path, Path(tmp) / "crnn", golden_cases=0)
+        artifact = compile_model(path, Path(tmp) / name, golden_cases=0)
         for process in busy:
             process.start()
         try:
@@ -61,11 +67,18 @@ def main() -> int:
                 lat, acc = r["latency"], r["accuracy"]
                 print(f"threads {threads}: onnx-aot {lat['onnx_aot_s'] * 1e3:.2f} ms, onnxruntime "
                       f"{lat['onnxruntime_s'] * 1e3:.2f} ms, ratio {lat['ratio']:.3f}, "
-                      f"max abs err {acc['max_abs_err']:.2e}", flush=True)
+                      f"max abs err {acc['max_abs_err']:.2e}, max rel err {acc['max_rel_err']:.2e} "
+                      f"({'within' if acc['within_tolerance'] else 'NOT within'} rtol {acc['rtol']:g} / "
+                      f"atol {acc['atol']:g})", flush=True)
         finally:
             for process in busy:
                 process.terminate()
     return 0
+
+
+def main() -> int:
+    args = bench_arguments(__doc__)
+    return compare_model(crnn_model(**(SMOKE_DIMS if args.smoke else {})), "crnn", args)
 
 
 if __name__ == "__main__":
