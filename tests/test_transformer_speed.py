@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import TensorProto
+from onnx import helper
 
 from compiler.driver import compile_model
 from runtime import Session
@@ -45,6 +47,30 @@ def test_encoder_matches_onnxruntime_at_every_level(level: str, tmp_path: Path) 
     (got,) = Session(out).run(None, feeds)
     (want,) = ort_run(model, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("level", level_params())
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_rows_run_on_vectors_at_every_level(op: str, level: str, tmp_path: Path) -> None:
+    """Softmax along a contiguous last axis: vexp over whole vectors, sexp for the tail (37 = 2 x 16
+    + 5), a -inf (masked) entry, a row of large values; LogSoftmax the same way."""
+    x = np.random.default_rng(1).standard_normal((6, 37)).astype(np.float32) * 4
+    x[2] += 80.0
+    x[1, 3] = -np.inf
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], axis=-1)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = compile_model(model, tmp_path / "s", cpu=level, golden_cases=0)
+    source = (out / "kernels" / "cpu" / "model.c").read_text()
+    assert "vexp(vload(xp + l) - m)" in source and "sexp(xp[t] - mx)" in source
+    if not host_runs(level):
+        return
+    (got,) = Session(out).run(None, {"x": x})
+    shifted = x.astype(np.float64) - x.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    want = shifted - lse if op == "LogSoftmax" else np.exp(shifted - lse)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_bench_encoder_script_smoke() -> None:

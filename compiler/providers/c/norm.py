@@ -2,7 +2,8 @@
 
 The per-channel kernel (``templates/c/channel.c.j2``) walks the (N, C, spatial) planes:
 GlobalAveragePool / GlobalMaxPool (one value per plane), BatchNormalization (inference) and LRN.
-Softmax / LogSoftmax normalize along any axis (``templates/c/softmax.c.j2``).
+Softmax / LogSoftmax normalize along any axis (``templates/c/softmax.c.j2``; along the last axis
+on whole vectors with the vector math's exp).
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ class SoftmaxContext:
     length: int
     inner: int
     parallel: bool
+    vector: bool  # contiguous rows (inner 1) run on whole vectors with the vector math
+    vw: int  # floats per vector
 
 
 class SoftmaxKernel(CKernel):
@@ -129,13 +132,16 @@ class SoftmaxKernel(CKernel):
         xs = shape_of(node.input(0))
         axis = int(node.attrs["axis"])
         args = step_args(step)
+        inner, vw = math.prod(xs[axis + 1 :]), target.vector_bytes // 4
         ctx = SoftmaxContext(
             params=params(["x", "y"], args, [False, False]),
             log=node.op_type == "LogSoftmax",
             outer=math.prod(xs[:axis]),
             length=xs[axis] if xs else 1,
-            inner=math.prod(xs[axis + 1 :]),
+            inner=inner,
             parallel=math.prod(xs) * 8 >= PARALLEL_MIN_WORK,
+            vector=inner == 1 and bool(xs) and xs[axis] >= vw,
+            vw=vw,
         )
         return StepCode("c/softmax.c.j2", ctx, tuple(args))
 
