@@ -131,16 +131,18 @@ def read_input(name: str, path: str) -> np.ndarray:
 
 
 def random_feeds(session: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs for ``session``: normal floats, random bools, integers in [0, 10)."""
+    """Seeded inputs for ``session``: normal floats, random bools, integers in [0, 10); a dynamic
+    dim (``None`` in the spec's shape) at the low end of its range."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in session.inputs:
+        shape = spec.shape if spec.ranges is None else tuple(lo for lo, _ in spec.ranges)
         if spec.dtype.kind == "f":
-            feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+            feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         elif spec.dtype.kind == "b":
-            feeds[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(bool)
         else:
-            feeds[spec.name] = rng.integers(0, 10, spec.shape).astype(spec.dtype)
+            feeds[spec.name] = rng.integers(0, 10, shape).astype(spec.dtype)
     return feeds
 
 
@@ -224,6 +226,13 @@ def _run(args: argparse.Namespace) -> int:
         _say_rebuilt(session.cpu_build)
     feeds = random_feeds(session, args.seed)
     names = {s.name for s in session.inputs}
+    for spec in session.inputs:
+        if spec.ranges is not None:
+            from runtime.dynamic import describe_spec
+
+            chosen = f"given: {list(given[spec.name].shape)}" if spec.name in given else \
+                f"random at {list(feeds[spec.name].shape)}"
+            print(f"input {spec.name}: {describe_spec(spec)} ({chosen})")
     for name, array in given.items():
         if name not in names:
             raise InputError(f"--input names {name!r}, which is not an input ({', '.join(sorted(names))})")

@@ -19,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from runtime.artifact import load_artifact
+from runtime.dynamic import describe_spec
+from runtime.dynamic import interface
 from runtime.errors import ArtifactError
 from runtime.plan_schema import Plan
 from runtime.plan_schema import PlanBuffer
 from runtime.plan_schema import PlanStep
 from runtime.plan_schema import PlanValue
+from runtime.symbolic import to_json
 
 __all__ = ["MEMORY_JSON", "Inspection", "inspect_artifact", "memory_summary", "format_text",
            "format_bytes", "human_bytes"]
@@ -152,7 +155,7 @@ def _buffer_entry(buf: dict[str, Any], plan_buffers: Mapping[str, PlanBuffer],
                                 f"for its tensor {root!r}")
         step = found
         entry.update({"kind": "tensor", "root": root, "values": names, "dtype": values[root].dtype.name,
-                      "shape": list(values[root].shape)})
+                      "shape": [to_json(d) for d in values[root].shape]})
     entry.update({"producer": step.name, "op_type": step.op_type, "producer_step": step.index,
                   "aligned_nbytes": _align(buf["nbytes"], alignment)})
     return entry
@@ -211,8 +214,12 @@ def format_text(ins: Inspection, *, steps: int | None = None) -> str:
     plan, summary = ins.plan, ins.summary
     lines = [f"artifact {ins.path}  (compiled by onnx-aot {ins.manifest['compiler']['version']} "
              f"from {ins.manifest['source']['file']})"]
-    lines += [f"  input  {s.name}: {s.dtype.name} {list(s.shape)}" for s in plan.inputs]
-    lines += [f"  output {s.name}: {s.dtype.name} {list(s.shape)}" for s in plan.output_specs]
+    inputs, outputs = interface(plan)
+    lines += [f"  input  {s.name}: {describe_spec(s)}" for s in inputs]
+    lines += [f"  output {s.name}: {describe_spec(s)}" for s in outputs]
+    if plan.symbols:
+        lines.append("symbols: " + ", ".join(f"{s.name} in {s.min}..{s.max}" for s in plan.symbols)
+                     + " (a dynamic plan: buffers placed per binding at run time; arenas at the max binding)")
     lines.append(f"weights: {format_bytes(plan.weights_nbytes)} bytes in {len(plan.constants)} constants")
     providers: dict[str, int] = {}
     ops: dict[str, int] = {}

@@ -7,6 +7,11 @@ then passes the bound arrays' addresses to the kernels directly: no feed checks,
 allocation, no copies. An input that is not C-contiguous or aligned is copied once, at bind time.
 An output bound without an array is allocated once by the binding and reused by every run.
 
+For a dynamic plan (docs/dynamic-shapes.md) an array may take any shape within each dim's range;
+the run derives the binding from the bound inputs, checks each bound output against the shape it
+has at that binding (``InputError`` otherwise), and allocates the outputs bound without an array
+at each new shape.
+
 Device arrays (cupy) can be bound to a CUDA artifact's inputs and outputs when only CUDA
 partitions touch them (the plan's host <-> device transfer then becomes one device-to-device
 copy); a value read or written on the host needs a numpy array, and the error says so.
@@ -68,6 +73,8 @@ class IOBinding:
         self._specs_out = {s.name: s for s in io.outputs}
         self._value_of = dict(zip((s.name for s in io.outputs), io.output_values, strict=True))
         self._ext: dict[str, Any] | None = None
+        self._ext_shapes: tuple[tuple[int, ...], ...] | None = None  # a dynamic plan's: the shapes ext has
+        self._own: set[str] = set()  # outputs a dynamic plan's binding allocates per shape
 
     # -- binding -------------------------------------------------------------------------------
     def bind_input(self, name: str, array: Any) -> None:
@@ -94,7 +101,13 @@ class IOBinding:
             raise InputError(f"bind_output: unknown output {name!r}; the model's outputs are "
                              f"{', '.join(map(repr, self._specs_out))}")
         if array is None:
+            if spec.ranges is not None:  # a dynamic shape: allocated by each run at its shape
+                self._outputs.pop(name, None)
+                self._own.add(name)
+                self._ext = None
+                return
             array = np.empty(spec.shape, spec.dtype)
+        self._own.discard(name)
         array = self._check(f"output {name!r}", spec, array, self._value_of[name], output=True)
         if not array.flags.c_contiguous:
             raise InputError(f"bind_output: output {name!r}: the array must be C-contiguous "
@@ -116,8 +129,13 @@ class IOBinding:
                                  f"the host in {self._io.where}; bind a numpy array")
         if np.dtype(array.dtype) != spec.dtype:
             raise InputError(f"{what}: dtype {array.dtype}, expected {spec.dtype}")
-        if tuple(array.shape) != spec.shape:
-            raise InputError(f"{what}: shape {tuple(array.shape)}, expected {spec.shape}")
+        if spec.ranges is None:
+            if tuple(array.shape) != spec.shape:
+                raise InputError(f"{what}: shape {tuple(array.shape)}, expected {spec.shape}")
+        elif len(array.shape) != len(spec.shape) or not all(
+                lo <= n <= hi for n, (lo, hi) in zip(array.shape, spec.ranges, strict=True)):
+            ranges = ", ".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in spec.ranges)
+            raise InputError(f"{what}: shape {tuple(array.shape)} is outside the ranges ({ranges})")
         return array
 
     def clear_binding_inputs(self) -> None:
@@ -126,6 +144,7 @@ class IOBinding:
 
     def clear_binding_outputs(self) -> None:
         self._outputs.clear()
+        self._own.clear()
         self._ext = None
 
     # -- results -------------------------------------------------------------------------------
@@ -142,15 +161,25 @@ class IOBinding:
         return [a if _is_numpy(a) else _device_module(a).asnumpy(a) for a in self.get_outputs()]
 
     # -- used by Session.run_with_iobinding ------------------------------------------------------
-    def _ext_for(self, io: SessionIO) -> dict[str, Any]:
+    def _input_arrays(self, io: SessionIO) -> dict[str, Any]:
+        """The bound inputs (a dynamic plan's run reads its binding off their shapes)."""
         if io is not self._io:
             raise InputError("this IOBinding belongs to another session")
-        ext = self._ext
-        if ext is not None:
-            return ext
         missing = [n for n in self._specs_in if n not in self._inputs]
         if missing:
             raise InputError(f"run_with_iobinding: input(s) {', '.join(map(repr, missing))} are not bound")
+        return self._inputs
+
+    def _ext_for(self, io: SessionIO, shapes: list[tuple[int, ...]] | None = None) -> dict[str, Any]:
+        """Value name -> array for a run; ``shapes``: a dynamic plan's output shapes at this run."""
+        if io is not self._io:
+            raise InputError("this IOBinding belongs to another session")
+        ext = self._ext
+        if ext is not None and (shapes is None or tuple(shapes) == self._ext_shapes):
+            return ext
+        self._input_arrays(io)
+        if shapes is not None:
+            self._shape_outputs(shapes)
         for name, spec in self._specs_out.items():  # unbound outputs: allocated once, then reused
             if name not in self._outputs:
                 self._outputs[name] = np.empty(spec.shape, spec.dtype)
@@ -162,4 +191,18 @@ class IOBinding:
         for name, array in self._outputs.items():
             ext[self._value_of[name]] = array
         self._ext = ext
+        self._ext_shapes = tuple(shapes) if shapes is not None else None
         return ext
+
+    def _shape_outputs(self, shapes: list[tuple[int, ...]]) -> None:
+        """A dynamic plan's outputs at this run's shapes: those bound without an array (or never
+        bound) allocated at them, those bound to an array checked against them."""
+        for (name, spec), shape in zip(self._specs_out.items(), shapes, strict=True):
+            array = self._outputs.get(name)
+            if array is None or (name in self._own and tuple(array.shape) != tuple(shape)):
+                self._outputs[name] = np.empty(shape, spec.dtype)
+                self._own.add(name)
+            elif tuple(array.shape) != tuple(shape):
+                raise InputError(f"run_with_iobinding: output {name!r} is bound to an array of shape "
+                                 f"{tuple(array.shape)}; at the bound inputs' shapes it has shape "
+                                 f"{tuple(shape)}")

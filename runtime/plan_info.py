@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 from runtime.artifact import MANIFEST
 from runtime.artifact import PLAN
 from runtime.artifact import read_json
+from runtime.dynamic import interface
 from runtime.errors import ArtifactError
 from runtime.plan_schema import FORMAT_VERSION
 from runtime.plan_schema import Plan
@@ -28,7 +30,11 @@ __all__ = ["PlanInfo", "load_plan"]
 class PlanInfo:
     """An artifact's sizes and interface, read without loading kernels or weights.
 
-    ``arenas``: bytes per memory space ("host", "cuda") one run needs; ``alignments``: each
+    ``inputs`` / ``outputs`` are the specs a ``Session`` reports: for a dynamic plan ``None`` for
+    each dynamic dim, with ``ranges`` and ``dims`` (``runtime.plan_schema.TensorSpec``), and
+    ``symbols`` maps each symbol to its ``(min, max)`` (empty for a static plan).
+    ``arenas``: bytes per memory space ("host", "cuda") one run needs (a dynamic plan's: at its
+    max binding, every symbol at its max); ``alignments``: each
     arena's alignment; ``target``: "cpu" or "cuda" (the compile option); ``providers``: the
     providers that run partitions, in plan order, and ``partition_spaces`` the memory spaces
     they run in; ``runnable_from_c``: every partition is C, so
@@ -46,6 +52,7 @@ class PlanInfo:
     providers: tuple[str, ...]
     partition_spaces: tuple[str, ...]
     num_steps: int
+    symbols: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def memory_spaces(self) -> tuple[str, ...]:
@@ -77,16 +84,18 @@ def load_plan(path: str | os.PathLike[str]) -> PlanInfo:
     if not isinstance(entry, dict) or hashlib.sha256(raw).hexdigest() != entry.get("sha256"):
         raise ArtifactError(f"{root / PLAN}: contents do not match the manifest's sha256")
     plan = Plan.from_json(data, root / PLAN)
+    inputs, outputs = interface(plan)
     return PlanInfo(
         path=root,
         name=plan.name,
         target=str((manifest.get("options") or {}).get("target", "cpu")),
-        inputs=plan.inputs,
-        outputs=plan.output_specs,
+        inputs=inputs,
+        outputs=outputs,
         arenas={a.memory_space: a.nbytes for a in plan.arenas},
         alignments={a.memory_space: max(64, a.alignment) for a in plan.arenas},
         weights_nbytes=plan.weights_nbytes,
         providers=tuple(p.runner for p in plan.partitions),
         partition_spaces=tuple(sorted({p.memory_space for p in plan.partitions})),
         num_steps=len(plan.steps),
+        symbols=plan.ranges,
     )

@@ -10,25 +10,32 @@ re-hashed into the manifest) fails at load, never as a ``KeyError`` in the middl
 steps each partition covers, the values every step names, the library of a C partition and the
 module of a CUDA one.
 
-Room for what later issues add, without changing what is here:
+Format version 3 adds **dynamic plans** (issue 17; docs/dynamic-shapes.md): ``symbols`` (each
+with its range) and ``assumptions`` (equalities a binding must satisfy), always written right
+after ``name`` (empty for a static plan). In a dynamic plan a dim is an int or an expression of
+the symbols (``runtime.symbolic``: ``to_json`` writes it, ``parse`` reads it, into an ``Expr``);
+buffer offsets are placeholders ``_b<k>`` (``k`` the buffer's index) that the runtime places per
+binding, and buffer sizes, value offsets (``"_b3+1536*W"``) and scratch are expressions of the
+symbols and placeholders; a ``"symbolic"`` location holds a small integer tensor's elements (a
+Reshape target) and ``{"expr": TEXT}`` inside a step's attrs is an int at each binding.
+``runtime/binding.py`` turns a dynamic plan and a binding into a static plan (``Plan.bind``).
+A static plan reads as before: every dim is checked to be an int on the fast path, and expressions
+are only parsed where the plan holds a string.
 
-- **Dims as expressions of symbols.** A shape is ``tuple[Dim, ...]`` with ``Dim = int`` today. A
-  symbolic dim widens ``Dim`` to ``int | DimExpr`` (an expression over named symbols, written in
-  JSON as a string such as ``"2*seq+1"``); every shape in the schema is read by ``_shape`` and
-  written by ``_shape_json``, so those two functions and ``TensorSpec.nbytes`` are where it goes.
-- **Sub-schedules** (format version 2). A control step compiled into nested schedules (an
-  ``onnx_aot.If``: two, the branches; a ``Loop`` / ``Scan``: one, the body) carries them in
-  ``schedules``: each a ``PlanSchedule`` with its own ``values``, ``buffers``, ``steps`` and
-  ``partitions``, read and checked by the same ``_schedule`` as the top level (so nesting goes to
-  any depth). Its arena offsets are relative to the control step's scratch region, where the step
-  runs it. (One ``schedules`` tuple instead of ``branches`` / ``body`` fields: the op type already
-  says which it is, and one field is one reader.)
+**Sub-schedules** (format version 2). A control step compiled into nested schedules (an
+``onnx_aot.If``: two, the branches; a ``Loop`` / ``Scan``: one, the body) carries them in
+``schedules``: each a ``PlanSchedule`` with its own ``values``, ``buffers``, ``steps`` and
+``partitions``, read and checked by the same ``_schedule`` as the top level (so nesting goes to
+any depth). Its arena offsets are relative to the control step's scratch region, where the step
+runs it. (One ``schedules`` tuple instead of ``branches`` / ``body`` fields: the op type already
+says which it is, and one field is one reader.)
 
 Adding a field changes plan.json and so bumps ``FORMAT_VERSION`` (docs/architecture.md says so).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,36 +46,74 @@ import numpy as np
 from runtime.json_fields import Fields
 from runtime.json_fields import Where
 from runtime.json_fields import is_count
+from runtime.plan_symbols import check_symbols
+from runtime.symbolic import parse
+from runtime.symbolic import to_json
 
 __all__ = [
     "FORMAT_VERSION", "Dim", "Shape", "TensorSpec", "PlanOutput", "PlanConstant", "PlanArena",
     "PlanBuffer", "ValueLocation", "PlanValue", "StepScratch", "LaunchArg", "KernelLaunch", "PlanStep",
-    "CudaModule", "PlanPartition", "OnnxNodeFate", "PlanSchedule", "Plan",
+    "CudaModule", "PlanPartition", "OnnxNodeFate", "PlanSchedule", "PlanSymbol", "PlanAssumption", "Plan",
 ]
 
-FORMAT_VERSION = 2  # 2: control steps' nested schedules (PlanStep.schedules)
+FORMAT_VERSION = 3  # 2: control steps' nested schedules; 3: dynamic plans (symbols, expressions)
 
-Dim = int  # a dim: a size today; later also an expression of symbols (see the module docstring)
+# A dim: an int, or in a dynamic plan an ``Expr`` of the symbols. Typed ``Any``: every reader but
+# runtime/binding.py sees static plans (bound ones included), where a dim is always an int.
+Dim = Any
 Shape = tuple[Dim, ...]
 
 SCALAR_KINDS = ("i32", "i64", "f32", "f64")
 POINTER_SPACES = ("arena", "weights")
 
 
-# -- dims and shapes: where symbolic dims go ----------------------------------------------------------
+# -- dims and shapes: ints, or expressions of the symbols ----------------------------------------------
+_EXPRESSIONS_READ = [0]  # texts parsed so far: a static plan's load skips the no-expression walk when 0 more
+
+
+def _expr(value: Any, where: Where, wants: str) -> Dim:
+    """An int >= 0, or an expression's text read with ``runtime.symbolic.parse``."""
+    if is_count(value):
+        return int(value)
+    if isinstance(value, str):
+        _EXPRESSIONS_READ[0] += 1
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise where.error(f"must be {wants}, got {value!r}: {exc}") from None
+    raise where.wrong(wants, value)
+
+
 def _shape(f: Fields, key: str) -> Shape:
     value = f.raw(key)
-    if not isinstance(value, list) or not all(is_count(d) for d in value):
+    if not isinstance(value, list):
         raise f.at(key).wrong("a list of sizes", value)
-    return tuple(int(d) for d in value)
+    if all(is_count(d) for d in value):  # a static shape: the fast path
+        return tuple(int(d) for d in value)
+    at = f.at(key)
+    shape = tuple(_expr(d, at.item(k), "a size or a dim expression") for k, d in enumerate(value))
+    return shape
 
 
 def _shape_json(shape: Shape) -> list[Any]:
-    return list(shape)
+    if all(type(d) is int for d in shape):
+        return list(shape)
+    return [to_json(d) for d in shape]
 
 
-def _nbytes(dtype: np.dtype, shape: Shape) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+def _dim_json(dim: Dim) -> int | str:
+    return dim if type(dim) is int else to_json(dim)
+
+
+def _nbytes(dtype: np.dtype, shape: Shape) -> Any:
+    if all(type(d) is int for d in shape):
+        return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return math.prod(shape) * dtype.itemsize  # an expression of the symbols
+
+
+def _dim(f: Fields, key: str) -> Dim:
+    value = f.raw(key)
+    return int(value) if is_count(value) else _expr(value, f.at(key), "an integer >= 0 or a dim expression")
 
 
 def _dtype(f: Fields, key: str) -> np.dtype:
@@ -82,14 +127,26 @@ def _dtype(f: Fields, key: str) -> np.dtype:
 # -- the interface and the constants -----------------------------------------------------------------
 @dataclass(frozen=True)
 class TensorSpec:
-    """A graph input or output as the caller sees it."""
+    """A graph input or output as the caller sees it.
+
+    In plan records ``shape`` holds the plan's dims (ints; expressions in a dynamic plan). The
+    specs a ``Session`` and ``load_plan`` report for a dynamic plan have ``None`` for each dynamic
+    dim in ``shape``, ``ranges`` (``(lo, hi)`` per dim, inclusive; ``(n, n)`` for a static one)
+    and ``dims`` (the plan's dims: ints, and ``runtime.symbolic.Expr`` such as ``W`` or
+    ``(W+3)//8``); both are None for a static spec (``shape`` says it all)."""
 
     name: str
     dtype: np.dtype
-    shape: Shape
+    shape: tuple[Any, ...]
+    ranges: tuple[tuple[int, int], ...] | None = None
+    dims: Shape | None = None
 
     @property
-    def nbytes(self) -> int:
+    def is_dynamic(self) -> bool:
+        return self.ranges is not None
+
+    @property
+    def nbytes(self) -> Any:
         return _nbytes(self.dtype, self.shape)
 
     def to_json(self) -> dict[str, Any]:
@@ -168,41 +225,48 @@ class PlanBuffer:
 
     id: str
     arena: str
-    offset: int
-    nbytes: int
+    offset: Dim  # a dynamic plan's: the placeholder _b<k> (k: the buffer's index)
+    nbytes: Dim
     first_step: int
     last_step: int
     values: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "arena": self.arena, "offset": self.offset, "nbytes": self.nbytes,
-                "first_step": self.first_step, "last_step": self.last_step, "values": list(self.values)}
+        return {"id": self.id, "arena": self.arena, "offset": _dim_json(self.offset),
+                "nbytes": _dim_json(self.nbytes), "first_step": self.first_step, "last_step": self.last_step,
+                "values": list(self.values)}
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanBuffer:
         f = Fields.of(data, where)
-        return cls(f.text("id"), f.text("arena"), f.count("offset"), f.count("nbytes"), f.count("first_step"),
-                   f.count("last_step"), f.texts("values"))
+        return cls(f.text("id"), f.text("arena"), _dim(f, "offset"), _dim(f, "nbytes"),
+                   f.count("first_step"), f.count("last_step"), f.texts("values"))
 
 
 @dataclass(frozen=True)
 class ValueLocation:
     """Where a value's bytes are: ``arena`` (``offset`` into the ``space`` arena), ``weights``
-    (``offset`` into weights.bin, readable in every space) or ``ext`` (the caller's array of the
-    graph input or output named ``ext``). JSON: ``["arena", offset, space]``, ``["weights",
-    offset]``, ``["ext", name]``."""
+    (``offset`` into weights.bin, readable in every space), ``ext`` (the caller's array of the
+    graph input or output named ``ext``) or ``symbolic`` (a small integer tensor whose
+    ``elements``, in C order, are ints or expressions of the symbols: a dynamic plan's Reshape
+    target). JSON: ``["arena", offset, space]``, ``["weights", offset]``, ``["ext", name]``,
+    ``["symbolic", [e0, e1, ...]]``. In a dynamic plan an arena offset may be an expression of
+    the symbols and the buffers' placeholders (``"_b3+1536*W"``)."""
 
     kind: str
-    offset: int = 0
+    offset: Dim = 0
     space: str = "host"
     ext: str = ""
+    elements: tuple[Dim, ...] = ()
 
     def to_json(self) -> list[Any]:
         if self.kind == "ext":
             return ["ext", self.ext]
         if self.kind == "weights":
             return ["weights", self.offset]
-        return ["arena", self.offset, self.space]
+        if self.kind == "symbolic":
+            return ["symbolic", [_dim_json(e) for e in self.elements]]
+        return ["arena", _dim_json(self.offset), self.space]
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> ValueLocation:
@@ -211,10 +275,18 @@ class ValueLocation:
             return cls("ext", ext=data[1])
         if kind == "weights" and len(data) == 2 and is_count(data[1]):
             return cls("weights", int(data[1]))
-        if kind == "arena" and len(data) in (2, 3) and is_count(data[1]) and \
-                (len(data) == 2 or isinstance(data[2], str)):
-            return cls("arena", int(data[1]), data[2] if len(data) == 3 else "host")
-        raise where.wrong('["arena", offset, space], ["weights", offset] or ["ext", name]', data)
+        if kind == "arena" and len(data) in (2, 3) and (len(data) == 2 or isinstance(data[2], str)):
+            if is_count(data[1]):
+                return cls("arena", int(data[1]), data[2] if len(data) == 3 else "host")
+            if isinstance(data[1], str):
+                return cls("arena", _expr(data[1], where.item(1), "an offset expression"),
+                           data[2] if len(data) == 3 else "host")
+        if kind == "symbolic" and len(data) == 2 and isinstance(data[1], list):
+            return cls("symbolic", elements=tuple(
+                int(e) if type(e) is int else _expr(e, where.item(1).item(k), "an int or a dim expression")
+                for k, e in enumerate(data[1])))
+        raise where.wrong('["arena", offset, space], ["weights", offset], ["ext", name] or '
+                          '["symbolic", [elements]]', data)
 
 
 @dataclass(frozen=True)
@@ -227,7 +299,8 @@ class PlanValue:
     location: ValueLocation
 
     @property
-    def nbytes(self) -> int:
+    def nbytes(self) -> Any:
+        """The size in bytes: an int, or (a dynamic plan's) an expression of the symbols."""
         return _nbytes(self.dtype, self.shape)
 
     def to_json(self) -> dict[str, Any]:
@@ -246,16 +319,16 @@ class PlanValue:
 class StepScratch:
     """A step's kernel scratch in its partition's arena."""
 
-    offset: int
-    nbytes: int
+    offset: Dim
+    nbytes: Dim
 
     def to_json(self) -> dict[str, Any]:
-        return {"offset": self.offset, "nbytes": self.nbytes}
+        return {"offset": _dim_json(self.offset), "nbytes": _dim_json(self.nbytes)}
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> StepScratch:
         f = Fields.of(data, where)
-        return cls(f.count("offset"), f.count("nbytes"))
+        return cls(_dim(f, "offset"), _dim(f, "nbytes"))
 
 
 @dataclass(frozen=True)
@@ -542,9 +615,60 @@ class PlanSchedule:
 
 
 @dataclass(frozen=True)
+class PlanSymbol:
+    """A symbol of a dynamic plan: a dim that varies between runs, in ``min..max`` (inclusive)."""
+
+    name: str
+    min: int
+    max: int
+
+    @property
+    def range(self) -> tuple[int, int]:
+        return self.min, self.max
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "min": self.min, "max": self.max}
+
+    @classmethod
+    def from_json(cls, data: Any, where: Where) -> PlanSymbol:
+        f = Fields.of(data, where)
+        out = cls(f.text("name"), f.count("min"), f.count("max"))
+        if not out.name.isidentifier() or out.name.startswith("_") or out.name in ("min", "max"):
+            raise f.at("name").wrong("a Python identifier not starting with '_'", out.name)
+        if out.min > out.max:
+            raise where.error(f"has min {out.min} > max {out.max}")
+        return out
+
+
+@dataclass(frozen=True)
+class PlanAssumption:
+    """An equality a binding must satisfy (``a == b``), recorded by the import for ``node``."""
+
+    node: str
+    a: Dim
+    b: Dim
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "a": _dim_json(self.a), "b": _dim_json(self.b)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: Where) -> PlanAssumption:
+        f = Fields.of(data, where)
+        return cls(f.text("node"), _side(f, "a"), _side(f, "b"))
+
+
+def _side(f: Fields, key: str) -> Dim:
+    value = f.raw(key)
+    if type(value) is int:
+        return value
+    return _expr(value, f.at(key), "an int or a dim expression")
+
+
+@dataclass(frozen=True)
 class Plan:
     """plan.json: the interface, the constants in weights.bin, the arenas and their buffers, every
-    operand's location, the steps, the partitions, and the fate of every ONNX node."""
+    operand's location, the steps, the partitions, and the fate of every ONNX node; a dynamic
+    plan's symbols and assumptions (empty for a static plan)."""
 
     format_version: int
     name: str
@@ -558,6 +682,8 @@ class Plan:
     steps: tuple[PlanStep, ...]
     partitions: tuple[PlanPartition, ...]
     onnx_nodes: Mapping[str, OnnxNodeFate]
+    symbols: tuple[PlanSymbol, ...] = ()
+    assumptions: tuple[PlanAssumption, ...] = ()
 
     def partition_steps(self, part: PlanPartition) -> tuple[PlanStep, ...]:
         return self.steps[part.first_step:part.last_step + 1]
@@ -566,13 +692,32 @@ class Plan:
     def output_specs(self) -> tuple[TensorSpec, ...]:
         return tuple(out.spec for out in self.outputs)
 
+    @property
+    def is_dynamic(self) -> bool:
+        return bool(self.symbols)
+
+    @property
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        """Each symbol's ``(min, max)``."""
+        return {s.name: (s.min, s.max) for s in self.symbols}
+
     def arena(self, space: str) -> PlanArena | None:
         return next((a for a in self.arenas if a.memory_space == space), None)
+
+    def bind(self, sizes: Mapping[str, int]) -> Any:
+        """This dynamic plan at the binding ``sizes`` (symbol -> int): a ``runtime.binding.BoundPlan``
+        (a static plan, placed, and the arrays of the symbolic values); ``InputError`` for a size
+        out of range or a failed assumption."""
+        from runtime.binding import bind_plan
+
+        return bind_plan(self, sizes)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format_version": self.format_version,
             "name": self.name,
+            "symbols": [s.to_json() for s in self.symbols],
+            "assumptions": [a.to_json() for a in self.assumptions],
             "inputs": [s.to_json() for s in self.inputs],
             "outputs": [o.to_json() for o in self.outputs],
             "constants": [c.to_json() for c in self.constants],
@@ -593,11 +738,16 @@ class Plan:
         if version != FORMAT_VERSION:
             raise f.where.error(f"plan format version {version!r}; this runtime reads version "
                                 f"{FORMAT_VERSION}")
+        read_before = _EXPRESSIONS_READ[0]
         values = f.mapping("values", PlanValue.from_json)
         steps, partitions = _schedule(f, values)
-        return cls(FORMAT_VERSION, f.text("name"), f.records("inputs", TensorSpec.from_json),
+        plan = cls(FORMAT_VERSION, f.text("name"), f.records("inputs", TensorSpec.from_json),
                    f.records("outputs", PlanOutput.from_json), f.records("constants", PlanConstant.from_json),
                    f.count("weights_nbytes"), f.records("arenas", PlanArena.from_json),
                    f.records("buffers", PlanBuffer.from_json), values, steps, partitions,
-                   f.mapping("onnx_nodes", lambda _name, d, w: OnnxNodeFate.from_json(d, w)))
-
+                   f.mapping("onnx_nodes", lambda _name, d, w: OnnxNodeFate.from_json(d, w)),
+                   f.records("symbols", PlanSymbol.from_json),
+                   f.records("assumptions", PlanAssumption.from_json))
+        if plan.symbols or _EXPRESSIONS_READ[0] != read_before:  # (another thread's reads: checked anyway)
+            check_symbols(plan, f.where)
+        return plan

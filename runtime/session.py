@@ -11,6 +11,12 @@ memory; with ``arena=`` / ``arenas=`` from memory the caller owns; with ``shared
 memory have one fixed run context and run one call at a time (``ConcurrentRunError`` otherwise).
 ``io_binding()`` / ``run_with_iobinding`` run on arrays bound once; ``profile=True`` records
 every step's wall time (``end_profiling()`` writes Chrome-trace JSON).
+
+A dynamic plan (symbols with ranges; docs/dynamic-shapes.md) runs through ``runtime/dynamic.py``:
+each run reads the binding off the feeds' shapes, takes that binding's bound plan and partitions
+from a small cache (binding and loading them at a new binding), allocates outputs of the bound
+shapes, and runs in a pooled context whose arenas grow to the binding's sizes (caller-owned and
+shared arenas are checked against each binding's sizes). The static path is unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from runtime.artifact import Artifact
 from runtime.artifact import load_artifact
 from runtime.caller_memory import ExclusiveUse
 from runtime.caller_memory import arena_for_space
+from runtime.dynamic import Bound
+from runtime.dynamic import DynamicRuns
 from runtime.errors import ArtifactError
 from runtime.errors import InputError
 from runtime.io_binding import IOBinding
@@ -110,6 +118,11 @@ class Session:
         self.plan: Plan = plan
         self.inputs: list[TensorSpec] = list(plan.inputs)
         self.outputs: list[TensorSpec] = list(plan.output_specs)
+        self._dyn: DynamicRuns | None = None  # a dynamic plan's bindings (runtime/dynamic.py)
+        if plan.is_dynamic:
+            self._dyn = DynamicRuns(plan, str(self.path),
+                                    lambda bound, record: self._load_partition(record, bound))
+            self.inputs, self.outputs = list(self._dyn.inputs), list(self._dyn.outputs)
         self._arenas: dict[str, tuple[int, int]] = {}
         for arena_record in plan.arenas:
             space = memory_space(arena_record.memory_space)  # ArtifactError when not available
@@ -153,7 +166,7 @@ class Session:
         self._weights_addr = weights.ctypes.data if weights.size else self._no_weights.ctypes.data
         self._libraries: dict[str, Any] = {}
         self._partitions: list[tuple[str, Any]] = []
-        for record in plan.partitions:
+        for record in plan.partitions if self._dyn is None else ():  # dynamic: loaded per binding
             self._partitions.append(self._load_partition(record))
         self.threads = threads if threads is not None else (os.cpu_count() or 1)
         if self.threads < 1:
@@ -195,7 +208,8 @@ class Session:
             from runtime.providers.reference import ReferencePartition
 
             beside_c = any(p.runner in ("c", "control") for p in self.plan.partitions)
-            return ("reference", ReferencePartition(owner, record, self._weights, beside_c))
+            return ("reference", ReferencePartition(owner, record, self._weights, beside_c,
+                                                    check_shapes=self._dyn is not None))
         if runner == "control":
             from runtime.providers.control import ControlPartition
 
@@ -250,8 +264,8 @@ class Session:
                                          f"{alignment}-byte aligned)")
                     views[space] = memory_space(space).allocate(0, alignment)
                     continue
-                views[space] = arena_for_space(space, arenas[space], nbytes, alignment,
-                                               f"{self.path}: {space!r} arena")
+                views[space] = arena_for_space(space, arenas[space], nbytes if self._dyn is None else None,
+                                               alignment, f"{self.path}: {space!r} arena")
             self._guard = ExclusiveUse(f"the caller-owned arena of {self.path}")
         self._fixed = _RunContext(views, self._c_parts)
 
@@ -287,7 +301,8 @@ class Session:
             if self._pool:
                 return self._pool.pop()
         try:
-            return _RunContext.allocate(self._arenas, self._c_parts)
+            # a dynamic plan's arenas are sized per binding, by _execute_bound
+            return _RunContext.allocate(self._arenas if self._dyn is None else {}, self._c_parts)
         except BaseException:
             if self._slots is not None:
                 self._slots.release()
@@ -348,6 +363,9 @@ class Session:
             if unknown:
                 raise InputError(f"unknown output(s) {', '.join(map(repr, unknown))}; the model's "
                                  f"outputs are {', '.join(map(repr, names))}")
+        if self._dyn is not None:
+            results = self._run_dynamic(feeds)
+            return results if output_names is None else [results[names.index(n)] for n in output_names]
         arrays = self._check_feeds(feeds)
         results = [np.empty(s.shape, s.dtype) for s in self.outputs]
         ext: dict[str, Any] = dict(arrays)
@@ -365,6 +383,65 @@ class Session:
             return results
         return [results[names.index(n)] for n in output_names]
 
+    # -- dynamic plans -------------------------------------------------------------------------
+    def _run_dynamic(self, feeds: dict[str, Any]) -> list[np.ndarray]:
+        dyn = self._dyn
+        assert dyn is not None
+        arrays = dyn.check_feeds(feeds)
+        bound = dyn.bound({name: a.shape for name, a in arrays.items()})
+        results = [np.empty(shape, spec.dtype)
+                   for shape, spec in zip(bound.output_shapes, self.outputs, strict=True)]
+        ext: dict[str, Any] = dict(arrays)
+        for value_name, array in zip(self.io.output_values, results, strict=True):
+            ext[value_name] = array
+        self._execute_bound(bound, ext)
+        return results
+
+    def _execute_bound(self, bound: Bound, ext: dict[str, Any]) -> None:
+        """Run a bound plan's partitions in a context whose arenas hold this binding's."""
+        if self._guard is not None:
+            self._execute_bound_fixed(bound, ext, self._guard)
+            return
+        ctx = self._acquire()
+        try:
+            for space, (nbytes, alignment) in bound.arenas.items():
+                have = ctx.arenas.get(space)
+                if have is None or have.size < nbytes:  # the pool's arenas grow to the largest binding
+                    ctx.arenas[space] = memory_space(space).allocate(nbytes, alignment)
+            self._run_bound(bound, ctx, ext)
+        finally:
+            self._release(ctx)
+
+    def _execute_bound_fixed(self, bound: Bound, ext: dict[str, Any], guard: ExclusiveUse) -> None:
+        """In caller-owned or shared memory: checked against this binding's arena sizes first."""
+        fixed = self._fixed
+        assert fixed is not None
+        for space, (nbytes, _) in bound.arenas.items():
+            have = fixed.arenas[space].size
+            if have < nbytes:
+                raise InputError(f"{self.path}: the {space!r} arena given to this session has {have} "
+                                 f"bytes; the run at {bound.text} needs {nbytes} (give at least the "
+                                 f"plan's {self._arenas[space][0]} bytes: its size at the max shapes)")
+        guard.enter()
+        try:
+            self._run_bound(bound, fixed, ext)
+        finally:
+            guard.exit()
+
+    def _run_bound(self, bound: Bound, ctx: _RunContext, ext: dict[str, Any]) -> None:
+        if self._device is not None:
+            with self._device:
+                self._call_bound(bound, ctx, ext)
+        else:
+            self._call_bound(bound, ctx, ext)
+
+    def _call_bound(self, bound: Bound, ctx: _RunContext, ext: dict[str, Any]) -> None:
+        if self._profiler is not None:
+            self._profiled(ctx, ext, bound.partitions)
+            return
+        for _, part in bound.partitions:  # reference partitions only (a dynamic plan has no other)
+            part.run(ctx.arenas, ext)
+
     # -- I/O binding ---------------------------------------------------------------------------
     def io_binding(self) -> IOBinding:
         """A new ``IOBinding``: bind input and output arrays once, then ``run_with_iobinding``."""
@@ -373,6 +450,11 @@ class Session:
     def run_with_iobinding(self, binding: IOBinding) -> None:
         """Run on the bound arrays: kernels read the bound inputs and write the bound outputs in
         place (an output not bound is allocated by the binding once; ``binding.get_outputs()``)."""
+        if self._dyn is not None:
+            inputs = binding._input_arrays(self.io)
+            bound = self._dyn.bound({name: a.shape for name, a in inputs.items()})
+            self._execute_bound(bound, binding._ext_for(self.io, bound.output_shapes))
+            return
         self._execute(binding._ext_for(self.io))
 
     # -- profiling -----------------------------------------------------------------------------
@@ -384,12 +466,19 @@ class Session:
         self._dispatch = self._call if self._device is None else self._call_on_device
 
     def _call_profiled(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
+        self._profiled(ctx, ext, self._partitions)
+
+    def _profiled(self, ctx: _RunContext, ext: dict[str, Any], partitions: list[tuple[str, Any]]) -> None:
         profiler = self._profiler
         if profiler is None:  # end_profiling() ran concurrently
-            self._call_partitions(ctx, ext)
+            if partitions is self._partitions:
+                self._call_partitions(ctx, ext)
+            else:  # a bound dynamic plan's (reference partitions)
+                for _, part in partitions:
+                    part.run(ctx.arenas, ext)
             return
         record = profiler.begin_run()
-        for index, (kind, part) in enumerate(self._partitions):
+        for index, (kind, part) in enumerate(partitions):
             timings = profiler.timings(index)
             start = profiler.now()
             if kind == "c":

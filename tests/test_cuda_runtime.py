@@ -279,7 +279,8 @@ def fake_plan(cubins: dict[str, list[str]]) -> dict[str, Any]:
     module = {"source": "kernels/cuda/model.cu",
               "cubins": {arch: f"kernels/cuda/model.{arch}.cubin" for arch in cubins}, "ptx": None}
     return {
-        "format_version": FORMAT_VERSION, "name": "fake", "inputs": [{"name": "x", **spec}],
+        "format_version": FORMAT_VERSION, "name": "fake", "symbols": [], "assumptions": [],
+        "inputs": [{"name": "x", **spec}],
         "outputs": [{"name": "y", **spec, "value": "y"}], "constants": [], "weights_nbytes": 128,
         "arenas": [{"memory_space": "cuda", "nbytes": 512, "alignment": 256, "lower_bound_nbytes": 512,
                     "naive_nbytes": 512, "strategy": "fake"}],

@@ -308,7 +308,8 @@ def _hand_plan() -> tuple[dict[str, Any], dict[str, Any]]:
              step(1, "relu", "Relu", ["b"], None),
              step(2, "gpu", "MatMul", ["d"], None)]
     values = {n: {"dtype": "float32", "shape": [2, 8], "location": ["arena", 0, "host"]} for n in "abd"}
-    plan = {"format_version": FORMAT_VERSION, "name": "hand", "inputs": [], "outputs": [], "constants": [],
+    plan = {"format_version": FORMAT_VERSION, "name": "hand", "symbols": [], "assumptions": [], "inputs": [],
+            "outputs": [], "constants": [],
             "weights_nbytes": 0, "arenas": [arena("host", "s"), arena("dev", "t")],
             "buffers": [buffer("a", "host", ["a", "b"]), buffer("scratch/0", "host", []),
                         buffer("d", "dev", ["d"])],

@@ -17,6 +17,7 @@ import numpy as np
 
 from runtime.blas import single_threaded_blas
 from runtime.errors import ArtifactError
+from runtime.errors import InputError
 from runtime.errors import RuntimeKernelError
 from runtime.kernels import get_kernel
 from runtime.kernels.control import check_control_attrs
@@ -41,6 +42,10 @@ def _viewer(value: PlanValue, weights: Any) -> View:
     if where.kind == "weights":
         const = weights[off:off + nbytes].view(dtype).reshape(shape)
         return lambda arenas, ext: const
+    if where.kind == "symbolic":  # a bound dynamic plan's small integer tensor (elements are ints)
+        held = np.array(where.elements, dtype).reshape(shape)
+        held.flags.writeable = False
+        return lambda arenas, ext: held
     return lambda arenas, ext: ext[name].reshape(shape)
 
 
@@ -48,8 +53,10 @@ class ReferencePartition:
     """One reference partition, prepared once at load, running in its memory space's ``xp``."""
 
     def __init__(self, plan: Plan | PlanSchedule, record: PlanPartition, weights: dict[str, Any],
-                 beside_c: bool = False) -> None:
+                 beside_c: bool = False, check_shapes: bool = False) -> None:
         values = plan.values
+        # a bound dynamic plan: a kernel's result of another shape is a shape the model cannot take
+        self._check_shapes = check_shapes
         self.space = memory_space(record.memory_space)
         self.xp = self.space.xp
         # numpy's BLAS on one thread while C kernels' threads share the cores (runtime/blas.py)
@@ -98,6 +105,8 @@ class ReferencePartition:
                 results = kernel(xp, args, attrs, specs)
             except Exception as exc:
                 raise RuntimeKernelError(f"step {name!r} ({kind}) failed: {exc}") from exc
+            if self._check_shapes:
+                _check_results(name, kind, results, specs)
             for view, result in zip(outs, results, strict=True):
                 target = view(arenas, ext)
                 if isinstance(target, np.ndarray):
@@ -108,6 +117,14 @@ class ReferencePartition:
                 if sync is not None:
                     sync()
                 timings[local] = time.perf_counter() - t0
+
+
+def _check_results(name: str, kind: str, results: list[Any], specs: list[Any]) -> None:
+    for k, (result, (shape, _)) in enumerate(zip(results, specs, strict=True)):
+        got = tuple(np.shape(result))
+        if got != tuple(shape):
+            raise InputError(f"step {name!r} ({kind}): output {k} has shape {list(got)} at these input "
+                             f"shapes, the plan expects {list(shape)}: the model cannot take these shapes")
 
 
 def _synchronizer(xp: Any) -> Callable[[], None] | None:

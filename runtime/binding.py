@@ -1,0 +1,180 @@
+"""A dynamic plan at one binding of its symbols: a static plan, placed (issue 17, format version 3).
+
+``Binder(plan).bind(sizes)`` (``Plan.bind`` makes a ``Binder`` each call; ``Session`` keeps one
+and caches what it returns per binding) checks each size against its symbol's range and every
+assumption (``a == b``, recorded by the import where a model needs two dims to agree), evaluates
+every dim, buffer size, scratch and ``{"expr": ...}`` attribute, places each arena's buffers
+(``runtime/placement.py``: lifetimes from the plan, sizes at this binding), binds each
+placeholder ``_b<k>`` to buffer k's offset, evaluates the values' arena offsets, and returns a
+``BoundPlan``: ``plan`` (a static plan: every dim an int, no symbols; its arenas sized for this
+binding, with their lower bound and strategy ``"runtime"``) and ``arrays`` (each ``symbolic``
+value as a numpy array of its dtype). Records without expressions are reused as they are, and each
+distinct expression is evaluated once per binding.
+
+Records are handled duck-typed (``dataclasses.replace``): ``runtime/plan_schema.py`` imports this
+module from ``Plan.bind``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import InputError
+from runtime.placement import aligned
+from runtime.placement import lower_bound
+from runtime.placement import place
+from runtime.plan_symbols import attr_exprs
+from runtime.plan_symbols import placeholder
+from runtime.symbolic import parse
+
+__all__ = ["BoundPlan", "Binder", "bind_plan"]
+
+
+@dataclass(frozen=True)
+class BoundPlan:
+    """A dynamic plan at one binding: ``plan`` is static; ``arrays`` are the symbolic values."""
+
+    sizes: Mapping[str, int]
+    plan: Any
+    arrays: Mapping[str, np.ndarray]
+
+
+class _Eval:
+    """Dims at one binding, each distinct expression evaluated once."""
+
+    def __init__(self, env: dict[str, int]) -> None:
+        self.env = env
+        self.memo: dict[Any, int] = {}
+
+    def __call__(self, dim: Any) -> int:
+        if type(dim) is int:
+            return dim
+        value = self.memo.get(dim)
+        if value is None:
+            value = self.memo[dim] = dim.evaluate(self.env)
+        return value
+
+    def shape(self, shape: tuple[Any, ...], what: str) -> tuple[int, ...]:
+        out = tuple(self(d) for d in shape)
+        if any(d < 0 for d in out):
+            raise InputError(f"{what} has shape {list(out)} (negative) at {_text(self.env)}: the model "
+                             f"cannot take this shape")
+        return out
+
+
+def _text(sizes: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items() if not k.startswith("_"))
+
+
+def _attrs(value: Any, ev: _Eval) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"expr"}:
+            return ev(parse(value["expr"]))
+        return {k: _attrs(v, ev) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_attrs(v, ev) for v in value]
+    return value
+
+
+def _symbolic(value: Any) -> bool:
+    loc = value.location
+    return any(type(d) is not int for d in (*value.shape, loc.offset)) or loc.kind == "symbolic"
+
+
+class Binder:
+    """Binds one dynamic plan, many times: what needs evaluating is found once, here."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.ranges = {s.name: (s.min, s.max) for s in plan.symbols}
+        self.values = [name for name, v in plan.values.items() if _symbolic(v)]
+        self.steps = [k for k, s in enumerate(plan.steps)
+                      if s.scratch is not None or any(True for _ in attr_exprs(s.attrs))]
+        self.spaces = sorted({b.arena for b in plan.buffers})
+
+    def check(self, sizes: Mapping[str, int], context: str = "") -> dict[str, int]:
+        """``sizes`` as ints, each symbol given once and within its range, every assumption true;
+        ``InputError`` otherwise (``context``, such as the input shapes, ends the message)."""
+        unknown = sorted(set(sizes) - set(self.ranges))
+        missing = sorted(set(self.ranges) - set(sizes))
+        if unknown or missing:
+            raise InputError(f"binding {dict(sizes)}: {self.plan.name} has symbols {', '.join(self.ranges)}"
+                             + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                             + (f"; missing: {', '.join(missing)}" if missing else ""))
+        env = {name: int(sizes[name]) for name in self.ranges}
+        for name, (lo, hi) in self.ranges.items():
+            if not lo <= env[name] <= hi:
+                raise InputError(f"symbol {name!r} = {env[name]} is outside its range {lo}..{hi}{context}")
+        ev = _Eval(env)
+        for rule in self.plan.assumptions:
+            a, b = ev(rule.a), ev(rule.b)
+            if a != b:
+                raise InputError(f"node {rule.node!r} needs {rule.a} == {rule.b}, but at {_text(env)} they "
+                                 f"are {a} and {b}: the model cannot take this shape{context}")
+        return env
+
+    def bind(self, sizes: Mapping[str, int], context: str = "") -> BoundPlan:
+        """The plan at ``sizes`` (see the module docstring)."""
+        env = self.check(sizes, context)
+        plan = self.plan
+        ev = _Eval(dict(env))
+        arenas, buffers = self._place(ev)
+        values = dict(plan.values)
+        arrays: dict[str, np.ndarray] = {}
+        for name in self.values:
+            value = values[name]
+            loc = value.location
+            shape = ev.shape(value.shape, f"value {name!r}")
+            if loc.kind == "symbolic":
+                elements = tuple(ev(e) for e in loc.elements)
+                arrays[name] = np.array(elements, value.dtype).reshape(shape)
+                loc = replace(loc, elements=elements)
+            elif type(loc.offset) is not int:
+                loc = replace(loc, offset=ev(loc.offset))
+            values[name] = replace(value, shape=shape, location=loc)
+        steps = list(plan.steps)
+        for k in self.steps:
+            step = steps[k]
+            scratch = step.scratch
+            if scratch is not None:
+                scratch = replace(scratch, offset=ev(scratch.offset), nbytes=ev(scratch.nbytes))
+            steps[k] = replace(step, scratch=scratch, attrs=_attrs(step.attrs, ev))
+        inputs = tuple(replace(s, shape=ev.shape(s.shape, f"input {s.name!r}")) for s in plan.inputs)
+        outputs = tuple(replace(o, spec=replace(o.spec, shape=ev.shape(o.spec.shape, f"output {o.value!r}")))
+                        for o in plan.outputs)
+        bound = replace(plan, symbols=(), assumptions=(), inputs=inputs, outputs=outputs, arenas=arenas,
+                        buffers=buffers, values=values, steps=tuple(steps))
+        return BoundPlan(env, bound, arrays)
+
+    def _place(self, ev: _Eval) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """Each arena's buffers placed at this binding; binds the placeholders in ``ev``."""
+        plan = self.plan
+        sizes = [ev(b.nbytes) for b in plan.buffers]
+        offsets = [0] * len(sizes)
+        arenas = []
+        for arena in plan.arenas:
+            space = arena.memory_space
+            mine = [k for k, b in enumerate(plan.buffers) if b.arena == space]
+            mine_sizes = [sizes[k] for k in mine]
+            firsts = [plan.buffers[k].first_step for k in mine]
+            lasts = [plan.buffers[k].last_step for k in mine]
+            where, total = place(mine_sizes, firsts, lasts, arena.alignment)
+            for k, offset in zip(mine, where, strict=True):
+                offsets[k] = offset
+            arenas.append(replace(arena, nbytes=total, strategy="runtime",
+                                  lower_bound_nbytes=lower_bound(mine_sizes, firsts, lasts, arena.alignment),
+                                  naive_nbytes=sum(aligned(s, arena.alignment) for s in mine_sizes)))
+        for k, offset in enumerate(offsets):
+            ev.env[placeholder(k)] = offset
+        buffers = tuple(replace(b, offset=offsets[k], nbytes=sizes[k]) for k, b in enumerate(plan.buffers))
+        return tuple(arenas), buffers
+
+
+def bind_plan(plan: Any, sizes: Mapping[str, int]) -> BoundPlan:
+    """``plan`` (dynamic) at the binding ``sizes`` (symbol -> int)."""
+    return Binder(plan).bind(sizes)

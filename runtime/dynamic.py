@@ -1,0 +1,180 @@
+"""A session's dynamic-plan side (issue 17): the binding from the feeds, bound plans cached.
+
+``Session`` makes one ``DynamicRuns`` for a plan with symbols. For each run it reads the binding
+off the feeds' shapes (every symbol is a dim of some graph input; a symbol in several inputs must
+agree), checks each dim against its range (``InputError`` naming the input, the dim and its
+range), and takes the ``Bound`` of that binding from a small LRU cache (``CACHE_SIZE`` bindings,
+thread-safe) or makes it: ``runtime/binding.py`` binds and places the plan (assumptions checked),
+and the session's loader loads its (reference) partitions for the bound plan. A ``Bound`` holds
+the bound plan, its partitions, its output shapes and each arena's size at that binding.
+
+``interface(plan)`` gives the ``TensorSpec`` records a session and ``load_plan`` report: ``None``
+for a dynamic dim in ``shape``, ``ranges`` per dim (an output's from ``runtime.symbolic.bounds``)
+and ``dims`` (the plan's expressions).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from runtime.binding import Binder
+from runtime.errors import InputError
+from runtime.symbolic import bounds
+
+__all__ = ["DynamicRuns", "Bound", "interface", "describe_spec", "CACHE_SIZE"]
+
+CACHE_SIZE = 16
+
+
+def _spec(spec: Any, ranges: Mapping[str, tuple[int, int]]) -> Any:
+    if all(type(d) is int for d in spec.shape):
+        return spec
+    dim_ranges = tuple(bounds(d, ranges) for d in spec.shape)
+    shape = tuple(d if type(d) is int else None for d in spec.shape)
+    return replace(spec, shape=shape, ranges=dim_ranges, dims=tuple(spec.shape))
+
+
+def interface(plan: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The plan's input and output specs as a caller sees them (see the module docstring)."""
+    if not plan.symbols:
+        return tuple(plan.inputs), tuple(plan.output_specs)
+    ranges = plan.ranges
+    return (tuple(_spec(s, ranges) for s in plan.inputs),
+            tuple(_spec(s, ranges) for s in plan.output_specs))
+
+
+def describe_spec(spec: Any) -> str:
+    """``float32 [1, 3, 48, W in 32..2048]``: a spec with its dynamic dims' ranges."""
+    if spec.ranges is None:
+        return f"{spec.dtype.name} {list(spec.shape)}"
+    parts = [str(d) if type(d) is int else f"{d} in {lo}..{hi}"
+             for d, (lo, hi) in zip(spec.dims, spec.ranges, strict=True)]
+    return f"{spec.dtype.name} [{', '.join(parts)}]"
+
+
+@dataclass
+class Bound:
+    """One binding's plan, loaded: what a run at that binding uses."""
+
+    key: tuple[int, ...]
+    text: str  # the binding as "W=320, n=2"
+    plan: Any
+    partitions: list[tuple[str, Any]]
+    output_shapes: list[tuple[int, ...]]
+    arenas: dict[str, tuple[int, int]]  # space -> (nbytes, alignment) at this binding
+
+
+Loader = Callable[[Any, Any], tuple[str, Any]]
+
+
+class DynamicRuns:
+    """Bindings from feeds, and the bound plans of the recent ones (see the module docstring)."""
+
+    def __init__(self, plan: Any, where: str, load: Loader, capacity: int = CACHE_SIZE) -> None:
+        self.plan = plan
+        self.where = where
+        self.binder = Binder(plan)
+        self._load = load
+        self.names = [s.name for s in plan.symbols]
+        self.ranges = plan.ranges
+        self.inputs, self.outputs = interface(plan)
+        # per input: its dims as (index, size) or (index, symbol name)
+        self._dims: list[tuple[str, np.dtype, list[tuple[int, Any]]]] = [
+            (spec.name, spec.dtype, [(k, d if type(d) is int else str(d)) for k, d in enumerate(spec.shape)])
+            for spec in plan.inputs]
+        self._cache: OrderedDict[tuple[int, ...], Bound] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self.binds = 0  # bindings bound so far (cache misses)
+
+    # -- feeds -> binding ------------------------------------------------------------------------
+    def key(self, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+        """The binding (symbol values in name order) the input ``shapes`` give."""
+        found: dict[str, tuple[int, str, int]] = {}
+        for name, _, dims in self._dims:
+            shape = shapes[name]
+            if len(shape) != len(dims):
+                raise InputError(f"input {name!r}: shape {tuple(shape)} has {len(shape)} dims, expected "
+                                 f"{len(dims)} ({describe_spec(self._spec_of(name))})")
+            for k, d in dims:
+                size = int(shape[k])
+                if type(d) is int:
+                    if size != d:
+                        raise InputError(f"input {name!r}: dim {k} is {size}, expected {d} "
+                                         f"(shape {tuple(shape)}; {describe_spec(self._spec_of(name))})")
+                    continue
+                lo, hi = self.ranges[d]
+                if not lo <= size <= hi:
+                    raise InputError(f"input {name!r}: dim {k} ({d}) is {size}, outside its range {lo}..{hi} "
+                                     f"(shape {tuple(shape)}; {describe_spec(self._spec_of(name))})")
+                seen = found.get(d)
+                if seen is None:
+                    found[d] = (size, name, k)
+                elif seen[0] != size:
+                    raise InputError(f"input {name!r} dim {k} is {size} but input {seen[1]!r} dim {seen[2]} "
+                                     f"is {seen[0]}: both are {d!r} and must agree")
+        return tuple(found[n][0] for n in self.names)
+
+    def _spec_of(self, name: str) -> Any:
+        return next(s for s in self.inputs if s.name == name)
+
+    def check_feeds(self, feeds: Any) -> dict[str, np.ndarray]:
+        """The feeds as C-contiguous arrays of the right dtypes (shapes: see ``key``)."""
+        if not isinstance(feeds, dict):
+            raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
+        extra = sorted(set(feeds) - {n for n, _, _ in self._dims})
+        if extra:
+            raise InputError(f"unknown input(s) {', '.join(map(repr, extra))}; the model's inputs are "
+                             f"{', '.join(repr(n) for n, _, _ in self._dims)}")
+        arrays: dict[str, np.ndarray] = {}
+        for name, dtype, _ in self._dims:
+            if name not in feeds:
+                raise InputError(f"missing input {name!r} ({describe_spec(self._spec_of(name))})")
+            value = feeds[name]
+            if not isinstance(value, np.ndarray):
+                value = np.asarray(value)
+            if value.dtype != dtype:
+                raise InputError(f"input {name!r}: dtype {value.dtype}, expected {dtype}")
+            if not value.flags.c_contiguous or not value.flags.aligned:
+                value = np.array(value, order="C", copy=True)
+            arrays[name] = value
+        return arrays
+
+    # -- binding -> bound plan --------------------------------------------------------------------
+    def bound(self, shapes: Mapping[str, tuple[int, ...]]) -> Bound:
+        """The bound plan of the binding the input ``shapes`` give (cached)."""
+        key = self.key(shapes)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        made = self._make(key, shapes)
+        with self._lock:
+            self._cache[key] = made
+            self._cache.move_to_end(key)
+            while len(self._cache) > self._capacity:
+                self._cache.popitem(last=False)
+            self.binds += 1
+        return made
+
+    def _make(self, key: tuple[int, ...], shapes: Mapping[str, tuple[int, ...]]) -> Bound:
+        context = "; input shapes " + ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
+        bound = self.binder.bind(dict(zip(self.names, key, strict=True)), context).plan
+        partitions = [self._load(bound, record) for record in bound.partitions]
+        arenas = {a.memory_space: (a.nbytes, max(64, a.alignment)) for a in bound.arenas}
+        text = ", ".join(f"{n}={v}" for n, v in zip(self.names, key, strict=True))
+        return Bound(key, text, bound, partitions, [s.shape for s in bound.output_specs], arenas)
+
+    def cached(self) -> list[tuple[int, ...]]:
+        """The bindings cached now, least recently used first."""
+        with self._lock:
+            return list(self._cache)

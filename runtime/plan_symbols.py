@@ -1,0 +1,162 @@
+"""Load-time checks of a plan's symbolic parts (format version 3, docs/dynamic-shapes.md).
+
+``Plan.from_json`` reads every dim as an int or an expression (``runtime/plan_schema.py``); this
+module checks what ties them to the plan's ``symbols``: a static plan (no symbols) holds no
+expression at all; a dynamic one names only its own symbols (and, in arena offsets, the buffers'
+placeholders ``_b<k>``), every graph input dim is an int or a bare symbol and every symbol is one
+of them (the binding comes from the feeds), ``buffers[k].offset`` is ``_b<k>``, a ``symbolic``
+value is a 0-D or 1-D integer tensor with one element per entry, ``{"expr": TEXT}`` in attrs
+parses, and only reference partitions (no nested schedules) run it. Each failure is an
+``ArtifactError`` naming the file and the field. Records are taken duck-typed (this module is
+imported by plan_schema).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from runtime.json_fields import Where
+from runtime.symbolic import free_symbols
+from runtime.symbolic import parse
+from runtime.symbolic import sym
+
+__all__ = ["check_symbols", "placeholder", "attr_exprs"]
+
+
+def placeholder(k: int) -> str:
+    """The name that stands for buffer ``k``'s offset until the runtime places it."""
+    return f"_b{k}"
+
+
+def _dims(shape: Iterable[Any]) -> list[Any]:
+    return [d for d in shape if type(d) is not int]
+
+
+def _value_dims(value: Any) -> list[Any]:
+    loc = value.location
+    return [*_dims(value.shape), *_dims((loc.offset,)), *_dims(loc.elements)]
+
+
+def _check_static(plan: Any, where: Where) -> None:
+    """No expression anywhere in a plan without symbols."""
+    for name, value in plan.values.items():
+        if _value_dims(value):
+            raise where.key("values").item(name).error("holds a dim expression, but the plan has no symbols")
+    for k, buf in enumerate(plan.buffers):
+        if _dims((buf.offset, buf.nbytes)):
+            raise where.key("buffers").item(k).error("holds an expression, but the plan has no symbols")
+    for key, specs in (("inputs", plan.inputs), ("outputs", plan.output_specs)):
+        for k, spec in enumerate(specs):
+            if _dims(spec.shape):
+                raise where.key(key).item(k).key("shape").error(
+                    "holds an expression, but the plan has no symbols")
+    for step in plan.steps:
+        if step.scratch is not None and _dims((step.scratch.offset, step.scratch.nbytes)):
+            raise where.key("steps").item(step.index).key("scratch").error(
+                "holds an expression, but the plan has no symbols")
+
+
+def _names(where: Where, dims: Iterable[Any], allowed: frozenset[str] | set[str]) -> None:
+    for dim in dims:
+        unknown = sorted(free_symbols(dim) - allowed)
+        if unknown:
+            raise where.error(f"names {', '.join(map(repr, unknown))} in {dim}, which 'symbols' does not "
+                              f"have")
+
+
+def check_symbols(plan: Any, where: Where) -> None:
+    """Raise ``ArtifactError`` where the plan's expressions do not fit its symbols."""
+    if not plan.symbols:
+        _check_static(plan, where)
+        return
+    names = [s.name for s in plan.symbols]
+    if names != sorted(set(names)):
+        raise where.key("symbols").error(f"must be sorted by name, each once; got {names}")
+    allowed = frozenset(names)
+    _check_interface(plan, where, allowed)
+    places = {placeholder(k) for k in range(len(plan.buffers))}
+    for k, buf in enumerate(plan.buffers):
+        at = where.key("buffers").item(k)
+        if type(buf.offset) is int or buf.offset != sym(placeholder(k)):
+            raise at.key("offset").wrong(f'the placeholder "{placeholder(k)}" in a dynamic plan',
+                                         str(buf.offset))
+        _names(at.key("nbytes"), (buf.nbytes,), allowed)
+    for name, value in plan.values.items():
+        at = where.key("values").item(name)
+        _names(at.key("shape"), _dims(value.shape), allowed)
+        loc = value.location
+        _names(at.key("location"), _dims((loc.offset,)), allowed | places)
+        _names(at.key("location"), _dims(loc.elements), allowed)
+        if loc.kind == "symbolic":
+            _check_symbolic_value(value, at)
+    _check_steps(plan, where, allowed)
+    for k, assumption in enumerate(plan.assumptions):
+        _names(where.key("assumptions").item(k), _dims((assumption.a, assumption.b)), allowed)
+
+
+def _check_interface(plan: Any, where: Where, allowed: frozenset[str]) -> None:
+    seen: set[str] = set()
+    for k, spec in enumerate(plan.inputs):
+        at = where.key("inputs").item(k).key("shape")
+        for d, dim in enumerate(spec.shape):
+            if type(dim) is int:
+                continue
+            bare = [n for n in free_symbols(dim) if dim == sym(n)]
+            if not bare:
+                raise at.item(d).error(f"is {dim}: a graph input's dim must be an int or a bare symbol")
+            seen.add(bare[0])
+    _names(where.key("inputs"), [d for s in plan.inputs for d in _dims(s.shape)], allowed)
+    missing = sorted(allowed - seen)
+    if missing:
+        raise where.key("symbols").error(f"has {', '.join(map(repr, missing))}, which no graph input's dim "
+                                         f"is (the runtime binds symbols from the inputs' shapes)")
+    for k, spec in enumerate(plan.output_specs):
+        _names(where.key("outputs").item(k).key("shape"), _dims(spec.shape), allowed)
+
+
+def _check_symbolic_value(value: Any, at: Where) -> None:
+    shape = value.shape
+    count = 1 if len(shape) == 0 else shape[0]
+    if value.dtype.kind not in "iu" or len(shape) > 1 or type(count) is not int \
+            or count != len(value.location.elements):
+        raise at.error(f"is a symbolic value of dtype {value.dtype} and shape {list(shape)} with "
+                       f"{len(value.location.elements)} elements: it must be a 0-D or 1-D integer tensor "
+                       f"with one element per entry")
+
+
+def _check_steps(plan: Any, where: Where, allowed: frozenset[str]) -> None:
+    for k, part in enumerate(plan.partitions):
+        if part.runner != "reference":
+            raise where.key("partitions").item(k).key("runner").wrong(
+                '"reference" in a dynamic plan (C and CUDA code take static shapes)', part.runner)
+    for step in plan.steps:
+        at = where.key("steps").item(step.index)
+        if step.schedules is not None:
+            raise at.error("has nested schedules: a dynamic plan has none")
+        if step.scratch is not None:
+            _names(at.key("scratch"), _dims((step.scratch.offset, step.scratch.nbytes)), allowed)
+        for path, text in attr_exprs(step.attrs):
+            try:
+                dim = parse(text) if isinstance(text, str) else None
+            except ValueError as exc:
+                raise at.key("attrs").error(f"{path}: {exc}") from None
+            if dim is None:
+                raise at.key("attrs").error(f"{path}: {{\"expr\": ...}} must hold an expression's text, "
+                                            f"got {text!r}")
+            _names(at.key("attrs"), _dims((dim,)), allowed)
+
+
+def attr_exprs(value: Any, path: str = "") -> Iterable[tuple[str, Any]]:
+    """Every ``{"expr": TEXT}`` inside ``value`` (attrs: lists and objects, at any depth), with
+    its path (``axes[1]``)."""
+    if isinstance(value, dict):
+        if set(value) == {"expr"}:
+            yield path, value["expr"]
+            return
+        for key, item in value.items():
+            yield from attr_exprs(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for k, item in enumerate(value):
+            yield from attr_exprs(item, f"{path}[{k}]")
+
