@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -81,6 +80,15 @@ def _attrs(value: Any, ev: _Eval) -> Any:
     return value
 
 
+def _with(record: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` for the plan's frozen records without its per-call introspection
+    (a bind replaces hundreds of records; this is ~5x faster)."""
+    out = object.__new__(type(record))
+    out.__dict__.update(record.__dict__)
+    out.__dict__.update(changes)
+    return out
+
+
 def _symbolic(value: Any) -> bool:
     loc = value.location
     return any(type(d) is not int for d in (*value.shape, loc.offset)) or loc.kind == "symbolic"
@@ -133,21 +141,21 @@ class Binder:
             if loc.kind == "symbolic":
                 elements = tuple(ev(e) for e in loc.elements)
                 arrays[name] = np.array(elements, value.dtype).reshape(shape)
-                loc = replace(loc, elements=elements)
+                loc = _with(loc, elements=elements)
             elif type(loc.offset) is not int:
-                loc = replace(loc, offset=ev(loc.offset))
-            values[name] = replace(value, shape=shape, location=loc)
+                loc = _with(loc, offset=ev(loc.offset))
+            values[name] = _with(value, shape=shape, location=loc)
         steps = list(plan.steps)
         for k in self.steps:
             step = steps[k]
             scratch = step.scratch
             if scratch is not None:
-                scratch = replace(scratch, offset=ev(scratch.offset), nbytes=ev(scratch.nbytes))
-            steps[k] = replace(step, scratch=scratch, attrs=_attrs(step.attrs, ev))
-        inputs = tuple(replace(s, shape=ev.shape(s.shape, f"input {s.name!r}")) for s in plan.inputs)
-        outputs = tuple(replace(o, spec=replace(o.spec, shape=ev.shape(o.spec.shape, f"output {o.value!r}")))
+                scratch = _with(scratch, offset=ev(scratch.offset), nbytes=ev(scratch.nbytes))
+            steps[k] = _with(step, scratch=scratch, attrs=_attrs(step.attrs, ev))
+        inputs = tuple(_with(s, shape=ev.shape(s.shape, f"input {s.name!r}")) for s in plan.inputs)
+        outputs = tuple(_with(o, spec=_with(o.spec, shape=ev.shape(o.spec.shape, f"output {o.value!r}")))
                         for o in plan.outputs)
-        bound = replace(plan, symbols=(), assumptions=(), inputs=inputs, outputs=outputs, arenas=arenas,
+        bound = _with(plan, symbols=(), assumptions=(), inputs=inputs, outputs=outputs, arenas=arenas,
                         buffers=buffers, values=values, steps=tuple(steps))
         return BoundPlan(env, bound, arrays)
 
@@ -166,12 +174,12 @@ class Binder:
             where, total = place(mine_sizes, firsts, lasts, arena.alignment)
             for k, offset in zip(mine, where, strict=True):
                 offsets[k] = offset
-            arenas.append(replace(arena, nbytes=total, strategy="runtime",
+            arenas.append(_with(arena, nbytes=total, strategy="runtime",
                                   lower_bound_nbytes=lower_bound(mine_sizes, firsts, lasts, arena.alignment),
                                   naive_nbytes=sum(aligned(s, arena.alignment) for s in mine_sizes)))
         for k, offset in enumerate(offsets):
             ev.env[placeholder(k)] = offset
-        buffers = tuple(replace(b, offset=offsets[k], nbytes=sizes[k]) for k, b in enumerate(plan.buffers))
+        buffers = tuple(_with(b, offset=offsets[k], nbytes=sizes[k]) for k, b in enumerate(plan.buffers))
         return tuple(arenas), buffers
 
 

@@ -106,9 +106,7 @@ def _dim_json(dim: Dim) -> int | str:
 
 
 def _nbytes(dtype: np.dtype, shape: Shape) -> Any:
-    if all(type(d) is int for d in shape):
-        return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    return math.prod(shape) * dtype.itemsize  # an expression of the symbols
+    return math.prod(shape) * dtype.itemsize  # an int; an expression of the symbols where a dim is one
 
 
 def _dim(f: Fields, key: str) -> Dim:
