@@ -53,10 +53,11 @@ def test_encoder_matches_onnxruntime_at_every_level(level: str, tmp_path: Path) 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
 def test_softmax_rows_run_on_vectors_at_every_level(op: str, level: str, tmp_path: Path) -> None:
     """Softmax along a contiguous last axis: vexp over whole vectors, sexp for the tail (37 = 2 x 16
-    + 5), a -inf (masked) entry, a row of large values; LogSoftmax the same way."""
+    + 5), a -inf (masked) entry, a row of large values, a NaN (its row all NaN, as numpy's);
+    LogSoftmax the same way."""
     x = np.random.default_rng(1).standard_normal((6, 37)).astype(np.float32) * 4
     x[2] += 80.0
-    x[1, 3] = -np.inf
+    x[1, 3], x[3, 20] = -np.inf, np.nan
     graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], axis=-1)], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))])
