@@ -23,8 +23,10 @@ import numpy as np
 import pytest
 
 from runtime import Session
+from runtime import SharedArena
 from runtime import load_plan
 from runtime.binding import bind_plan
+from runtime.cli import main
 from runtime.dynamic import CACHE_SIZE
 from runtime.errors import ArtifactError
 from runtime.errors import InputError
@@ -146,7 +148,7 @@ def write_artifact(root: Path, plan: dict[str, Any], golden: list[int] | None = 
     for name, data in files.items():
         (root / name).write_bytes(data)
     manifest = {"format_version": FORMAT_VERSION, "files": {name: _entry(d) for name, d in files.items()},
-                "options": {"target": "cpu"}}
+                "options": {"target": "cpu"}, "compiler": {"version": "test"}, "source": {"file": "by hand"}}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
@@ -453,3 +455,34 @@ def test_profiling_a_dynamic_session(art: Path, tmp_path: Path) -> None:
     session.run(None, feeds(4))
     trace = json.loads(Path(session.end_profiling(tmp_path / "trace.json")).read_text())
     assert trace
+
+
+def test_a_shared_arena_sized_for_the_max_binding(art: Path) -> None:
+    shared = SharedArena.for_artifacts([art])
+    session = Session(art, shared_arena=shared)
+    for n in (64, 1, 30):
+        (out, _) = session.run(None, feeds(n))
+        np.testing.assert_allclose(out, expected(**feeds(n))[0], rtol=1e-5, atol=1e-6)
+
+
+def test_cli_run_and_inspect_print_the_ranges(art: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(art)]) == 0
+    out = capsys.readouterr().out
+    assert "input x: float32 [n in 1..64, 8] (random at [1, 8])" in out and "out: float32 [5, 2]" in out
+    np.save(tmp_path / "x.npy", feeds(6)["x"])
+    np.save(tmp_path / "bias.npy", feeds(6)["bias"])
+    assert main(["run", str(art), "--input", f"x={tmp_path / 'x.npy'}", "--input",
+                 f"bias={tmp_path / 'bias.npy'}"]) == 0
+    assert "out: float32 [15, 2]" in capsys.readouterr().out
+    report = art.parent / "with_report"
+    plan = dynamic_plan()
+    write_artifact(report, plan)
+    (report / "report").mkdir()
+    steps = [{"index": t, "name": s["name"], "op_type": s["op_type"], "provider": "reference",
+              "live_nbytes": 0} for t, s in enumerate(plan["steps"])]
+    (report / "report" / "memory.json").write_text(json.dumps({"arenas": {}, "steps": steps}))
+    assert main(["inspect", str(report)]) == 0
+    text = capsys.readouterr().out
+    assert "input  x: float32 [n in 1..64, 8]" in text and "output out: float32 [2*n+3 in 5..131, 2]" in text
+    assert "symbols: n in 1..64" in text
