@@ -50,8 +50,8 @@ class _Eval:
         self.env = env
         self.memo: dict[Any, int] = {}
 
-    def __call__(self, dim: Any) -> int:
-        if type(dim) is int:
+    def __call__(self, dim: Any) -> Any:
+        if type(dim) is int or type(dim) is float:  # (a float: an element of a symbolic value)
             return dim
         value = self.memo.get(dim)
         if value is None:

@@ -16,7 +16,7 @@ after ``name`` (empty for a static plan). In a dynamic plan a dim is an int or a
 the symbols (``runtime.symbolic``: ``to_json`` writes it, ``parse`` reads it, into an ``Expr``);
 buffer offsets are placeholders ``_b<k>`` (``k`` the buffer's index) that the runtime places per
 binding, and buffer sizes, value offsets (``"_b3+1536*W"``) and scratch are expressions of the
-symbols and placeholders; a ``"symbolic"`` location holds a small integer tensor's elements (a
+symbols and placeholders; a ``"symbolic"`` location holds a small numeric tensor's elements (a
 Reshape target) and ``{"expr": TEXT}`` inside a step's attrs is an int at each binding.
 ``runtime/binding.py`` turns a dynamic plan and a binding into a static plan (``Plan.bind``).
 A static plan reads as before: every dim is checked to be an int on the fast path, and expressions
@@ -101,8 +101,8 @@ def _shape_json(shape: Shape) -> list[Any]:
     return [to_json(d) for d in shape]
 
 
-def _dim_json(dim: Dim) -> int | str:
-    return dim if type(dim) is int else to_json(dim)
+def _dim_json(dim: Dim) -> int | float | str:
+    return dim if type(dim) is int or type(dim) is float else to_json(dim)  # (float: a symbolic element)
 
 
 def _nbytes(dtype: np.dtype, shape: Shape) -> Any:
@@ -245,11 +245,11 @@ class PlanBuffer:
 class ValueLocation:
     """Where a value's bytes are: ``arena`` (``offset`` into the ``space`` arena), ``weights``
     (``offset`` into weights.bin, readable in every space), ``ext`` (the caller's array of the
-    graph input or output named ``ext``) or ``symbolic`` (a small integer tensor whose
-    ``elements``, in C order, are ints or expressions of the symbols: a dynamic plan's Reshape
-    target). JSON: ``["arena", offset, space]``, ``["weights", offset]``, ``["ext", name]``,
-    ``["symbolic", [e0, e1, ...]]``. In a dynamic plan an arena offset may be an expression of
-    the symbols and the buffers' placeholders (``"_b3+1536*W"``)."""
+    graph input or output named ``ext``) or ``symbolic`` (a small numeric tensor whose
+    ``elements``, in C order, are numbers or expressions of the symbols: a dynamic plan's Reshape
+    target, a dim cast to float). JSON: ``["arena", offset, space]``, ``["weights", offset]``,
+    ``["ext", name]``, ``["symbolic", [e0, e1, ...]]``. In a dynamic plan an arena offset may be
+    an expression of the symbols and the buffers' placeholders (``"_b3+1536*W"``)."""
 
     kind: str
     offset: Dim = 0
@@ -281,7 +281,7 @@ class ValueLocation:
                            data[2] if len(data) == 3 else "host")
         if kind == "symbolic" and len(data) == 2 and isinstance(data[1], list):
             return cls("symbolic", elements=tuple(
-                int(e) if type(e) is int else _expr(e, where.item(1).item(k), "an int or a dim expression")
+                e if type(e) in (int, float) else _expr(e, where.item(1).item(k), "a number or an expression")
                 for k, e in enumerate(data[1])))
         raise where.wrong('["arena", offset, space], ["weights", offset], ["ext", name] or '
                           '["symbolic", [elements]]', data)

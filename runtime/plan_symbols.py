@@ -30,7 +30,7 @@ def placeholder(k: int) -> str:
 
 
 def _dims(shape: Iterable[Any]) -> list[Any]:
-    return [d for d in shape if type(d) is not int]
+    return [d for d in shape if type(d) is not int and type(d) is not float]
 
 
 def _value_dims(value: Any) -> list[Any]:
@@ -118,11 +118,11 @@ def _check_interface(plan: Any, where: Where, allowed: frozenset[str]) -> None:
 def _check_symbolic_value(value: Any, at: Where) -> None:
     shape = value.shape
     count = 1 if len(shape) == 0 else shape[0]
-    if value.dtype.kind not in "iu" or len(shape) > 1 or type(count) is not int \
+    if value.dtype.kind not in "iuf" or len(shape) > 1 or type(count) is not int \
             or count != len(value.location.elements):
         raise at.error(f"is a symbolic value of dtype {value.dtype} and shape {list(shape)} with "
-                       f"{len(value.location.elements)} elements: it must be a 0-D or 1-D integer tensor "
-                       f"with one element per entry")
+                       f"{len(value.location.elements)} elements: it must be a 0-D or 1-D numeric tensor "
+                       f"with one element per entry (a dim cast to float is a float)")
 
 
 def _check_steps(plan: Any, where: Where, allowed: frozenset[str]) -> None:

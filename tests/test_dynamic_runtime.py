@@ -6,7 +6,8 @@ The artifacts here are written by hand (``dynamic_artifact``), as the compiler w
 plan (docs/dynamic-shapes.md): x [n, 8] @ W [8, 4] + bias [n, 4] -> Relu -> Reshape to
 [2*n, 2] (an ``{"expr": ...}`` attribute) written into the first slice of a buffer whose second
 slice (offset ``_b2+16*n``) gets -K [3, 2]; Concat of the two along the symbolic axis ->
-c [2*n+3, 2]; out = c * c; and ``shape_out``, the Identity of a ``symbolic`` value [2*n+3, 2].
+c [2*n+3, 2]; out = c * c; ``shape_out``, the Identity of a ``symbolic`` value [2*n+3, 2]; and
+``half_out``, of a float ``symbolic`` value [n, 0.5, 2] (a dim cast to float).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def dynamic_plan(*, assume_even: bool = False) -> dict[str, Any]:
         "inputs": [{"name": "x", "dtype": f32, "shape": ["n", 8]},
                    {"name": "bias", "dtype": f32, "shape": ["n", 4]}],
         "outputs": [{"name": "out", "dtype": f32, "shape": ["2*n+3", 2], "value": "out"},
-                    {"name": "shape_out", "dtype": "int64", "shape": [2], "value": "shape_out"}],
+                    {"name": "shape_out", "dtype": "int64", "shape": [2], "value": "shape_out"},
+                    {"name": "half_out", "dtype": "float32", "shape": [3], "value": "half_out"}],
         "constants": [{"name": "W", "offset": 0, "nbytes": 128, "dtype": f32, "shape": [8, 4]},
                       {"name": "K", "offset": 128, "nbytes": 24, "dtype": f32, "shape": [3, 2]}],
         "weights_nbytes": 152,
@@ -91,16 +93,19 @@ def dynamic_plan(*, assume_even: bool = False) -> dict[str, Any]:
             "c": _value(f32, ["2*n+3", 2], ["arena", "_b3", "host"]),
             "out": _value(f32, ["2*n+3", 2], ["ext", "out"]),
             "shape_val": _value("int64", [2], ["symbolic", ["2*n+3", 2]]),
+            "half": _value("float32", [3], ["symbolic", ["n", 0.5, 2]]),
             "shape_out": _value("int64", [2], ["ext", "shape_out"]),
+            "half_out": _value("float32", [3], ["ext", "half_out"]),
         },
         "steps": [_step(0, "MatMul", ["x", "W"], ["y"]), _step(1, "Add", ["y", "bias"], ["a"]),
                   _step(2, "Relu", ["a"], ["r"]),
                   _step(3, "Reshape", ["r"], ["t"], {"shape": [{"expr": "2*n"}, 2]}),
                   _step(4, "Neg", ["K"], ["k"]), _step(5, "Concat", ["t", "k"], ["c"], {"axis": 0}),
-                  _step(6, "Mul", ["c", "c"], ["out"]), _step(7, "Identity", ["shape_val"], ["shape_out"])],
+                  _step(6, "Mul", ["c", "c"], ["out"]), _step(7, "Identity", ["shape_val"], ["shape_out"]),
+                  _step(8, "Identity", ["half"], ["half_out"])],
         "partitions": [{"index": 0, "provider": "reference", "runner": "reference", "memory_space": "host",
-                        "entry": "reference_0", "first_step": 0, "last_step": 7,
-                        "ext": ["x", "bias", "out", "shape_out"]}],
+                        "entry": "reference_0", "first_step": 0, "last_step": 8,
+                        "ext": ["x", "bias", "out", "shape_out", "half_out"]}],
         "onnx_nodes": {},
     }
 
@@ -108,7 +113,7 @@ def dynamic_plan(*, assume_even: bool = False) -> dict[str, Any]:
 def expected(x: np.ndarray, bias: np.ndarray) -> list[np.ndarray]:
     t = np.maximum(x @ W + bias, 0).reshape(-1, 2)
     c = np.concatenate([t, -K])
-    return [c * c, np.array(c.shape, np.int64)]
+    return [c * c, np.array(c.shape, np.int64), np.array([len(x), 0.5, 2], np.float32)]
 
 
 def feeds(n: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -128,7 +133,8 @@ def _golden(ns: list[int]) -> tuple[bytes, bytes]:
         ins = {"x": generate_input("uniform", np.dtype(np.float32), (n, 8), 10 + n),
                "bias": generate_input("uniform", np.dtype(np.float32), (n, 4), 20 + n)}
         records = []
-        for name, array in zip(("out", "shape_out"), expected(ins["x"], ins["bias"]), strict=True):
+        results = expected(ins["x"], ins["bias"])
+        for name, array in zip(("out", "shape_out", "half_out"), results, strict=True):
             records.append({"name": name, "dtype": array.dtype.name, "shape": list(array.shape),
                             "offset": len(blob), "nbytes": array.nbytes, "tolerance": 1e-5})
             blob += array.tobytes()
@@ -266,7 +272,7 @@ BROKEN = [
     ("private name", lambda p: p["symbols"][0].update(name="_n"),
      r"symbols\[0\]\.name must be a Python identifier"),
     ("range", lambda p: p["symbols"][0].update(min=9, max=3), r"symbols\[0\] has min 9 > max 3"),
-    ("symbolic dtype", lambda p: p["values"]["shape_val"].update(dtype="float32"), r"is a symbolic value"),
+    ("symbolic dtype", lambda p: p["values"]["shape_val"].update(dtype="bool"), r"is a symbolic value"),
     ("symbolic count", lambda p: p["values"]["shape_val"]["location"][1].append(1), r"is a symbolic value"),
     ("C partition", lambda p: p["partitions"][0].update(runner="c", library="x.so"),
      r"partitions\[0\]\.runner must be \"reference\""),
@@ -331,7 +337,7 @@ def test_specs_report_none_and_the_ranges(art: Path) -> None:
     session = Session(art)
     x, bias = session.inputs
     assert x.shape == (None, 8) and x.ranges == ((1, 64), (8, 8)) and x.dims == (sym("n"), 8) and x.is_dynamic
-    out, shape_out = session.outputs
+    out, shape_out, _ = session.outputs
     assert out.shape == (None, 2) and out.ranges == ((5, 131), (2, 2))
     assert shape_out.shape == (2,) and shape_out.ranges is None and not shape_out.is_dynamic
     info = load_plan(art)
@@ -361,7 +367,7 @@ def test_a_failed_assumption_names_the_node_and_both_sides(tmp_path: Path) -> No
     with pytest.raises(InputError, match=r"node 'Concat_5' needs 2\*\(n//2\) == n, but at n=3 they are 2 "
                                          r"and 3: the model cannot take this shape; input shapes x \(3, 8\)"):
         session.run(None, feeds(3))
-    (out, _) = session.run(None, feeds(4))
+    (out, *_) = session.run(None, feeds(4))
     np.testing.assert_allclose(out, expected(**feeds(4))[0], rtol=1e-5, atol=1e-6)
 
 
@@ -419,7 +425,7 @@ def test_io_binding_follows_the_bound_shapes(art: Path) -> None:
             binding.bind_input(name, array)
         binding.bind_output("out")
         session.run_with_iobinding(binding)
-        out, shape_out = binding.get_outputs()
+        out, shape_out, _ = binding.get_outputs()
         np.testing.assert_allclose(out, expected(**feeds(n))[0], rtol=1e-5, atol=1e-6)
         assert out.shape == (2 * n + 3, 2) and list(shape_out) == [2 * n + 3, 2]
     mine = np.empty((13, 2), np.float32)
@@ -438,7 +444,7 @@ def test_io_binding_follows_the_bound_shapes(art: Path) -> None:
 def test_a_caller_owned_arena_is_checked_per_binding(art: Path) -> None:
     small = bytearray(1024)
     session = Session(art, arena=small)
-    (out, _) = session.run(None, feeds(2))
+    (out, *_) = session.run(None, feeds(2))
     np.testing.assert_allclose(out, expected(**feeds(2))[0], rtol=1e-5, atol=1e-6)
     with pytest.raises(InputError, match=r"'host' arena given to this session has \d+ bytes; the run at n=60 "
                                          r"needs \d+"):
@@ -472,7 +478,7 @@ def test_a_shared_arena_sized_for_the_max_binding(art: Path) -> None:
     shared = SharedArena.for_artifacts([art])
     session = Session(art, shared_arena=shared)
     for n in (64, 1, 30):
-        (out, _) = session.run(None, feeds(n))
+        (out, *_) = session.run(None, feeds(n))
         np.testing.assert_allclose(out, expected(**feeds(n))[0], rtol=1e-5, atol=1e-6)
 
 
