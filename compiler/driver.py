@@ -26,6 +26,11 @@ from compiler.artifact.golden import make_golden
 from compiler.artifact.writer import check_out_dir
 from compiler.artifact.writer import write_artifact
 from compiler.codegen.options import BuildOptions
+from compiler.dynamic import bindings
+from compiler.dynamic import check_dynamic_providers
+from compiler.dynamic import describe_symbols
+from compiler.dynamic import dynamic_providers
+from compiler.dynamic import placeholder_plan
 from compiler.frontend.dims import DimSpec
 from compiler.frontend.importer import import_model
 from compiler.ir.graph import AOT_DOMAIN
@@ -48,8 +53,7 @@ from runtime.errors import CompileError
 from runtime.isa import X86_LEVELS
 from runtime.isa import host_x86_level
 
-__all__ = ["compile_model", "compile_graph", "TARGETS", "CPU_TARGETS", "default_providers", "refuse_dynamic",
-           "resolve_cpu"]
+__all__ = ["compile_model", "compile_graph", "TARGETS", "CPU_TARGETS", "default_providers", "resolve_cpu"]
 
 TARGETS = ("cpu", "cuda")
 CPU_TARGETS = ("native", *X86_LEVELS)  # --cpu; None: the build machine's level
@@ -96,9 +100,9 @@ def compile_model(
 
     ``shapes`` binds input shapes (``--shape``): each dim a size or a range ``(LO, HI)``; ``dims``
     binds named dims (``dim_param``) to a size or range wherever they appear (``--dim``). A range
-    is imported as a symbol (docs/dynamic-shapes.md), but not compiled yet: a ``CompileError``
-    says so after the import. ``binds`` turns graph inputs into constants with the given values
-    (``--bind``), for inputs that carry shapes, axes or sizes.
+    is a symbol (docs/dynamic-shapes.md): the artifact runs at every shape in range, its steps on
+    the reference kernels for now (compiler/dynamic.py). ``binds`` turns graph inputs into
+    constants with the given values (``--bind``), for inputs that carry shapes, axes or sizes.
     ``max_arena_bytes`` fails the compile (``ArenaLimitError``) when an arena needs more;
     ``golden_cases`` seeded self-test cases are stored for ``Session.verify()`` (0: none).
     ``cpu`` picks the C kernels' target (``--cpu``: "native", "x86-64-v2/v3/v4"); None takes
@@ -112,7 +116,6 @@ def compile_model(
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
         raise CompileError(f"optimization level must be 0-3, got {opt_level}")
-    providers = providers if providers is not None else default_providers(target)
     build = _cpu_build_options(build, cpu)
     out = Path(out_dir)
     check_out_dir(out)  # a path that cannot be written fails before any work
@@ -120,11 +123,15 @@ def compile_model(
     say("loading model")
     source_name, source_sha = _source_identity(model)
     graph = import_model(model, shapes, binds, dims)
-    refuse_dynamic(graph)
+    dynamic = bool(graph.symbols)
+    if providers is None:
+        providers = dynamic_providers(target, graph) if dynamic else default_providers(target)
     n_onnx = len(graph) + len(graph.eliminated)
-    say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes")
-    graph = optimize(graph, opt_level, target=target, winograd=winograd)
-    if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled (nested.py)
+    say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes"
+        + (f"; dynamic dims {describe_symbols(graph)}" if dynamic else ""))
+    # a dynamic graph runs on the reference kernels: no target lowerings (compiler/dynamic.py)
+    graph = optimize(graph, opt_level, target=None if dynamic else target, winograd=winograd)
+    if compiled_control and target == "cpu" and not dynamic:  # elsewhere the bodies are not compiled
         optimize_bodies(graph, lambda g: optimize(g, opt_level, target=target, winograd=winograd))
     options = {
         "opt_level": opt_level,
@@ -164,9 +171,10 @@ def compile_graph(
     ``source`` is the (name, sha256) recorded as the model's source, ``options`` the compile
     options recorded in the manifest.
     """
-    refuse_dynamic(graph)
     say = progress or (lambda _msg: None)
-    providers = providers if providers is not None else default_providers("cpu")
+    if providers is None:
+        providers = dynamic_providers("cpu", graph) if graph.symbols else default_providers("cpu")
+    check_dynamic_providers(graph, providers)
     if build is None:
         build = _cpu_build_options(None, None)
     out = Path(out_dir)
@@ -177,11 +185,13 @@ def compile_graph(
     say("computing golden self-test outputs with the reference kernels")
     public = [graph.output_names[k] if k < len(graph.output_names) else v.name
               for k, v in enumerate(graph.outputs)]
-    golden = make_golden(graph, public, cases=golden_cases)
+    at = bindings(graph)
+    golden = make_golden(graph, public, cases=golden_cases,
+                         bindings=[at["min"], at["middle"]] if graph.symbols else None)
 
     nodes = len(graph)
     control = compile_control(graph, providers, materialize_outputs, plan_budget_ms,
-                              enabled=options.get("compiled_control", True))
+                              enabled=options.get("compiled_control", True) and not graph.symbols)
     if control:
         say(f"compiled {len(control)} control step(s) into nested schedules")
         providers = [ControlProvider(control), *providers]
@@ -201,6 +211,9 @@ def compile_graph(
     mem_plans: dict[str, MemoryPlan] = {}
     for space in sorted(set(step_space)):
         buffers = storage.buffers.get(space, [])
+        if graph.symbols:  # placed per binding by the runtime (compiler/dynamic.py)
+            mem_plans[space] = placeholder_plan(buffers, alignment[space], graph)
+            continue
         mem_plans[space] = plan_offsets(buffers, alignment[space], budget_ms=plan_budget_ms)
         verify_plan(buffers, mem_plans[space], alignment[space])
     check_arena_limit(source_name, mem_plans, max_arena_bytes)
@@ -218,17 +231,6 @@ def _option_dim(dim: DimSpec) -> int | list[int]:
     if isinstance(dim, (tuple, list)):
         return [int(d) for d in dim]
     return int(dim)
-
-
-def refuse_dynamic(graph: Graph) -> None:
-    """Stop at a graph with symbolic dims: the import keeps them, the later stages (memory plan per
-    shape, kernels with run-time dims, runtime) are issue 17's next steps."""
-    if not graph.symbols:
-        return
-    ranges = ", ".join(f"{name}={lo}..{hi}" for name, (lo, hi) in sorted(graph.symbols.items()))
-    raise CompileError(f"dynamic dims ({ranges}) are imported but not yet compiled: the memory plan, "
-                       f"the kernels and the runtime take static shapes only (docs/dynamic-shapes.md); "
-                       f"give each dim one size with --shape / --dim to compile")
 
 
 def resolve_cpu(cpu: str | None) -> str:

@@ -17,6 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from compiler.dynamic import bindings
+from compiler.dynamic import dynamic_report
+from compiler.dynamic import plan_at
+from compiler.dynamic import storage_at
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
@@ -34,16 +38,19 @@ from runtime.plan_schema import KernelLaunch
 from runtime.plan_schema import OnnxNodeFate
 from runtime.plan_schema import Plan
 from runtime.plan_schema import PlanArena
+from runtime.plan_schema import PlanAssumption
 from runtime.plan_schema import PlanBuffer
 from runtime.plan_schema import PlanConstant
 from runtime.plan_schema import PlanOutput
 from runtime.plan_schema import PlanPartition
 from runtime.plan_schema import PlanSchedule
 from runtime.plan_schema import PlanStep
+from runtime.plan_schema import PlanSymbol
 from runtime.plan_schema import PlanValue
 from runtime.plan_schema import StepScratch
 from runtime.plan_schema import TensorSpec
 from runtime.plan_schema import ValueLocation
+from runtime.symbolic import Expr
 
 __all__ = ["ALIGNMENT", "Compiled", "CompiledPlan", "NestedSchedule", "build_plan", "attach_code",
            "WEIGHT_ALIGNMENT", "jsonable"]
@@ -96,6 +103,8 @@ def jsonable(obj: Any) -> Any:
         return obj.name
     if isinstance(obj, bool | int | float | str) or obj is None:
         return obj
+    if isinstance(obj, Expr):  # a dim of a dynamic graph (docs/dynamic-shapes.md)
+        return {"expr": obj.to_json()}
     raise TypeError(f"attribute value of type {type(obj).__name__} cannot be stored in plan.json")
 
 
@@ -136,6 +145,8 @@ class _WeightsLayout:
                     continue
                 array = graph.constants[root].const
                 assert array is not None
+                if array.dtype == object:
+                    continue  # a symbolic constant: plan.json holds its expressions (_Locator)
                 if id(array) not in self.by_array:
                     self._append(root, array)
                 offsets[root] = self.by_array[id(array)]
@@ -160,13 +171,16 @@ class _Locator:
     storage: Storage
     weights: Mapping[str, int]  # root -> offset in weights.bin
     arena: Mapping[str, tuple[str, int]]  # buffer id -> (memory space, offset)
+    symbolic: Mapping[str, np.ndarray]  # root -> a symbolic constant's elements (dynamic graphs)
 
     @classmethod
-    def build(cls, storage: Storage, weights: Mapping[str, int],
+    def build(cls, graph: Graph, storage: Storage, weights: Mapping[str, int],
               mem_plans: dict[str, MemoryPlan]) -> _Locator:
         arena = {str(bid): (space, off)
                  for space, mplan in mem_plans.items() for bid, off in mplan.offsets.items()}
-        return cls(storage, weights, arena)
+        symbolic = {name: v.const for name, v in graph.constants.items()
+                    if v.const is not None and v.const.dtype == object}
+        return cls(storage, weights, arena, symbolic)
 
     def location(self, name: str) -> ValueLocation:
         """plan.json's location of value ``name``."""
@@ -174,6 +188,8 @@ class _Locator:
         kind = self.storage.kind[root]
         if kind == "ext":
             return ValueLocation("ext", ext=root)
+        if kind == "weights" and root in self.symbolic:
+            return ValueLocation("symbolic", elements=tuple(self.symbolic[root].reshape(-1).tolist()))
         if kind == "weights":
             return ValueLocation("weights", self.weights[root])
         space, off = self.arena[root]
@@ -277,6 +293,14 @@ def _arenas(mem_plans: dict[str, MemoryPlan], storage: Storage,
     return tuple(arenas), tuple(buffers)
 
 
+def _symbols(graph: Graph) -> tuple[PlanSymbol, ...]:
+    return tuple(PlanSymbol(name, lo, hi) for name, (lo, hi) in sorted(graph.symbols.items()))
+
+
+def _assumptions(graph: Graph) -> tuple[PlanAssumption, ...]:
+    return tuple(PlanAssumption(node, a, b) for node, a, b in graph.assumptions)
+
+
 def _outputs(graph: Graph) -> tuple[PlanOutput, ...]:
     names = graph.output_names
     return tuple(PlanOutput(_spec(v, names[k] if k < len(names) else None), v.name)
@@ -305,8 +329,16 @@ def build_plan(
         outputs=_outputs(graph), constants=weights.records, weights_nbytes=len(weights.data), arenas=arenas,
         buffers=buffers, values=values,
         steps=tuple(step for p in parts for step in p.steps), partitions=tuple(p.record for p in parts),
-        onnx_nodes=_onnx_nodes(graph, schedule))
-    report = memory_report(schedule, storage, mem_plans, alignment)
+        onnx_nodes=_onnx_nodes(graph, schedule), symbols=_symbols(graph), assumptions=_assumptions(graph))
+    if graph.symbols:  # the report shows the runtime's placement at the max binding, and min / max
+        at_max = bindings(graph)["max"]
+        concrete = storage_at(storage, at_max)
+        placed = {space: plan_at(concrete.buffers.get(space, []), alignment[space], at_max)
+                  for space in mem_plans}
+        report = {**memory_report(schedule, concrete, placed, alignment),
+                  "dynamic": dynamic_report(graph, storage, alignment)}
+    else:
+        report = memory_report(schedule, storage, mem_plans, alignment)
     nested_report = _nested_report(schedule, control or {})
     if nested_report:
         report["nested"] = nested_report
@@ -324,7 +356,7 @@ class _Level:
     def build(self, graph: Graph, schedule: Schedule, storage: Storage, mem_plans: dict[str, MemoryPlan],
               control: Mapping[int, Compiled],
               prefix: str) -> tuple[list[_PartitionOut], dict[str, PlanValue]]:
-        locator = _Locator.build(storage, self.layout.add(graph, schedule.steps, storage), mem_plans)
+        locator = _Locator.build(graph, storage, self.layout.add(graph, schedule.steps, storage), mem_plans)
         scratch_sizes = {str(b.id): b.nbytes for bs in storage.buffers.values() for b in bs}
         # a nested schedule's inputs and outputs are bound by name even where no step reads them
         referenced: dict[str, None] = {} if graph is self.top else dict.fromkeys(

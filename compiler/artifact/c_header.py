@@ -94,8 +94,11 @@ def _group(kind: str, specs: tuple[TensorSpec, ...]) -> TensorGroup:
     for index, spec in enumerate(specs):
         dims = "x".join(map(str, spec.shape)) or "scalar"
         comment = _comment(f"{spec.name}: {spec.dtype.name} {dims}")
-        tensors.append(TensorInfo(index, _c_string(spec.name), comment, spec.dtype.name, spec.shape,
-                                  spec.nbytes, f"onnx_aot_{kind}_shape_{index}"))
+        # a dynamic dim (an expression of the plan's symbols) is -1 and the size 0: known per run
+        static = all(isinstance(d, int) for d in spec.shape)
+        shape = tuple(d if isinstance(d, int) else -1 for d in spec.shape)
+        tensors.append(TensorInfo(index, _c_string(spec.name), comment, spec.dtype.name, shape,
+                                  spec.nbytes if static else 0, f"onnx_aot_{kind}_shape_{index}"))
     return TensorGroup(kind, tuple(tensors))
 
 

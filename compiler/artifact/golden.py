@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from compiler.ir.evaluate import concrete_shape
 from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Value
@@ -47,6 +50,7 @@ DEFAULT_MAX_BYTES = 4 << 20
 MAX_VALUE_BYTES = 256 << 20
 GOLDEN_FORMAT = 2
 _ALIGN = 64
+Binding = Mapping[str, int]  # the symbols' values in a graph with symbolic dims
 
 
 @dataclass(frozen=True)
@@ -71,64 +75,76 @@ def _input_kind(dtype: np.dtype, integers: bool) -> str:
     return "int0to3" if integers else "zeros"  # zeros: a safe index / count where random ones are not
 
 
-def _case(graph: Graph, seed: int) -> tuple[list[dict[str, Any]], list[np.ndarray]] | _Failure:
-    """(input records, reference outputs) for case ``seed``, or why none could be made."""
+def _case(graph: Graph, seed: int,
+          binding: Binding | None) -> tuple[list[dict[str, Any]], list[np.ndarray]] | _Failure:
+    """(input records, reference outputs) for case ``seed`` (symbolic dims at ``binding``), or why
+    none could be made."""
     last = ""
     for integers in (True, False):
         records, feeds = [], {}
         for k, value in enumerate(graph.inputs):
             assert value.dtype is not None and value.shape is not None
             kind, input_seed = _input_kind(value.dtype, integers), (seed << 16) + k
-            array = generate_input(kind, value.dtype, tuple(value.shape), input_seed)
+            shape = concrete_shape(value.shape, binding)
+            array = generate_input(kind, value.dtype, shape, input_seed)
             feeds[value.name] = array
-            records.append({"name": value.name, "dtype": value.dtype.name, "shape": list(value.shape),
+            records.append({"name": value.name, "dtype": value.dtype.name, "shape": list(shape),
                             "generator": kind, "seed": input_seed, "sha256": array_sha256(array)})
         try:
-            return records, evaluate(graph, feeds)
+            return records, evaluate(graph, feeds, binding)
         except (OnnxAotError, ArithmeticError, ValueError, TypeError, IndexError, KeyError,
                 MemoryError, FloatingPointError) as exc:
             last = f"{type(exc).__name__}: {exc}"
     return _Failure(f"the reference run failed on seeded inputs ({last[:300]})")
 
 
-def _nbytes(value: Value) -> int:
+def _nbytes(value: Value, binding: Binding | None = None) -> int:
     assert value.dtype is not None and value.shape is not None
-    return math.prod(value.shape) * value.dtype.itemsize  # Python ints: no overflow
+    return math.prod(concrete_shape(value.shape, binding)) * value.dtype.itemsize  # Python ints
 
 
-def _largest(graph: Graph) -> int:
-    return max((_nbytes(v) for node in graph.nodes for v in node.outputs if v.shape is not None),
+def _largest(graph: Graph, binding: Binding | None) -> int:
+    return max((_nbytes(v, binding) for node in graph.nodes for v in node.outputs if v.shape is not None),
                default=0)
 
 
-def _skip_reason(graph: Graph, cases: int) -> str | None:
+def _skip_reason(graph: Graph, cases: int, binding: Binding | None) -> str | None:
     if cases <= 0:
         return "disabled at compile time (--golden-cases 0)"
     if any(node.op_type in NONDETERMINISTIC for node in graph.nodes):
         return "the graph draws random numbers (" + ", ".join(
             sorted({n.op_type for n in graph.nodes if n.op_type in NONDETERMINISTIC})) + ")"
-    if _largest(graph) > MAX_VALUE_BYTES:
-        return (f"an intermediate value takes {_largest(graph)} bytes, over the {MAX_VALUE_BYTES}-byte "
-                "cap for the compile-time reference run")
+    if _largest(graph, binding) > MAX_VALUE_BYTES:
+        return (f"an intermediate value takes {_largest(graph, binding)} bytes, over the "
+                f"{MAX_VALUE_BYTES}-byte cap for the compile-time reference run")
     return None
 
 
 def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: int = DEFAULT_CASES,
-                max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, bytes]:
-    """The self-test files for ``graph``: ``{golden.json: ..., golden.bin: ...}``."""
+                max_bytes: int = DEFAULT_MAX_BYTES,
+                bindings: Sequence[Binding] | None = None) -> dict[str, bytes]:
+    """The self-test files for ``graph``: ``{golden.json: ..., golden.bin: ...}``. A graph with
+    symbolic dims takes ``bindings`` (the symbols' values): case k runs at ``bindings[k]`` (the
+    last one repeated), its inputs of that shape."""
     index: dict[str, Any] = {"format": GOLDEN_FORMAT, "seed": seed, "metric":
                              "max|got-ref| / max|ref| per output (exact for integers and bools); a "
                              "sampled output: over its sample, and | max|got| - max|ref| | / max|ref|",
                              "cases": []}
     blob = bytearray()
-    skip = _skip_reason(graph, cases)
+    at: list[Binding | None] = [*bindings] if bindings else [None]
+
+    def binding(k: int) -> Binding | None:
+        return at[min(k, len(at) - 1)]
+
+    largest = max(at, key=lambda b: _largest(graph, b))
+    skip = _skip_reason(graph, cases, largest)
     # each case costs a reference run at compile time: one case when a case's tensors exceed the
     # budget (large inputs and outputs: the slow reference runs), else as many as fit, up to ``cases``
-    per_case = sum(_nbytes(v) for v in (*graph.inputs, *graph.outputs))
-    count = max(1, min(cases, max_bytes // max(per_case, 1)))
+    per_case = sum(_nbytes(v, largest) for v in (*graph.inputs, *graph.outputs))
+    count = max(min(cases, len(at)), min(cases, max_bytes // max(per_case, 1)), 1)  # every binding
     budget = max_bytes // count  # output bytes per case
     for k in range(count if skip is None else 0):
-        result = _case(graph, seed + k)
+        result = _case(graph, seed + k, binding(k))
         if isinstance(result, _Failure):
             if not index["cases"]:
                 skip = result.reason

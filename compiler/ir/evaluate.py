@@ -26,7 +26,7 @@ from runtime.kernels import get_kernel
 from runtime.symbolic import Expr
 from runtime.symbolic import evaluate as sym_evaluate
 
-__all__ = ["EvaluationError", "Interpreter", "concrete_shape", "evaluate", "run_node"]
+__all__ = ["EvaluationError", "Interpreter", "concrete_attrs", "concrete_shape", "evaluate", "run_node"]
 
 TRANSFER = "onnx_aot.Transfer"
 
@@ -38,11 +38,25 @@ class EvaluationError(CompileError):
 def run_node(node: Node, args: Sequence[Any], xp: Any = np,
              binding: Mapping[str, int] | None = None) -> list[Any]:
     """``node``'s reference kernel applied to ``args`` (arrays, None for omitted inputs); where its
-    outputs' shapes are symbolic, they are taken at ``binding`` (the symbols' values)."""
+    outputs' shapes or its attributes are symbolic, they are taken at ``binding`` (the symbols'
+    values)."""
     if node.kind == TRANSFER:
         return [args[0]]
     specs = [(concrete_shape(v.shape, binding), v.dtype) for v in node.outputs if v.shape is not None]
-    return list(get_kernel(node.kind)(xp, list(args), dict(node.attrs), specs))
+    attrs = dict(node.attrs) if binding is None else concrete_attrs(node.attrs, binding)
+    return list(get_kernel(node.kind)(xp, list(args), attrs, specs))
+
+
+def concrete_attrs(attrs: Mapping[str, Any], binding: Mapping[str, int]) -> dict[str, Any]:
+    """``attrs`` with every expression (at any depth in lists and tuples) evaluated at ``binding``."""
+    def bind(value: Any) -> Any:
+        if isinstance(value, Expr):
+            return sym_evaluate(value, binding)
+        if isinstance(value, list | tuple):
+            return type(value)(bind(v) for v in value)
+        return value
+
+    return {key: bind(value) for key, value in attrs.items()}
 
 
 def concrete_shape(shape: Sequence[Any], binding: Mapping[str, int] | None) -> tuple[int, ...]:
@@ -55,10 +69,12 @@ def concrete_shape(shape: Sequence[Any], binding: Mapping[str, int] | None) -> t
 class Interpreter:
     """Evaluates ``graph``, or the given ``nodes`` of it in their order (a schedule's steps)."""
 
-    def __init__(self, graph: Graph, nodes: Sequence[Node] | None = None) -> None:
+    def __init__(self, graph: Graph, nodes: Sequence[Node] | None = None,
+                 binding: Mapping[str, int] | None = None) -> None:
         self.graph = graph
         self.nodes: tuple[Node, ...] = tuple(graph.nodes if nodes is None else nodes)
         self.env: dict[int, Any] = {}
+        self.binding = binding  # the symbols' values, for a graph with symbolic dims
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
         """The graph's outputs, in order, for ``feeds`` (one array per graph input name)."""
@@ -75,21 +91,25 @@ class Interpreter:
     def read(self, value: Value) -> Any:
         """The array of ``value``: its constant, or what was fed or computed for it."""
         if value.const is not None:
+            if value.const.dtype == object and self.binding is not None:  # a symbolic constant
+                flat = [sym_evaluate(d, self.binding) for d in value.const.reshape(-1)]
+                return np.array(flat, dtype=value.dtype).reshape(value.const.shape)
             return value.const
         return self.env[id(value)]
 
     def run_node(self, node: Node, args: list[Any]) -> list[Any]:
-        return run_node(node, args)
+        return run_node(node, args, binding=self.binding)
 
     def write(self, node: Node, value: Value, result: Any) -> None:
         """Keep ``result`` as ``value``'s array (checked against the planned shape)."""
         array = np.asarray(result)
-        if value.shape is not None and array.shape != value.shape:
+        if value.shape is not None and array.shape != concrete_shape(value.shape, self.binding):
             raise EvaluationError(f"{node.describe()}: result shape {array.shape} for output "
-                                  f"{value.name!r}, planned {value.shape}")
+                                  f"{value.name!r}, planned {concrete_shape(value.shape, self.binding)}")
         self.env[id(value)] = np.array(array, dtype=value.dtype, copy=True, order="C")
 
 
-def evaluate(graph: Graph, feeds: Mapping[str, Any]) -> list[Any]:
-    """``graph``'s outputs for ``feeds``, every node through its reference kernel."""
-    return Interpreter(graph).run(feeds)
+def evaluate(graph: Graph, feeds: Mapping[str, Any], binding: Mapping[str, int] | None = None) -> list[Any]:
+    """``graph``'s outputs for ``feeds``, every node through its reference kernel (symbolic dims,
+    attributes and constants taken at ``binding``)."""
+    return Interpreter(graph, binding=binding).run(feeds)

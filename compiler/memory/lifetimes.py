@@ -11,10 +11,9 @@ sharing it; kernel scratch is a buffer live for one step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from dataclasses import field
-
-import numpy as np
 
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
@@ -200,8 +199,8 @@ def _concat_in_place(node: Node, places: _Places, storage: Storage) -> None:
     out = node.outputs[0]
     axis = int(node.attrs["axis"])
     assert out.shape is not None
-    if not places.is_arena(out.name) or out.name in places.parent or int(np.prod(out.shape[:axis])) != 1:
-        return
+    if not places.is_arena(out.name) or out.name in places.parent or math.prod(out.shape[:axis]) != 1:
+        return  # (a symbolic product is an Expr, never equal to 1)
     seen: set[str] = set()
     offset = 0
     for value in node.inputs:

@@ -26,6 +26,7 @@ from compiler.memory.greedy import Problem
 from compiler.memory.greedy import place_fresh
 from compiler.memory.search import Solution
 from compiler.memory.search import improve
+from runtime.symbolic import Expr
 
 __all__ = ["DEFAULT_BUDGET_MS", "Buffer", "MemoryPlan", "lower_bound", "plan_offsets", "verify_plan"]
 
@@ -43,7 +44,9 @@ WORK_PER_MS = 8000
 GREEDY_WORK = 50_000
 @dataclass(frozen=True)
 class Buffer:
-    """One tensor to place: ``nbytes`` live from ``first_step`` to ``last_step`` inclusive."""
+    """One tensor to place: ``nbytes`` live from ``first_step`` to ``last_step`` inclusive
+    (``nbytes`` an ``Expr`` of the symbols in a dynamic graph: such buffers are placed per binding
+    by the runtime, ``compiler/dynamic.py``, never by ``plan_offsets``)."""
 
     id: Hashable
     nbytes: int
@@ -53,12 +56,14 @@ class Buffer:
     def __post_init__(self) -> None:
         for name in ("nbytes", "first_step", "last_step"):
             value = getattr(self, name)
+            if name == "nbytes" and isinstance(value, Expr):
+                continue
             try:
                 # numpy integers become plain ints so equal buffers compare and hash equal
                 object.__setattr__(self, name, operator.index(value))
             except TypeError:
                 raise TypeError(f"buffer {self.id!r}: {name} must be an integer, got {value!r}") from None
-        if self.nbytes < 0:
+        if isinstance(self.nbytes, int) and self.nbytes < 0:
             raise ValueError(f"buffer {self.id!r}: nbytes {self.nbytes} is negative")
         if self.last_step < self.first_step:
             raise ValueError(

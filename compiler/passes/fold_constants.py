@@ -99,6 +99,8 @@ class FoldConstants(Pass):
                 return None
         if node.op_type in NONDETERMINISTIC:
             return None
+        if any(v is not None and v.is_symbolic for v in (*node.inputs, *outputs)):
+            return None  # dynamic dims: the import folded what the symbols allow (folding.fold_symbolic)
         if node.kind == "Shape":
             return _fold_shape(node)
         if any(v is not None and not v.is_const for v in node.inputs):
