@@ -30,6 +30,7 @@ from compiler.passes import PassResult
 from compiler.passes import fold_constants as fold_module
 from compiler.passes import optimize
 from compiler.passes import passes_for_level
+from compiler.passes.fuse_attention import FuseAttention
 from compiler.passes.pack_gemm_weights import PackGemmWeights
 from runtime.errors import CompileError
 from tests.support.graphs import CONV_ATTRS
@@ -374,6 +375,46 @@ def test_batched_linear_layer_becomes_reshape_gemm_reshape() -> None:
     assert flat.attrs["shape"] == [6, 5] and unflat.attrs["shape"] == [2, 3, 4]
     assert gemm.attrs == GEMM_ATTRS and gemm.origin == ["linear", "bias_add"]
     assert gemm.outputs[0].shape == (6, 4) and unflat.outputs[0].shape == (2, 3, 4)
+
+
+# -- fuse_attention ----------------------------------------------------------------------------
+def _attention_graph(fused_prologue: bool, extra_use: bool = False) -> Graph:
+    """PyTorch's attention over heads split to (1, 6, 2, 4): transposes, scores, Div + mask Add
+    (fused into one FusedElementwise when asked), Softmax, context, transpose back."""
+    b = Builder()
+    q, k, v = (b.input(n, (1, 6, 2, 4)) for n in "qkv")
+    mask = b.input("mask", (1, 1, 1, 6))
+    qt = b.op("Transpose", q, out_shape=(1, 2, 6, 4), perm=[0, 2, 1, 3], name="qt")
+    kt = b.op("Transpose", k, out_shape=(1, 2, 4, 6), perm=[0, 2, 3, 1], name="kt")
+    vt = b.op("Transpose", v, out_shape=(1, 2, 6, 4), perm=[0, 2, 1, 3], name="vt")
+    scores = b.op("MatMul", qt, kt, out_shape=(1, 2, 6, 6), name="scores")
+    if fused_prologue:
+        program = [{"op": "Div", "args": ["i0", "i1"], "attrs": {}},
+                   {"op": "Add", "args": ["i2", "t0"], "attrs": {}}]
+        masked = b.op("onnx_aot.FusedElementwise", scores, b.const("c", np.array(2.0, np.float32)), mask,
+                      out_shape=(1, 2, 6, 6), program=program)
+    else:
+        scaled = b.op("Div", scores, b.const("c", np.array(2.0, np.float32)), out_shape=(1, 2, 6, 6))
+        masked = b.op("Add", mask, scaled, out_shape=(1, 2, 6, 6))
+    probs = b.op("Softmax", masked, out_shape=(1, 2, 6, 6), axis=-1)
+    context = b.op("MatMul", probs, vt, out_shape=(1, 2, 6, 4))
+    y = b.op("Transpose", context, out_shape=(1, 6, 2, 4), perm=[0, 2, 1, 3], name="y")
+    return b.output(y, b.op("Neg", kt)) if extra_use else b.output(y)
+
+
+@pytest.mark.parametrize("fused_prologue", [False, True])
+def test_attention_becomes_one_multi_head_attention(fused_prologue: bool) -> None:
+    g = _attention_graph(fused_prologue)
+    assert check(g, FuseAttention()).modified
+    (node,) = g.nodes
+    assert node.kind == "onnx_aot.MultiHeadAttention" and node.attrs == {"scale": 0.5}
+    assert [v.name for v in node.inputs if v is not None] == ["q", "k", "v", "mask"]
+    assert node.outputs[0] is g.outputs[0] and node.outputs[0].shape == (1, 6, 2, 4)
+
+
+def test_attention_with_a_shared_transpose_is_left_alone() -> None:
+    g = _attention_graph(False, extra_use=True)
+    assert not FuseAttention().run(g).modified
 
 
 # -- pack_gemm_weights -------------------------------------------------------------------------

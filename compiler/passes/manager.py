@@ -19,6 +19,7 @@ from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubex
 from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.eliminate_identity import EliminateIdentity
 from compiler.passes.fold_constants import FoldConstants
+from compiler.passes.fuse_attention import FuseAttention
 from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
 from compiler.passes.fuse_elementwise import FuseElementwise
@@ -105,12 +106,13 @@ def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
-    column panels (``pack_gemm_weights``), and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
+    column panels (``pack_gemm_weights``), multi-head attention as one step (``fuse_attention``),
+    and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
     (``layout_nhwc``), and elementwise fusion runs once more over what it produced.
     """
-    passes: list[Pass] = [PackGemmWeights()] if level >= 2 and target == "cpu" else []
+    passes: list[Pass] = [PackGemmWeights(), FuseAttention()] if level >= 2 and target == "cpu" else []
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
     if level >= 3 and target == "cpu":

@@ -1,4 +1,5 @@
-"""Reference kernels for onnx-aot's own fused ops: FusedConv, FusedGemm, FusedElementwise.
+"""Reference kernels for onnx-aot's own fused ops: FusedConv, FusedGemm, FusedElementwise,
+PackedGemm and MultiHeadAttention.
 
 Each is the composition of the plain kernels' functions it replaces, so the reference provider
 checks a fusion pass by running the same numbers both ways. The activation epilogue (""/Relu/
@@ -19,6 +20,7 @@ from runtime.kernels.conv import conv
 from runtime.kernels.elementwise import apply_elementwise
 from runtime.kernels.linalg import gemm
 from runtime.kernels.linalg import unpack_b_panels
+from runtime.kernels.normalization import softmax
 from runtime.kernels.registry import OutputSpec
 from runtime.kernels.registry import register
 
@@ -81,6 +83,22 @@ def packed_gemm_kernel(
     b = unpack_b_panels(xp, bp, int(attrs["n"]))
     y = apply_activation(xp, gemm(xp, a, b, c, {**attrs, "transA": 0, "transB": 0}), attrs)
     return finish(xp, "onnx_aot.PackedGemm", [y], outputs)
+
+
+@register("onnx_aot.MultiHeadAttention")
+def multi_head_attention_kernel(
+    xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
+) -> list[Any]:
+    """softmax(Q K^T * scale + mask) V per batch and head, with Q, K, V and the output in the
+    layout the heads were split into, (batch, seq, heads, head size), not transposed; the mask
+    broadcasts to (batch, heads, query, key)."""
+    q, k, v, mask = fill_optional("onnx_aot.MultiHeadAttention", inputs, 4)
+    scores = xp.matmul(xp.transpose(q, (0, 2, 1, 3)), xp.transpose(k, (0, 2, 3, 1)))
+    scores = scores * xp.asarray(attrs["scale"], dtype=scores.dtype)
+    if mask is not None:
+        scores = scores + mask
+    context = xp.matmul(softmax(xp, scores, -1), xp.transpose(v, (0, 2, 1, 3)))
+    return finish(xp, "onnx_aot.MultiHeadAttention", [xp.transpose(context, (0, 2, 1, 3))], outputs)
 
 
 def _resolve(ref: Any, inputs: list[Any], results: list[Any]) -> Any:

@@ -40,6 +40,7 @@ from compiler.ir.graph import Node
 from compiler.providers.base import CLibraryBuild
 from compiler.providers.base import GeneratedC
 from compiler.providers.base import PartitionPlan
+from compiler.providers.c import attention
 from compiler.providers.c import conv
 from compiler.providers.c import conv_nhwc
 from compiler.providers.c import einsum
@@ -70,8 +71,8 @@ __all__ = [
 
 # The modules whose ``KERNELS`` the C provider runs; every other module of this package is named in
 # SUPPORT_MODULES (a test checks that none is left out).
-KERNEL_MODULES = (conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing, movement, norm,
-                  pad, pool, pool_nhwc, recurrent, reduce, spatial, winograd, winograd_nhwc)
+KERNEL_MODULES = (attention, conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing,
+                  movement, norm, pad, pool, pool_nhwc, recurrent, reduce, spatial, winograd, winograd_nhwc)
 SUPPORT_MODULES = ("provider", "common", "dtypes", "elementwise_vector")
 KERNELS: KernelTable[CKernel] = KernelTable("C", KERNEL_MODULES)
 
