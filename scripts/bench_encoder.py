@@ -10,7 +10,7 @@ profile (``Session(profile=True)``) summed by op type, and the slowest steps. Sl
 CI, except ``--smoke`` (two small layers, 2 runs).
 
 Usage: python -m scripts.bench_encoder [--model bert minilm] [--threads 2 1] [--runs N] [--repeat N]
-                                       [--profile] [--smoke]
+                                       [--profile] [--smoke] [--cpu LEVEL]
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="thread counts (default 2 1)")
     parser.add_argument("--profile", action="store_true", help="print onnx-aot's per-step profile")
     parser.add_argument("--smoke", action="store_true", help="two small layers, 2 runs (CI)")
+    parser.add_argument("--cpu", default=None,
+                        help="the C kernels' target (x86-64-v3, ...; default: this machine's level)")
     args = parser.parse_args()
     prepare_environment()
     facts = machine_facts()
@@ -78,7 +80,7 @@ def main() -> int:
             model = encoder_model(**(SMOKE if args.smoke else SIZES[name]))
             path = Path(tmp) / f"{name}.onnx"
             onnx.save(model, path)
-            artifact = compile_model(path, Path(tmp) / name, golden_cases=0)
+            artifact = compile_model(path, Path(tmp) / name, golden_cases=0, cpu=args.cpu)
             for threads in args.threads:
                 for _ in range(max(args.repeat, 1)):
                     r = bench(artifact, compare=path, threads=threads, runs=runs, cold_reps=0)
