@@ -378,14 +378,21 @@ def test_batched_linear_layer_becomes_reshape_gemm_reshape() -> None:
 
 
 # -- fuse_attention ----------------------------------------------------------------------------
-def _attention_graph(fused_prologue: bool, extra_use: bool = False) -> Graph:
+def _attention_graph(fused_prologue: bool, extra_use: bool = False, sdpa: bool = False) -> Graph:
     """PyTorch's attention over heads split to (1, 6, 2, 4): transposes, scores, Div + mask Add
-    (fused into one FusedElementwise when asked), Softmax, context, transpose back."""
+    (fused into one FusedElementwise when asked), Softmax, context, transpose back; ``sdpa``: K^T as
+    two Transposes, and Q and K^T each scaled by 0.5 first (torch's scaled_dot_product_attention)."""
     b = Builder()
     q, k, v = (b.input(n, (1, 6, 2, 4)) for n in "qkv")
     mask = b.input("mask", (1, 1, 1, 6))
     qt = b.op("Transpose", q, out_shape=(1, 2, 6, 4), perm=[0, 2, 1, 3], name="qt")
-    kt = b.op("Transpose", k, out_shape=(1, 2, 4, 6), perm=[0, 2, 3, 1], name="kt")
+    if sdpa:
+        kh = b.op("Transpose", k, out_shape=(1, 2, 6, 4), perm=[0, 2, 1, 3])
+        kt = b.op("Transpose", kh, out_shape=(1, 2, 4, 6), perm=[0, 1, 3, 2], name="kt")
+        half = b.const("half", np.array(0.5, np.float32))
+        qt, kt = b.op("Mul", qt, half, out_shape=(1, 2, 6, 4)), b.op("Mul", half, kt, out_shape=(1, 2, 4, 6))
+    else:
+        kt = b.op("Transpose", k, out_shape=(1, 2, 4, 6), perm=[0, 2, 3, 1], name="kt")
     vt = b.op("Transpose", v, out_shape=(1, 2, 6, 4), perm=[0, 2, 1, 3], name="vt")
     scores = b.op("MatMul", qt, kt, out_shape=(1, 2, 6, 6), name="scores")
     if fused_prologue:
@@ -402,12 +409,12 @@ def _attention_graph(fused_prologue: bool, extra_use: bool = False) -> Graph:
     return b.output(y, b.op("Neg", kt)) if extra_use else b.output(y)
 
 
-@pytest.mark.parametrize("fused_prologue", [False, True])
-def test_attention_becomes_one_multi_head_attention(fused_prologue: bool) -> None:
-    g = _attention_graph(fused_prologue)
+@pytest.mark.parametrize(("fused_prologue", "sdpa"), [(False, False), (True, False), (True, True)])
+def test_attention_becomes_one_multi_head_attention(fused_prologue: bool, sdpa: bool) -> None:
+    g = _attention_graph(fused_prologue, sdpa=sdpa)
     assert check(g, FuseAttention()).modified
     (node,) = g.nodes
-    assert node.kind == "onnx_aot.MultiHeadAttention" and node.attrs == {"scale": 0.5}
+    assert node.kind == "onnx_aot.MultiHeadAttention" and node.attrs == {"scale": 0.125 if sdpa else 0.5}
     assert [v.name for v in node.inputs if v is not None] == ["q", "k", "v", "mask"]
     assert node.outputs[0] is g.outputs[0] and node.outputs[0].shape == (1, 6, 2, 4)
 

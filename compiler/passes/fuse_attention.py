@@ -6,6 +6,9 @@ The exporters write attention over heads split by a Reshape to (batch, seq, head
     P = Softmax(MatMul(Qt, Kt) * scale + mask, axis -1)        (the scale a Div or Mul by a constant)
     Y = Transpose(MatMul(P, Vt), [0, 2, 1, 3])
 
+or, from torch's scaled_dot_product_attention, Kt as Transpose(Transpose(K, [0, 2, 1, 3]), [0, 1, 3,
+2]) and Qt, Kt each multiplied by sqrt(scale) before the MatMul.
+
 Eight steps, the scores written and read three times and four tensors transposed in memory. The
 fused op reads Q, K and V where the projections wrote them and writes Y in place of the last
 Transpose (the C kernel: ``compiler/providers/c/attention.py``). The scale and the mask may be
@@ -35,14 +38,36 @@ __all__ = ["FuseAttention"]
 _SPLIT = [0, 2, 1, 3]  # (batch, seq, heads, d) <-> (batch, heads, seq, d)
 _KEYS = [0, 2, 3, 1]  # (batch, seq, heads, d) -> (batch, heads, d, seq)
 _PROLOGUE = ("Div", "Mul", "Add", "onnx_aot.FusedElementwise")
+_Heads = tuple[list[Node], float, Value]  # nodes to replace, the factor they apply, the split heads
 
 
-def _transposed(graph: Graph, value: Value | None, perm: list[int], reader: Node) -> Node | None:
-    """The Transpose by ``perm`` that makes ``value`` for ``reader`` alone."""
+def _heads(graph: Graph, value: Value | None, reader: Node, key: bool) -> _Heads | None:
+    """The nodes that make ``value`` for ``reader`` alone out of split heads (batch, seq, heads, d),
+    the factor they scale it by and those heads: a Transpose to (batch, heads, seq, d) -- for the
+    keys to (batch, heads, d, seq), or that as two Transposes -- and optionally a Mul by a constant
+    after it (torch's scaled_dot_product_attention scales Q and K^T by sqrt(scale) each)."""
+    nodes: list[Node] = []
+    factor = 1.0
     node = value.producer if value is not None else None
-    if node is None or node.kind != "Transpose" or list(node.attrs.get("perm", [])) != perm:
+    if node is not None and node.kind == "Mul" and sole_consumer(graph, node.outputs[0]) is reader:
+        a, b = node.inputs
+        c, other = (_scalar(b), a) if _scalar(b) is not None else (_scalar(a), b)
+        if c is None or other is None:
+            return None
+        nodes, factor, reader, node = [node], c, node, other.producer
+    if node is None or node.kind != "Transpose" or sole_consumer(graph, node.outputs[0]) is not reader:
         return None
-    return node if sole_consumer(graph, node.outputs[0]) is reader else None
+    perm = list(node.attrs.get("perm", []))
+    below = node.input(0)
+    inner = below.producer if below is not None else None
+    if key and perm == [0, 1, 3, 2] and inner is not None and inner.kind == "Transpose":
+        if list(inner.attrs.get("perm", [])) != _SPLIT or sole_consumer(graph, inner.outputs[0]) is not node:
+            return None
+        nodes, node = [*nodes, node], inner
+    elif perm != (_KEYS if key else _SPLIT):
+        return None
+    source = node.input(0)
+    return ([*nodes, node], factor, source) if source is not None else None
 
 
 def _scalar(value: Value | None) -> float | None:
@@ -105,8 +130,8 @@ class FuseAttention(Pass):
 
     def _fuse(self, graph: Graph, scores_mm: Node) -> bool:
         scores = scores_mm.outputs[0]
-        q = _transposed(graph, scores_mm.input(0), _SPLIT, scores_mm)
-        k = _transposed(graph, scores_mm.input(1), _KEYS, scores_mm)
+        q = _heads(graph, scores_mm.input(0), scores_mm, key=False)
+        k = _heads(graph, scores_mm.input(1), scores_mm, key=True)
         if q is None or k is None or scores.shape is None:
             return False
         between: list[Node] = []
@@ -123,28 +148,27 @@ class FuseAttention(Pass):
         if context_mm is None or context_mm.kind != "MatMul" or context_mm.input(0) is not softmax.outputs[0]:
             return False
         prologue = _prologue(between, scores)
-        v = _transposed(graph, context_mm.input(1), _SPLIT, context_mm)
+        v = _heads(graph, context_mm.input(1), context_mm, key=False)
         y = sole_consumer(graph, context_mm.outputs[0])
-        if prologue is None or v is None or y is None or y.kind != "Transpose":
+        if prologue is None or v is None or v[1] != 1.0 or y is None or y.kind != "Transpose":
             return False
-        if list(y.attrs.get("perm", [])) != _SPLIT or not _shapes_ok(q, k, v, y):
+        if list(y.attrs.get("perm", [])) != _SPLIT or not _shapes_ok(q[2], k[2], v[2], y.outputs[0]):
             return False
         scale, mask = prologue
-        old = [q, k, v, scores_mm, *between, softmax, context_mm, y]
-        fused = Node("MultiHeadAttention", [q.input(0), k.input(0), v.input(0), *([mask] if mask else [])],
-                     list(y.outputs), {"scale": scale}, name=softmax.name, domain=AOT_DOMAIN,
+        old = [*q[0], *k[0], *v[0], scores_mm, *between, softmax, context_mm, y]
+        fused = Node("MultiHeadAttention", [q[2], k[2], v[2], *([mask] if mask else [])], list(y.outputs),
+                     {"scale": q[1] * k[1] * scale}, name=softmax.name, domain=AOT_DOMAIN,
                      origin=merged_origin(old))
         replace_nodes(graph, old, fused)
         return True
 
 
-def _shapes_ok(q: Node, k: Node, v: Node, y: Node) -> bool:
-    """Static float32 (batch, seq, heads, d) inputs that agree on batch, heads and d."""
-    values = [q.input(0), k.input(0), v.input(0), y.outputs[0]]
-    shapes = [val.shape if val is not None else None for val in values]
+def _shapes_ok(q: Value, k: Value, v: Value, y: Value) -> bool:
+    """Static float32 (batch, seq, heads, d) tensors that agree on batch, heads and d."""
+    shapes = [q.shape, k.shape, v.shape, y.shape]
     if any(s is None or len(s) != 4 or not all(isinstance(d, int) for d in s) for s in shapes):
         return False
-    if any(val is None or val.dtype != np.float32 for val in values):
+    if any(val.dtype != np.float32 for val in (q, k, v, y)):
         return False
     (b, sq, h, d), (kb, sk, kh, kd), (vb, vs, vh, dv) = shapes[0], shapes[1], shapes[2]  # type: ignore[misc]
     agree = (kb, kh, kd) == (b, h, d) and (vb, vs, vh) == (b, sk, h) and shapes[3] == (b, sq, h, dv)
