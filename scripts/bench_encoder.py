@@ -10,7 +10,7 @@ profile (``Session(profile=True)``) summed by op type, and the slowest steps. Sl
 CI, except ``--smoke`` (two small layers, 2 runs).
 
 Usage: python -m scripts.bench_encoder [--model bert minilm] [--threads 2 1] [--runs N] [--repeat N]
-                                       [--profile] [--smoke] [--cpu LEVEL]
+                                       [--profile] [--smoke] [--seq N] [--cpu LEVEL]
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="thread counts (default 2 1)")
     parser.add_argument("--profile", action="store_true", help="print onnx-aot's per-step profile")
     parser.add_argument("--smoke", action="store_true", help="two small layers, 2 runs (CI)")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length (default 128)")
     parser.add_argument("--cpu", default=None,
                         help="the C kernels' target (x86-64-v3, ...; default: this machine's level)")
     args = parser.parse_args()
@@ -77,7 +78,7 @@ def main() -> int:
     runs = 2 if args.smoke else args.runs
     with tempfile.TemporaryDirectory(prefix="onnx-aot-encoder-") as tmp:
         for name in args.model:
-            model = encoder_model(**(SMOKE if args.smoke else SIZES[name]))
+            model = encoder_model(**(SMOKE if args.smoke else SIZES[name]), seq=args.seq)
             path = Path(tmp) / f"{name}.onnx"
             onnx.save(model, path)
             artifact = compile_model(path, Path(tmp) / name, golden_cases=0, cpu=args.cpu)
