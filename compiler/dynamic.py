@@ -25,6 +25,7 @@ from compiler.memory import Buffer
 from compiler.memory import MemoryPlan
 from compiler.memory.lifetimes import Storage
 from compiler.providers.base import Provider
+from compiler.providers.c.provider import CProvider
 from compiler.providers.reference import ReferenceProvider
 from runtime.errors import CompileError
 from runtime.placement import lower_bound
@@ -42,20 +43,21 @@ Binding = dict[str, int]
 
 
 def dynamic_providers(target: str, graph: Graph) -> list[Provider]:
-    """The providers of a dynamic graph: the reference kernels (host) only, for now."""
+    """The providers of a dynamic graph: the C kernels that take run-time dims (and every static
+    node), the reference kernels for the rest."""
     if target != "cpu":
         raise CompileError(f"dynamic dims ({describe_symbols(graph)}) are compiled for the cpu target "
                            f"only yet; give each dim one size with --shape / --dim for target {target!r}")
-    return [ReferenceProvider()]
+    return [CProvider(), ReferenceProvider()]
 
 
 def check_dynamic_providers(graph: Graph, providers: list[Provider]) -> None:
-    """A dynamic graph compiles with the host reference provider only (``dynamic_providers``)."""
+    """A dynamic graph compiles with the host C and reference providers (``dynamic_providers``)."""
     others = [p.name for p in providers
-              if not (isinstance(p, ReferenceProvider) and p.memory_space == "host")]
+              if not (isinstance(p, ReferenceProvider | CProvider) and p.memory_space == "host")]
     if graph.symbols and others:
-        raise CompileError(f"dynamic dims ({describe_symbols(graph)}) run on the reference kernels only "
-                           f"yet; provider(s) {', '.join(others)} take static shapes")
+        raise CompileError(f"dynamic dims ({describe_symbols(graph)}) run on the host C and reference "
+                           f"kernels only yet; provider(s) {', '.join(others)} take static shapes")
 
 
 def describe_symbols(graph: Graph) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.codegen.cdims import DYN_EXT
 from compiler.dynamic import bindings
 from compiler.dynamic import dynamic_report
 from compiler.dynamic import plan_at
@@ -235,10 +236,14 @@ _Nested = Callable[[int, Node], "tuple[PlanSchedule, ...] | None"]
 
 
 def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_sizes: Mapping[str, int],
-               referenced: dict[str, None], prefix: str, nested: _Nested) -> _PartitionOut:
+               referenced: dict[str, None], prefix: str, nested: _Nested,
+               symbols: tuple[str, ...] = ()) -> _PartitionOut:
     """Locate the operands of ``part``'s steps (adding their names to ``referenced``); its entry is
-    ``prefix`` + its index, a control step's schedules come from ``nested``."""
-    ext: list[str] = []
+    ``prefix`` + its index, a control step's schedules come from ``nested``. In a dynamic graph
+    (``symbols``) a C partition's ext slot 0 is the binding's array (compiler/codegen/cdims.py)."""
+    runner = getattr(part.provider, "runner", part.provider.name)
+    ext: list[str] = [DYN_EXT] if symbols and runner == "c" else []
+    dyn = f"((const int64_t*)ext[{ext.index(DYN_EXT)}])" if ext else ""
     space_here = part.provider.memory_space
     step_plans: list[StepPlan] = []
     records: list[PlanStep] = []
@@ -251,10 +256,9 @@ def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_si
         outs = tuple(locator.operand(v, ext, space_here) for v in node.outputs)
         scratch = locator.scratch(t)
         nbytes = scratch_sizes.get(f"scratch/{t}", 0)
-        step_plans.append(StepPlan(t, local, node, ins, outs, scratch, nbytes))
+        step_plans.append(StepPlan(t, local, node, ins, outs, scratch, nbytes, symbols, dyn))
         records.append(_step_record(t, node, part, scratch, nbytes, nested(t, node)))
     entry = f"{prefix}{part.index}"
-    runner = getattr(part.provider, "runner", part.provider.name)
     record = PlanPartition(part.index, part.provider.name, runner, space_here, entry, part.steps[0],
                            part.steps[-1], tuple(ext))
     return _PartitionOut(PartitionPlan(part.index, part.provider.name, entry, tuple(step_plans), tuple(ext)),
@@ -369,7 +373,8 @@ class _Level:
             return tuple(self.schedule(body, f"{prefix}{t}_{s}_")
                          for s, body in enumerate(compiled.schedules))
 
-        parts = [_partition(part, schedule.steps, locator, scratch_sizes, referenced, prefix, nested)
+        symbols = tuple(sorted(graph.symbols))
+        parts = [_partition(part, schedule.steps, locator, scratch_sizes, referenced, prefix, nested, symbols)
                  for part in schedule.partitions]
         return parts, _value_records(graph, referenced, locator)
 

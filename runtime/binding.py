@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 import numpy as np
@@ -36,11 +37,14 @@ __all__ = ["BoundPlan", "Binder", "bind_plan"]
 
 @dataclass(frozen=True)
 class BoundPlan:
-    """A dynamic plan at one binding: ``plan`` is static; ``arrays`` are the symbolic values."""
+    """A dynamic plan at one binding: ``plan`` is static; ``arrays`` are the symbolic values;
+    ``dyn`` is what a C partition with run-time dims reads through its ext slot ``DYN_EXT``: the
+    symbols' values (plan order), then each buffer's offset (compiler/codegen/cdims.py)."""
 
     sizes: Mapping[str, int]
     plan: Any
     arrays: Mapping[str, np.ndarray]
+    dyn: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 class _Eval:
@@ -157,7 +161,8 @@ class Binder:
                         for o in plan.outputs)
         bound = _with(plan, symbols=(), assumptions=(), inputs=inputs, outputs=outputs, arenas=arenas,
                         buffers=buffers, values=values, steps=tuple(steps))
-        return BoundPlan(env, bound, arrays)
+        dyn = np.array([env[s.name] for s in plan.symbols] + [b.offset for b in buffers], np.int64)
+        return BoundPlan(env, bound, arrays, dyn)
 
     def _place(self, ev: _Eval) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """Each arena's buffers placed at this binding; binds the placeholders in ``ev``."""

@@ -70,6 +70,7 @@ class Bound:
     partitions: list[tuple[str, Any]]
     output_shapes: list[tuple[int, ...]]
     arenas: dict[str, tuple[int, int]]  # space -> (nbytes, alignment) at this binding
+    dyn: np.ndarray  # what C partitions read through their ext slot DYN_EXT (runtime/binding.py)
 
 
 Loader = Callable[[Any, Any], tuple[str, Any]]
@@ -168,11 +169,12 @@ class DynamicRuns:
 
     def _make(self, key: tuple[int, ...], shapes: Mapping[str, tuple[int, ...]]) -> Bound:
         context = "; input shapes " + ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
-        bound = self.binder.bind(dict(zip(self.names, key, strict=True)), context).plan
+        made = self.binder.bind(dict(zip(self.names, key, strict=True)), context)
+        bound = made.plan
         partitions = [self._load(bound, record) for record in bound.partitions]
         arenas = {a.memory_space: (a.nbytes, max(64, a.alignment)) for a in bound.arenas}
         text = ", ".join(f"{n}={v}" for n, v in zip(self.names, key, strict=True))
-        return Bound(key, text, bound, partitions, [s.shape for s in bound.output_specs], arenas)
+        return Bound(key, text, bound, partitions, [s.shape for s in bound.output_specs], arenas, made.dyn)
 
     def cached(self) -> list[tuple[int, ...]]:
         """The bindings cached now, least recently used first."""

@@ -21,7 +21,11 @@ from runtime.symbolic import free_symbols
 from runtime.symbolic import parse
 from runtime.symbolic import sym
 
-__all__ = ["check_symbols", "placeholder", "attr_exprs"]
+# The ext slot (first) of a dynamic plan's C partition: the binding's int64 array, the symbols'
+# values then the buffers' offsets (runtime/binding.py; compiler/codegen/cdims.py writes the C).
+DYN_EXT = "#dyn"
+
+__all__ = ["DYN_EXT", "check_symbols", "placeholder", "attr_exprs"]
 
 
 def placeholder(k: int) -> str:
@@ -90,7 +94,7 @@ def check_symbols(plan: Any, where: Where) -> None:
         _names(at.key("location"), _dims(loc.elements), allowed)
         if loc.kind == "symbolic":
             _check_symbolic_value(value, at)
-    _check_steps(plan, where, allowed)
+    _check_steps(plan, where, allowed, places)
     for k, assumption in enumerate(plan.assumptions):
         _names(where.key("assumptions").item(k), _dims((assumption.a, assumption.b)), allowed)
 
@@ -125,17 +129,21 @@ def _check_symbolic_value(value: Any, at: Where) -> None:
                        f"with one element per entry (a dim cast to float is a float)")
 
 
-def _check_steps(plan: Any, where: Where, allowed: frozenset[str]) -> None:
+def _check_steps(plan: Any, where: Where, allowed: frozenset[str], places: set[str]) -> None:
     for k, part in enumerate(plan.partitions):
-        if part.runner != "reference":
+        if part.runner not in ("reference", "c"):
             raise where.key("partitions").item(k).key("runner").wrong(
-                '"reference" in a dynamic plan (C and CUDA code take static shapes)', part.runner)
+                '"reference" or "c" in a dynamic plan (CUDA code takes static shapes)', part.runner)
+        if part.runner == "c" and part.ext[:1] != (DYN_EXT,):
+            raise where.key("partitions").item(k).key("ext").wrong(
+                f'{DYN_EXT!r} first in a dynamic plan\'s C partition (the binding it reads)', list(part.ext))
     for step in plan.steps:
         at = where.key("steps").item(step.index)
         if step.schedules is not None:
             raise at.error("has nested schedules: a dynamic plan has none")
         if step.scratch is not None:
-            _names(at.key("scratch"), _dims((step.scratch.offset, step.scratch.nbytes)), allowed)
+            _names(at.key("scratch"), _dims((step.scratch.offset,)), allowed | places)
+            _names(at.key("scratch"), _dims((step.scratch.nbytes,)), allowed)
         for path, text in attr_exprs(step.attrs):
             try:
                 dim = parse(text) if isinstance(text, str) else None

@@ -48,6 +48,7 @@ from runtime.plan_schema import Plan
 from runtime.plan_schema import PlanPartition
 from runtime.plan_schema import PlanSchedule
 from runtime.plan_schema import TensorSpec
+from runtime.plan_symbols import DYN_EXT
 
 if TYPE_CHECKING:
     from runtime.profiling import Profiler
@@ -74,6 +75,14 @@ class _RunContext:
         self._keep = np.zeros(64, np.uint8)  # a valid address when the host arena is empty
         self.arena_addr = host.ctypes.data if host is not None and host.size else self._keep.ctypes.data
         self.ext_arrays = {index: (ctypes.c_void_p * max(n, 1))() for index, n in c_parts}
+
+    def grow(self, space: str, nbytes: int, alignment: int) -> None:
+        """Make the ``space`` arena at least ``nbytes`` (a dynamic plan's, per binding)."""
+        have = self.arenas.get(space)
+        if have is None or have.size < nbytes:
+            self.arenas[space] = memory_space(space).allocate(nbytes, alignment)
+            if space == "host" and self.arenas[space].size:
+                self.arena_addr = self.arenas[space].ctypes.data
 
     @classmethod
     def allocate(cls, arenas: dict[str, tuple[int, int]], c_parts: list[tuple[int, int]]) -> _RunContext:
@@ -224,6 +233,8 @@ class Session:
                 raise ArtifactError(f"{self.path / rel}: library not listed in the manifest")
             if rel not in self._libraries:
                 self._libraries[rel] = CLibrary(self._artifact.library_file(rel))
+                if hasattr(self, "threads"):  # loaded at a dynamic plan's first binding
+                    self._libraries[rel].set_threads(self.threads)
             return ("c", _CPartition(self._libraries[rel].entry(record.entry), record.ext))
         if runner == "cuda":
             from runtime.providers.cuda import CudaPartition
@@ -334,7 +345,9 @@ class Session:
 
     def _call_c(self, index: int, part: _CPartition, ctx: _RunContext, ext: dict[str, Any],
                 timings_addr: int) -> None:
-        pointers = ctx.ext_arrays[index]
+        pointers = ctx.ext_arrays.get(index)
+        if pointers is None:  # a bound dynamic plan's partition: its array made at its first run
+            pointers = ctx.ext_arrays[index] = (ctypes.c_void_p * max(len(part.ext), 1))()
         for slot, name in enumerate(part.ext):
             pointers[slot] = data_address(ext[name])  # ~0.2 us; .ctypes.data ~1.6 us
         part.entry(pointers, ctx.arena_addr, self._weights_addr, timings_addr)
@@ -405,9 +418,7 @@ class Session:
         ctx = self._acquire()
         try:
             for space, (nbytes, alignment) in bound.arenas.items():
-                have = ctx.arenas.get(space)
-                if have is None or have.size < nbytes:  # the pool's arenas grow to the largest binding
-                    ctx.arenas[space] = memory_space(space).allocate(nbytes, alignment)
+                ctx.grow(space, nbytes, alignment)  # the pool's arenas grow to the largest binding
             self._run_bound(bound, ctx, ext)
         finally:
             self._release(ctx)
@@ -436,11 +447,15 @@ class Session:
             self._call_bound(bound, ctx, ext)
 
     def _call_bound(self, bound: Bound, ctx: _RunContext, ext: dict[str, Any]) -> None:
+        ext[DYN_EXT] = bound.dyn  # the binding C partitions read (runtime/binding.py)
         if self._profiler is not None:
             self._profiled(ctx, ext, bound.partitions)
             return
-        for _, part in bound.partitions:  # reference partitions only (a dynamic plan has no other)
-            part.run(ctx.arenas, ext)
+        for index, (kind, part) in enumerate(bound.partitions):
+            if kind == "c":
+                self._call_c(index, part, ctx, ext, 0)
+            else:
+                part.run(ctx.arenas, ext)
 
     # -- I/O binding ---------------------------------------------------------------------------
     def io_binding(self) -> IOBinding:
@@ -473,9 +488,12 @@ class Session:
         if profiler is None:  # end_profiling() ran concurrently
             if partitions is self._partitions:
                 self._call_partitions(ctx, ext)
-            else:  # a bound dynamic plan's (reference partitions)
-                for _, part in partitions:
-                    part.run(ctx.arenas, ext)
+            else:  # a bound dynamic plan's
+                for index, (kind, part) in enumerate(partitions):
+                    if kind == "c":
+                        self._call_c(index, part, ctx, ext, 0)
+                    else:
+                        part.run(ctx.arenas, ext)
             return
         record = profiler.begin_run()
         for index, (kind, part) in enumerate(partitions):

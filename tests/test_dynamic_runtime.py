@@ -274,8 +274,11 @@ BROKEN = [
     ("range", lambda p: p["symbols"][0].update(min=9, max=3), r"symbols\[0\] has min 9 > max 3"),
     ("symbolic dtype", lambda p: p["values"]["shape_val"].update(dtype="bool"), r"is a symbolic value"),
     ("symbolic count", lambda p: p["values"]["shape_val"]["location"][1].append(1), r"is a symbolic value"),
-    ("C partition", lambda p: p["partitions"][0].update(runner="c", library="x.so"),
-     r"partitions\[0\]\.runner must be \"reference\""),
+    ("C partition without the binding", lambda p: p["partitions"][0].update(runner="c", library="x.so"),
+     r"partitions\[0\]\.ext must be '#dyn' first"),
+    ("CUDA partition", lambda p: p["partitions"][0].update(
+        runner="cuda", module={"source": "m.cu", "cubins": {}, "ptx": None}),
+     r"partitions\[0\]\.runner must be \"reference\" or \"c\""),
     ("attr expr", lambda p: p["steps"][3]["attrs"].update(shape=[{"expr": 3}, 2]),
      r"steps\[3\]\.attrs shape\[0\]: \{\"expr\": \.\.\.\} must hold"),
     ("attr symbol", lambda p: p["steps"][3]["attrs"].update(shape=[{"expr": "2*q"}, 2]),

@@ -107,6 +107,8 @@ def _not_runnable(plan: Plan) -> str:
     others = [p for p in plan.partitions if p.runner != "c"]
     if not plan.partitions:
         return "the plan has no steps"
+    if plan.symbols:
+        return _c_string("the plan has dynamic dims (its memory is placed per binding by the runtime)")
     if others:
         steps = [s for p in others for s in plan.partition_steps(p)]
         names = ", ".join(f"{s.name} ({s.op_type})" for s in steps[:3])
@@ -149,7 +151,7 @@ def header_context(plan: Plan) -> HeaderContext:
         num_steps=len(plan.steps),
         inputs=_group("input", plan.inputs),
         outputs=_group("output", plan.output_specs),
-        entries=_entries(plan),
+        entries=_entries(plan) if not plan.symbols else (),
     )
 
 

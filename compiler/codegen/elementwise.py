@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.symbolic import as_dim
+
 __all__ = [
     "Dialect",
     "C_DIALECT",
@@ -358,9 +360,9 @@ def activation_expr(activation: str, act_min: float, act_max: float, act_alpha: 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major element strides of ``shape``."""
-    strides = [1] * len(shape)
+    strides: list[Any] = [1] * len(shape)  # ints, or Exprs of a dynamic graph's symbols
     for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * int(shape[d + 1])
+        strides[d] = strides[d + 1] * as_dim(shape[d + 1])
     return tuple(strides)
 
 
@@ -372,7 +374,7 @@ def broadcast_strides(in_shape: Sequence[int], out_shape: Sequence[int]) -> tupl
     pad = len(out_shape) - len(in_shape)
     strides = [0] * len(out_shape)
     for d, size in enumerate(in_shape):
-        out = int(out_shape[pad + d])
+        out = as_dim(out_shape[pad + d])
         if size == out:
             strides[pad + d] = own[d] if size != 1 else 0
         elif size != 1:
@@ -384,27 +386,28 @@ def coalesce(
     shape: Sequence[int], strides: Sequence[Sequence[int]]
 ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
     """Drop size-1 dimensions and merge neighbours that stay linear for every operand."""
-    dims: list[int] = []
-    cols: list[list[int]] = [[] for _ in strides]
+    dims: list[Any] = []  # ints, or Exprs of a dynamic graph's symbols
+    cols: list[list[Any]] = [[] for _ in strides]
     for d, size in enumerate(shape):
         if size == 1:
             continue
-        if dims and all(col[-1] == int(s[d]) * size for col, s in zip(cols, strides, strict=True)):
-            dims[-1] *= int(size)
+        if dims and all(col[-1] == as_dim(s[d]) * size for col, s in zip(cols, strides, strict=True)):
+            dims[-1] *= as_dim(size)
             for col, s in zip(cols, strides, strict=True):
-                col[-1] = int(s[d])
+                col[-1] = as_dim(s[d])
             continue
-        dims.append(int(size))
+        dims.append(as_dim(size))
         for col, s in zip(cols, strides, strict=True):
-            col.append(int(s[d]))
+            col.append(as_dim(s[d]))
     if not dims:
         return (1,), tuple((0,) for _ in strides)
     return tuple(dims), tuple(tuple(col) for col in cols)
 
 
-def index_expr(strides: Sequence[int], names: Sequence[str]) -> str:
-    """``i0 * s0 + i1 * s1 ...`` with zero strides dropped ("0" when every stride is zero)."""
-    terms = [n if s == 1 else f"{n} * {s}" for n, s in zip(names, strides, strict=True) if s != 0]
+def index_expr(strides: Sequence[int], names: Sequence[str], text: Callable[[Any], str] = str) -> str:
+    """``i0 * s0 + i1 * s1 ...`` with zero strides dropped ("0" when every stride is zero); a
+    stride is written by ``text`` (a run-time one as C over the binding: compiler/codegen/cdims.py)."""
+    terms = [n if s == 1 else f"{n} * {text(s)}" for n, s in zip(names, strides, strict=True) if s != 0]
     return " + ".join(terms) if terms else "0"
 
 
@@ -420,18 +423,23 @@ class LoopNest:
 
 
 def loop_nest(
-    out_shape: Sequence[int], in_strides: Sequence[Sequence[int]], out_strides: Sequence[int] | None = None
+    out_shape: Sequence[int], in_strides: Sequence[Sequence[int]], out_strides: Sequence[int] | None = None,
+    text: Callable[[Any], Any] | None = None,
 ) -> LoopNest:
-    """The coalesced loop nest writing ``out_shape`` (contiguous unless ``out_strides``)."""
+    """The coalesced loop nest writing ``out_shape`` (contiguous unless ``out_strides``). With
+    symbolic dims ``text`` turns each run-time dim and stride into the kernel's C (``CDim``); the
+    nest's ``total`` is then the C text of the element count."""
     ostr = tuple(out_strides) if out_strides is not None else contiguous_strides(out_shape)
     dims, cols = coalesce(out_shape, [ostr, *in_strides])
     names = tuple(f"i{d}" for d in range(len(dims)))
+    write: Callable[[Any], Any] = text if text is not None else (lambda d: d)
+    total = math.prod(as_dim(d) for d in out_shape)
     return LoopNest(
-        dims=dims,
+        dims=tuple(write(d) for d in dims),
         names=names,
-        out_index=index_expr(cols[0], names),
-        in_index=tuple(index_expr(c, names) for c in cols[1:]),
-        total=int(np.prod(out_shape, dtype=np.int64)),
+        out_index=index_expr(cols[0], names, lambda s: str(write(s))),
+        in_index=tuple(index_expr(c, names, lambda s: str(write(s))) for c in cols[1:]),
+        total=write(total),
     )
 
 
@@ -483,9 +491,11 @@ def elementwise_node(
     inputs: Sequence[Any],
     out_shape: Sequence[int],
     dialect: Dialect = C_DIALECT,
+    text: Callable[[Any], Any] | None = None,
 ) -> ElementwiseNode:
-    """The loop nest and statements of an elementwise op over ``inputs`` (IR Values with static
-    shapes, broadcast to ``out_shape``); one-element constants become literals."""
+    """The loop nest and statements of an elementwise op over ``inputs`` (IR Values, broadcast to
+    ``out_shape``); one-element constants become literals. Symbolic dims need ``text`` (see
+    ``loop_nest``)."""
     consts: dict[int, float] = {}
     exprs: list[str] = []
     strides: list[tuple[int, ...]] = []
@@ -497,7 +507,7 @@ def elementwise_node(
             continue
         exprs.append(f"x{k}")
         strides.append(broadcast_strides(tuple(value.shape), out_shape))
-    nest = loop_nest(out_shape, strides)
+    nest = loop_nest(out_shape, strides, text=text)
     loaded = tuple(k for k in range(len(inputs)) if k not in consts)
     loads = tuple((f"x{k}", f"in{k}", idx) for k, idx in zip(loaded, nest.in_index, strict=True))
     program = node_program(kind, attrs, len(inputs))

@@ -22,6 +22,8 @@ from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from runtime.errors import CompileError
 from runtime.plan_schema import KernelLaunch
+from runtime.symbolic import Expr
+from runtime.symbolic import as_dim
 
 __all__ = [
     "Location", "StepPlan", "PartitionPlan", "Provider", "shape_of",
@@ -35,11 +37,12 @@ class Location:
 
     ``space`` is "arena" (byte ``offset`` into the memory space's arena), "weights" (byte
     ``offset`` into weights.bin) or "ext" (``offset`` is a slot in the partition's external
-    pointer array: a graph input or output the caller owns).
+    pointer array: a graph input or output the caller owns). In a dynamic graph an arena offset is
+    an ``Expr`` of the symbols and the buffers' placeholders (compiler/dynamic.py).
     """
 
     space: str
-    offset: int
+    offset: Any
     memory_space: str = "host"  # for "arena" and "weights": which space's arena / weights copy
 
 
@@ -54,6 +57,10 @@ class StepPlan:
     outputs: tuple[Location, ...]
     scratch: Location | None  # kernel scratch in the arena, live for this step only
     scratch_nbytes: int
+    # a dynamic graph's symbols (plan order) and the C text of its binding array (compiler/codegen/
+    # cdims.py): locations' offsets and a kernel's sizes may be expressions over them
+    symbols: tuple[str, ...] = ()
+    dyn: str = ""
 
 
 @dataclass(frozen=True)
@@ -156,8 +163,14 @@ class Provider(Protocol):
         ...
 
 
-def shape_of(value: Value | None) -> tuple[int, ...]:
-    """A value's static shape; CompileError naming the value when it has none."""
+def shape_of(value: Value | None, symbolic: bool = False) -> tuple[int, ...]:
+    """A value's static shape; CompileError naming the value when it has none. ``symbolic``
+    keeps a dynamic graph's dims as expressions (``runtime.symbolic.Expr``) for a kernel that takes
+    run-time dims; without it a symbolic dim is a CompileError too."""
     if value is None or value.shape is None:
         raise CompileError(f"value {getattr(value, 'name', None)!r} has no static shape")
+    if symbolic:
+        return tuple(as_dim(d) for d in value.shape)  # type: ignore[misc]
+    if any(isinstance(d, Expr) for d in value.shape):
+        raise CompileError(f"value {value.name!r} has dynamic dims {value.shape}")
     return tuple(int(d) for d in value.shape)

@@ -29,6 +29,9 @@ class Kernel:
     """The base of every generated kernel: the op kinds it runs, its claim, its scratch."""
 
     kinds: tuple[str, ...] = ()
+    # takes nodes with symbolic dims (a dynamic graph: sizes from the binding at run time, see
+    # compiler/codegen/cdims.py); other kernels see static nodes only
+    dynamic: bool = False
 
     def supports(self, node: Node) -> bool:
         """Whether this kernel runs ``node`` with its attributes, dtypes and shapes."""
@@ -70,6 +73,8 @@ class KernelTable(Generic[K]):
         """
         kernel = self._kernels.get(node.kind)
         if kernel is None:
+            return False
+        if not kernel.dynamic and any(v is not None and v.is_symbolic for v in (*node.inputs, *node.outputs)):
             return False
         try:
             return bool(kernel.supports(node))

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.codegen.cdims import c_dim
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
@@ -23,6 +24,7 @@ from compiler.providers.base import StepPlan
 from compiler.providers.kit import Kernel
 from compiler.providers.kit import Param
 from runtime.errors import CompileError
+from runtime.symbolic import Expr
 
 __all__ = [
     "Arg",
@@ -33,6 +35,7 @@ __all__ = [
     "same_dtype_movable",
     "PARALLEL_MIN_WORK",
     "step_args",
+    "dyn_arg",
 ]
 
 # Below this many scalar operations a kernel runs on the calling thread (an OpenMP fork/join
@@ -45,7 +48,7 @@ class Arg:
     """A pointer the entry passes: a Location cast to the parameter's type."""
 
     space: str  # "arena" | "weights" | "ext"
-    offset: int
+    offset: int | str  # a byte offset or slot; C text over the binding in a dynamic graph
     ctype: str
     const: bool
 
@@ -94,11 +97,22 @@ def arg(loc: Location | None, ctype: str, const: bool, step: StepPlan, what: str
     """The entry argument for ``loc``; a missing or bad location names the node."""
     if loc is None:
         raise CompileError(f"{step.node.describe()}: no location for {what}")
+    if isinstance(loc.offset, Expr):  # an arena offset of a dynamic graph: C text over its binding
+        if loc.space != "arena" or not step.dyn:
+            raise CompileError(f"{step.node.describe()}: bad location {loc} for {what}")
+        return Arg(loc.space, c_dim(loc.offset, step.symbols, step.dyn), ctype, const)
     if loc.space not in ("arena", "weights", "ext") or loc.offset < 0:
         raise CompileError(f"{step.node.describe()}: bad location {loc} for {what}")
     if loc.space == "weights" and not const:
         raise CompileError(f"{step.node.describe()}: {what} is written but lives in weights")
     return Arg(loc.space, int(loc.offset), ctype, const)
+
+
+def dyn_arg(step: StepPlan) -> Arg:
+    """The binding's array (``const int64_t* dyn`` of a kernel with run-time dims)."""
+    if not step.dyn:
+        raise CompileError(f"{step.node.describe()}: a kernel with run-time dims outside a dynamic graph")
+    return Arg("ext", 0, "int64_t", True)  # slot 0 of a dynamic C partition (plan.py)
 
 
 def input_args(step: StepPlan, ctype: str = "float") -> list[Arg]:

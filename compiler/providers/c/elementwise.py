@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.codegen.cdims import kernel_dims
 from compiler.codegen.elementwise import ELEMENTWISE_OPS
 from compiler.codegen.elementwise import LoopNest
 from compiler.codegen.elementwise import broadcast_strides
@@ -30,6 +31,7 @@ from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import all_float32
 from compiler.providers.c.common import arg
+from compiler.providers.c.common import dyn_arg
 from compiler.providers.c.common import output_args
 from compiler.providers.c.elementwise_vector import vector_program
 from compiler.providers.kit import Param
@@ -47,6 +49,7 @@ class EltwiseContext:
     temps: tuple[tuple[str, str, str], ...]  # (ctype, name, expression)
     result: str
     parallel: bool
+    parallel_if: str  # C condition for the OpenMP if clause where the size is a run-time one, else ""
     chunk: int
     vw: int  # floats per vector
     # the vector path of the innermost loop (elementwise_vector.py): its loads (variable, vf
@@ -59,17 +62,18 @@ class EltwiseKernel(CKernel):
     kinds = tuple(sorted(ELEMENTWISE_OPS - {"Equal", "Less", "Greater", "And", "Or", "Not", "Where"})) + (
         "onnx_aot.FusedElementwise",
     )
+    dynamic = True  # run-time dims: the nest's sizes and strides from the binding (cdims.py)
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or len(node.outputs) != 1 or not node.inputs:
             return False
-        if any(v is None for v in node.inputs):
+        if any(v is None or v.is_symbolic and v.is_const for v in node.inputs):
             return False
-        out = shape_of(node.outputs[0])
+        out = shape_of(node.outputs[0], symbolic=True)
         try:
             for v in node.inputs:
                 assert v is not None
-                broadcast_strides(shape_of(v), out)
+                broadcast_strides(shape_of(v, symbolic=True), out)
             program = node_program(node.kind, node.attrs, len(node.inputs))
         except (ValueError, KeyError, TypeError):
             return False
@@ -78,18 +82,28 @@ class EltwiseKernel(CKernel):
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         inputs = [v for v in node.inputs if v is not None]
-        plan = elementwise_node(node.kind, node.attrs, inputs, shape_of(node.outputs[0]))
+        dynamic = any(v.is_symbolic for v in (*inputs, *node.outputs))
+        text = kernel_dims(step.symbols) if dynamic else None
+        plan = elementwise_node(node.kind, node.attrs, inputs, shape_of(node.outputs[0], symbolic=True),
+                                text=text)
         args = [arg(step.inputs[k], "float", True, step, f"input {k} ({inputs[k].name})")
                 for k in plan.loaded]
         args += output_args(step)
         names = [f"in{k}" for k in plan.loaded] + ["y"]
+        if dynamic:  # the binding: the kernel's sizes are C over it
+            args.append(dyn_arg(step))
+            names.append("dyn")
+        work = max(1, plan.program_length)
+        static = isinstance(plan.nest.total, int)
         ctx = EltwiseContext(
-            params=tuple(Param(n, a.ctype, a.const, False) for n, a in zip(names, args, strict=True)),
+            params=tuple(Param(n, a.ctype, a.const, n == "dyn") for n, a in zip(names, args, strict=True)),
             nest=plan.nest,
             loads=plan.loads,
             temps=plan.emitted.temps,
             result=plan.emitted.result,
-            parallel=plan.nest.total * max(1, plan.program_length) >= PARALLEL_MIN_WORK,
+            # run-time sizes: threads only when the run's work is large enough (OpenMP's if clause)
+            parallel=not static or plan.nest.total * work >= PARALLEL_MIN_WORK,
+            parallel_if="" if static else f"{plan.nest.total} * {work} >= {PARALLEL_MIN_WORK}",
             chunk=_CHUNK,
             vw=target.vector_bytes // 4,
             **_vector_path(node, inputs, plan.loads),
@@ -101,9 +115,9 @@ def _vector_path(node: Node, inputs: list, loads: tuple[tuple[str, str, str], ..
     """The vector loads and statements of the innermost loop, or None for both where an operand
     is neither contiguous nor constant along it or an instruction has no vector form."""
     none = {"vloads": None, "vector": None}
-    out = shape_of(node.outputs[0])
+    out = shape_of(node.outputs[0], symbolic=True)
     loaded = [v for v in inputs if scalar_constant(v) is None]
-    strides = [broadcast_strides(shape_of(v), out) for v in loaded]
+    strides = [broadcast_strides(shape_of(v, symbolic=True), out) for v in loaded]
     _, cols = coalesce(out, [contiguous_strides(out), *strides])
     if cols[0][-1] != 1 or any(c[-1] not in (0, 1) for c in cols[1:]):
         return none
