@@ -35,7 +35,8 @@ __all__ = ["CommandError", "main", "add_runtime_commands", "run_runtime_command"
 REBUILD_HELP = ("compile the shipped C source for this CPU (-march=native; needs cc) into "
                 "~/.cache/onnx-aot/runtime ($ONNX_AOT_RUNTIME_CACHE_DIR) and run that library")
 ARTIFACT_HELP = "the artifact folder that 'onnx-aot compile MODEL.onnx -o DIR' wrote"
-THREADS_HELP = "OpenMP threads for the C kernels (default: all cores)"
+THREADS_HELP = ("OpenMP threads for the C kernels (default: all cores or one per run, whichever "
+                "measures faster: one on a busy machine)")
 
 
 class CommandError(OnnxAotError):

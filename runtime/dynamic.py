@@ -71,6 +71,7 @@ class Bound:
     output_shapes: list[tuple[int, ...]]
     arenas: dict[str, tuple[int, int]]  # space -> (nbytes, alignment) at this binding
     dyn: np.ndarray  # what C partitions read through their ext slot DYN_EXT (runtime/binding.py)
+    choice: Any = None  # this binding's ThreadChoice (runtime/threads.py), made at its first run
 
 
 Loader = Callable[[Any, Any], tuple[str, Any]]

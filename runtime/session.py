@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,6 +50,7 @@ from runtime.plan_schema import PlanPartition
 from runtime.plan_schema import PlanSchedule
 from runtime.plan_schema import TensorSpec
 from runtime.plan_symbols import DYN_EXT
+from runtime.threads import ThreadChoice
 
 if TYPE_CHECKING:
     from runtime.profiling import Profiler
@@ -93,7 +95,9 @@ class _RunContext:
 class Session:
     """A loaded artifact, ready to run.
 
-    ``threads`` sets the C kernels' OpenMP thread count (default: all cores);
+    ``threads`` fixes the C kernels' OpenMP thread count; by default each run uses all cores or
+    one, whichever this session's recent runs measured faster (runtime/threads.py: a busy machine
+    makes one thread the faster);
     ``verify_weights`` hashes weights.bin fully at load instead of checking its size;
     ``arena`` (a writable host buffer: bytearray, numpy array) or ``arenas`` ({"host": buf,
     "cuda": cupy memory}) makes every run use memory the caller owns; ``shared_arena`` runs in a
@@ -180,6 +184,10 @@ class Session:
         self.threads = threads if threads is not None else (os.cpu_count() or 1)
         if self.threads < 1:
             raise InputError(f"threads must be >= 1, got {self.threads}")
+        # threads not given: each run's count chosen from measured run times (runtime/threads.py)
+        self._adaptive = threads is None and any(p.runner in ("c", "control") for p in plan.partitions)
+        self._choice: ThreadChoice | None = ThreadChoice(self.threads) if self._adaptive else None
+        self._threads_now = self.threads
         for library in self._libraries.values():
             library.set_threads(self.threads)
 
@@ -234,7 +242,7 @@ class Session:
             if rel not in self._libraries:
                 self._libraries[rel] = CLibrary(self._artifact.library_file(rel))
                 if hasattr(self, "threads"):  # loaded at a dynamic plan's first binding
-                    self._libraries[rel].set_threads(self.threads)
+                    self._libraries[rel].set_threads(self._threads_now)
             return ("c", _CPartition(self._libraries[rel].entry(record.entry), record.ext))
         if runner == "cuda":
             from runtime.providers.cuda import CudaPartition
@@ -332,16 +340,34 @@ class Session:
         if guard is None:
             ctx = self._acquire()
             try:
-                self._dispatch(ctx, ext)
+                self._go(ctx, ext)
             finally:
                 self._release(ctx)
             return
         guard.enter()
         try:
             assert self._fixed is not None
-            self._dispatch(self._fixed, ext)
+            self._go(self._fixed, ext)
         finally:
             guard.exit()
+
+    def _go(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
+        """Dispatch one run; with adaptive threads, on the count chosen for it, and timed."""
+        choice = self._choice
+        if choice is None:
+            self._dispatch(ctx, ext)
+            return
+        n = choice.choose()
+        self._use_threads(n)
+        t0 = time.perf_counter()
+        self._dispatch(ctx, ext)
+        choice.record(n, time.perf_counter() - t0)
+
+    def _use_threads(self, n: int) -> None:
+        if n != self._threads_now:
+            for library in self._libraries.values():
+                library.set_threads(n)
+            self._threads_now = n
 
     def _call_c(self, index: int, part: _CPartition, ctx: _RunContext, ext: dict[str, Any],
                 timings_addr: int) -> None:
@@ -387,7 +413,7 @@ class Session:
         if self._guard is None:  # the default path, inlined: a pooled context
             ctx = self._acquire()
             try:
-                self._dispatch(ctx, ext)
+                self._go(ctx, ext)
             finally:
                 self._release(ctx)
         else:
@@ -443,8 +469,17 @@ class Session:
         if self._device is not None:
             with self._device:
                 self._call_bound(bound, ctx, ext)
-        else:
+            return
+        if not self._adaptive:
             self._call_bound(bound, ctx, ext)
+            return
+        if bound.choice is None:  # each binding's own (its run times are its own), starting from
+            bound.choice = ThreadChoice(self.threads, self._threads_now)  # the last binding's count
+        n = bound.choice.choose()
+        self._use_threads(n)
+        t0 = time.perf_counter()
+        self._call_bound(bound, ctx, ext)
+        bound.choice.record(n, time.perf_counter() - t0)
 
     def _call_bound(self, bound: Bound, ctx: _RunContext, ext: dict[str, Any]) -> None:
         ext[DYN_EXT] = bound.dyn  # the binding C partitions read (runtime/binding.py)
