@@ -10,6 +10,8 @@ onnxruntime's float32).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from compiler.driver import compile_model
 from runtime.errors import CompileError
 from runtime.errors import InputError
 from runtime.session import Session
+from tests.support.commands import REPO
 from tests.support.commands import cli
 from tests.support.dynamic_models import bert_model
 from tests.support.dynamic_models import yolo_model
@@ -245,3 +248,10 @@ def test_elementwise_steps_run_on_c_with_run_time_dims(tmp_path: Path, cpu: str)
                  "y": rng.standard_normal((4, 8)).astype(np.float32)}
         _close(session.run(None, feeds), ort_run(model, feeds))
     assert session.verify().ok
+
+
+def test_bench_dynamic_script_smoke() -> None:
+    command = [sys.executable, "-m", "scripts.bench_dynamic", "--smoke"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "| bert-layer | 1x128 |" in result.stdout and "dynamic / static" in result.stdout
