@@ -188,7 +188,7 @@ def _add_buffers(steps: list, step_space: list[str], scratch: list[int], places:
                 storage.space[r] = space
                 storage.buffers.setdefault(space, []).append(
                     Buffer(r, value.nbytes, first_def[r], last_use[r]))
-        if scratch[t] > 0:
+        if not isinstance(scratch[t], int) or scratch[t] > 0:  # a dynamic step's may be an Expr
             bid = f"scratch/{t}"
             storage.buffers.setdefault(step_space[t], []).append(Buffer(bid, scratch[t], t, t))
             storage.tensors[bid] = []

@@ -41,6 +41,7 @@ from runtime.kernels.window import pool_out_size
 from runtime.kernels.window import reach
 from runtime.kernels.window import window_counts
 from runtime.kernels.winograd import MATRICES
+from runtime.symbolic import Expr
 
 __all__ = [
     "Axis",
@@ -154,9 +155,12 @@ class Spatial:
         return (self.kh, self.kw)[2 - self.rank :]
 
 
-def _shape(value: Value | None) -> tuple[int, ...] | None:
+def _shape(value: Value | None, symbolic: bool = False) -> tuple[int, ...] | None:
+    """The value's dims; with ``symbolic`` a dynamic graph's dims stay expressions (``Expr``)."""
     if value is None or value.shape is None:
         return None
+    if symbolic:
+        return tuple(d if isinstance(d, Expr) else int(d) for d in value.shape)  # type: ignore[misc]
     return tuple(int(d) for d in value.shape)
 
 
@@ -182,10 +186,14 @@ class _Window:
     pads: list[int]
 
     @staticmethod
-    def read(node: Node, layout: Layout, ranks: tuple[int, ...]) -> _Window | None:
-        """X / Y / attributes of a one-output node with a spatial rank in ``ranks``."""
-        xs, ys = _shape(node.input(0)), _shape(node.outputs[0]) if len(node.outputs) == 1 else None
+    def read(node: Node, layout: Layout, ranks: tuple[int, ...], symbolic: bool = False) -> _Window | None:
+        """X / Y / attributes of a one-output node with a spatial rank in ``ranks``; with
+        ``symbolic``, N and the spatial dims may be expressions (channels stay static)."""
+        xs = _shape(node.input(0), symbolic)
+        ys = _shape(node.outputs[0], symbolic) if len(node.outputs) == 1 else None
         if xs is None or ys is None or len(xs) != len(ys) or len(xs) - 2 not in ranks:
+            return None
+        if symbolic and (layout != "NCHW" or isinstance(xs[1], Expr) or isinstance(ys[1], Expr)):
             return None
         if layout == "NHWC":
             if len(xs) != 4:
@@ -198,7 +206,8 @@ class _Window:
         pads = _ints(a.get("pads"), 2 * rank)
         if kernel is None or strides is None or dilations is None or pads is None:
             return None
-        if min(kernel) < 1 or min(strides) < 1 or min(dilations) < 1 or min(xs[2:] + ys[2:]) < 1:
+        sizes = [d for d in xs[2:] + ys[2:] if not isinstance(d, Expr)]
+        if min(kernel) < 1 or min(strides) < 1 or min(dilations) < 1 or min(sizes, default=1) < 1:
             return None
         return _Window(rank, xs, ys, kernel, strides, dilations, pads)
 
@@ -218,11 +227,13 @@ class PoolGeometry(Spatial):
     ceil_mode: int
 
     @classmethod
-    def from_node(cls, node: Node, layout: Layout) -> PoolGeometry | None:
-        win = _Window.read(node, layout, (1, 2))
+    def from_node(cls, node: Node, layout: Layout, symbolic: bool = False) -> PoolGeometry | None:
+        win = _Window.read(node, layout, (1, 2), symbolic)
         ceil_mode = node.attrs.get("ceil_mode")
         if win is None or ceil_mode not in (0, 1) or min(win.pads) < 0 or win.y[:2] != win.x[:2]:
             return None
+        if ceil_mode and any(isinstance(d, Expr) for d in win.x[2:]):
+            return None  # ceil mode's last-window rule compares sizes: static ones only
         rows, cols = win.axes()
         for axis in (rows, cols):
             want = pool_out_size(axis.size, axis.kernel, axis.stride, axis.dilation, axis.begin, axis.end,
@@ -283,10 +294,19 @@ class ConvGeometry(Spatial):
             return None
         return g
 
+    @classmethod
+    def from_symbolic_node(cls, node: Node) -> ConvGeometry | None:
+        """``from_node`` (NCHW) of a dynamic graph's node: N and the spatial sizes may be
+        expressions (``Expr``), channels and weights are static."""
+        g = _conv(node, "NCHW", (1, 2), symbolic=True)
+        if g is None or _shape(node.input(1)) != g.weight_shape:
+            return None
+        return g
 
-def _conv(node: Node, layout: Layout, ranks: tuple[int, ...]) -> ConvGeometry | None:
+
+def _conv(node: Node, layout: Layout, ranks: tuple[int, ...], symbolic: bool = False) -> ConvGeometry | None:
     """The conv's geometry, its weights not yet checked."""
-    win = _Window.read(node, layout, ranks)
+    win = _Window.read(node, layout, ranks, symbolic)
     group = node.attrs.get("group")
     if win is None or not isinstance(group, int) or group < 1 or min(win.pads) < 0:
         return None

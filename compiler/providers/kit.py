@@ -21,6 +21,7 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from runtime.errors import CompileError
 from runtime.errors import OnnxAotError
+from runtime.symbolic import Expr
 
 __all__ = ["Kernel", "KernelTable", "Param", "comment"]
 
@@ -91,7 +92,8 @@ class KernelTable(Generic[K]):
         return self._kernels[node.kind]
 
     def scratch_nbytes(self, node: Node) -> int:
-        return int(self.kernel(node).scratch_nbytes(node))
+        n = self.kernel(node).scratch_nbytes(node)
+        return n if isinstance(n, Expr) else int(n)  # type: ignore[return-value]  # a dynamic node's: an Expr
 
 
 @dataclass(frozen=True)

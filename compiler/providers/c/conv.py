@@ -7,12 +7,22 @@ Three methods, chosen from the node alone (so ``scratch_nbytes`` needs no target
 - "direct": a 1x1, stride-1, unpadded conv reads X in place as the tile's B (no scratch);
 - "depthwise": one input channel per group (depthwise, or with a channel multiplier): a direct
   loop per output plane, vectorized along the output row, same epilogue.
+
+In a dynamic graph (run-time batch and spatial sizes, ``dynamic_geometry``) the same methods run
+with those sizes as C locals read from the binding: "direct" for every 1x1 / stride-1 / unpadded
+conv (its N is not known at compile time), "packed" with a run-time panel count and last panel
+(``conv_dynamic.c.j2``), "depthwise" with run-time rows and row length. A residual input (Z) is
+left to the reference kernels there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import replace
+from typing import Any
 
+from compiler.codegen.cdims import CDim
+from compiler.codegen.cdims import kernel_dims
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
@@ -22,9 +32,13 @@ from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import arg
+from compiler.providers.c.common import dyn_arg
 from compiler.providers.c.common import params
 from compiler.providers.c.common import scratch_arg
 from compiler.providers.c.common import step_args
+from compiler.providers.c.gemm import MAX_PANEL
+from compiler.providers.c.gemm import ROWS_OUTER_MAX_PANELS
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.c.gemm import Tiling
 from compiler.providers.c.gemm import activation
@@ -34,15 +48,23 @@ from compiler.providers.c.gemm import packed_nbytes
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.errors import CompileError
+from runtime.symbolic import Expr
 
 __all__ = [
     "ConvContext",
     "DepthwiseContext",
     "ConvKernel",
+    "DynamicConvContext",
     "conv_method",
+    "dynamic_geometry",
+    "is_dynamic",
     "conv_operands",
     "epilogue_operands_ok",
 ]
+
+
+Decls = tuple[tuple[str, str], ...]  # a dynamic kernel's run-time sizes: (C local, C expression)
 
 
 @dataclass(frozen=True)
@@ -60,8 +82,45 @@ class DepthwiseContext:
     params: tuple[Param, ...]
     e: Epilogue
     g: ConvGeometry  # one input channel per group; g.mg output channels each (channel multiplier)
-    wp: int  # width of a zero-padded input row: pl zeros, the row, zeros up to the last tap
+    wp: int | CDim  # width of a zero-padded input row: pl zeros, the row, zeros up to the last tap
     parallel: bool
+    decls: Decls = ()  # a dynamic node's run-time sizes
+    when: str = ""  # a dynamic node's OpenMP if clause (threads only for enough work)
+
+
+@dataclass(frozen=True)
+class DynamicConvContext:
+    params: tuple[Param, ...]
+    t: Tiling  # M, K and the register tile; its N fields are unused (N is a run-time size)
+    e: Epilogue
+    g: ConvGeometry  # run-time sizes as C locals (CDim), declared by ``decls``
+    decls: Decls
+    packed: bool
+    work: str  # C expression: the run's multiply-adds times 2, for the OpenMP if clause
+    min_work: int
+    rows_outer_max: int
+
+
+def is_dynamic(node: Node) -> bool:
+    """Whether some input or output of ``node`` has a run-time dim."""
+    return any(v is not None and v.is_symbolic for v in (*node.inputs, *node.outputs))
+
+
+def dynamic_geometry(g: ConvGeometry, symbols: tuple[str, ...]) -> tuple[ConvGeometry, Decls]:
+    """``g`` with its run-time sizes (batch NB, H, W, OH, OW) replaced by C locals (``CDim``), and
+    the declarations of those locals (name, C expression over the binding ``dyn``)."""
+    write = kernel_dims(symbols)
+    decls: list[tuple[str, str]] = []
+
+    def local(name: str, d: Any) -> Any:
+        if not isinstance(d, Expr):
+            return d
+        decls.append((name, str(write(d))))
+        return CDim(name)
+
+    rows = replace(g.rows, size=local("H", g.h), out=local("OH", g.oh))
+    cols = replace(g.cols, size=local("W", g.w), out=local("OW", g.ow))
+    return replace(g, batch=local("NB", g.batch), rows=rows, cols=cols), tuple(decls)
 
 
 def conv_method(g: ConvGeometry) -> str:
@@ -105,10 +164,13 @@ def conv_operands(
 
 class ConvKernel(CKernel):
     kinds: tuple[str, ...] = ("Conv", "onnx_aot.FusedConv")
+    dynamic = True  # run-time batch and spatial sizes (conv_dynamic.c.j2, depthwise.c.j2)
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or not fused_ok(node):
             return False
+        if is_dynamic(node):
+            return self._supports_dynamic(node)
         g = ConvGeometry.from_node(node, "NCHW")
         if g is None:
             return False
@@ -119,14 +181,26 @@ class ConvKernel(CKernel):
             return False
         return len(node.inputs) <= (4 if node.domain == "onnx_aot" else 3)
 
-    def scratch_nbytes(self, node: Node) -> int:
-        g = claimed(ConvGeometry.from_node(node, "NCHW"), node)
-        return packed_nbytes(g.k, g.oh * g.ow) if conv_method(g) == "packed" else 0
+    @staticmethod
+    def _supports_dynamic(node: Node) -> bool:
+        g = ConvGeometry.from_symbolic_node(node)
+        if g is None or node.input(3) is not None or len(node.inputs) > 3:
+            return False
+        b = node.input(2)
+        return b is None or (not b.is_symbolic and shape_of(b) == (g.m,))
+
+    def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
+        if is_dynamic(node):
+            g = claimed(ConvGeometry.from_symbolic_node(node), node)
+            return packed_nbytes(g.k, g.oh * g.ow) if _dynamic_method(g) == "packed" else 0
+        return _static_scratch(node)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
+        if is_dynamic(node):
+            return _build_dynamic(step, target)
         g = claimed(ConvGeometry.from_node(node, "NCHW"), node)
-        e, args, step_params = conv_operands(step, "w", self.scratch_nbytes(node))
+        e, args, step_params = conv_operands(step, "w", _static_scratch(node))
         method = conv_method(g)
         if method == "depthwise":
             dctx = DepthwiseContext(
@@ -147,6 +221,60 @@ class ConvKernel(CKernel):
             parallel=2 * g.batch * g.m * t.n * t.k >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/conv.c.j2", ctx, tuple(args))
+
+
+def _static_scratch(node: Node) -> int:
+    g = claimed(ConvGeometry.from_node(node, "NCHW"), node)
+    return packed_nbytes(g.k, g.oh * g.ow) if conv_method(g) == "packed" else 0
+
+
+def _dynamic_method(g: ConvGeometry) -> str:
+    if g.one_channel_groups:
+        return "depthwise"
+    one = g.kh == g.kw == 1 and g.sh == g.sw == 1 and g.pt == g.pl == 0 and g.pb == g.pr == 0
+    return "direct" if one else "packed"
+
+
+def _dynamic_operands(step: StepPlan, scratch: int | Expr) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
+    """``conv_operands`` of a dynamic step: x, w, bias?, y, scratch?, and the binding ``dyn``."""
+    node = step.node
+    has_bias = node.input(2) is not None
+    e = Epilogue("", has_bias, "", 1, 0, False, activation(node), activation(node, vector=True))
+    args = list(step_args(step))
+    names = ["x", "w"] + (["bias"] if has_bias else []) + ["y"]
+    restrict = [True, True] + ([True] if has_bias else []) + [False]
+    if not isinstance(scratch, int) or scratch:
+        if step.scratch is None or step.scratch_nbytes != scratch:
+            raise CompileError(f"{node.describe()}: needs {scratch} bytes of scratch, "
+                               f"plan gives {step.scratch_nbytes}")
+        args.append(arg(step.scratch, "float", False, step, "scratch"))
+        names.append("scratch")
+        restrict.append(True)
+    args.append(dyn_arg(step))
+    return e, args, (*params(names, args[:-1], restrict), Param("dyn", "int64_t", True, True))
+
+
+def _build_dynamic(step: StepPlan, target: TargetInfo) -> StepCode:
+    node = step.node
+    g0 = claimed(ConvGeometry.from_symbolic_node(node), node)
+    method = _dynamic_method(g0)
+    scratch = packed_nbytes(g0.k, g0.oh * g0.ow) if method == "packed" else 0
+    e, args, step_params = _dynamic_operands(step, scratch)
+    g, decls = dynamic_geometry(g0, step.symbols)
+    work = g.batch * g.m * g.oh * g.ow * (2 * g.kh * g.kw * g.cg)
+    if method == "depthwise":
+        wp = max(g.pl + g.w, g.cols.reach) if isinstance(g.w, int) else CDim("WP")
+        if isinstance(g.w, CDim):  # the padded row's length: pl + W, or the windows' reach
+            reach = g.cols.reach
+            decls += (("WP", f"({g.pl} + W > {reach} ? {g.pl} + W : {reach})"),)
+        dctx = DepthwiseContext(params=step_params, e=e, g=g, wp=wp, parallel=True,
+                                decls=decls, when=f" if({work} >= {PARALLEL_MIN_WORK})")
+        return StepCode("c/depthwise.c.j2", dctx, tuple(args))
+    # N is a run-time size: the widest register tile (as for a large N), its last panel run-time
+    t = choose_tiling(g.mg, 64 * MAX_PANEL, g.k, target)
+    ctx = DynamicConvContext(params=step_params, t=t, e=e, g=g, decls=decls, packed=method == "packed",
+                             work=str(work), min_work=PARALLEL_MIN_WORK, rows_outer_max=ROWS_OUTER_MAX_PANELS)
+    return StepCode("c/conv_dynamic.c.j2", ctx, tuple(args))
 
 
 KERNELS = (ConvKernel(),)
