@@ -87,3 +87,34 @@ def test_a_static_batch_with_run_time_width(tmp_path: Path) -> None:
     model = _conv_model()
     out = compile_model(model, tmp_path / "a", shapes={"x": (2, 8, 6, (1, 300))}, golden_cases=0)
     _check(model, out, {"Conv", "FusedConv"}, [(2, 6, 1), (2, 6, 65), (2, 6, 300)], 8)
+
+
+def _pool_model() -> onnx.ModelProto:
+    """x [n, 4, h, w] through the pools of the two models (YOLOv8n's SPPF MaxPool 5x5 stride 1 pad 2,
+    PP-OCR rec's AveragePool 3x2 stride (3, 2)), a MaxPool 3x3 stride 2 pad 1 with dilation 2 and
+    an AveragePool 3x3 stride 2 pad 1 counting the pads; each output separately."""
+    node = helper.make_node
+    nodes = [
+        node("MaxPool", ["x"], ["a"], kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1]),
+        node("AveragePool", ["x"], ["b"], kernel_shape=[3, 2], strides=[3, 2], count_include_pad=0),
+        node("MaxPool", ["x"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2],
+             dilations=[2, 2]),
+        node("AveragePool", ["x"], ["d"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2],
+             count_include_pad=1),
+        node("AveragePool", ["x"], ["e"], kernel_shape=[2, 3], pads=[0, 1, 1, 1], strides=[1, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes, "pools", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, "h", "w"])],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, [None] * 4) for v in "abcde"])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "x86-64-v3"])
+def test_pools_run_on_c_with_run_time_batch_and_sizes(tmp_path: Path, cpu: str) -> None:
+    """Widths where no window lies inside the row (w 3, 4), where all but the borders do, and the
+    range ends."""
+    model = _pool_model()
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "h": (3, 40), "w": (3, 300)}, cpu=cpu,
+                        golden_cases=0)
+    sizes = [(1, 3, 3), (2, 4, 4), (3, 5, 7), (1, 17, 33), (4, 40, 300), (1, 3, 300)]
+    _check(model, out, {"MaxPool", "AveragePool"}, sizes, 4)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from dataclasses import replace
 from typing import Any
+from typing import TypeVar
 
 from compiler.codegen.cdims import CDim
 from compiler.codegen.cdims import kernel_dims
@@ -46,6 +47,7 @@ from compiler.providers.c.gemm import choose_tiling
 from compiler.providers.c.gemm import fused_ok
 from compiler.providers.c.gemm import packed_nbytes
 from compiler.providers.geometry import ConvGeometry
+from compiler.providers.geometry import Spatial
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 from runtime.errors import CompileError
@@ -57,6 +59,7 @@ __all__ = [
     "ConvKernel",
     "DynamicConvContext",
     "conv_method",
+    "Decls",
     "dynamic_geometry",
     "is_dynamic",
     "conv_operands",
@@ -64,6 +67,7 @@ __all__ = [
 ]
 
 
+S = TypeVar("S", bound=Spatial)
 Decls = tuple[tuple[str, str], ...]  # a dynamic kernel's run-time sizes: (C local, C expression)
 
 
@@ -106,7 +110,7 @@ def is_dynamic(node: Node) -> bool:
     return any(v is not None and v.is_symbolic for v in (*node.inputs, *node.outputs))
 
 
-def dynamic_geometry(g: ConvGeometry, symbols: tuple[str, ...]) -> tuple[ConvGeometry, Decls]:
+def dynamic_geometry(g: S, symbols: tuple[str, ...]) -> tuple[S, Decls]:
     """``g`` with its run-time sizes (batch NB, H, W, OH, OW) replaced by C locals (``CDim``), and
     the declarations of those locals (name, C expression over the binding ``dyn``)."""
     write = kernel_dims(symbols)

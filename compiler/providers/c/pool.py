@@ -1,22 +1,29 @@
 """C kernels for MaxPool / AveragePool (1-D and 2-D, NCHW).
 
 Global pools, BatchNormalization, LRN and Softmax are in ``norm``; the channels-last pools of the
-layout pass in ``pool_nhwc``.
+layout pass in ``pool_nhwc``. A dynamic graph's pool (floor mode) runs the same template with its
+batch and spatial sizes, and the border columns' bounds, computed at run time from the binding.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.codegen.cdims import CDim
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import dyn_arg
 from compiler.providers.c.common import float32_unary
 from compiler.providers.c.common import params
 from compiler.providers.c.common import step_args
+from compiler.providers.c.conv import Decls
+from compiler.providers.c.conv import dynamic_geometry
+from compiler.providers.c.conv import is_dynamic
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
@@ -32,23 +39,28 @@ class PoolContext:
     g: PoolGeometry
     count_include_pad: bool
     parallel: bool
-    ow_lo: int  # output columns [ow_lo, ow_hi) have every window tap inside the input row
-    ow_hi: int
+    ow_lo: int | CDim  # output columns [ow_lo, ow_hi) have every window tap inside the input row
+    ow_hi: int | CDim
+    decls: Decls = ()  # a dynamic node's run-time sizes
+    when: str = ""  # a dynamic node's OpenMP if clause
 
 
 class PoolKernel(CKernel):
     kinds: tuple[str, ...] = ("MaxPool", "AveragePool")
+    dynamic = True  # run-time batch and spatial sizes (floor mode)
 
     def supports(self, node: Node) -> bool:
         if not float32_unary(node):
             return False
         if node.op_type == "AveragePool" and "count_include_pad" not in node.attrs:
             return False
-        g = PoolGeometry.from_node(node, "NCHW")
+        g = PoolGeometry.from_node(node, "NCHW", symbolic=is_dynamic(node))
         return g is not None and (node.op_type == "MaxPool" or (g.dh == 1 and g.dw == 1))
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
+        if is_dynamic(node):
+            return _build_dynamic(step)
         g = claimed(PoolGeometry.from_node(node, "NCHW"), node)
         args = step_args(step)
         ow_lo, ow_hi = g.cols.inside()
@@ -63,6 +75,35 @@ class PoolKernel(CKernel):
             ow_hi=ow_hi,
         )
         return StepCode("c/pool.c.j2", ctx, tuple(args))
+
+
+def _build_dynamic(step: StepPlan) -> StepCode:
+    node = step.node
+    g0 = claimed(PoolGeometry.from_node(node, "NCHW", symbolic=True), node)
+    g, decls = dynamic_geometry(g0, step.symbols)
+    args: list[Arg] = [*step_args(step), dyn_arg(step)]
+    if isinstance(g.w, CDim):  # the columns with every tap inside the row, at run time (window.inside)
+        lo = -(-g.pl // g.sw)
+        last = f"(W - 1 + {g.pl - (g.kw - 1) * g.dw})"
+        decls += (("OWLO", f"({lo} < OW ? {lo} : OW)"),
+                  ("OWHI_", f"({last} >= 0 ? ({last} / {g.sw} + 1 < OW ? {last} / {g.sw} + 1 : OW) : 0)"),
+                  ("OWHI", "(OWHI_ > OWLO ? OWHI_ : OWLO)"))
+        ow_lo, ow_hi = CDim("OWLO"), CDim("OWHI")
+    else:
+        ow_lo, ow_hi = g0.cols.inside()
+    ctx = PoolContext(
+        params=(*params(["x", "y"], args[:-1], [True, True]), Param("dyn", "int64_t", True, True)),
+        op="max" if node.op_type == "MaxPool" else "avg",
+        nc=g.batch * g.c,
+        g=g,
+        count_include_pad=node.op_type == "AveragePool" and bool(int(node.attrs["count_include_pad"])),
+        parallel=True,
+        ow_lo=ow_lo,
+        ow_hi=ow_hi,
+        decls=decls,
+        when=f" if({g.batch * g.c * g.oh * g.ow * g.kh * g.kw} >= {PARALLEL_MIN_WORK})",
+    )
+    return StepCode("c/pool.c.j2", ctx, tuple(args))
 
 
 KERNELS = (PoolKernel(),)
