@@ -2,7 +2,8 @@
 
 Every kernel but Range only moves elements, so it takes any fixed-size dtype (elements travel as
 unsigned integers of the same size, as in ``movement``) and has its shapes and offsets fixed at
-compile time. Slice, Expand and Tile are one *strided* copy: a loop nest over the output reading
+compile time (Split also with run-time dims off its axis: C over the binding, ``rundims.py``).
+Slice, Expand and Tile are one *strided* copy: a loop nest over the output reading
 the input at compile-time (possibly zero or negative) strides from a base offset. Split copies
 each output's slice of every row.
 
@@ -14,6 +15,7 @@ Pad is in ``pad``; Cast, Where and the comparison / logic ops are in ``elementwi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,7 +41,14 @@ from compiler.providers.c.common import params
 from compiler.providers.c.common import same_dtype_movable
 from compiler.providers.c.common import step_args
 from compiler.providers.c.elementwise_typed import value_ctype
+from compiler.providers.c.rundims import int_or_none
+from compiler.providers.c.rundims import is_dynamic
+from compiler.providers.c.rundims import known_zero
+from compiler.providers.c.rundims import run_dims
+from compiler.providers.c.rundims import symbolic_const
 from compiler.providers.kit import Param
+from runtime.symbolic import Expr
+from runtime.symbolic import as_dim
 
 __all__ = [
     "StridedContext",
@@ -84,12 +93,14 @@ def _no_code(step: StepPlan, ctx: object) -> StepCode:
 class StridedContext:
     params: tuple[Param, ...]
     nest: LoopNest
-    base: int  # element offset of the first element read
+    base: int  # element offset of the first element read (CDim with run-time dims)
     parallel: bool
+    parallel_if: str = ""  # run-time dims: the OpenMP if clause's condition
 
 
-def _slice_map(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
-    xs = shape_of(node.input(0))
+def _slice_map(node: Node, shape: tuple[int, ...] | None = None
+               ) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
+    xs = shape_of(node.input(0)) if shape is None else shape
     own = contiguous_strides(xs)
     counts, starts, steps = list(xs), [0] * len(xs), [1] * len(xs)
     axes = _ints(node.attrs["axes"])
@@ -146,16 +157,61 @@ def strided_map(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | No
     return shape, base, strides
 
 
+def _dynamic_slice(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
+    """``strided_map`` of a Slice with run-time dims (as ints and Exprs, typed as ``shape_of``'s):
+    only static axes sliced, any others run-time."""
+    xs = shape_of(node.input(0), symbolic=True)
+    axes = node.attrs["axes"]
+    if any(not isinstance(int_or_none(a), int) or not 0 <= int(a) < len(xs) for a in axes):
+        return None
+    if any(isinstance(xs[int(a)], Expr) for a in axes):
+        return None
+    for name in ("starts", "ends", "steps"):
+        if any(int_or_none(v) is None for v in node.attrs[name]):
+            return None
+    static = tuple(1 if isinstance(d, Expr) else d for d in xs)  # the sliced axes' canonical form
+    found = _slice_map(node, static)
+    if found is None or math.prod(found[0]) == 0:
+        return None
+    own = contiguous_strides(xs)
+    counts = tuple(c if a in {int(x) for x in axes} else xs[a] for a, c in enumerate(found[0]))
+    starts = {int(a): int(v) for a, v in zip(axes, node.attrs["starts"], strict=True)}
+    steps = {int(a): int(v) for a, v in zip(axes, node.attrs["steps"], strict=True)}
+    base = sum((starts.get(a, 0) * own[a] for a in range(len(xs))), 0)
+    return counts, base, tuple(steps.get(a, 1) * own[a] for a in range(len(xs)))
+
+
+def _dynamic_strided(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
+    """(iteration shape, base, strides) of a Slice or Expand with run-time dims, else None."""
+    ys = shape_of(node.outputs[0], symbolic=True)
+    if node.kind == "Slice":
+        found = _dynamic_slice(node)
+        return found if found is not None and found[0] == ys else None
+    if node.kind == "Expand":
+        try:
+            shape = tuple(as_dim(d) for d in node.attrs["shape"])
+            strides = broadcast_strides(shape_of(node.input(0), symbolic=True), ys)
+        except (TypeError, ValueError):
+            return None
+        return (ys, 0, strides) if shape == ys else None
+    return None
+
+
 class StridedKernel(CKernel):
     kinds: tuple[str, ...] = ("Slice", "Expand", "Tile")
+    dynamic = True  # run-time dims: Slice of static axes and Expand, the nest from the binding
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.inputs) != 1 or len(node.outputs) != 1:
             return False
+        if is_dynamic(node):
+            return not symbolic_const(node.input(0)) and _dynamic_strided(node) is not None
         return strided_map(node) is not None
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
+        if is_dynamic(node):
+            return _build_dynamic_strided(step)
         found = strided_map(node)
         assert found is not None, node.describe()
         shape, base, strides = found
@@ -173,6 +229,26 @@ class StridedKernel(CKernel):
         if out.size == 0:
             return _no_code(step, ctx)
         return StepCode("c/strided.c.j2", ctx, tuple(args))
+
+
+def _build_dynamic_strided(step: StepPlan) -> StepCode:
+    node = step.node
+    found = _dynamic_strided(node)
+    assert found is not None, node.describe()
+    shape, base, strides = found
+    out = node.outputs[0]
+    assert out.dtype is not None
+    args = step_args(step, storage_ctype(out.dtype))
+    rd = run_dims(step)
+    nest = loop_nest(shape, [strides], text=rd.write)
+    ctx = StridedContext(
+        params=params(["x", "y"], args, [True, True]) + rd.params,
+        nest=nest,
+        base=rd.write(base),
+        parallel=True,
+        parallel_if=f"{nest.total} >= {4 * PARALLEL_MIN_WORK}",
+    )
+    return StepCode("c/strided.c.j2", ctx, (*args, *rd.args))
 
 
 # -- Gather -------------------------------------------------------------------------------------
@@ -242,20 +318,24 @@ class SplitContext:
     row_bytes: int  # bytes of one input row (everything from the axis on)
     chunks: tuple[tuple[str, int, int], ...]  # (output param, bytes per row, byte offset in the row)
     parallel: bool
+    parallel_if: str = ""  # run-time dims (outer, sizes: CDim): the OpenMP if clause's condition
 
 
 class SplitKernel(CKernel):
     kinds: tuple[str, ...] = ("Split",)
+    dynamic = True  # run-time dims off the split axis: row counts and sizes from the binding
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.inputs) != 1 or not node.outputs:
             return False
-        xs, axis = shape_of(node.input(0)), int(node.attrs["axis"])
+        if symbolic_const(node.input(0)):
+            return False
+        xs, axis = shape_of(node.input(0), symbolic=True), int(node.attrs["axis"])
         sizes = _ints(node.attrs["split"])
         if not 0 <= axis < len(xs) or len(sizes) != len(node.outputs) or sum(sizes) != xs[axis]:
             return False
         return all(
-            shape_of(v) == xs[:axis] + (size,) + xs[axis + 1 :]
+            shape_of(v, symbolic=True) == xs[:axis] + (size,) + xs[axis + 1 :]
             for v, size in zip(node.outputs, sizes, strict=True)
         )
 
@@ -263,30 +343,32 @@ class SplitKernel(CKernel):
         node = step.node
         x = node.input(0)
         assert x is not None and x.dtype is not None
-        xs, axis = shape_of(x), int(node.attrs["axis"])
+        xs, axis = shape_of(x, symbolic=True), int(node.attrs["axis"])
         ctype = storage_ctype(x.dtype)
-        unit = _prod(xs[axis + 1 :]) * x.dtype.itemsize
+        rd = run_dims(step)
+        unit = math.prod(xs[axis + 1 :]) * x.dtype.itemsize
         # An empty output gets no parameter: nothing is written to it.
         outs = output_args(step, ctype)
         chunks, offset = [], 0
         args, names = input_args(step, ctype), ["x"]
         for k, size in enumerate(_ints(node.attrs["split"])):
             if size > 0:
-                chunks.append((f"y{k}", size * unit, offset))
+                chunks.append((f"y{k}", rd.write(size * unit), rd.write(offset)))
                 args.append(outs[k])
                 names.append(f"y{k}")
             offset += size * unit
-        outer = _prod(xs[:axis])
+        outer = rd.write(math.prod(xs[:axis]))
         ctx = SplitContext(
-            params=params(names, args, [True] * len(args)),
+            params=params(names, args, [True] * len(args)) + rd.params,
             outer=outer,
-            row_bytes=offset,
+            row_bytes=rd.write(offset),
             chunks=tuple(chunks),
-            parallel=x.size >= 4 * PARALLEL_MIN_WORK and outer > 1,
+            parallel=rd.dynamic or x.size >= 4 * PARALLEL_MIN_WORK and outer > 1,
+            parallel_if=f"{rd.write(x.size)} >= {4 * PARALLEL_MIN_WORK} && {outer} > 1" if rd.dynamic else "",
         )
-        if x.size == 0:
+        if known_zero(x.size):
             return _no_code(step, ctx)
-        return StepCode("c/split.c.j2", ctx, tuple(args))
+        return StepCode("c/split.c.j2", ctx, (*args, *rd.args))
 
 
 # -- Range --------------------------------------------------------------------------------------

@@ -12,14 +12,17 @@ is a loop nest over the output.
 Reshape and Identity are views: no code when input and output have the same location, a checked
 memcpy otherwise; onnx_aot.Copy is the same memcpy. They take any fixed-size dtype (elements are
 moved as unsigned integers of the same size).
+
+In a dynamic graph (run-time dims: C text over the kernel's ``dyn``, compiler/codegen/cdims.py)
+Concat's row counts and sizes, the copies' byte count and a Transpose's loop nest (sizes and
+strides) are read from the binding; a dynamic Transpose is always the loop nest, parallel from
+4x the usual work decided at run time (OpenMP's if clause).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from compiler.codegen.elementwise import LoopNest
 from compiler.codegen.elementwise import contiguous_strides
@@ -35,6 +38,11 @@ from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import params
 from compiler.providers.c.common import same_dtype_movable
 from compiler.providers.c.common import step_args
+from compiler.providers.c.rundims import is_dynamic
+from compiler.providers.c.rundims import known_zero
+from compiler.providers.c.rundims import parallel_if
+from compiler.providers.c.rundims import run_dims
+from compiler.providers.c.rundims import symbolic_const
 from compiler.providers.kit import Param
 
 __all__ = [
@@ -49,14 +57,10 @@ __all__ = [
 ]
 
 
-def _prod(dims: tuple[int, ...] | list[int]) -> int:
-    return int(np.prod(dims, dtype=np.int64))
-
-
 @dataclass(frozen=True)
 class ConcatContext:
     params: tuple[Param, ...]
-    outer: int
+    outer: int  # CDim (C text) in a dynamic graph, as the byte counts below
     row_bytes: int  # bytes of one output row (everything from the axis on)
     chunks: tuple[tuple[str, int, int], ...]  # (input param, bytes per row, byte offset in the row)
 
@@ -143,54 +147,57 @@ class TransposeContext:
     parallel: bool
     blocks: TransposeBlocks | None  # set: the blocked batched 2-D transpose, not the nest
     planes: TransposePlanes | None  # set: a batched 2-D transpose with a short axis, not the nest
+    parallel_if: str = ""  # the OpenMP if clause's condition where the size is a run-time one
 
 
 @dataclass(frozen=True)
 class CopyContext:
     params: tuple[Param, ...]
-    nbytes: int
+    nbytes: int  # CDim (C text) in a dynamic graph
 
 
 class ConcatKernel(CKernel):
     kinds: tuple[str, ...] = ("Concat",)
+    dynamic = True  # run-time dims: row counts and sizes from the binding
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.outputs) != 1 or not node.inputs:
             return False
-        if any(v is None for v in node.inputs):
+        if any(v is None or symbolic_const(v) for v in node.inputs):
             return False
-        ys = shape_of(node.outputs[0])
+        ys = shape_of(node.outputs[0], symbolic=True)
         axis = node.attrs.get("axis")
         if not isinstance(axis, int) or not 0 <= axis < len(ys):
             return False
-        shapes = [shape_of(v) for v in node.inputs]
+        shapes = [shape_of(v, symbolic=True) for v in node.inputs]
         same = all(
             len(s) == len(ys) and s[:axis] == ys[:axis] and s[axis + 1 :] == ys[axis + 1 :] for s in shapes
         )
-        return same and sum(s[axis] for s in shapes) == ys[axis]
+        return same and sum((s[axis] for s in shapes), 0) == ys[axis]
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         out = node.outputs[0]
-        ys, axis = shape_of(out), int(node.attrs["axis"])
+        ys, axis = shape_of(out, symbolic=True), int(node.attrs["axis"])
         assert out.dtype is not None
         item, ctype = out.dtype.itemsize, storage_ctype(out.dtype)
-        inner = _prod(ys[axis + 1 :])
+        inner = math.prod(ys[axis + 1 :])
         chunks, offset = [], 0
         for k, v in enumerate(node.inputs):
             assert v is not None
-            nbytes = shape_of(v)[axis] * inner * item
+            nbytes = shape_of(v, symbolic=True)[axis] * inner * item
             chunks.append((f"in{k}", nbytes, offset))
             offset += nbytes
         args = step_args(step, ctype)
         names = [f"in{k}" for k in range(len(node.inputs))] + ["y"]
+        rd = run_dims(step)
         ctx = ConcatContext(
-            params=params(names, args, [False] * len(args)),
-            outer=_prod(ys[:axis]),
-            row_bytes=offset,
-            chunks=tuple(c for c in chunks if c[1] > 0),
+            params=params(names, args, [False] * len(args)) + rd.params,
+            outer=rd.write(math.prod(ys[:axis])),
+            row_bytes=rd.write(offset),
+            chunks=tuple((name, rd.write(n), rd.write(o)) for name, n, o in chunks if not known_zero(n)),
         )
-        return StepCode("c/concat.c.j2", ctx, tuple(args))
+        return StepCode("c/concat.c.j2", ctx, (*args, *rd.args))
 
 
 def _shuffle_pattern(vw: int, stage: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -274,17 +281,22 @@ def batched_2d(xs: tuple[int, ...], perm: list[int]) -> tuple[int, int, int] | N
 
 class TransposeKernel(CKernel):
     kinds: tuple[str, ...] = ("Transpose",)
+    dynamic = True  # run-time dims: a loop nest with sizes and strides from the binding
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
             return False
-        xs, perm = shape_of(node.input(0)), node.attrs.get("perm")
+        if symbolic_const(node.input(0)):
+            return False
+        xs, perm = shape_of(node.input(0), symbolic=True), node.attrs.get("perm")
         if not isinstance(perm, (list, tuple)) or sorted(int(p) for p in perm) != list(range(len(xs))):
             return False
-        return shape_of(node.outputs[0]) == tuple(xs[int(p)] for p in perm)
+        return shape_of(node.outputs[0], symbolic=True) == tuple(xs[int(p)] for p in perm)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
+        if is_dynamic(node):
+            return _dynamic_transpose(step)
         xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
         dtype = node.outputs[0].dtype
         assert dtype is not None
@@ -320,13 +332,40 @@ class TransposeKernel(CKernel):
         return StepCode("c/transpose.c.j2", ctx, tuple(args))
 
 
+def _dynamic_transpose(step: StepPlan) -> StepCode:
+    """A Transpose with run-time dims: the loop nest over the output, its sizes and strides C
+    over the binding; threads from 4x the usual work, decided at run time."""
+    node = step.node
+    xs, ys = shape_of(node.input(0), symbolic=True), shape_of(node.outputs[0], symbolic=True)
+    dtype = node.outputs[0].dtype
+    assert dtype is not None
+    own = contiguous_strides(xs)
+    strides = tuple(own[int(p)] for p in node.attrs["perm"])
+    args = step_args(step, storage_ctype(dtype))
+    rd = run_dims(step)
+    nest = loop_nest(ys, [strides], text=rd.write)
+    ctx = TransposeContext(
+        params=params(["x", "y"], args, [True, True]) + rd.params,
+        nest=nest,
+        parallel=not isinstance(nest.total, int) or nest.total >= 4 * PARALLEL_MIN_WORK,
+        blocks=None,
+        planes=None,
+        parallel_if=parallel_if(nest.total, 4 * PARALLEL_MIN_WORK),
+    )
+    return StepCode("c/transpose.c.j2", ctx, (*args, *rd.args))
+
+
 class CopyKernel(CKernel):
     kinds: tuple[str, ...] = ("Reshape", "Identity", "onnx_aot.Copy")
+    dynamic = True  # run-time dims: the byte count from the binding
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.outputs) != 1 or len(node.inputs) != 1:
             return False
-        return math.prod(shape_of(node.input(0))) == math.prod(shape_of(node.outputs[0]))
+        if symbolic_const(node.input(0)):
+            return False
+        return math.prod(shape_of(node.input(0), symbolic=True)) == math.prod(
+            shape_of(node.outputs[0], symbolic=True))
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
@@ -334,13 +373,14 @@ class CopyKernel(CKernel):
         assert dtype is not None
         ctype = storage_ctype(dtype)
         args = step_args(step, ctype)
+        rd = run_dims(step)
         ctx = CopyContext(
-            params=params(["x", "y"], args, [False, False]),
-            nbytes=node.outputs[0].nbytes,
+            params=params(["x", "y"], args, [False, False]) + rd.params,
+            nbytes=rd.write(node.outputs[0].nbytes),
         )
-        if step.inputs[0] == step.outputs[0] or ctx.nbytes == 0:
+        if step.inputs[0] == step.outputs[0] or known_zero(node.outputs[0].nbytes):
             return StepCode(None, ctx, ())  # a view onto the same bytes: nothing to do
-        return StepCode("c/copy.c.j2", ctx, tuple(args))
+        return StepCode("c/copy.c.j2", ctx, (*args, *rd.args))
 
 
 KERNELS = (ConcatKernel(), TransposeKernel(), CopyKernel())

@@ -1,6 +1,8 @@
 """C kernels that reduce along axes: the Reduce* family, ArgMax / ArgMin, TopK, LayerNormalization.
 
-Every kernel reads a contiguous input at compile-time strides. A reduction's dimensions are
+Every kernel reads a contiguous input at compile-time strides; in a dynamic graph the Reduce*
+kernels and LayerNormalization (its row count) take run-time dims (C over the binding,
+``rundims.py``) instead. A reduction's dimensions are
 merged into alternating groups of kept and reduced dimensions: when the innermost group is
 reduced ("rows") each output element is a reduction of contiguous runs; when it is kept ("cols")
 each work item accumulates a block of contiguous outputs over every reduced position, so both
@@ -10,6 +12,7 @@ vector lanes); maxima and minima propagate NaN as numpy does. Einsum is in ``ein
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +37,11 @@ from compiler.providers.c.dtypes import all_nonempty
 from compiler.providers.c.dtypes import ctype_of
 from compiler.providers.c.dtypes import offset_expr
 from compiler.providers.c.dtypes import prod
+from compiler.providers.c.rundims import is_dynamic
+from compiler.providers.c.rundims import run_dims
+from compiler.providers.c.rundims import symbolic_const
 from compiler.providers.kit import Param
+from runtime.symbolic import Expr
 
 __all__ = [
     "ReduceContext",
@@ -99,6 +106,7 @@ class ReduceContext:
     nblocks: int
     count: int  # elements reduced into each output (ReduceMean)
     parallel: bool
+    parallel_if: str = ""  # run-time dims (sizes CDim): the OpenMP if clause's condition
 
 
 @dataclass(frozen=True)
@@ -130,17 +138,66 @@ def _reduced_shape(shape: tuple[int, ...], axes: list[int], keepdims: bool) -> t
 
 def _reduce_axes(node: Node) -> list[int] | None:
     """The canonical axes when they and the output shape are consistent, else None."""
-    xs = shape_of(node.input(0))
+    xs = shape_of(node.input(0), symbolic=True)
     axes = [int(a) for a in node.attrs["axes"]]
     if not axes or axes != sorted(set(axes)) or axes[0] < 0 or axes[-1] >= len(xs):
         return None
-    if shape_of(node.outputs[0]) != _reduced_shape(xs, axes, bool(int(node.attrs["keepdims"]))):
+    keepdims = bool(int(node.attrs["keepdims"]))
+    if shape_of(node.outputs[0], symbolic=True) != _reduced_shape(xs, axes, keepdims):
         return None
     return axes
 
 
+def _run_offset(flat: str, sizes: list, strides: list) -> str:
+    """C text: the element offset of row-major position ``flat`` over ``sizes`` at ``strides``
+    (ints or run-time ``CDim``; the outermost index a division only)."""
+    terms, inner = [], 1
+    for d in range(len(sizes) - 1, -1, -1):
+        scaled = flat if isinstance(inner, int) and inner == 1 else f"({flat} / {inner})"
+        index = scaled if d == 0 else f"{scaled} % {sizes[d]}"
+        terms.append(f"({index}) * {strides[d]}")
+        inner = inner * sizes[d]
+    return " + ".join(reversed(terms)) if terms else "0"
+
+
+def _dynamic_reduce(step: StepPlan, t: CType, axes: list[int]) -> StepCode:
+    """A reduction with run-time dims: the groups as in the static kernel (a run-time dim is never
+    taken for 1), their sizes and strides C over the binding; "cols" work items of COL_BLOCK."""
+    node = step.node
+    xs = shape_of(node.input(0), symbolic=True)
+    rd = run_dims(step)
+    groups = [_Group(rd.write(g.size), rd.write(g.stride), g.reduced) for g in _groups(xs, set(axes))]
+    groups = groups or [_Group(1, 1, True)]
+    last = groups[-1]
+    mode = "rows" if last.reduced else "cols"
+    kept = [g for g in groups[:-1] if not g.reduced]
+    red = [g for g in (groups[:-1] if last.reduced else groups) if g.reduced]
+    nblocks = (last.size + COL_BLOCK - 1) // COL_BLOCK if mode == "cols" else 1
+    outer = math.prod([g.size for g in kept], start=1)
+    args = step_args(step, t.name)
+    total = rd.write(math.prod(xs))
+    ctx = ReduceContext(
+        params=params(["x", "y"], args, [False, False]) + rd.params,
+        t=t,
+        op=REDUCE_OPS[node.op_type],
+        mode=mode,
+        outer=outer,
+        outer_off=_run_offset("o", [g.size for g in kept], [g.stride for g in kept]),
+        rcount=math.prod([g.size for g in red], start=1),
+        red_off=_run_offset("r", [g.size for g in red], [g.stride for g in red]),
+        inner=last.size,
+        block=COL_BLOCK if mode == "cols" else 1,
+        nblocks=nblocks,
+        count=rd.write(math.prod([xs[a] for a in axes])),
+        parallel=True,
+        parallel_if=f"{total} >= {PARALLEL_MIN_WORK} && {outer * nblocks} > 1",
+    )
+    return StepCode("c/reduce.c.j2", ctx, (*args, *rd.args))
+
+
 class ReduceKernel(CKernel):
     kinds: tuple[str, ...] = tuple(REDUCE_OPS)
+    dynamic = True  # run-time dims: group sizes and strides from the binding
 
     def supports(self, node: Node) -> bool:
         if len(node.inputs) != 1 or len(node.outputs) != 1:
@@ -154,14 +211,18 @@ class ReduceKernel(CKernel):
             or REDUCE_OPS[node.op_type] not in REDUCE_KINDS[t.kind]
         ):
             return False
+        if symbolic_const(x):
+            return False
         return _reduce_axes(node) is not None
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        xs = shape_of(node.input(0))
         axes = _reduce_axes(node)
         t = ctype_of(node.input(0))
         assert axes is not None and t is not None, node.describe()
+        if is_dynamic(node):
+            return _dynamic_reduce(step, t, axes)
+        xs = shape_of(node.input(0))
         groups = _groups(xs, set(axes)) or [_Group(1, 1, True)]
         last = groups[-1]
         mode = "rows" if last.reduced else "cols"
@@ -317,6 +378,7 @@ class LayerNormContext:
     eps: str
     stats: int  # 0, 1 (Mean) or 2 (Mean and InvStdDev) statistics outputs
     parallel: bool
+    parallel_if: str = ""  # a run-time row count (outer: CDim): the OpenMP if clause's condition
 
 
 def _per_element_index(v: Value | None, norm: tuple[int, ...]) -> str | None:
@@ -334,18 +396,23 @@ def _per_element_index(v: Value | None, norm: tuple[int, ...]) -> str | None:
 
 class LayerNormKernel(CKernel):
     kinds: tuple[str, ...] = ("LayerNormalization",)
+    dynamic = True  # run-time dims before the axis (the row count); the normalized dims static
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or not 1 <= len(node.outputs) <= 3 or not 2 <= len(node.inputs) <= 3:
             return False
-        xs = shape_of(node.input(0))
+        if any(symbolic_const(v) for v in node.inputs):
+            return False
+        xs = shape_of(node.input(0), symbolic=True)
         axis = int(node.attrs["axis"])
         float(node.attrs["epsilon"])
         norm = xs[axis:] if 0 <= axis < len(xs) else ()
-        if not norm or prod(norm) < 1 or shape_of(node.outputs[0]) != xs:
+        if any(isinstance(d, Expr) for d in norm):
+            return False
+        if not norm or prod(norm) < 1 or shape_of(node.outputs[0], symbolic=True) != xs:
             return False
         stat_shape = xs[:axis] + (1,) * len(norm)
-        if any(shape_of(v) != stat_shape for v in node.outputs[1:]):
+        if any(shape_of(v, symbolic=True) != stat_shape for v in node.outputs[1:]):
             return False
         if _per_element_index(node.input(1), norm) is None:
             return False
@@ -353,28 +420,32 @@ class LayerNormKernel(CKernel):
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        xs = shape_of(node.input(0))
+        xs = shape_of(node.input(0), symbolic=True)
         axis = int(node.attrs["axis"])
-        norm = xs[axis:]
+        norm = tuple(int(d) for d in xs[axis:])
         scale_index = _per_element_index(node.input(1), norm)
         bias_index = _per_element_index(node.input(2), norm)
         assert scale_index is not None, node.describe()
         args = step_args(step)
         names = ["x", "scale"] + (["bias"] if bias_index is not None else []) + ["y"]
         names += ["mean_out", "inv_std_out"][: len(node.outputs) - 1]
+        rd = run_dims(step)  # a run-time row count (outer) in a dynamic graph
+        outer = rd.write(math.prod(xs[:axis]))
+        n = prod(norm)
         ctx = LayerNormContext(
             # x and y may share memory (each row is read in full before it is written)
-            params=params(names, args, [name not in ("x", "y") for name in names]),
-            outer=prod(xs[:axis]),
-            n=prod(norm),
+            params=params(names, args, [name not in ("x", "y") for name in names]) + rd.params,
+            outer=outer,
+            n=n,
             scale_index=scale_index,
             bias=bias_index is not None,
             bias_index=bias_index or "0",
             eps=literal(float(node.attrs["epsilon"])),
             stats=len(node.outputs) - 1,
-            parallel=prod(xs) * 4 >= PARALLEL_MIN_WORK and prod(xs[:axis]) > 1,
+            parallel=rd.dynamic or outer * n * 4 >= PARALLEL_MIN_WORK and outer > 1,
+            parallel_if=f"{outer} * {n * 4} >= {PARALLEL_MIN_WORK} && {outer} > 1" if rd.dynamic else "",
         )
-        return StepCode("c/reduce_layernorm.c.j2", ctx, tuple(args))
+        return StepCode("c/reduce_layernorm.c.j2", ctx, (*args, *rd.args))
 
 
 KERNELS = (ReduceKernel(), ArgKernel(), TopKKernel(), LayerNormKernel())

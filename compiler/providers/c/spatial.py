@@ -5,7 +5,8 @@ own) are compiled into the kernel as static arrays, so every mode the reference 
 linear, cubic, antialias, exclude_outside, tf_crop_and_resize) runs the same arithmetic; each
 output row first blends its input rows (H taps) into a row buffer, then gathers the W taps, in the
 reference's axis order. Only float32 resizes that leave every axis but the last two unchanged are
-claimed, with bounded tables.
+claimed, with bounded tables. With run-time dims (a dynamic graph: no tables can be compiled) only
+a nearest Resize by whole scales (asymmetric, floor; ``spatial_resize_nearest.c.j2``) is claimed.
 
 ConvTranspose: per image and group, the register-blocked GEMM tile of ``gemm`` computes the
 columns W_g^T X_g -- one row per (output channel, kh, kw), one column per input pixel -- into
@@ -37,6 +38,8 @@ from compiler.providers.c.common import step_args
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.c.gemm import Tiling
 from compiler.providers.c.gemm import choose_tiling
+from compiler.providers.c.rundims import is_dynamic
+from compiler.providers.c.rundims import run_dims
 from compiler.providers.geometry import ConvTransposeGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
@@ -44,7 +47,7 @@ from runtime.errors import RuntimeKernelError
 from runtime.kernels.spatial import ResizeTaps
 from runtime.kernels.spatial import resize_plan
 
-__all__ = ["ResizeContext", "ConvTransposeContext", "ResizeKernel", "ConvTransposeKernel"]
+__all__ = ["ResizeContext", "NearestContext", "ConvTransposeContext", "ResizeKernel", "ConvTransposeKernel"]
 
 # Most table entries (taps over both axes) compiled into one Resize kernel, and the widest input
 # row its per-thread row buffer (on the stack) may hold.
@@ -103,12 +106,69 @@ def _resize_tables(node: Node) -> tuple[int, int, int, ResizeTaps, ResizeTaps] |
     return math.prod(xs[:-2]), xs[-2], xs[-1], plan[-2], plan[-1]
 
 
+@dataclass(frozen=True)
+class NearestContext:
+    """Resize by whole scales (nearest, asymmetric, floor) with run-time dims: output (oh, ow)
+    reads input (oh / sh, ow / sw) of (outer, h, w) planes (CDim: C over the binding)."""
+
+    params: tuple[Param, ...]
+    outer: object
+    h: object
+    w: object
+    sh: int
+    sw: int
+    parallel_if: str
+
+
+def _whole_scales(node: Node) -> tuple[int, int] | None:
+    """(sh, sw) of a nearest Resize by whole scales on the last two axes (asymmetric, floor: output
+    index o reads input o // s), every other axis unchanged; else None."""
+    a = node.attrs
+    if (a.get("mode"), a.get("coordinate_transformation_mode"), a.get("nearest_mode")) != (
+            "nearest", "asymmetric", "floor") or a.get("antialias") or "scales" not in a:
+        return None
+    xs, ys = shape_of(node.input(0), symbolic=True), shape_of(node.outputs[0], symbolic=True)
+    scales = [float(v) for v in a["scales"]]
+    if len(xs) < 2 or len(ys) != len(xs) or len(scales) != len(xs):
+        return None
+    if any(v != 1.0 for v in scales[:-2]) or any(v < 1 or v != int(v) for v in scales[-2:]):
+        return None
+    sh, sw = int(scales[-2]), int(scales[-1])
+    if ys[:-2] != xs[:-2] or ys[-2] != xs[-2] * sh or ys[-1] != xs[-1] * sw:
+        return None
+    return sh, sw
+
+
+def _dynamic_resize(step: StepPlan) -> StepCode:
+    node = step.node
+    scales = _whole_scales(node)
+    assert scales is not None, node.describe()
+    xs = shape_of(node.input(0), symbolic=True)
+    args = step_args(step)
+    rd = run_dims(step)
+    outer = rd.write(math.prod(xs[:-2]))
+    work = rd.write(math.prod(xs) * scales[0] * scales[1])
+    ctx = NearestContext(
+        params=params(["x", "y"], args, [True, True]) + rd.params,
+        outer=outer,
+        h=rd.write(xs[-2]),
+        w=rd.write(xs[-1]),
+        sh=scales[0],
+        sw=scales[1],
+        parallel_if=f"{work} >= {4 * PARALLEL_MIN_WORK}",
+    )
+    return StepCode("c/spatial_resize_nearest.c.j2", ctx, (*args, *rd.args))
+
+
 class ResizeKernel(CKernel):
     kinds: tuple[str, ...] = ("Resize",)
+    dynamic = True  # run-time dims: nearest by whole scales only (_whole_scales)
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or len(node.inputs) != 1 or len(node.outputs) != 1:
             return False
+        if is_dynamic(node):
+            return _whole_scales(node) is not None
         tables = _resize_tables(node)
         if tables is None:
             return False
@@ -117,6 +177,8 @@ class ResizeKernel(CKernel):
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
+        if is_dynamic(node):
+            return _dynamic_resize(step)
         tables = _resize_tables(node)
         assert tables is not None, node.describe()
         outer, h, w, th, tw = tables
