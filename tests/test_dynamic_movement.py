@@ -15,6 +15,8 @@ from onnx import TensorProto
 from onnx import helper
 
 from compiler.driver import compile_model
+from runtime.errors import InputError
+from runtime.errors import ShapeError
 from runtime.session import Session
 from tests.support.models import ort_run
 
@@ -197,3 +199,62 @@ def test_channel_kernels_with_run_time_dims(tmp_path: Path, cpu: str) -> None:
     shapes = [(1, 1, 1), (2, 3, 5), (8, 128, 300), (3, 17, 257)]
     _check(model, out, {"GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "LRN"},
            [{"x": (n, 4, h, w)} for n, h, w in shapes])
+
+
+def _assumed_concat_range_model() -> onnx.ModelProto:
+    """Concat of a (n, 2, h) and b (n, 3, k) along axis 1: h and k must agree (the import records
+    the assumption, the runtime checks it); Range(0, float(k), 1.5) of a run-time length."""
+    def const(name: str, value: np.ndarray) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array(value, name)
+
+    nodes = [
+        helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+        helper.make_node("Shape", ["b"], ["bs"], start=2),
+        helper.make_node("Cast", ["bs"], ["kf"], to=TensorProto.FLOAT),
+        helper.make_node("Squeeze", ["kf", "zero"], ["k"]),
+        helper.make_node("Range", ["start", "k", "delta"], ["r"]),
+    ]
+    inits = [const("zero", np.array([0], np.int64)), const("start", np.array(0.5, np.float32)),
+             const("delta", np.array(1.5, np.float32))]
+    return _model(nodes, [_f("a", ["n", 2, "h"]), _f("b", ["n", 3, "k"])],
+                  [_f("c", ["n", 5, None]), _f("r", [None])], inits)
+
+
+def test_concat_of_dims_equal_by_assumption_and_range(tmp_path: Path) -> None:
+    model = _assumed_concat_range_model()
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "h": (1, 700), "k": (1, 700)})
+    shapes = [(1, 1), (2, 5), (4, 700), (3, 64)]
+    _check(model, out, {"Concat", "Range"}, [{"a": (n, 2, w), "b": (n, 3, w)} for n, w in shapes])
+    feeds = {"a": np.zeros((1, 2, 5), np.float32), "b": np.zeros((1, 3, 6), np.float32)}
+    with pytest.raises((InputError, ShapeError)):
+        Session(out).run(None, feeds)
+
+
+def _gather_model() -> onnx.ModelProto:
+    """An embedding lookup: table (50, 8) gathered by ids (b, s) (out-of-range ids give zeros, as
+    the C kernel does; the test feeds ids in range, negative ones too); x (b, 6, w) gathered along
+    its static middle axis and along its run-time last axis."""
+    table = onnx.numpy_helper.from_array(np.arange(400, dtype=np.float32).reshape(50, 8) / 7, "table")
+    pick = onnx.numpy_helper.from_array(np.array([[5, 0], [-1, 2]], np.int64), "pick")
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),
+        helper.make_node("Gather", ["x", "pick"], ["g1"], axis=1),
+        helper.make_node("Gather", ["x", "ids"], ["g2"], axis=2),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"]),
+                          _f("x", ["b", 6, "w"])],
+                  [_f("emb", ["b", "s", 8]), _f("g1", ["b", 2, 2, "w"]), _f("g2", ["b", 6, "b", "s"])],
+                  [table, pick])
+
+
+def test_gather_with_run_time_dims(tmp_path: Path) -> None:
+    model = _gather_model()
+    out = compile_model(model, tmp_path / "a", dims={"b": (1, 4), "s": (1, 512), "w": (50, 600)})
+    session = Session(out, threads=2)
+    assert _providers(out)["Gather"] == {"c"}
+    for b, s, w in ((1, 1, 50), (2, 7, 77), (4, 512, 600)):
+        rng = np.random.default_rng(b * s)
+        feeds = {"ids": rng.integers(-50, 50, (b, s)).astype(np.int64),
+                 "x": rng.standard_normal((b, 6, w)).astype(np.float32)}
+        for g, want in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
+            np.testing.assert_array_equal(g, want)

@@ -262,10 +262,12 @@ class GatherContext:
     count: int  # number of indices
     post_bytes: int  # bytes of one gathered slice (everything after the axis)
     parallel: bool
+    parallel_if: str = ""  # run-time dims (the sizes CDim): the OpenMP if clause's condition
 
 
 class GatherKernel(CKernel):
     kinds: tuple[str, ...] = ("Gather",)
+    dynamic = True  # run-time dims: slice counts and sizes from the binding
 
     def supports(self, node: Node) -> bool:
         if len(node.inputs) != 2 or len(node.outputs) != 1 or any(v is None for v in node.inputs):
@@ -277,35 +279,40 @@ class GatherKernel(CKernel):
             return False
         if x.dtype != y.dtype or not _movable(x) or not _movable(y):
             return False
-        xs, axis = shape_of(x), int(node.attrs["axis"])
+        if symbolic_const(x) or symbolic_const(indices):
+            return False
+        xs, axis = shape_of(x, symbolic=True), int(node.attrs["axis"])
         if not 0 <= axis < len(xs):
             return False
-        return shape_of(y) == xs[:axis] + shape_of(indices) + xs[axis + 1 :]
+        return shape_of(y, symbolic=True) == xs[:axis] + shape_of(indices, symbolic=True) + xs[axis + 1 :]
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         x, indices = node.inputs
         y = node.outputs[0]
         assert x is not None and indices is not None and y.dtype is not None and indices.dtype is not None
-        xs, axis = shape_of(x), int(node.attrs["axis"])
+        xs, axis = shape_of(x, symbolic=True), int(node.attrs["axis"])
         ctype = storage_ctype(y.dtype)
         args = [
             arg(step.inputs[0], ctype, True, step, f"input 0 ({x.name})"),
             arg(step.inputs[1], value_ctype(indices.dtype), True, step, f"input 1 ({indices.name})"),
             *output_args(step, ctype),
         ]
-        pre, count = _prod(xs[:axis]), indices.size
+        rd = run_dims(step)
+        pre, count = rd.write(math.prod(xs[:axis])), rd.write(indices.size)
         ctx = GatherContext(
-            params=params(["x", "ind", "y"], args, [True] * 3),
+            params=params(["x", "ind", "y"], args, [True] * 3) + rd.params,
             pre=pre,
-            n=xs[axis],
+            n=rd.write(xs[axis]),
             count=count,
-            post_bytes=_prod(xs[axis + 1 :]) * y.dtype.itemsize,
-            parallel=y.size >= PARALLEL_MIN_WORK and pre * count > 1,
+            post_bytes=rd.write(math.prod(xs[axis + 1 :]) * y.dtype.itemsize),
+            parallel=rd.dynamic or y.size >= PARALLEL_MIN_WORK and pre * count > 1,
+            parallel_if=(f"{rd.write(y.size)} >= {PARALLEL_MIN_WORK} && {pre * count} > 1"
+                         if rd.dynamic else ""),
         )
-        if y.size == 0:
+        if known_zero(y.size):
             return _no_code(step, ctx)
-        return StepCode("c/gather.c.j2", ctx, tuple(args))
+        return StepCode("c/gather.c.j2", ctx, (*args, *rd.args))
 
 
 # -- Split --------------------------------------------------------------------------------------
@@ -400,6 +407,7 @@ class RangeKernel(CKernel):
     """
 
     kinds: tuple[str, ...] = ("Range",)
+    dynamic = True  # a run-time count (the output's length from the binding; limit not read)
 
     def supports(self, node: Node) -> bool:
         if len(node.inputs) != 3 or len(node.outputs) != 1 or not all(_scalar(v) for v in node.inputs):
@@ -407,24 +415,28 @@ class RangeKernel(CKernel):
         y = node.outputs[0]
         if y.dtype not in _RANGE_DTYPES or any(v is not None and v.dtype != y.dtype for v in node.inputs):
             return False
-        return len(shape_of(y)) == 1
+        if symbolic_const(node.input(0)) or symbolic_const(node.input(2)):
+            return False
+        return len(shape_of(y, symbolic=True)) == 1
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         y = node.outputs[0]
         assert y.dtype is not None
         ctype = value_ctype(y.dtype)
-        start, _, delta = input_args(step, ctype)
+        start, delta = (arg(step.inputs[i], ctype, True, step, f"input {i} ({node.input(i).name})")  # type: ignore[union-attr]
+                        for i in (0, 2))  # limit is not read (it may be a shape's run-time value)
         args = [start, delta, *output_args(step, ctype)]
+        rd = run_dims(step)
         ctx = RangeContext(
-            params=params(["start", "delta", "y"], args, [True, True, True]),
+            params=params(["start", "delta", "y"], args, [True, True, True]) + rd.params,
             ctype=ctype,
             floating=y.dtype.kind == "f",
-            count=y.size,
+            count=rd.write(y.size),
         )
-        if y.size == 0:
+        if known_zero(y.size):
             return _no_code(step, ctx)
-        return StepCode("c/range.c.j2", ctx, tuple(args))
+        return StepCode("c/range.c.j2", ctx, (*args, *rd.args))
 
 
 KERNELS = (StridedKernel(), GatherKernel(), SplitKernel(), RangeKernel())

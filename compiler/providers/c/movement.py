@@ -44,6 +44,7 @@ from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.c.rundims import symbolic_const
 from compiler.providers.kit import Param
+from runtime.symbolic import Expr
 
 __all__ = [
     "ConcatContext",
@@ -156,6 +157,14 @@ class CopyContext:
     nbytes: int  # CDim (C text) in a dynamic graph
 
 
+def _agree(a: object, b: object) -> bool:
+    """Two dims a Concat needs equal: equal, or different expressions of run-time dims, which the
+    import recorded as an assumption the runtime checks at each binding before any step runs
+    (compiler/frontend/importer.py ``_record_assumptions``; YOLOv8's 2*((h+31)//32) and
+    (h+15)//16); the kernel's sizes are the output's."""
+    return a == b or isinstance(a, Expr) or isinstance(b, Expr)
+
+
 class ConcatKernel(CKernel):
     kinds: tuple[str, ...] = ("Concat",)
     dynamic = True  # run-time dims: row counts and sizes from the binding
@@ -170,9 +179,8 @@ class ConcatKernel(CKernel):
         if not isinstance(axis, int) or not 0 <= axis < len(ys):
             return False
         shapes = [shape_of(v, symbolic=True) for v in node.inputs]
-        same = all(
-            len(s) == len(ys) and s[:axis] == ys[:axis] and s[axis + 1 :] == ys[axis + 1 :] for s in shapes
-        )
+        same = all(len(s) == len(ys) and all(_agree(a, b) for d, (a, b) in enumerate(zip(s, ys, strict=True))
+                                             if d != axis) for s in shapes)
         return same and sum((s[axis] for s in shapes), 0) == ys[axis]
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
