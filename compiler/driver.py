@@ -129,8 +129,8 @@ def compile_model(
     n_onnx = len(graph) + len(graph.eliminated)
     say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes"
         + (f"; dynamic dims {describe_symbols(graph)}" if dynamic else ""))
-    # a dynamic graph runs on the reference kernels: no target lowerings (compiler/dynamic.py)
-    graph = optimize(graph, opt_level, target=None if dynamic else target, winograd=winograd)
+    # a dynamic graph: the lowerings whose kernels take run-time dims (compiler/passes/manager.py)
+    graph = optimize(graph, opt_level, target=target, winograd=winograd, dynamic=dynamic)
     if compiled_control and target == "cpu" and not dynamic:  # elsewhere the bodies are not compiled
         optimize_bodies(graph, lambda g: optimize(g, opt_level, target=target, winograd=winograd))
     options = {

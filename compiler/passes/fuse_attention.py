@@ -15,7 +15,8 @@ Transpose (the C kernel: ``compiler/providers/c/attention.py``). The scale and t
 plain Div / Mul / Add nodes or a FusedElementwise of them (elementwise fusion ran before this
 lowering); the mask is any float32 tensor broadcasting to the scores. Every intermediate must have
 that one use, and the keys at most ``MAX_KEYS`` (the C kernel's bound). A lowering for the C
-target (``compiler.passes.lowerings_for``), from level 2.
+target (``compiler.passes.lowerings_for``), from level 2; in a dynamic graph too, where batch and
+the sequence lengths may be expressions of the symbols (the C kernel takes them at run time).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from compiler.passes.base import merged_origin
 from compiler.passes.base import replace_nodes
 from compiler.passes.base import sole_consumer
 from compiler.providers.c.attention import MAX_KEYS
+from runtime.symbolic import bounds
 
 __all__ = ["FuseAttention"]
 
@@ -152,7 +154,8 @@ class FuseAttention(Pass):
         y = sole_consumer(graph, context_mm.outputs[0])
         if prologue is None or v is None or v[1] != 1.0 or y is None or y.kind != "Transpose":
             return False
-        if list(y.attrs.get("perm", [])) != _SPLIT or not _shapes_ok(q[2], k[2], v[2], y.outputs[0]):
+        heads = (q[2], k[2], v[2], y.outputs[0])
+        if list(y.attrs.get("perm", [])) != _SPLIT or not _shapes_ok(*heads, graph.symbols):
             return False
         scale, mask = prologue
         old = [*q[0], *k[0], *v[0], scores_mm, *between, softmax, context_mm, y]
@@ -163,13 +166,16 @@ class FuseAttention(Pass):
         return True
 
 
-def _shapes_ok(q: Value, k: Value, v: Value, y: Value) -> bool:
-    """Static float32 (batch, seq, heads, d) tensors that agree on batch, heads and d."""
+def _shapes_ok(q: Value, k: Value, v: Value, y: Value, ranges: dict[str, tuple[int, int]]) -> bool:
+    """Float32 (batch, seq, heads, d) tensors that agree on batch, heads and d; heads and d static,
+    batch and the lengths static or expressions of the symbols (keys at most MAX_KEYS over their
+    ``ranges``)."""
     shapes = [q.shape, k.shape, v.shape, y.shape]
-    if any(s is None or len(s) != 4 or not all(isinstance(d, int) for d in s) for s in shapes):
+    if any(s is None or len(s) != 4 or not all(isinstance(x, int) for x in s[2:]) for s in shapes):
         return False
     if any(val.dtype != np.float32 for val in (q, k, v, y)):
         return False
     (b, sq, h, d), (kb, sk, kh, kd), (vb, vs, vh, dv) = shapes[0], shapes[1], shapes[2]  # type: ignore[misc]
-    agree = (kb, kh, kd) == (b, h, d) and (vb, vs, vh) == (b, sk, h) and shapes[3] == (b, sq, h, dv)
-    return agree and sk <= MAX_KEYS
+    agree = (kb, kh, kd) == (b, h, d) and (vb, vs, vh) == (b, sk, h)
+    agree = agree and tuple(shapes[3] or ()) == (b, sq, h, dv)
+    return agree and bounds(sk, ranges)[1] <= MAX_KEYS

@@ -5,11 +5,12 @@ varies along N only ([N], [1, N], a scalar, ...); it is stored as a 1-D [N] C wi
 Gemm whose C is such a constant takes the Add too (C' = beta * C + bias). The product's output
 must have that one use and not be a graph output.
 
-A MatMul whose A has more than two (static) dims, the linear layer of a transformer
+A MatMul whose A has more than two dims (K and N static), the linear layer of a transformer
 ([batch, seq, K] x [K, N] + bias, as PyTorch exports it), is one product over the rows of all
 batches: it becomes Reshape (A to [rows, K]) + Gemm + Reshape (back to [..., N]), views of the
 same contiguous data, so the Gemm lowerings (B packed ahead of time, the bias in the tile's
-epilogue) apply to it too.
+epilogue) apply to it too. In a dynamic graph the rows may be an expression of the symbols
+(batch * seq): the C Gemm takes them at run time.
 """
 
 from __future__ import annotations
@@ -105,9 +106,9 @@ def _fuse_batched(graph: Graph, node: Node) -> bool:
     a, b, y = node.input(0), node.input(1), node.outputs[0]
     if a is None or b is None or b.const is None or b.const.ndim != 2 or a.shape is None or y.shape is None:
         return False
-    if not all(isinstance(d, int) for d in (*a.shape, *y.shape)) or len(a.shape) != len(y.shape):
+    if not isinstance(a.shape[-1], int) or not isinstance(y.shape[-1], int) or len(a.shape) != len(y.shape):
         return False
-    rows, k, cols = math.prod(a.shape[:-1]), int(a.shape[-1]), int(y.shape[-1])
+    rows, k, cols = math.prod(a.shape[:-1]), a.shape[-1], y.shape[-1]  # rows may be symbolic
     add = sole_consumer(graph, y)
     bias = _bias(add, y, rows, cols) if add is not None else None
     if add is None or bias is None:

@@ -11,7 +11,8 @@ every target's tile, 64 being a multiple of each tile width) and the Gemm / Fuse
 Left alone: products with few rows (the C kernel runs them as dot products along K, which wants B
 as it is; ``DOT_MAX_ROWS``), transA, a B whose padding would add more than an eighth of its size
 (a narrow B), and a constant read by anything but such Gemms (packing it would store the weights
-twice). A lowering for the C target (``compiler.passes.lowerings_for``), from level 2.
+twice). A lowering for the C target (``compiler.passes.lowerings_for``), from level 2; in a dynamic
+graph too (rows an expression of the symbols: the C kernel takes them at run time).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _b_matrix(node: Node) -> np.ndarray | None:
     a, b, y = node.input(0), node.input(1), node.outputs[0]
     if a is None or b is None or b.const is None or b.const.ndim != 2 or a.shape is None or len(a.shape) != 2:
         return None
-    if not (a.dtype == b.dtype == y.dtype == np.float32) or int(a.shape[0]) <= DOT_MAX_ROWS:
+    rows = a.shape[0]  # an Expr in a dynamic graph: the C kernel then runs every row count on the tile
+    if not (a.dtype == b.dtype == y.dtype == np.float32) or (isinstance(rows, int) and rows <= DOT_MAX_ROWS):
         return None
     matrix = b.const.T if node.attrs["transB"] else b.const
     n = int(matrix.shape[1])

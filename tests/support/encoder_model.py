@@ -78,13 +78,15 @@ def _layer(g: _Builder, i: int, x: str, mask: str, hidden: int, heads: int, ffn:
 
 
 def encoder_model(*, layers: int, hidden: int, heads: int, ffn: int, batch: int = 1, seq: int = 128,
-                  seed: int = 0) -> onnx.ModelProto:
-    """``layers`` post-norm encoder layers over ``hidden_states`` [batch, seq, hidden]."""
+                  seed: int = 0, dynamic: bool = False) -> onnx.ModelProto:
+    """``layers`` post-norm encoder layers over ``hidden_states`` [batch, seq, hidden]; ``dynamic``:
+    batch and seq are the dim_params ``batch`` and ``seq`` (the Reshapes keep them with 0s)."""
     if hidden % heads:
         raise ValueError(f"hidden {hidden} is not a multiple of heads {heads}")
     g = _Builder(seed)
-    g.const("heads_shape", np.array([batch, seq, heads, hidden // heads], np.int64))
-    g.const("flat_shape", np.array([batch, seq, hidden], np.int64))
+    lead = [0, 0] if dynamic else [batch, seq]
+    g.const("heads_shape", np.array([*lead, heads, hidden // heads], np.int64))
+    g.const("flat_shape", np.array([*lead, hidden], np.int64))
     g.const("sqrt_head", np.array(math.sqrt(hidden // heads), np.float32))
     g.const("sqrt2", np.array(math.sqrt(2.0), np.float32))
     g.const("one", np.array(1.0, np.float32))
@@ -98,11 +100,12 @@ def encoder_model(*, layers: int, hidden: int, heads: int, ffn: int, batch: int 
     for i in range(layers):
         x = _layer(g, i, x, mask, hidden, heads, ffn)
     g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="/output/Identity"))
+    bs: list[int | str] = ["batch", "seq"] if dynamic else [batch, seq]
     graph = helper.make_graph(
         g.nodes, "encoder",
-        [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [batch, seq, hidden]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.BOOL, [batch, seq])],
-        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [batch, seq, hidden])],
+        [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [*bs, hidden]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.BOOL, bs)],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [*bs, hidden])],
         initializer=g.inits)
     opset = helper.make_opsetid("", 17)
     model = helper.make_model(graph, opset_imports=[opset], ir_version=8, producer_name="onnx-aot tests")
@@ -110,9 +113,12 @@ def encoder_model(*, layers: int, hidden: int, heads: int, ffn: int, batch: int 
     return model
 
 
-def encoder_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded normal hidden states and a mask that keeps the first 3/4 of each sequence."""
-    batch, seq, hidden = (d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+def encoder_feeds(model: onnx.ModelProto, seed: int = 0, batch: int = 0,
+                  seq: int = 0) -> dict[str, np.ndarray]:
+    """Seeded normal hidden states and a mask that keeps the first 3/4 of each sequence; ``batch``
+    and ``seq`` for a dynamic model (else the model's sizes)."""
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    batch, seq, hidden = batch or dims[0], seq or dims[1], dims[2]
     keep = np.arange(seq) < max(1, seq * 3 // 4)
     states = np.random.default_rng(seed).standard_normal((batch, seq, hidden)).astype(np.float32)
     return {"hidden_states": states, "attention_mask": np.repeat(keep[None, :], batch, axis=0)}

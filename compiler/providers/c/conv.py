@@ -10,9 +10,9 @@ Three methods, chosen from the node alone (so ``scratch_nbytes`` needs no target
 
 In a dynamic graph (run-time batch and spatial sizes, ``dynamic_geometry``) the same methods run
 with those sizes as C locals read from the binding: "direct" for every 1x1 / stride-1 / unpadded
-conv (its N is not known at compile time), "packed" with a run-time panel count and last panel
-(``conv_dynamic.c.j2``), "depthwise" with run-time rows and row length. A residual input (Z) is
-left to the reference kernels there.
+conv (its N is not known at compile time; its last panel is copied into scratch, zero-padded),
+"packed" with a run-time panel count and last panel (``conv_dynamic.c.j2``), "depthwise" with
+run-time rows and row length. A residual input (Z) is left to the reference kernels there.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ class ConvKernel(CKernel):
     def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
         if is_dynamic(node):
             g = claimed(ConvGeometry.from_symbolic_node(node), node)
-            return packed_nbytes(g.k, g.oh * g.ow) if _dynamic_method(g) == "packed" else 0
+            return _dynamic_scratch(g, _dynamic_method(g))
         return _static_scratch(node)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
@@ -239,6 +239,13 @@ def _dynamic_method(g: ConvGeometry) -> str:
     return "direct" if one else "packed"
 
 
+def _dynamic_scratch(g: ConvGeometry, method: str) -> int | Expr:
+    """The im2col panels ("packed"), or the direct path's last panel (K x MAX_PANEL floats)."""
+    if method == "packed":
+        return packed_nbytes(g.k, g.oh * g.ow)
+    return 4 * g.k * MAX_PANEL if method == "direct" else 0
+
+
 def _dynamic_operands(step: StepPlan, scratch: int | Expr) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
     """``conv_operands`` of a dynamic step: x, w, bias?, y, scratch?, and the binding ``dyn``."""
     node = step.node
@@ -262,8 +269,7 @@ def _build_dynamic(step: StepPlan, target: TargetInfo) -> StepCode:
     node = step.node
     g0 = claimed(ConvGeometry.from_symbolic_node(node), node)
     method = _dynamic_method(g0)
-    scratch = packed_nbytes(g0.k, g0.oh * g0.ow) if method == "packed" else 0
-    e, args, step_params = _dynamic_operands(step, scratch)
+    e, args, step_params = _dynamic_operands(step, _dynamic_scratch(g0, method))
     g, decls = dynamic_geometry(g0, step.symbols)
     work = g.batch * g.m * g.oh * g.ow * (2 * g.kh * g.kw * g.cg)
     if method == "depthwise":

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compiler.codegen.cdims import CDim
+from compiler.codegen.cdims import kernel_dims
 from compiler.codegen.elementwise import ACTIVATIONS
 from compiler.codegen.elementwise import activation_expr
 from compiler.codegen.elementwise import broadcast_strides
@@ -31,9 +33,12 @@ from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import arg
+from compiler.providers.c.common import dyn_arg
 from compiler.providers.c.common import input_args
 from compiler.providers.c.common import output_args
 from compiler.providers.c.common import params
@@ -41,9 +46,13 @@ from compiler.providers.c.common import scratch_arg
 from compiler.providers.geometry import MatmulProduct
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.errors import CompileError
 from runtime.kernels.linalg import B_PANEL
+from runtime.symbolic import Dim
+from runtime.symbolic import Expr
 
-__all__ = ["Tiling", "Epilogue", "GemmContext", "choose_tiling", "packed_nbytes", "activation", "fused_ok"]
+__all__ = ["Tiling", "Epilogue", "GemmContext", "choose_tiling", "run_time_rows", "packed_nbytes",
+           "activation", "fused_ok", "sized_scratch"]
 
 MAX_PANEL = 64  # widest panel (floats) any target's tiling uses
 DOT_MAX_ROWS = 8  # Gemm with at most this many rows (and k-contiguous operands) uses dot products
@@ -66,12 +75,12 @@ class Tiling:
     nv: int  # vectors per tile row
     mr: int  # rows per tile
     nr: int  # columns per panel (nv * vw)
-    m: int
+    m: int | CDim  # the rows and their blocks: C text where the rows are a run-time dim
     n: int
-    k: int
-    nmb: int  # row blocks
-    mfull: int  # full row blocks
-    mrt: int  # rows in the tail block (0: none)
+    k: int  # a CDim (C text) in attention's output tile, whose k loop runs over run-time keys
+    nmb: int | CDim  # row blocks
+    mfull: int | CDim  # full row blocks
+    mrt: int | CDim  # rows in the tail block (0: none)
     np: int  # panels
     nfull: int  # full panels
     nt: int  # columns in the tail panel (0: none)
@@ -106,6 +115,7 @@ class GemmContext:
     a_off: tuple[int, ...]  # per-batch element offsets into A and B
     b_off: tuple[int, ...]
     parallel: bool
+    parallel_if: str = ""  # run-time rows: the threads start when the run's work is large enough
 
 
 def choose_tiling(m: int, n: int, k: int, target: TargetInfo, panel: int | None = None) -> Tiling:
@@ -137,6 +147,14 @@ def choose_tiling(m: int, n: int, k: int, target: TargetInfo, panel: int | None 
         nvt=math.ceil(nt / vw),
         rows_outer=nfull + (1 if nt else 0) <= ROWS_OUTER_MAX_PANELS,
     )
+
+
+def run_time_rows(t: Tiling, m: CDim) -> Tiling:
+    """``t`` (chosen for ``MAX_ROWS`` or more rows) for ``m`` rows known at run time only: the row
+    block counts become C text, the tail block's rows a run-time value (``gemm_tile.c.j2``'s
+    ``tiles`` switches on it)."""
+    return dataclasses.replace(t, m=m, nmb=CDim(f"(({m} + {t.mr - 1}) / {t.mr})"),
+                               mfull=CDim(f"({m} / {t.mr})"), mrt=CDim(f"({m} % {t.mr})"))
 
 
 def packed_nbytes(k: int, n: int) -> int:
@@ -210,16 +228,15 @@ def _packed_product(node: Node) -> _Product | None:
 
 def _product(node: Node) -> _Product | None:
     """The node's product with its batches' A / B offsets (one B for every batch: packed once)."""
+    if _dynamic(node):
+        return _run_time_product(node)
     if node.kind == "onnx_aot.PackedGemm":
         return _packed_product(node)
     p = MatmulProduct.from_node(node)
     if p is None:
         return None
-    if node.op_type != "MatMul":
-        try:
-            float(node.attrs["alpha"]), float(node.attrs["beta"])
-        except (KeyError, TypeError, ValueError):
-            return None
+    if node.op_type != "MatMul" and _literals(node) is None:
+        return None
     a_off, b_off = [], []
     for idx in np.ndindex(*p.batch):
         a_off.append(sum(i * s for i, s in zip(idx, p.a_batch, strict=True)) * p.m * p.k)
@@ -230,8 +247,70 @@ def _product(node: Node) -> _Product | None:
     return _Product(p, tuple(a_off), tuple(b_off), path)
 
 
+def _dynamic(node: Node) -> bool:
+    return any(v is not None and v.is_symbolic for v in (*node.inputs, *node.outputs))
+
+
+def _run_time_product(node: Node) -> _Product | None:
+    """A product whose rows are a run-time dim (issue 17): A (rows..., K) by a static B, K and N
+    static; A's leading dims are all rows (MatMul's batches fold into them: B is 2-D). The tile
+    path: PackedGemm's panels, B^T packed at each run, B read in place otherwise."""
+    a, b, y = node.input(0), node.input(1), node.outputs[0]
+    if a is None or b is None or a.shape is None or b.shape is None or y.shape is None or b.is_symbolic:
+        return None
+    if node.kind == "onnx_aot.PackedGemm":
+        n = int(node.attrs.get("n", -1))
+        k = b.shape[1] if len(b.shape) == 3 else -1
+        if len(a.shape) != 2 or tuple(b.shape) != (-(-n // B_PANEL), k, B_PANEL) or a.shape[1] != k:
+            return None
+        sbk, sbn, path = B_PANEL, 1, "prepacked"
+    elif node.op_type == "MatMul":
+        if len(a.shape) < 2 or len(b.shape) != 2:
+            return None
+        k, n = b.shape
+        sbk, sbn, path = n, 1, "direct"
+    else:
+        if len(a.shape) != 2 or len(b.shape) != 2 or node.attrs.get("transA") != 0 or _literals(node) is None:
+            return None
+        tb = node.attrs.get("transB")
+        if tb not in (0, 1):
+            return None
+        k, n = b.shape[::-1] if tb else b.shape
+        sbk, sbn, path = (1, k, "packed") if tb else (n, 1, "direct")  # B^T: packed at each run
+    rows = a.shape[:-1]
+    m = math.prod(rows)
+    if a.shape[-1] != k or tuple(y.shape) != (*rows, n) or not isinstance(m, Expr):
+        return None
+    return _Product(MatmulProduct(m, n, k, k, 1, sbk, sbn, (), (), ()), (0,), (0,), path)
+
+
+def _literals(node: Node) -> tuple[float, float] | None:
+    try:
+        return float(node.attrs["alpha"]), float(node.attrs["beta"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _epilogue(node: Node, p: MatmulProduct) -> Epilogue:
+    c = node.input(2)
+    alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
+    beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
+    sm, sn = broadcast_strides(shape_of(c, symbolic=True), (p.m, p.n)) if c is not None else (0, 0)
+    return Epilogue(
+        alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
+        bias=c is not None,
+        beta="" if beta == 1.0 else f"{literal(beta)} * ",
+        bias_sm=sm,
+        bias_sn=sn,
+        residual=False,
+        act=activation(node),
+        vact=activation(node, vector=True),
+    )
+
+
 class GemmKernel(CKernel):
     kinds: tuple[str, ...] = ("Gemm", "onnx_aot.FusedGemm", "onnx_aot.PackedGemm", "MatMul")
+    dynamic = True  # run-time rows (M): _run_time_product
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or not fused_ok(node) or len(node.outputs) != 1:
@@ -240,17 +319,20 @@ class GemmKernel(CKernel):
         if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in:
             return False
         prod = _product(node)
-        if prod is None or min(prod.p.m, prod.p.n, prod.p.k) < 1:
+        if prod is None or not all(isinstance(d, Expr) or d >= 1 for d in (prod.p.m, prod.p.n, prod.p.k)):
             return False
         c = node.input(2)
         if c is not None:
+            if c.is_symbolic:
+                return False
             try:
-                broadcast_strides(shape_of(c), (prod.p.m, prod.p.n))
+                strides = broadcast_strides(shape_of(c), (prod.p.m, prod.p.n))
             except ValueError:
                 return False
+            return all(isinstance(x, int) for x in strides)
         return True
 
-    def scratch_nbytes(self, node: Node) -> int:
+    def scratch_nbytes(self, node: Node) -> Dim:  # type: ignore[override]  # an Expr: run-time scratch
         prod = claimed(_product(node), node)
         a_blocks = 4 * len(prod.a_off) * (prod.p.m + MAX_ROWS - 1) * prod.p.k if _pack_a(prod) else 0
         return a_blocks + (packed_nbytes(prod.p.k, prod.p.n) if prod.path == "packed" else 0)
@@ -259,31 +341,29 @@ class GemmKernel(CKernel):
         node = step.node
         prod = claimed(_product(node), node)
         p = prod.p
-        t = choose_tiling(p.m, p.n, p.k, target, B_PANEL if prod.path == "prepacked" else None)
+        dims = kernel_dims(step.symbols) if isinstance(p.m, Expr) else None
+        t = choose_tiling(p.m if dims is None else MAX_ROWS, p.n, p.k, target,
+                          B_PANEL if prod.path == "prepacked" else None)
+        rows = None
+        if dims is not None:
+            rows = dims(p.m)
+            assert isinstance(rows, CDim)
+            t = run_time_rows(t, rows)
         c = node.input(2)
-        alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
-        beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
-        sm, sn = broadcast_strides(shape_of(c), (p.m, p.n)) if c is not None else (0, 0)
-        e = Epilogue(
-            alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
-            bias=c is not None,
-            beta="" if beta == 1.0 else f"{literal(beta)} * ",
-            bias_sm=sm,
-            bias_sn=sn,
-            residual=False,
-            act=activation(node),
-            vact=activation(node, vector=True),
-        )
         ins = input_args(step)
-        scratch = scratch_arg(step, self.scratch_nbytes(node))
+        scratch = sized_scratch(step, self.scratch_nbytes(node))
         args = [*ins, *output_args(step), *scratch]
         names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"] + (["scratch"] if scratch else [])
         restrict = [True] * len(ins) + [False] + ([True] if scratch else [])
+        prms = params(names, args, restrict)
+        if rows is not None:  # the binding: the rows are C over it
+            args.append(dyn_arg(step))
+            prms = (*prms, Param("dyn", "int64_t", True, True))
         nb = len(prod.a_off)
         ctx = GemmContext(
-            params=params(names, args, restrict),
+            params=prms,
             t=t,
-            e=e,
+            e=_epilogue(node, p),
             path=prod.path,
             pack_a=_pack_a(prod),
             b_floats=packed_nbytes(p.k, p.n) // 4 if prod.path == "packed" else 0,
@@ -291,9 +371,20 @@ class GemmKernel(CKernel):
             nb=nb,
             a_off=prod.a_off,
             b_off=prod.b_off,
-            parallel=2 * nb * p.m * p.n * p.k >= PARALLEL_MIN_WORK,
+            parallel=rows is not None or 2 * nb * p.m * p.n * p.k >= PARALLEL_MIN_WORK,
+            parallel_if="" if rows is None else f"{rows} * {2 * p.n * p.k} >= {PARALLEL_MIN_WORK}",
         )
         return StepCode("c/gemm.c.j2", ctx, tuple(args))
+
+
+def sized_scratch(step: StepPlan, needed: Dim) -> list[Arg]:
+    """``scratch_arg``, for a size that may be an expression of the symbols (run-time rows)."""
+    if not isinstance(needed, Expr):
+        return scratch_arg(step, needed)
+    if step.scratch is None or step.scratch_nbytes != needed:
+        raise CompileError(f"{step.node.describe()}: needs {needed} bytes of scratch, plan gives "
+                           f"{step.scratch_nbytes}")
+    return [arg(step.scratch, "float", False, step, "scratch")]
 
 
 KERNELS = (GemmKernel(),)

@@ -240,7 +240,7 @@ class ConvTransposeKernel(CKernel):
             e=Epilogue("", False, "", 0, 0, False, "v"),
             bias=bias,
             g=g,
-            parallel=2 * g.batch * g.groups * t.m * t.n * t.k >= PARALLEL_MIN_WORK,
+            parallel=2 * g.batch * g.groups * g.mg * g.kh * g.kw * t.n * g.cg >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/spatial_conv_transpose.c.j2", ctx, tuple(args))
 
