@@ -37,7 +37,7 @@ from runtime.cli import report_error
 from runtime.cli import run_runtime_command
 from runtime.errors import OnnxAotError
 
-__all__ = ["CommandError", "main", "parse_bind", "parse_dim", "parse_shape"]
+__all__ = ["CommandError", "main", "parse_bind", "parse_dim", "parse_opt_shape", "parse_shape"]
 
 
 def parse_shape(text: str) -> tuple[str, tuple[DimSpec, ...]]:
@@ -62,6 +62,19 @@ def parse_shape(text: str) -> tuple[str, tuple[DimSpec, ...]]:
             f"{shape_arg(name, placeholders([s if isinstance(s, int) else None for s in sizes]))} "
             f"(or a range LO..HI of sizes: --shape x=1x3x48x32..2048)")
     return name, tuple(s for s in sizes if s is not None)
+
+
+def parse_opt_shape(text: str) -> dict[str, tuple[int, ...]]:
+    """``x=1x3x48x320`` or ``ids=1x128,mask=1x128`` (``--opt-shape``): one binding to specialize for,
+    given by some inputs' static shapes."""
+    out: dict[str, tuple[int, ...]] = {}
+    for part in text.split(","):
+        name, dims = parse_shape(part.strip())
+        if any(not isinstance(d, int) for d in dims):
+            raise argparse.ArgumentTypeError(f"--opt-shape {text}: {name} has a range; an --opt-shape is "
+                                             f"one size per dim")
+        out[name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
+    return out
 
 
 def parse_dim(text: str) -> tuple[str, DimSpec]:
@@ -148,6 +161,10 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", action="append", type=parse_dim, default=[], metavar="PARAM=LO..HI",
                    help="bind a named dim (a dim_param) of every input that has it to a range, e.g. "
                         "--dim seq=1..512 (repeatable; see docs/dynamic-shapes.md)")
+    p.add_argument("--opt-shape", action="append", type=parse_opt_shape, default=[], metavar="NAME=DIMS",
+                   help="with ranges: a shape to specialize for as well (a static variant in the artifact "
+                        "that runs at exactly that shape), e.g. --opt-shape x=1x3x48x320; inputs that "
+                        "share a binding go in one, comma-separated (repeatable)")
     p.add_argument("--bind", action="append", type=parse_bind, default=[], metavar="NAME=VALUES",
                    help="make an input a constant with these values, for inputs that carry shapes, "
                         "axes, pads or sizes, e.g. --bind shape=1,-1 or --bind pads=@pads.npy "
@@ -239,7 +256,8 @@ def _compile(args: argparse.Namespace) -> int:
                         shapes=shapes, dims=dict(args.dim) or None, binds=dict(args.bind),
                         progress=None if args.quiet else stderr_progress,
                         plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
-                        golden_cases=args.golden_cases, cpu=args.cpu, winograd=args.winograd)
+                        golden_cases=args.golden_cases, cpu=args.cpu, winograd=args.winograd,
+                        opt_shapes=args.opt_shape or None)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0

@@ -12,6 +12,7 @@ import hashlib
 import os
 import platform
 import sys
+import tempfile
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -26,10 +27,12 @@ from compiler.artifact.golden import make_golden
 from compiler.artifact.writer import check_out_dir
 from compiler.artifact.writer import write_artifact
 from compiler.codegen.options import BuildOptions
+from compiler.dynamic import OPT_DIR
 from compiler.dynamic import bindings
 from compiler.dynamic import check_dynamic_providers
 from compiler.dynamic import describe_symbols
 from compiler.dynamic import dynamic_providers
+from compiler.dynamic import opt_binding
 from compiler.dynamic import placeholder_plan
 from compiler.frontend.dims import DimSpec
 from compiler.frontend.importer import import_model
@@ -95,6 +98,7 @@ def compile_model(
     cpu: str | None = None,
     winograd: bool = True,
     compiled_control: bool = True,
+    opt_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -112,6 +116,9 @@ def compile_model(
     F(4x4 or 2x2, 3x3); ``--no-winograd`` turns it off (see docs/ops.md for its numerics).
     ``compiled_control`` False runs If / Loop / Scan steps the target cannot run compiled anyway:
     their programs on the reference kernels, not their nested schedules (compiler/nested.py).
+    ``opt_shapes`` (``--opt-shape``, a compile with ranges only): bindings to specialize for as well,
+    each given by some inputs' shapes (``{"x": (1, 3, 48, 320)}``); each becomes a static artifact
+    ``opt/<k>/`` inside this one, which a run at exactly that binding dispatches to.
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
@@ -133,7 +140,7 @@ def compile_model(
     graph = optimize(graph, opt_level, target=target, winograd=winograd, dynamic=dynamic)
     if compiled_control and target == "cpu" and not dynamic:  # elsewhere the bodies are not compiled
         optimize_bodies(graph, lambda g: optimize(g, opt_level, target=target, winograd=winograd))
-    options = {
+    options: dict[str, Any] = {
         "opt_level": opt_level,
         "target": target,
         "shapes": {k: [_option_dim(d) for d in v] for k, v in sorted((shapes or {}).items())},
@@ -146,9 +153,44 @@ def compile_model(
         "cpu": build.isa,
         **({} if compiled_control else {"compiled_control": False}),
     }
+    variants = _opt_variants(model, graph, opt_shapes or (), binds, say, options, opt_level=opt_level,
+                             target=target, build=build, cpu=cpu, winograd=winograd,
+                             compiled_control=compiled_control)
     return compile_graph(graph, out, providers=providers, build=build, progress=say,
                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
-                         golden_cases=golden_cases, source=(source_name, source_sha), options=options)
+                         golden_cases=golden_cases, source=(source_name, source_sha), options=options,
+                         extra_files=variants)
+
+
+def _opt_variants(model: str | os.PathLike[str] | onnx.ModelProto, graph: Graph,
+                  opt_shapes: Sequence[Mapping[str, Sequence[int]]], binds: Mapping[str, Any] | None,
+                  say: Progress, recorded: dict[str, Any], **options: Any) -> dict[str, bytes]:
+    """The files of the --opt-shape variants of the dynamic ``graph`` (each a static compile);
+    ``recorded`` (the manifest's compile options) gets them."""
+    if not opt_shapes:
+        return {}
+    recorded["opt_shapes"] = [{k: [int(d) for d in v] for k, v in sorted(spec.items())}
+                              for spec in opt_shapes]
+    if not graph.symbols:
+        raise CompileError("--opt-shape specializes a compile with ranges (--shape with LO..HI or --dim); "
+                           "this compile has none")
+    files: dict[str, bytes] = {}
+    for k, spec in enumerate(opt_shapes):
+        at = opt_binding(graph, spec)
+        say(f"compiling the static variant opt/{k} for " + ", ".join(f"{n} {list(s)}" for n, s in at.items()))
+        files.update(_static_variant(model, k, at, binds, **options))
+    return files
+
+
+def _static_variant(model: str | os.PathLike[str] | onnx.ModelProto, k: int,
+                    shapes: Mapping[str, Sequence[int]], binds: Mapping[str, Any] | None,
+                    **options: Any) -> dict[str, bytes]:
+    """The files of the static artifact of an --opt-shape variant, under ``opt/<k>/``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sub = compile_model(model, Path(tmp) / "variant", shapes=shapes, binds=binds, golden_cases=0,
+                            **options)
+        return {f"{OPT_DIR}/{k}/{p.relative_to(sub).as_posix()}": p.read_bytes()
+                for p in sorted(sub.rglob("*")) if p.is_file()}
 
 
 def compile_graph(
@@ -163,6 +205,7 @@ def compile_graph(
     golden_cases: int = DEFAULT_CASES,
     source: tuple[str, str] | None = None,
     options: dict[str, Any] | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> Path:
     """Compile an already imported and optimized IR ``graph`` (changed in place) into ``out_dir``.
 
@@ -221,7 +264,7 @@ def compile_graph(
     plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name, control)
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
     final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say,
-                           extra_files=golden)
+                           extra_files={**golden, **(extra_files or {})})
     say(f"wrote {final}")
     return final
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from compiler.ir.graph import Graph
@@ -28,6 +29,7 @@ from compiler.providers.base import Provider
 from compiler.providers.c.provider import CProvider
 from compiler.providers.reference import ReferenceProvider
 from runtime.errors import CompileError
+from runtime.errors import ShapeError
 from runtime.placement import lower_bound
 from runtime.placement import place
 from runtime.symbolic import Dim
@@ -35,7 +37,7 @@ from runtime.symbolic import evaluate
 from runtime.symbolic import sym
 
 __all__ = ["STRATEGY", "bindings", "check_dynamic_providers", "describe_symbols", "dynamic_providers",
-           "dynamic_report", "placeholder", "placeholder_plan", "plan_at",
+           "dynamic_report", "OPT_DIR", "opt_binding", "placeholder", "placeholder_plan", "plan_at",
            "storage_at"]
 
 STRATEGY = "runtime"  # plan.json's arena strategy: the runtime places the buffers per binding
@@ -123,3 +125,37 @@ def dynamic_report(graph: Graph, storage: Storage, alignment: Mapping[str, int])
                              "naive_nbytes": mplan.naive_nbytes, "ratio": round(ratio, 4)}
         out["bindings"][label] = {"binding": dict(sorted(binding.items())), "arenas": arenas}
     return out
+
+
+OPT_DIR = "opt"  # an --opt-shape variant k is the static artifact opt/<k>/ inside the dynamic one
+
+
+def opt_binding(graph: Graph, spec: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """Every graph input's shape at the binding that the ``--opt-shape`` ``spec`` (input name ->
+    sizes, for some of the inputs) gives; ``ShapeError`` naming the input or symbol otherwise."""
+    inputs = {v.name: v for v in graph.inputs}
+    binding: dict[str, int] = {}
+    for name, sizes in spec.items():
+        if name not in inputs:
+            raise ShapeError(f"--opt-shape {name}=...: the model's inputs are {', '.join(sorted(inputs))}")
+        dims = inputs[name].shape or ()
+        sizes = tuple(int(s) for s in sizes)
+        if len(sizes) != len(dims):
+            raise ShapeError(f"--opt-shape {name}: {len(sizes)} dims given, input {name!r} has {len(dims)}")
+        for k, (dim, size) in enumerate(zip(dims, sizes, strict=True)):
+            if isinstance(dim, int):
+                if dim != size:
+                    raise ShapeError(f"--opt-shape {name}: dim {k} is fixed at {dim}, got {size}")
+                continue
+            symbol = str(dim)
+            lo, hi = graph.symbols[symbol]
+            if not lo <= size <= hi or binding.get(symbol, size) != size:
+                other = f" and another input gives {binding[symbol]}" if symbol in binding else ""
+                raise ShapeError(f"--opt-shape {name}: dim {k} ({symbol}) is {size}; its range is "
+                                 f"{lo}..{hi}{other}")
+            binding[symbol] = size
+    unbound = sorted(set(graph.symbols) - set(binding))
+    if unbound:
+        raise ShapeError(f"--opt-shape {','.join(spec)}: dims {', '.join(unbound)} are not given; name the "
+                         f"inputs that have them in the same --opt-shape (NAME=DIMS,NAME2=DIMS2)")
+    return {name: tuple(evaluate(d, binding) for d in (v.shape or ())) for name, v in inputs.items()}

@@ -15,21 +15,25 @@ and ``dims`` (the plan's expressions).
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from runtime.binding import Binder
+from runtime.errors import ArtifactError
 from runtime.errors import InputError
 from runtime.symbolic import bounds
 
-__all__ = ["DynamicRuns", "Bound", "interface", "describe_spec", "CACHE_SIZE"]
+__all__ = ["DynamicRuns", "Bound", "Variants", "interface", "describe_spec", "CACHE_SIZE"]
 
 CACHE_SIZE = 16
 
@@ -181,3 +185,44 @@ class DynamicRuns:
         """The bindings cached now, least recently used first."""
         with self._lock:
             return list(self._cache)
+
+
+_VARIANT_PLAN = re.compile(r"opt/(\d+)/plan\.json")
+
+
+class Variants:
+    """A dynamic artifact's ``--opt-shape`` variants: the static artifacts ``opt/<k>/`` inside it,
+    each run instead of the dynamic plan at exactly its binding (sessions made at first use)."""
+
+    def __init__(self, root: Path, manifest: Mapping[str, Any], runs: DynamicRuns,
+                 make: Callable[[Path], Any]) -> None:
+        self._paths: dict[tuple[int, ...], Path] = {}
+        for rel in manifest.get("files", {}):
+            found = _VARIANT_PLAN.fullmatch(rel)
+            if found is None:
+                continue
+            try:
+                inputs = json.loads((root / rel).read_text(encoding="utf-8"))["inputs"]
+                key = runs.key({spec["name"]: tuple(spec["shape"]) for spec in inputs})
+            except (OSError, ValueError, KeyError, TypeError, InputError) as exc:
+                raise ArtifactError(f"{root / rel}: not a static variant of this artifact: {exc}") from None
+            self._paths[key] = root / "opt" / found.group(1)
+        self._sessions: dict[tuple[int, ...], Any] = {}
+        self._make = make
+        self._lock = threading.Lock()
+
+    def __bool__(self) -> bool:
+        return bool(self._paths)
+
+    def keys(self) -> list[tuple[int, ...]]:
+        return sorted(self._paths)
+
+    def session(self, key: tuple[int, ...]) -> Any:
+        """The variant's session for binding ``key``, or None when it has none."""
+        path = self._paths.get(key)
+        if path is None:
+            return None
+        with self._lock:
+            if key not in self._sessions:
+                self._sessions[key] = self._make(path)
+            return self._sessions[key]

@@ -40,6 +40,7 @@ from runtime.caller_memory import ExclusiveUse
 from runtime.caller_memory import arena_for_space
 from runtime.dynamic import Bound
 from runtime.dynamic import DynamicRuns
+from runtime.dynamic import Variants
 from runtime.errors import ArtifactError
 from runtime.errors import InputError
 from runtime.io_binding import IOBinding
@@ -136,6 +137,10 @@ class Session:
             self._dyn = DynamicRuns(plan, str(self.path),
                                     lambda bound, record: self._load_partition(record, bound))
             self.inputs, self.outputs = list(self._dyn.inputs), list(self._dyn.outputs)
+        # --opt-shape variants: static artifacts run at exactly their binding (runtime/dynamic.py)
+        self._variants: Variants | None = None if self._dyn is None else Variants(
+            self.path, self._artifact.manifest, self._dyn,
+            lambda variant: Session(variant, threads=threads, verify_weights=verify_weights, rebuild=rebuild))
         self._arenas: dict[str, tuple[int, int]] = {}
         for arena_record in plan.arenas:
             space = memory_space(arena_record.memory_space)  # ArtifactError when not available
@@ -427,7 +432,13 @@ class Session:
         dyn = self._dyn
         assert dyn is not None
         arrays = dyn.check_feeds(feeds)
-        bound = dyn.bound({name: a.shape for name, a in arrays.items()})
+        shapes = {name: a.shape for name, a in arrays.items()}
+        if self._variants and self._guard is None and self._profiler is None:
+            variant = self._variants.session(dyn.key(shapes))  # an --opt-shape binding: its static artifact
+            if variant is not None:
+                results: list[np.ndarray] = variant.run(None, arrays)
+                return results
+        bound = dyn.bound(shapes)
         results = [np.empty(shape, spec.dtype)
                    for shape, spec in zip(bound.output_shapes, self.outputs, strict=True)]
         ext: dict[str, Any] = dict(arrays)

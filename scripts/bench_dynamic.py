@@ -2,8 +2,9 @@
 
 For each model it compiles one dynamic artifact over a range and, per shape, a static artifact
 of exactly that shape, then runs the two alternately on identical feeds (medians) and prints the
-latency ratio dynamic / static (issue 18 asks <= 1.10 without --opt-shape), the share of steps on
-the C kernels in each, and the folder sizes (dynamic / static; issue 18: <= 1.3). Models:
+latency ratio dynamic / static (issue 18 asks <= 1.10 without --opt-shape), the same for a dynamic
+artifact compiled with ``--opt-shape`` at that shape (<= 1.02), the share of steps on the C kernels
+in each, and the folder sizes (dynamic without --opt-shape / static; issue 18: <= 1.3). Models:
 PP-OCRv4 rec as shipped (``x=1x3x48x32..2048`` at widths 320 and 640), a YOLOv8n-style detector
 with its anchors in the graph (``images=1..8x3x320..640x320..640`` at 1x320x320) and a BERT-style
 encoder layer (``batch=1..8``, ``seq=1..512`` at (1, 128)). Not part of CI, except ``--smoke``
@@ -91,10 +92,16 @@ def run(name: str, tmp: Path, threads: int | None, runs: int) -> list[str]:
         static = compile_model(model, tmp / f"{name}-{'x'.join(map(str, shape))}", golden_cases=0,
                                **_static_options(options, feeds))
         st_session = Session(static, threads=threads)
+        opt = compile_model(model, tmp / f"{name}-opt-{'x'.join(map(str, shape))}", golden_cases=0,
+                            opt_shapes=[_static_options(options, feeds)["shapes"]], **options)
+        opt_session = Session(opt, threads=threads)
         t_dyn, t_st = alternate(lambda: dyn_session.run(None, feeds),  # noqa: B023
                                 lambda: st_session.run(None, feeds), runs, warmup=3)  # noqa: B023
+        t_opt, t_st2 = alternate(lambda: opt_session.run(None, feeds),  # noqa: B023
+                                 lambda: st_session.run(None, feeds), runs, warmup=3)  # noqa: B023
         d, s = float(np.median(t_dyn)) * 1e3, float(np.median(t_st)) * 1e3
-        rows.append(f"| {name} | {'x'.join(map(str, shape))} | {d:.2f} | {s:.2f} | {d / s:.3f} | "
+        o = float(np.median(t_opt)) / float(np.median(t_st2))
+        rows.append(f"| {name} | {'x'.join(map(str, shape))} | {d:.2f} | {s:.2f} | {d / s:.3f} | {o:.3f} | "
                     f"{_on_c(dynamic)} | {_on_c(static)} | {_size(dynamic) / _size(static):.2f} |")
         print(rows[-1], flush=True)
     return rows
@@ -115,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# dynamic vs static artifacts, {args.threads or 'adaptive'} thread(s), {runs} alternating runs, "
           f"medians "
           f"(issue 18: ratio <= 1.10, folder <= 1.3)")
-    print("| model | shape | dynamic ms | static ms | dynamic / static | steps on C (dynamic) "
-          "| steps on C (static) | folder dynamic / static |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | shape | dynamic ms | static ms | dynamic / static | with --opt-shape / static "
+          "| steps on C (dynamic) | steps on C (static) | folder dynamic / static |")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             run(name, Path(tmp), args.threads, runs)

@@ -20,9 +20,11 @@ import numpy as np
 import onnx
 import pytest
 
+from compiler.cli import parse_opt_shape
 from compiler.driver import compile_model
 from runtime.errors import CompileError
 from runtime.errors import InputError
+from runtime.errors import ShapeError
 from runtime.session import Session
 from tests.support.commands import REPO
 from tests.support.commands import cli
@@ -255,3 +257,41 @@ def test_bench_dynamic_script_smoke() -> None:
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "| bert-layer | 1x128 |" in result.stdout and "dynamic / static" in result.stdout
+
+
+# -- --opt-shape: static variants inside a dynamic artifact ----------------------------------------
+def test_an_opt_shape_runs_its_static_variant(tmp_path: Path) -> None:
+    model = bert_model()
+    out = compile_model(model, tmp_path / "a", dims=BERT_DIMS, opt_shapes=[{"x": (1, 128, 32)}])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["opt_shapes"] == [{"x": [1, 128, 32]}]
+    assert "opt/0/plan.json" in manifest["files"] and "opt/0/weights.bin" in manifest["files"]
+    variant = json.loads((out / "opt" / "0" / "plan.json").read_text())
+    assert not variant["symbols"] and [i["shape"] for i in variant["inputs"]] == [[1, 128, 32], [1, 128]]
+    session = Session(out)
+    for batch, seq in ((1, 128), (2, 64)):
+        rng = np.random.default_rng(seq)
+        feeds = {"x": rng.standard_normal((batch, seq, 32)).astype(np.float32),
+                 "mask": (rng.random((batch, seq)) < 0.8).astype(np.int64)}
+        _close(session.run(None, feeds), ort_run(model, feeds))
+    assert session._variants is not None and session._variants.keys() == [(1, 128)]
+    assert session._variants.session((1, 128)) is not None  # made by the run at (1, 128)
+    assert session._dyn is not None and session._dyn.cached() == [(2, 64)]  # only (2, 64) was bound
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"x": (1, 1024, 32)}, r"--opt-shape x: dim 1 \(seq\) is 1024; its range is 1\.\.512"),
+    ({"x": (1, 128, 16)}, r"--opt-shape x: dim 2 is fixed at 32, got 16"),
+    ({"nope": (1, 2)}, r"--opt-shape nope=\.\.\.: the model's inputs are mask, x"),
+])
+def test_a_bad_opt_shape_names_the_input_and_dim(tmp_path: Path, spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ShapeError, match=message):
+        compile_model(bert_model(), tmp_path / "a", dims=BERT_DIMS, opt_shapes=[spec])
+    assert not (tmp_path / "a").exists()
+
+
+def test_an_opt_shape_needs_ranges_and_parses_on_the_command_line(tmp_path: Path) -> None:
+    with pytest.raises(CompileError, match=r"--opt-shape specializes a compile with ranges"):
+        compile_model(bert_model(), tmp_path / "a", dims={"batch": 1, "seq": 8},
+                      opt_shapes=[{"x": (1, 8, 32)}])
+    assert parse_opt_shape("x=1x128x32,mask=1x128") == {"x": (1, 128, 32), "mask": (1, 128)}
