@@ -40,7 +40,8 @@ def _conv(name: str, x: str, y: str, m: int, c: int, k: tuple[int, int], rng: np
 def _conv_model() -> onnx.ModelProto:
     """x [n, 8, h, w]: 1x1 (direct), 3x3 stride 1 (packed, a row-block tail: 12 rows), 3x3
     stride 2, a depthwise 5x5 stride (2, 1), a grouped dilated 3x3, a depthwise 3x3 with a channel
-    multiplier of 2 and no bias, a 1-D-like 1x3."""
+    multiplier of 2 and no bias, a 1-D-like 1x3, a depthwise 3x3 dilated along H, stride 3 along W
+    with uneven pads."""
     rng = np.random.default_rng(0)
     layers = [
         _conv("c1", "x", "a", 16, 8, (1, 1), rng),
@@ -50,11 +51,13 @@ def _conv_model() -> onnx.ModelProto:
         _conv("c5", "d", "e", 8, 16, (3, 3), rng, pads=[2, 2, 2, 2], dilations=[2, 2], group=2),
         _conv("c6", "e", "f", 16, 8, (3, 3), rng, bias=False, pads=[1, 1, 1, 1], group=8),
         _conv("c7", "f", "g", 8, 16, (1, 3), rng, pads=[0, 1, 0, 1]),
+        _conv("c8", "g", "h", 8, 8, (3, 3), rng, pads=[2, 1, 2, 3], dilations=[2, 1], strides=[1, 3],
+              group=8),
     ]
     graph = helper.make_graph(
         [node for node, _ in layers], "convs",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, "h", "w"])],
-        [helper.make_tensor_value_info("g", TensorProto.FLOAT, [None] * 4),
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, [None] * 4),
          helper.make_tensor_value_info("b", TensorProto.FLOAT, [None] * 4)],
         initializer=[t for _, inits in layers for t in inits])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

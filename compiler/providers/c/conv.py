@@ -90,6 +90,7 @@ class DepthwiseContext:
     parallel: bool
     decls: Decls = ()  # a dynamic node's run-time sizes
     when: str = ""  # a dynamic node's OpenMP if clause (threads only for enough work)
+    ring: bool = False  # padded rows in a ring, each input row copied once (a dynamic node's)
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ def _build_dynamic(step: StepPlan, target: TargetInfo) -> StepCode:
             reach = g.cols.reach
             decls += (("WP", f"({g.pl} + W > {reach} ? {g.pl} + W : {reach})"),)
         dctx = DepthwiseContext(params=step_params, e=e, g=g, wp=wp, parallel=True,
-                                decls=decls, when=f" if({work} >= {PARALLEL_MIN_WORK})")
+                                decls=decls, when=f" if({work} >= {PARALLEL_MIN_WORK})", ring=True)
         return StepCode("c/depthwise.c.j2", dctx, tuple(args))
     # N is a run-time size: the widest register tile (as for a large N), its last panel run-time
     t = choose_tiling(g.mg, 64 * MAX_PANEL, g.k, target)
