@@ -52,6 +52,7 @@ class ChannelContext:
     lrn_bias: str
     parallel: bool
     parallel_if: str = ""  # run-time dims (n, s: CDim; c static): the OpenMP if clause's condition
+    simd: bool = False  # the global average's sum split into vector lanes (omp simd; dynamic nodes)
 
 
 class ChannelKernel(CKernel):
@@ -115,6 +116,7 @@ class ChannelKernel(CKernel):
             lrn_bias=literal(float(a["bias"])) if op == "lrn" else "0.0f",
             parallel=rd.dynamic or work >= PARALLEL_MIN_WORK,
             parallel_if=f"{work} >= {PARALLEL_MIN_WORK}" if rd.dynamic else "",
+            simd=rd.dynamic,
         )
         return StepCode("c/channel.c.j2", ctx, (*args, *rd.args))
 
