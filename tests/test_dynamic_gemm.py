@@ -128,3 +128,33 @@ def test_encoder_projections_and_attention_on_c(encoder: tuple[onnx.ModelProto, 
     assert "MatMul" not in found and "Softmax" not in found, found
     feeds = encoder_feeds(model, batch=batch, seq=seq)
     _close(Session(out).run(None, feeds), ort_run(model, feeds))
+
+
+def _batched_model() -> onnx.ModelProto:
+    """Batched MatMuls with run-time batch, rows and columns: Q (b, 3, s, 8) x K^T (b, 3, 8, t),
+    then (b, 3, s, t) x V (b, 3, t, 20): attention's products as one MatMul each."""
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("MatMul", ["s", "v"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "batched",
+        [helper.make_tensor_value_info("q", F, ["b", 3, "s", 8]),
+         helper.make_tensor_value_info("kt", F, ["b", 3, 8, "t"]),
+         helper.make_tensor_value_info("v", F, ["b", 3, "t", 20])],
+        [helper.make_tensor_value_info("y", F, ["b", 3, "s", 20])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "x86-64-v3"])
+def test_batched_matmul_with_run_time_batch_rows_and_columns(tmp_path: Path, cpu: str) -> None:
+    """Each batch's A and B at run-time offsets, B read in place with a run-time row stride, the
+    tail panel's run-time columns (t 1 .. 130: fewer than a vector, a panel's width and one more),
+    the tail block's rows, and a run-time K (the second product's t)."""
+    model = _batched_model()
+    out = compile_model(model, tmp_path / "b", dims={"b": (1, 3), "s": (1, 40), "t": (1, 130)}, cpu=cpu)
+    assert _providers(out) == {"MatMul": {"c"}}
+    session = Session(out)
+    for b, s, t in ((1, 1, 1), (2, 7, 15), (3, 13, 16), (1, 40, 17), (2, 6, 64), (1, 5, 65), (3, 40, 130)):
+        rng = np.random.default_rng(b * 10000 + s * 100 + t)
+        feeds = {"q": rng.standard_normal((b, 3, s, 8)).astype(np.float32),
+                 "kt": rng.standard_normal((b, 3, 8, t)).astype(np.float32),
+                 "v": rng.standard_normal((b, 3, t, 20)).astype(np.float32)}
+        _close(session.run(None, feeds), ort_run(model, feeds))

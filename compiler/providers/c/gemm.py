@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -157,6 +159,16 @@ def run_time_rows(t: Tiling, m: CDim) -> Tiling:
                                mfull=CDim(f"({m} / {t.mr})"), mrt=CDim(f"({m} % {t.mr})"))
 
 
+def run_time_columns(t: Tiling, n: CDim) -> Tiling:
+    """``t`` (chosen for a panel's width or more columns) for ``n`` columns known at run time only:
+    the panel counts become C text and the tail panel's columns a run-time value, run with the full
+    panel's vectors over a zero-padded copy of each B row (``gemm_tile.c.j2``'s ``panel_tiles``).
+    The column fields (n, np, nfull, nt, nvt) then hold ``CDim``s."""
+    cols: dict[str, Any] = {"n": n, "np": CDim(f"(({n} + {t.nr - 1}) / {t.nr})"),
+                            "nfull": CDim(f"({n} / {t.nr})"), "nt": CDim(f"({n} % {t.nr})"), "nvt": t.nv}
+    return dataclasses.replace(t, **cols)
+
+
 def packed_nbytes(k: int, n: int) -> int:
     return 4 * k * (n + MAX_PANEL)
 
@@ -201,6 +213,7 @@ class _Product:
     a_off: tuple[int, ...]
     b_off: tuple[int, ...]
     path: str
+    batches: Dim = 1  # run-time dims: the batches (an Expr, or an int), each m x k of A by k x n of B
 
 
 def _path(node: Node, p: MatmulProduct, b_off: list[int], batches: int) -> str:
@@ -252,11 +265,16 @@ def _dynamic(node: Node) -> bool:
 
 
 def _run_time_product(node: Node) -> _Product | None:
-    """A product whose rows are a run-time dim (issue 17): A (rows..., K) by a static B, K and N
-    static; A's leading dims are all rows (MatMul's batches fold into them: B is 2-D). The tile
-    path: PackedGemm's panels, B^T packed at each run, B read in place otherwise."""
+    """A product with run-time dims (issue 17), K static, on the tile: A (rows..., K) by a static B
+    (A's leading dims are all rows: M; PackedGemm's panels, B^T packed at each run, B read in place
+    otherwise), or MatMul's batches of A (m, K) by B (K, n) with the same batch dims, B read in
+    place (batches, m and n may be run-time)."""
     a, b, y = node.input(0), node.input(1), node.outputs[0]
-    if a is None or b is None or a.shape is None or b.shape is None or y.shape is None or b.is_symbolic:
+    if a is None or b is None or a.shape is None or b.shape is None or y.shape is None:
+        return None
+    if node.op_type == "MatMul" and len(a.shape) == len(b.shape) >= 3:
+        return _run_time_batches(tuple(a.shape), tuple(b.shape), tuple(y.shape))
+    if b.is_symbolic:
         return None
     if node.kind == "onnx_aot.PackedGemm":
         n = int(node.attrs.get("n", -1))
@@ -282,6 +300,17 @@ def _run_time_product(node: Node) -> _Product | None:
     if a.shape[-1] != k or tuple(y.shape) != (*rows, n) or not isinstance(m, Expr):
         return None
     return _Product(MatmulProduct(m, n, k, k, 1, sbk, sbn, (), (), ()), (0,), (0,), path)
+
+
+def _run_time_batches(a: tuple[Dim, ...], b: tuple[Dim, ...], y: tuple[Dim, ...]) -> _Product | None:
+    """MatMul of A (batch..., m, k) by B (batch..., k, n), the same batch dims (no broadcasting);
+    any of them run-time (k: attention's P V over the keys)."""
+    (m, k), n = a[-2:], b[-1]
+    if a[:-2] != b[:-2] or b[-2] != k or y != (*a[:-2], m, n) or (isinstance(k, int) and k < 1):
+        return None
+    batches = math.prod(a[:-2])
+    product = MatmulProduct(m, n, k, k, 1, n, 1, (), (), ())  # type: ignore[arg-type]  # sam / sbk: Exprs too
+    return _Product(product, (0,), (0,), "direct", batches)
 
 
 def _literals(node: Node) -> tuple[float, float] | None:
@@ -341,14 +370,8 @@ class GemmKernel(CKernel):
         node = step.node
         prod = claimed(_product(node), node)
         p = prod.p
-        dims = kernel_dims(step.symbols) if isinstance(p.m, Expr) else None
-        t = choose_tiling(p.m if dims is None else MAX_ROWS, p.n, p.k, target,
-                          B_PANEL if prod.path == "prepacked" else None)
-        rows = None
-        if dims is not None:
-            rows = dims(p.m)
-            assert isinstance(rows, CDim)
-            t = run_time_rows(t, rows)
+        run_time = _dynamic(node)
+        t = _tiling(prod, target, kernel_dims(step.symbols) if run_time else None)
         c = node.input(2)
         ins = input_args(step)
         scratch = sized_scratch(step, self.scratch_nbytes(node))
@@ -356,10 +379,9 @@ class GemmKernel(CKernel):
         names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"] + (["scratch"] if scratch else [])
         restrict = [True] * len(ins) + [False] + ([True] if scratch else [])
         prms = params(names, args, restrict)
-        if rows is not None:  # the binding: the rows are C over it
+        if run_time:  # the binding: the run-time dims are C over it
             args.append(dyn_arg(step))
             prms = (*prms, Param("dyn", "int64_t", True, True))
-        nb = len(prod.a_off)
         ctx = GemmContext(
             params=prms,
             t=t,
@@ -368,13 +390,44 @@ class GemmKernel(CKernel):
             pack_a=_pack_a(prod),
             b_floats=packed_nbytes(p.k, p.n) // 4 if prod.path == "packed" else 0,
             p=p,
-            nb=nb,
+            nb=len(prod.a_off),
             a_off=prod.a_off,
             b_off=prod.b_off,
-            parallel=rows is not None or 2 * nb * p.m * p.n * p.k >= PARALLEL_MIN_WORK,
-            parallel_if="" if rows is None else f"{rows} * {2 * p.n * p.k} >= {PARALLEL_MIN_WORK}",
+            parallel=run_time or 2 * len(prod.a_off) * p.m * p.n * p.k >= PARALLEL_MIN_WORK,
         )
+        if run_time:
+            ctx = dataclasses.replace(ctx, **_run_time_context(prod, kernel_dims(step.symbols)))
         return StepCode("c/gemm.c.j2", ctx, tuple(args))
+
+
+def _tiling(prod: _Product, target: TargetInfo, dims: Callable[[object], int | CDim] | None) -> Tiling:
+    """The tile for ``prod``; with run-time rows or columns (``dims`` writes them as C), chosen for
+    a full tile and panel and the run-time counts filled in."""
+    p = prod.p
+    panel = B_PANEL if prod.path == "prepacked" else None
+    if dims is None:
+        return choose_tiling(p.m, p.n, p.k, target, panel)  # type: ignore[arg-type]
+    m, n, k = dims(p.m), dims(p.n), dims(p.k)
+    t = choose_tiling(m if isinstance(m, int) else MAX_ROWS, n if isinstance(n, int) else MAX_PANEL,
+                      k if isinstance(k, int) else 1, target, panel)
+    t = run_time_rows(t, m) if isinstance(m, CDim) else t
+    t = run_time_columns(t, n) if isinstance(n, CDim) else t
+    depth: dict[str, Any] = {"k": k}  # C text where K is run-time: the tile's k loop
+    return dataclasses.replace(t, **depth)
+
+
+def _run_time_context(prod: _Product, dims: Callable[[object], int | CDim]) -> dict[str, Any]:
+    """A dynamic product's batch count and offsets (batch ``bi``'s A at ``bi * m * k``, B at
+    ``bi * k * n``: C text) and the OpenMP if clause over its run-time work."""
+    p = prod.p
+    work = dims(2 * prod.batches * p.m * p.n * p.k)
+    stride: dict[str, Any] = {"sbk": dims(p.sbk), "sam": dims(p.sam)}  # row strides as C (n, k run-time)
+    out: dict[str, Any] = {"parallel_if": f"{work} >= {PARALLEL_MIN_WORK}",
+                           "p": dataclasses.replace(p, **stride)}
+    if prod.batches != 1:
+        out.update(nb=dims(prod.batches), a_off=(CDim(f"bi * {dims(p.m * p.k)}"),),
+                   b_off=(CDim(f"bi * {dims(p.k * p.n)}"),))
+    return out
 
 
 def sized_scratch(step: StepPlan, needed: Dim) -> list[Arg]:
