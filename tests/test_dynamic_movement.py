@@ -258,3 +258,20 @@ def test_gather_with_run_time_dims(tmp_path: Path) -> None:
                  "x": rng.standard_normal((b, 6, w)).astype(np.float32)}
         for g, want in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
             np.testing.assert_array_equal(g, want)
+
+
+def test_constant_of_shape_with_run_time_dims(tmp_path: Path) -> None:
+    """ConstantOfShape of x's run-time shape, float32 and int64 (YOLOv8n's anchor strides)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("ConstantOfShape", ["xs"], ["f"],
+                         value=onnx.numpy_helper.from_array(np.array([2.5], np.float32))),
+        helper.make_node("ConstantOfShape", ["xs"], ["i"],
+                         value=onnx.numpy_helper.from_array(np.array([-3], np.int64))),
+    ]
+    model = _model(nodes, [_f("x", ["n", 3, "w"])],
+                   [_f("f", ["n", 3, "w"]),
+                    helper.make_tensor_value_info("i", TensorProto.INT64, ["n", 3, "w"])])
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 8), "w": (1, 5000)})
+    _check(model, out, {"ConstantOfShape"},
+           [{"x": (n, 3, w)} for n, w in ((1, 1), (8, 5000), (3, 33))])

@@ -1,4 +1,4 @@
-"""C kernels for data movement: Slice, Expand, Tile, Gather, Split and Range.
+"""C kernels for data movement: Slice, Expand, Tile, Gather, Split, Range and ConstantOfShape.
 
 Every kernel but Range only moves elements, so it takes any fixed-size dtype (elements travel as
 unsigned integers of the same size, as in ``movement``) and has its shapes and offsets fixed at
@@ -10,7 +10,8 @@ each output's slice of every row.
 Gather reads its indices at run time; a negative index counts from the end and an index still
 outside ``[0, n)`` after that yields a zero-filled slice (the reference kernel raises instead: a
 step function cannot report an error through ABI version 1, and must never read out of bounds).
-Pad is in ``pad``; Cast, Where and the comparison / logic ops are in ``elementwise_typed``.
+ConstantOfShape has a kernel only for a run-time shape (a static one is folded). Pad is in
+``pad``; Cast, Where and the comparison / logic ops are in ``elementwise_typed``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from compiler.codegen.elementwise import LoopNest
 from compiler.codegen.elementwise import broadcast_strides
 from compiler.codegen.elementwise import contiguous_strides
+from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import loop_nest
 from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
@@ -59,6 +61,8 @@ __all__ = [
     "GatherKernel",
     "SplitKernel",
     "RangeKernel",
+    "FillContext",
+    "FillKernel",
     "strided_map",
 ]
 
@@ -439,4 +443,45 @@ class RangeKernel(CKernel):
         return StepCode("c/range.c.j2", ctx, (*args, *rd.args))
 
 
-KERNELS = (StridedKernel(), GatherKernel(), SplitKernel(), RangeKernel())
+# -- ConstantOfShape of a run-time shape ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FillContext:
+    params: tuple[Param, ...]
+    count: int  # elements (CDim: C over the binding)
+    value: str  # the element as a C literal
+
+
+_FILL_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.int32, np.int64))
+
+
+class FillKernel(CKernel):
+    """ConstantOfShape whose shape holds run-time dims (a static one is folded at compile time):
+    every element the attribute ``value``; float32, int32 and int64."""
+
+    kinds: tuple[str, ...] = ("ConstantOfShape",)
+    dynamic = True
+
+    def supports(self, node: Node) -> bool:
+        y = node.outputs[0] if len(node.outputs) == 1 else None
+        if node.inputs or y is None or y.dtype not in _FILL_DTYPES or not is_dynamic(node):
+            return False
+        return np.dtype(node.attrs.get("dtype", "float32")) == y.dtype and "value" in node.attrs
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        y = node.outputs[0]
+        assert y.dtype is not None
+        value = np.array(node.attrs["value"]).astype(y.dtype).reshape(())
+        args = output_args(step, value_ctype(y.dtype))
+        rd = run_dims(step)
+        ctx = FillContext(
+            params=params(["y"], args, [True]) + rd.params,
+            count=rd.write(y.size),
+            value=literal(float(value)) if y.dtype.kind == "f" else f"INT64_C({int(value)})",
+        )
+        return StepCode("c/fill.c.j2", ctx, (*args, *rd.args))
+
+
+KERNELS = (StridedKernel(), GatherKernel(), SplitKernel(), RangeKernel(), FillKernel())
