@@ -7,7 +7,8 @@ artifact compiled with ``--opt-shape`` at that shape (<= 1.02), the share of ste
 in each, and the folder sizes (dynamic without --opt-shape / static; issue 18: <= 1.3). Models:
 PP-OCRv4 rec as shipped (``x=1x3x48x32..2048`` at widths 320 and 640), a YOLOv8n-style detector
 with its anchors in the graph (``images=1..8x3x320..640x320..640`` at 1x320x320) and a BERT-style
-encoder layer (``batch=1..8``, ``seq=1..512`` at (1, 128)). Not part of CI, except ``--smoke``
+encoder layer (``batch=1..8``, ``seq=1..512`` at (1, 128)) and the MiniLM-size encoder of issue 20
+(``tests/support/encoder_model.py``, 6 layers, the same dims, at (1, 128)). Not part of CI, except ``--smoke``
 (the encoder layer only, 2 runs).
 
 Usage: python -m scripts.bench_dynamic [--runs N] [--threads N] [--smoke] [MODEL ...]
@@ -37,6 +38,9 @@ from runtime.session import Session  # noqa: E402
 from scripts.fetch_models import fetch  # noqa: E402
 from scripts.fetch_models import model_named  # noqa: E402
 from tests.support.dynamic_models import bert_model  # noqa: E402
+from tests.support.encoder_model import MINILM  # noqa: E402
+from tests.support.encoder_model import encoder_feeds  # noqa: E402
+from tests.support.encoder_model import encoder_model  # noqa: E402
 from tests.support.yolo_model import yolov8n_input  # noqa: E402
 from tests.support.yolo_model import yolov8n_model  # noqa: E402
 
@@ -64,7 +68,13 @@ def _bert() -> tuple[Any, dict[str, Any], list[tuple[int, ...]], Feeds]:
                        "mask": np.ones(s, np.int64)})
 
 
-MODELS = {"ppocr-rec": _ppocr, "yolov8n": _yolo, "bert-layer": _bert}
+def _minilm() -> tuple[Any, dict[str, Any], list[tuple[int, ...]], Feeds]:
+    model = encoder_model(**MINILM, dynamic=True)
+    return (model, {"dims": {"batch": (1, 8), "seq": (1, 512)}}, [(1, 128)],
+            lambda s: encoder_feeds(model, batch=s[0], seq=s[1]))
+
+
+MODELS = {"ppocr-rec": _ppocr, "yolov8n": _yolo, "bert-layer": _bert, "minilm": _minilm}
 
 
 def _static_options(options: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, Any]:
