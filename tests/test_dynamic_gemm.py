@@ -20,7 +20,10 @@ from onnx import helper
 from onnx import numpy_helper
 
 from compiler.driver import compile_model
+from compiler.frontend.importer import import_model
+from compiler.passes import optimize
 from runtime.session import Session
+from runtime.symbolic import Expr
 from tests.support.encoder_model import encoder_feeds
 from tests.support.encoder_model import encoder_model
 from tests.support.models import ort_run
@@ -158,3 +161,18 @@ def test_batched_matmul_with_run_time_batch_rows_and_columns(tmp_path: Path, cpu
                  "kt": rng.standard_normal((b, 3, 8, t)).astype(np.float32),
                  "v": rng.standard_normal((b, 3, t, 20)).astype(np.float32)}
         _close(session.run(None, feeds), ort_run(model, feeds))
+
+
+def test_lowerings_run_on_the_symbolic_graph() -> None:
+    """The passes a dynamic graph runs (level 3 with the C target's lowerings for run-time dims)
+    never convert a symbolic dim with int(): they leave every projection a PackedGemm over rows
+    batch * seq and the attention one step, its dims still expressions."""
+    graph = import_model(encoder_model(layers=2, hidden=64, heads=4, ffn=128, dynamic=True), None, None,
+                         {"batch": (1, 8), "seq": (1, 512)})
+    graph = optimize(graph, 3, target="cpu", dynamic=True)
+    kinds = [node.kind for node in graph]
+    assert kinds.count("onnx_aot.PackedGemm") == 12 and kinds.count("onnx_aot.MultiHeadAttention") == 2
+    assert "MatMul" not in kinds and "Softmax" not in kinds and "onnx_aot.WinogradConv" not in kinds
+    for node in graph:
+        if node.kind in ("onnx_aot.PackedGemm", "onnx_aot.MultiHeadAttention"):
+            assert isinstance(node.outputs[0].shape[0], Expr), node.describe()
