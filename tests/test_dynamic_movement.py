@@ -275,3 +275,21 @@ def test_constant_of_shape_with_run_time_dims(tmp_path: Path) -> None:
     out = compile_model(model, tmp_path / "a", dims={"n": (1, 8), "w": (1, 5000)})
     _check(model, out, {"ConstantOfShape"},
            [{"x": (n, 3, w)} for n, w in ((1, 1), (8, 5000), (3, 33))])
+
+
+def test_argmax_argmin_with_run_time_dims(tmp_path: Path) -> None:
+    """ArgMax over the static classes of x (n, t, 37) (a CTC decode's), ArgMin with
+    select_last_index over the static middle axis of x2 (n, 6, w); ties are likely with inputs
+    rounded. A run-time axis is left to the reference kernel."""
+    nodes = [
+        helper.make_node("Round", ["x"], ["r"]),
+        helper.make_node("ArgMax", ["r"], ["am"], axis=2, keepdims=0),
+        helper.make_node("Round", ["x2"], ["r2"]),
+        helper.make_node("ArgMin", ["r2"], ["an"], axis=1, keepdims=1, select_last_index=1),
+    ]
+    model = _model(nodes, [_f("x", ["n", "t", 37]), _f("x2", ["n", 6, "w"])],
+                   [helper.make_tensor_value_info("am", TensorProto.INT64, ["n", "t"]),
+                    helper.make_tensor_value_info("an", TensorProto.INT64, ["n", 1, "w"])])
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "t": (1, 2000), "w": (1, 3000)})
+    _check(model, out, {"ArgMax", "ArgMin"},
+           [{"x": (n, t, 37), "x2": (n, 6, w)} for n, t, w in ((1, 1, 1), (4, 2000, 3000), (2, 77, 5))])

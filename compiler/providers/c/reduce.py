@@ -259,38 +259,44 @@ class ArgContext:
     floating: bool  # NaN checks are emitted
     op: str  # "max" | "min"
     last: bool  # select_last_index
-    outer: int
+    outer: int  # CDim with run-time dims, as inner
     length: int
     inner: int
     parallel: bool
+    parallel_if: str = ""  # run-time dims: the OpenMP if clause's condition
 
 
 class ArgKernel(CKernel):
     kinds: tuple[str, ...] = ("ArgMax", "ArgMin")
+    dynamic = True  # run-time dims off the axis (the axis static): rows from the binding
 
     def supports(self, node: Node) -> bool:
         if len(node.inputs) != 1 or len(node.outputs) != 1 or _numeric(node.input(0)) is None:
             return False
         y = node.outputs[0]
-        if y.dtype != np.int64 or y.shape is None:
+        if y.dtype != np.int64 or y.shape is None or symbolic_const(node.input(0)):
             return False
-        xs = shape_of(node.input(0))
+        xs = shape_of(node.input(0), symbolic=True)
         axis = int(node.attrs["axis"])
         int(node.attrs["select_last_index"])
-        if not 0 <= axis < len(xs) or xs[axis] < 1:
+        if not 0 <= axis < len(xs) or isinstance(xs[axis], Expr) or xs[axis] < 1:
             return False
-        return shape_of(y) == _reduced_shape(xs, [axis], bool(int(node.attrs["keepdims"])))
+        return shape_of(y, symbolic=True) == _reduced_shape(xs, [axis], bool(int(node.attrs["keepdims"])))
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         x = node.input(0)
         t = _numeric(x)
         assert t is not None, node.describe()
-        xs = shape_of(x)
-        outer, length, inner = _axis_split(xs, int(node.attrs["axis"]))
+        xs = shape_of(x, symbolic=True)
+        axis = int(node.attrs["axis"])
+        rd = run_dims(step)
+        outer, length = rd.write(math.prod(xs[:axis])), int(xs[axis])
+        inner = rd.write(math.prod(xs[axis + 1 :]))
         args = step_args(step, t.name, "int64_t")
+        total = rd.write(math.prod(xs))
         ctx = ArgContext(
-            params=params(["x", "y"], args, [all_nonempty(node)] * 2),
+            params=params(["x", "y"], args, [not rd.dynamic and all_nonempty(node)] * 2) + rd.params,
             ctype=t.name,
             floating=t.kind == "f",
             op="max" if node.op_type == "ArgMax" else "min",
@@ -298,9 +304,10 @@ class ArgKernel(CKernel):
             outer=outer,
             length=length,
             inner=inner,
-            parallel=prod(xs) >= PARALLEL_MIN_WORK and outer * inner > 1,
+            parallel=rd.dynamic or total >= PARALLEL_MIN_WORK and outer * inner > 1,
+            parallel_if=f"{total} >= {PARALLEL_MIN_WORK} && {outer * inner} > 1" if rd.dynamic else "",
         )
-        return StepCode("c/reduce_arg.c.j2", ctx, tuple(args))
+        return StepCode("c/reduce_arg.c.j2", ctx, (*args, *rd.args))
 
 
 # -- TopK -------------------------------------------------------------------------------------
