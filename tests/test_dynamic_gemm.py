@@ -50,7 +50,7 @@ def _providers(out: Path) -> dict[str, set[str]]:
 def _products_model(k: int, n: int) -> onnx.ModelProto:
     """x [b, s, k] through: MatMul + Add by constants (-> PackedGemm, FusedGemm with Relu), MatMul
     by a constant without bias, MatMul by an input B [k, n] (read in place), Gemm with an input
-    B^T [n, k] (packed at each run)."""
+    B^T [n, k] (packed at each run), MatMul by a constant [1, k, n] (broadcast over b)."""
     rng = np.random.default_rng(k * n)
 
     def const(name: str, *shape: int) -> onnx.TensorProto:
@@ -62,6 +62,7 @@ def _products_model(k: int, n: int) -> onnx.ModelProto:
         helper.make_node("Relu", ["q1"], ["y1"]),
         helper.make_node("MatMul", ["x", "w2"], ["y2"]),
         helper.make_node("MatMul", ["x", "bin"], ["y3"]),
+        helper.make_node("MatMul", ["x", "w3"], ["y5"]),
         helper.make_node("Reshape", ["x", "flat"], ["x2"]),
         helper.make_node("Gemm", ["x2", "bt"], ["y4"], transB=1, alpha=0.5),
     ]
@@ -70,8 +71,9 @@ def _products_model(k: int, n: int) -> onnx.ModelProto:
         [helper.make_tensor_value_info("x", F, ["b", "s", k]),
          helper.make_tensor_value_info("bin", F, [k, n]), helper.make_tensor_value_info("bt", F, [n, k])],
         [helper.make_tensor_value_info(y, F, shape) for y, shape in
-         (("y1", ["b", "s", n]), ("y2", ["b", "s", n]), ("y3", ["b", "s", n]), ("y4", ["b * s", n]))],
-        initializer=[const("w1", k, n), const("b1", n), const("w2", k, n),
+         (("y1", ["b", "s", n]), ("y2", ["b", "s", n]), ("y3", ["b", "s", n]), ("y4", ["b * s", n]),
+          ("y5", ["b", "s", n]))],
+        initializer=[const("w1", k, n), const("b1", n), const("w2", k, n), const("w3", 1, k, n),
                      numpy_helper.from_array(np.array([-1, k], np.int64), "flat")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 

@@ -267,12 +267,13 @@ def _dynamic(node: Node) -> bool:
 def _run_time_product(node: Node) -> _Product | None:
     """A product with run-time dims (issue 17), K static, on the tile: A (rows..., K) by a static B
     (A's leading dims are all rows: M; PackedGemm's panels, B^T packed at each run, B read in place
-    otherwise), or MatMul's batches of A (m, K) by B (K, n) with the same batch dims, B read in
-    place (batches, m and n may be run-time)."""
+    otherwise; MatMul's B 2-D or with leading 1s), or MatMul's batches of A (m, K) by B (K, n) with
+    the same batch dims, B read in place (batches, m and n may be run-time)."""
     a, b, y = node.input(0), node.input(1), node.outputs[0]
     if a is None or b is None or a.shape is None or b.shape is None or y.shape is None:
         return None
-    if node.op_type == "MatMul" and len(a.shape) == len(b.shape) >= 3:
+    b_matrix = len(a.shape) >= len(b.shape) >= 2 and all(d == 1 for d in b.shape[:-2])
+    if node.op_type == "MatMul" and len(a.shape) == len(b.shape) >= 3 and not b_matrix:
         return _run_time_batches(tuple(a.shape), tuple(b.shape), tuple(y.shape))
     if b.is_symbolic:
         return None
@@ -283,9 +284,9 @@ def _run_time_product(node: Node) -> _Product | None:
             return None
         sbk, sbn, path = B_PANEL, 1, "prepacked"
     elif node.op_type == "MatMul":
-        if len(a.shape) < 2 or len(b.shape) != 2:
+        if not b_matrix:  # B (k, n), or (1, ..., k, n) broadcast over every batch of A
             return None
-        k, n = b.shape
+        k, n = b.shape[-2:]
         sbk, sbn, path = n, 1, "direct"
     else:
         if len(a.shape) != 2 or len(b.shape) != 2 or node.attrs.get("transA") != 0 or _literals(node) is None:
