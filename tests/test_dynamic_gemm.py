@@ -178,3 +178,36 @@ def test_lowerings_run_on_the_symbolic_graph() -> None:
     for node in graph:
         if node.kind in ("onnx_aot.PackedGemm", "onnx_aot.MultiHeadAttention"):
             assert isinstance(node.outputs[0].shape[0], Expr), node.describe()
+
+
+def _broadcast_model() -> onnx.ModelProto:
+    """Batched MatMuls whose batch dims broadcast: x (b, 3, s, 8) by a per-head constant
+    (3, 8, 12), then by y (b, 1, 12, t) (one B per b over the heads), then a 2-D A (5, s) by that
+    (b, 3, s, t)."""
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("MatMul", ["x", "wh"], ["p"]), helper.make_node("MatMul", ["p", "y"], ["q"]),
+             helper.make_node("MatMul", ["a", "q"], ["r"])]
+    graph = helper.make_graph(
+        nodes, "broadcast",
+        [helper.make_tensor_value_info("x", F, ["b", 3, "s", 8]),
+         helper.make_tensor_value_info("y", F, ["b", 1, 12, "t"]),
+         helper.make_tensor_value_info("a", F, [5, "s"])],
+        [helper.make_tensor_value_info("r", F, ["b", 3, 5, "t"])],
+        initializer=[numpy_helper.from_array(rng.standard_normal((3, 8, 12)).astype(np.float32), "wh")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "x86-64-v3"])
+def test_batched_matmul_broadcasting_batches(tmp_path: Path, cpu: str) -> None:
+    """Each batch's A and B offsets from its index along every batch axis, 0 along a broadcast one
+    (B per head only, B per batch only, A shared by every batch); run-time K (s) in the last."""
+    model = _broadcast_model()
+    out = compile_model(model, tmp_path / "b", dims={"b": (1, 4), "s": (1, 30), "t": (1, 70)}, cpu=cpu)
+    assert _providers(out) == {"MatMul": {"c"}}
+    session = Session(out)
+    for b, s, t in ((1, 1, 1), (2, 7, 17), (4, 30, 70), (3, 13, 64)):
+        rng = np.random.default_rng(b * 10000 + s * 100 + t)
+        feeds = {"x": rng.standard_normal((b, 3, s, 8)).astype(np.float32),
+                 "y": rng.standard_normal((b, 1, 12, t)).astype(np.float32),
+                 "a": rng.standard_normal((5, s)).astype(np.float32)}
+        _close(session.run(None, feeds), ort_run(model, feeds))

@@ -214,6 +214,8 @@ class _Product:
     b_off: tuple[int, ...]
     path: str
     batches: Dim = 1  # run-time dims: the batches (an Expr, or an int), each m x k of A by k x n of B
+    # run-time batches: per batch axis (outermost first) its size and A's, B's strides in matrices
+    axes: tuple[tuple[Dim, Dim, Dim], ...] = ()
 
 
 def _path(node: Node, p: MatmulProduct, b_off: list[int], batches: int) -> str:
@@ -273,7 +275,7 @@ def _run_time_product(node: Node) -> _Product | None:
     if a is None or b is None or a.shape is None or b.shape is None or y.shape is None:
         return None
     b_matrix = len(a.shape) >= len(b.shape) >= 2 and all(d == 1 for d in b.shape[:-2])
-    if node.op_type == "MatMul" and len(a.shape) == len(b.shape) >= 3 and not b_matrix:
+    if node.op_type == "MatMul" and len(a.shape) >= 2 and len(b.shape) >= 3 and not b_matrix:
         return _run_time_batches(tuple(a.shape), tuple(b.shape), tuple(y.shape))
     if b.is_symbolic:
         return None
@@ -304,14 +306,43 @@ def _run_time_product(node: Node) -> _Product | None:
 
 
 def _run_time_batches(a: tuple[Dim, ...], b: tuple[Dim, ...], y: tuple[Dim, ...]) -> _Product | None:
-    """MatMul of A (batch..., m, k) by B (batch..., k, n), the same batch dims (no broadcasting);
-    any of them run-time (k: attention's P V over the keys)."""
+    """MatMul of A (batch..., m, k) by B (batch..., k, n), batch dims broadcasting where one side's
+    is 1 (equal otherwise: two different expressions are refused); any of them run-time (k:
+    attention's P V over the keys)."""
     (m, k), n = a[-2:], b[-1]
-    if a[:-2] != b[:-2] or b[-2] != k or y != (*a[:-2], m, n) or (isinstance(k, int) and k < 1):
+    rank = max(len(a), len(b)) - 2
+    ab, bb = (1,) * (rank + 2 - len(a)) + a[:-2], (1,) * (rank + 2 - len(b)) + b[:-2]
+    sizes = [x if x != 1 else z for x, z in zip(ab, bb, strict=True)]
+    if any(x != z and 1 not in (x, z) for x, z in zip(ab, bb, strict=True)):
         return None
-    batches = math.prod(a[:-2])
+    if b[-2] != k or y != (*sizes, m, n) or (isinstance(k, int) and k < 1):
+        return None
+    axes = tuple(zip(sizes, _matrix_strides(ab), _matrix_strides(bb), strict=True))
     product = MatmulProduct(m, n, k, k, 1, n, 1, (), (), ())  # type: ignore[arg-type]  # sam / sbk: Exprs too
-    return _Product(product, (0,), (0,), "direct", batches)
+    return _Product(product, (0,), (0,), "direct", math.prod(sizes), axes)
+
+
+def _matrix_strides(batch: tuple[Dim, ...]) -> list[Dim]:
+    """Strides (in matrices) of batch dims ``batch``, 0 along a dim of 1 (broadcast)."""
+    out: list[Dim] = []
+    inner: Dim = 1
+    for size in reversed(batch):
+        out.insert(0, 0 if size == 1 else inner)
+        inner = inner * size
+    return out
+
+
+def _batch_offset(axes: tuple[tuple[Dim, Dim, Dim], ...], side: int, matrix: Dim,
+                  dims: Callable[[object], int | CDim]) -> CDim:
+    """C text: the element offset of batch ``bi``'s matrix (``matrix`` elements) in A (``side`` 1)
+    or B (2): each batch axis's index taken from ``bi`` times that side's stride."""
+    terms: list[str] = []
+    inner: Dim = 1
+    for axis in reversed(axes):
+        if axis[side] != 0:
+            terms.append(f"((bi / {dims(inner)}) % {dims(axis[0])}) * {dims(axis[side] * matrix)}")
+        inner = inner * axis[0]
+    return CDim(" + ".join(terms) if terms else "0")
 
 
 def _literals(node: Node) -> tuple[float, float] | None:
@@ -418,16 +449,16 @@ def _tiling(prod: _Product, target: TargetInfo, dims: Callable[[object], int | C
 
 
 def _run_time_context(prod: _Product, dims: Callable[[object], int | CDim]) -> dict[str, Any]:
-    """A dynamic product's batch count and offsets (batch ``bi``'s A at ``bi * m * k``, B at
-    ``bi * k * n``: C text) and the OpenMP if clause over its run-time work."""
+    """A dynamic product's batch count and offsets (batch ``bi``'s A and B: C text) and the OpenMP
+    if clause over its run-time work."""
     p = prod.p
     work = dims(2 * prod.batches * p.m * p.n * p.k)
     stride: dict[str, Any] = {"sbk": dims(p.sbk), "sam": dims(p.sam)}  # row strides as C (n, k run-time)
     out: dict[str, Any] = {"parallel_if": f"{work} >= {PARALLEL_MIN_WORK}",
                            "p": dataclasses.replace(p, **stride)}
     if prod.batches != 1:
-        out.update(nb=dims(prod.batches), a_off=(CDim(f"bi * {dims(p.m * p.k)}"),),
-                   b_off=(CDim(f"bi * {dims(p.k * p.n)}"),))
+        out.update(nb=dims(prod.batches), a_off=(_batch_offset(prod.axes, 1, p.m * p.k, dims),),
+                   b_off=(_batch_offset(prod.axes, 2, p.k * p.n, dims),))
     return out
 
 
