@@ -293,3 +293,32 @@ def test_argmax_argmin_with_run_time_dims(tmp_path: Path) -> None:
     out = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "t": (1, 2000), "w": (1, 3000)})
     _check(model, out, {"ArgMax", "ArgMin"},
            [{"x": (n, t, 37), "x2": (n, 6, w)} for n, t, w in ((1, 1, 1), (4, 2000, 3000), (2, 77, 5))])
+
+
+def test_cast_where_compare_with_run_time_dims(tmp_path: Path) -> None:
+    """The typed maps (elementwise_typed.py): an int64 mask (b, s) cast to float32 (the encoder's
+    attention mask), Where over a comparison broadcast against a static row, And / Not of bools."""
+    row = onnx.numpy_helper.from_array(np.linspace(-1, 1, 7).astype(np.float32), "row")
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["mf"], to=TensorProto.FLOAT),
+        helper.make_node("Greater", ["x", "row"], ["gt"]),
+        helper.make_node("Where", ["gt", "x", "row"], ["w"]),
+        helper.make_node("Less", ["x", "row"], ["lt"]),
+        helper.make_node("Not", ["lt"], ["nl"]),
+        helper.make_node("And", ["gt", "nl"], ["both"]),
+        helper.make_node("Cast", ["both"], ["bi"], to=TensorProto.INT32),
+    ]
+    model = _model(nodes, [helper.make_tensor_value_info("mask", TensorProto.INT64, ["b", "s"]),
+                           _f("x", ["b", "s", 7])],
+                   [_f("mf", ["b", "s"]), _f("w", ["b", "s", 7]),
+                    helper.make_tensor_value_info("bi", TensorProto.INT32, ["b", "s", 7])], [row])
+    out = compile_model(model, tmp_path / "a", dims={"b": (1, 8), "s": (1, 5000)})
+    assert {k: v for k, v in _providers(out).items() if k in ("Cast", "Where", "Greater", "And")} == {
+        "Cast": {"c"}, "Where": {"c"}, "Greater": {"c"}, "And": {"c"}}
+    session = Session(out, threads=2)
+    for b, s in ((1, 1), (8, 5000), (3, 17)):
+        rng = np.random.default_rng(b + s)
+        feeds = {"mask": rng.integers(0, 2, (b, s)).astype(np.int64),
+                 "x": rng.standard_normal((b, s, 7)).astype(np.float32)}
+        for g, want in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
+            np.testing.assert_array_equal(g, want)

@@ -6,7 +6,8 @@ output element. They complement the float32-only elementwise kernels of ``elemen
 comparisons (Equal, Less, Greater, LessOrEqual, GreaterOrEqual) take any numeric or bool inputs,
 And / Or / Xor / Not take bools, Where selects elements of any fixed-size dtype, and a bool output is
 stored as one byte 0 / 1, as numpy stores it. A kernel may run with its output over a same-shaped,
-same-dtype input: each element is read before it is written, at the same index.
+same-dtype input: each element is read before it is written, at the same index. In a dynamic
+graph the nest's sizes and strides are run-time dims (C over the binding, ``rundims.py``).
 
 Cast follows numpy's ``astype`` (the reference kernel): integers narrow modulo 2^bits, floats round
 to nearest, bool is ``x != 0``. Float to integer truncates toward zero; where the truncated value
@@ -39,6 +40,10 @@ from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import arg
 from compiler.providers.c.common import output_args
+from compiler.providers.c.rundims import known_zero
+from compiler.providers.c.rundims import parallel_if
+from compiler.providers.c.rundims import run_dims
+from compiler.providers.c.rundims import symbolic_const
 from compiler.providers.kit import Param
 
 __all__ = [
@@ -129,16 +134,17 @@ class MapContext:
     result: str  # C expression of the output element
     parallel: bool
     chunk: int
+    parallel_if: str = ""  # run-time dims (CDim sizes): the OpenMP if clause's condition
 
 
 def _broadcasts(node: Node) -> bool:
-    """Static shapes throughout, every input broadcasting to the one output."""
-    if len(node.outputs) != 1 or not node.inputs or any(v is None for v in node.inputs):
+    """Every input broadcasting to the one output (run-time dims too; no symbolic constant)."""
+    if len(node.outputs) != 1 or not node.inputs or any(v is None or symbolic_const(v) for v in node.inputs):
         return False
-    out = shape_of(node.outputs[0])
+    out = shape_of(node.outputs[0], symbolic=True)
     try:
         for v in node.inputs:
-            broadcast_strides(shape_of(v), out)
+            broadcast_strides(shape_of(v, symbolic=True), out)
     except ValueError:
         return False
     return True
@@ -147,30 +153,32 @@ def _broadcasts(node: Node) -> bool:
 def _build(step: StepPlan, ctypes: list[tuple[str, str]], out_ctype: str, expr: str) -> StepCode:
     """The map step: input k loaded as ``ctypes[k]`` = (pointer type, variable type) into ``a<k>``."""
     node = step.node
-    out_shape = shape_of(node.outputs[0])
+    out_shape = shape_of(node.outputs[0], symbolic=True)
     args: list[Arg] = []
     strides = []
     for k, value in enumerate(node.inputs):
         assert value is not None
         args.append(arg(step.inputs[k], ctypes[k][0], True, step, f"input {k} ({value.name})"))
-        strides.append(broadcast_strides(shape_of(value), out_shape))
+        strides.append(broadcast_strides(shape_of(value, symbolic=True), out_shape))
     args += output_args(step, out_ctype)
-    nest = loop_nest(out_shape, strides)
+    rd = run_dims(step)  # a dynamic node's sizes and strides: C over the binding
+    nest = loop_nest(out_shape, strides, text=rd.write if rd.dynamic else None)
     names = [f"in{k}" for k in range(len(node.inputs))] + ["y"]
     ctx = MapContext(
-        params=tuple(Param(n, a.ctype, a.const, False) for n, a in zip(names, args, strict=True)),
+        params=tuple(Param(n, a.ctype, a.const, False) for n, a in zip(names, args, strict=True)) + rd.params,
         nest=nest,
         loads=tuple(
             (var_type, f"a{k}", f"in{k}", index)
             for k, ((_, var_type), index) in enumerate(zip(ctypes, nest.in_index, strict=True))
         ),
         result=expr,
-        parallel=nest.total >= PARALLEL_MIN_WORK,
+        parallel=rd.dynamic or nest.total >= PARALLEL_MIN_WORK,
         chunk=_CHUNK,
+        parallel_if=parallel_if(nest.total, PARALLEL_MIN_WORK),
     )
-    if nest.total == 0:
+    if known_zero(nest.total):
         return StepCode(None, ctx, ())
-    return StepCode("c/map_typed.c.j2", ctx, tuple(args))
+    return StepCode("c/map_typed.c.j2", ctx, (*args, *rd.args))
 
 
 def _dtype(v: Value | None) -> np.dtype:
@@ -180,6 +188,7 @@ def _dtype(v: Value | None) -> np.dtype:
 
 class CastKernel(CKernel):
     kinds: tuple[str, ...] = ("Cast",)
+    dynamic = True  # run-time dims (the map's nest from the binding)
 
     def supports(self, node: Node) -> bool:
         if len(node.inputs) != 1 or not _broadcasts(node):
@@ -187,7 +196,8 @@ class CastKernel(CKernel):
         src, dst = _dtype(node.input(0)), _dtype(node.outputs[0])
         if dst != np.dtype(str(node.attrs["to"])):
             return False
-        return cast_supported(src, dst) and shape_of(node.input(0)) == shape_of(node.outputs[0])
+        return cast_supported(src, dst) and shape_of(node.input(0), symbolic=True) == shape_of(
+            node.outputs[0], symbolic=True)
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         src, dst = _dtype(step.node.input(0)), _dtype(step.node.outputs[0])
@@ -197,6 +207,7 @@ class CastKernel(CKernel):
 
 class WhereKernel(CKernel):
     kinds: tuple[str, ...] = ("Where",)
+    dynamic = True
 
     def supports(self, node: Node) -> bool:
         if len(node.inputs) != 3 or not _broadcasts(node):
@@ -213,6 +224,7 @@ class WhereKernel(CKernel):
 
 class CompareKernel(CKernel):
     kinds: tuple[str, ...] = tuple(_COMPARE) + tuple(_LOGIC)
+    dynamic = True
 
     def supports(self, node: Node) -> bool:
         arity = 1 if node.kind == "Not" else 2

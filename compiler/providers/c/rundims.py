@@ -44,8 +44,8 @@ def int_or_none(x: object) -> int | None:
 
 
 def known_zero(x: object) -> bool:
-    """``x`` is the int 0 (a run-time dim never is known to be)."""
-    return not isinstance(x, Expr) and int(x) == 0  # type: ignore[call-overload]
+    """``x`` is the int 0 (a run-time dim, ``Expr`` or ``CDim``, never is known to be)."""
+    return int_or_none(x) == 0
 
 
 @dataclass(frozen=True)
