@@ -322,3 +322,12 @@ def test_cast_where_compare_with_run_time_dims(tmp_path: Path) -> None:
                  "x": rng.standard_normal((b, s, 7)).astype(np.float32)}
         for g, want in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
             np.testing.assert_array_equal(g, want)
+
+
+def test_tile_with_run_time_dims(tmp_path: Path) -> None:
+    """Tile by static repeats (2, 1, 3) of x (n, 4, w)."""
+    reps = onnx.numpy_helper.from_array(np.array([2, 1, 3], np.int64), "reps")
+    model = _model([helper.make_node("Tile", ["x", "reps"], ["y"])], [_f("x", ["n", 4, "w"])],
+                   [_f("y", [None, 4, None])], [reps])
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 8), "w": (1, 3000)})
+    _check(model, out, {"Tile"}, [{"x": (n, 4, w)} for n, w in ((1, 1), (8, 3000), (3, 17))])

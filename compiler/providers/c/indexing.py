@@ -125,8 +125,8 @@ def _slice_map(node: Node, shape: tuple[int, ...] | None = None
     return tuple(counts), base, tuple(st * o for st, o in zip(steps, own, strict=True))
 
 
-def _tile_map(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
-    xs = shape_of(node.input(0))
+def _tile_map(node: Node, symbolic: bool = False) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+    xs = shape_of(node.input(0), symbolic=symbolic)
     repeats = _ints(node.attrs["repeats"])
     if len(repeats) != len(xs) or any(r < 0 for r in repeats):
         raise ValueError(f"{node.describe()}: repeats {repeats} do not match rank {len(xs)}")
@@ -186,7 +186,7 @@ def _dynamic_slice(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] |
 
 
 def _dynamic_strided(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
-    """(iteration shape, base, strides) of a Slice or Expand with run-time dims, else None."""
+    """(iteration shape, base, strides) of a Slice, Expand or Tile with run-time dims, else None."""
     ys = shape_of(node.outputs[0], symbolic=True)
     if node.kind == "Slice":
         found = _dynamic_slice(node)
@@ -198,12 +198,19 @@ def _dynamic_strided(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]]
         except (TypeError, ValueError):
             return None
         return (ys, 0, strides) if shape == ys else None
-    return None
+    if any(int_or_none(r) is None for r in node.attrs["repeats"]):
+        return None  # Tile: static repeats of run-time dims only
+    try:
+        shape, base, strides = _tile_map(node, symbolic=True)
+    except ValueError:
+        return None
+    tiled = tuple(a * b for a, b in zip(shape[::2], shape[1::2], strict=True))
+    return (shape, base, strides) if tiled == ys else None
 
 
 class StridedKernel(CKernel):
     kinds: tuple[str, ...] = ("Slice", "Expand", "Tile")
-    dynamic = True  # run-time dims: Slice of static axes and Expand, the nest from the binding
+    dynamic = True  # run-time dims: Slice of static axes, Expand, Tile; the nest from the binding
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.inputs) != 1 or len(node.outputs) != 1:
