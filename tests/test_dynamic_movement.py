@@ -331,3 +331,21 @@ def test_tile_with_run_time_dims(tmp_path: Path) -> None:
                    [_f("y", [None, 4, None])], [reps])
     out = compile_model(model, tmp_path / "a", dims={"n": (1, 8), "w": (1, 3000)})
     _check(model, out, {"Tile"}, [{"x": (n, 4, w)} for n, w in ((1, 1), (8, 3000), (3, 17))])
+
+
+def test_topk_with_run_time_rows(tmp_path: Path) -> None:
+    """TopK (k 5, largest and smallest) along the static last axis of x (n, t, 40), run-time rows;
+    values distinct so the indices are unambiguous."""
+    k = onnx.numpy_helper.from_array(np.array([5], np.int64), "k")
+    nodes = [helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=2),
+             helper.make_node("TopK", ["x", "k"], ["v2", "i2"], axis=2, largest=0)]
+    outs = [_f("v", ["n", "t", 5]), helper.make_tensor_value_info("i", TensorProto.INT64, ["n", "t", 5]),
+            _f("v2", ["n", "t", 5]), helper.make_tensor_value_info("i2", TensorProto.INT64, ["n", "t", 5])]
+    model = _model(nodes, [_f("x", ["n", "t", 40])], outs, [k])
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "t": (1, 3000)})
+    assert _providers(out)["TopK"] == {"c"}
+    session = Session(out, threads=2)
+    for n, t in ((1, 1), (4, 3000), (2, 33)):
+        x = np.random.default_rng(n * t).permutation(n * t * 40).reshape(n, t, 40).astype(np.float32)
+        for g, want in zip(session.run(None, {"x": x}), ort_run(model, {"x": x}), strict=True):
+            np.testing.assert_array_equal(g, want)

@@ -324,41 +324,46 @@ class TopKContext:
     length: int
     inner: int
     parallel: bool
+    parallel_if: str = ""  # a run-time outer (CDim): the OpenMP if clause's condition
 
 
 class TopKKernel(CKernel):
     """The k best of each row in a heap kept in the outputs themselves, then heap-sorted."""
 
     kinds: tuple[str, ...] = ("TopK",)
+    dynamic = True  # run-time dims before the axis; the axis and the dims after it static
 
     def supports(self, node: Node) -> bool:
         if len(node.inputs) != 1 or len(node.outputs) != 2 or _numeric(node.input(0)) is None:
             return False
         x, (values, indices) = node.input(0), node.outputs
         assert x is not None
-        if values.dtype != x.dtype or indices.dtype != np.int64:
+        if values.dtype != x.dtype or indices.dtype != np.int64 or symbolic_const(x):
             return False
-        xs = shape_of(x)
+        xs = shape_of(x, symbolic=True)
         axis, k = int(node.attrs["axis"]), int(node.attrs["k"])
         int(node.attrs["largest"])
         int(node.attrs["sorted"])
-        if not 0 <= axis < len(xs) or not 1 <= k <= xs[axis]:
+        if not 0 <= axis < len(xs) or any(isinstance(d, Expr) for d in xs[axis:]) or not 1 <= k <= xs[axis]:
             return False
         ys = xs[:axis] + (k,) + xs[axis + 1 :]
-        return shape_of(values) == ys and shape_of(indices) == ys
+        return shape_of(values, symbolic=True) == ys and shape_of(indices, symbolic=True) == ys
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         x = node.input(0)
         t = _numeric(x)
         assert t is not None, node.describe()
-        xs = shape_of(x)
-        outer, length, inner = _axis_split(xs, int(node.attrs["axis"]))
+        xs = shape_of(x, symbolic=True)
+        axis = int(node.attrs["axis"])
+        rd = run_dims(step)  # a run-time outer in a dynamic graph
+        outer, length, inner = rd.write(math.prod(xs[:axis])), int(xs[axis]), prod(xs[axis + 1 :])
         k = int(node.attrs["k"])
         rows = outer * inner
         args = [*input_args(step, t.name), output_args(step, t.name)[0], output_args(step, "int64_t")[1]]
+        work = rows * length * max(1, k.bit_length())
         ctx = TopKContext(
-            params=params(["x", "yv", "yi"], args, [all_nonempty(node)] * 3),
+            params=params(["x", "yv", "yi"], args, [not rd.dynamic and all_nonempty(node)] * 3) + rd.params,
             ctype=t.name,
             floating=t.kind == "f",
             largest=bool(int(node.attrs["largest"])),
@@ -366,9 +371,10 @@ class TopKKernel(CKernel):
             outer=outer,
             length=length,
             inner=inner,
-            parallel=rows * length * max(1, k.bit_length()) >= PARALLEL_MIN_WORK and rows > 1,
+            parallel=rd.dynamic or work >= PARALLEL_MIN_WORK and rows > 1,
+            parallel_if=f"{work} >= {PARALLEL_MIN_WORK} && {rows} > 1" if rd.dynamic else "",
         )
-        return StepCode("c/reduce_topk.c.j2", ctx, tuple(args))
+        return StepCode("c/reduce_topk.c.j2", ctx, (*args, *rd.args))
 
 
 # -- LayerNormalization -------------------------------------------------------------------------
