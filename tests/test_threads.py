@@ -3,6 +3,8 @@ run times, and a run's results do not depend on it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ from compiler.driver import compile_model
 from runtime.session import Session
 from runtime.threads import EXPLORE_EVERY
 from runtime.threads import ThreadChoice
+from tests.support.commands import REPO
 from tests.support.zoo import dummy_input
 from tests.support.zoo import zoo_model
 
@@ -53,3 +56,10 @@ def test_results_do_not_depend_on_the_thread_count(tmp_path: Path, name: str) ->
     for _ in range(6):
         assert np.array_equal(session.run(None, feeds)[0], one[0])
     assert all(t is not None for t in session._choice.estimates().values())  # type: ignore[union-attr]
+
+
+def test_bench_busy_script_smoke() -> None:
+    command = [sys.executable, "-m", "scripts.bench_busy", "--smoke"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "| squeezenet |" in result.stdout and "default / ORT" in result.stdout
