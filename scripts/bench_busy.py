@@ -31,6 +31,7 @@ from compiler.bench import alternate  # noqa: E402
 from compiler.bench import for_onnxruntime  # noqa: E402
 from compiler.bench import import_onnxruntime  # noqa: E402
 from runtime.session import Session  # noqa: E402
+from scripts.bench_zoo import table_head  # noqa: E402
 from tests.support.yolo_model import yolov8n_input  # noqa: E402
 from tests.support.yolo_model import yolov8n_model  # noqa: E402
 from tests.support.zoo import dummy_input  # noqa: E402
@@ -75,9 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"# {busy} process(es) spinning; {runs} alternating runs, medians; onnxruntime at "
               f"{args.threads} threads (issue 22: ratio <= 1.20 with one spinning)")
-        print("| model | onnx-aot default ms | onnx-aot fixed ms | onnxruntime ms | default / ORT "
-              "| fixed / ORT |")
-        print("|---|---|---|---|---|---|")
+        print(table_head("model", "onnx-aot default ms", "onnx-aot fixed ms", "onnxruntime ms",
+                         "default / ORT", "fixed / ORT"))
         with tempfile.TemporaryDirectory() as tmp:
             for name in models:
                 print(measure(name, Path(tmp), args.threads, runs), flush=True)

@@ -35,6 +35,7 @@ import onnx  # noqa: E402
 from compiler import compile_model  # noqa: E402
 from compiler.bench import alternate  # noqa: E402
 from runtime.session import Session  # noqa: E402
+from scripts.bench_zoo import table_head  # noqa: E402
 from scripts.fetch_models import fetch  # noqa: E402
 from scripts.fetch_models import model_named  # noqa: E402
 from tests.support.dynamic_models import bert_model  # noqa: E402
@@ -77,9 +78,9 @@ def _minilm() -> tuple[Any, dict[str, Any], list[tuple[int, ...]], Feeds]:
 MODELS = {"ppocr-rec": _ppocr, "yolov8n": _yolo, "bert-layer": _bert, "minilm": _minilm}
 
 
-def _static_options(options: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The same inputs, each at the shape of its feed (a static compile of exactly that shape)."""
-    return {"shapes": {name: tuple(a.shape) for name, a in feeds.items()}}
+def _feed_shapes(feeds: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Each input at the shape of its feed (a static compile of exactly that shape)."""
+    return {name: tuple(a.shape) for name, a in feeds.items()}
 
 
 def _on_c(artifact: Path) -> str:
@@ -100,10 +101,10 @@ def run(name: str, tmp: Path, threads: int | None, runs: int) -> list[str]:
     for shape in shapes:
         feeds = feeds_at(shape)
         static = compile_model(model, tmp / f"{name}-{'x'.join(map(str, shape))}", golden_cases=0,
-                               **_static_options(options, feeds))
+                               shapes=_feed_shapes(feeds))
         st_session = Session(static, threads=threads)
         opt = compile_model(model, tmp / f"{name}-opt-{'x'.join(map(str, shape))}", golden_cases=0,
-                            opt_shapes=[_static_options(options, feeds)["shapes"]], **options)
+                            opt_shapes=[_feed_shapes(feeds)], **options)
         opt_session = Session(opt, threads=threads)
         t_dyn, t_st = alternate(lambda: dyn_session.run(None, feeds),  # noqa: B023
                                 lambda: st_session.run(None, feeds), runs, warmup=3)  # noqa: B023
@@ -132,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# dynamic vs static artifacts, {args.threads or 'adaptive'} thread(s), {runs} alternating runs, "
           f"medians "
           f"(issue 18: ratio <= 1.10, folder <= 1.3)")
-    print("| model | shape | dynamic ms | static ms | dynamic / static | with --opt-shape / static "
-          "| steps on C (dynamic) | steps on C (static) | folder dynamic / static |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(table_head("model", "shape", "dynamic ms", "static ms", "dynamic / static",
+                     "with --opt-shape / static", "steps on C (dynamic)", "steps on C (static)",
+                     "folder dynamic / static"))
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             run(name, Path(tmp), args.threads, runs)

@@ -113,6 +113,11 @@ def geomean(values: list[float]) -> float:
     return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
+def table_head(*columns: str) -> str:
+    """A markdown table's header and separator lines (the benchmark scripts print their rows)."""
+    return "| " + " | ".join(columns) + " |\n" + "|" + "---|" * len(columns)
+
+
 def table(rows: dict[str, dict[str, Any]]) -> list[str]:
     head = ("| model | onnx-aot ms | ORT ms | latency ratio | load ratio | load + 1st run ratio "
             "| peak RSS onnx-aot MiB | peak RSS ORT MiB | max abs err | max rel err |")
