@@ -6,10 +6,16 @@
 An ahead-of-time compiler needs shapes, axes, pads, ``k`` and sizes at compile time, but many
 models (and most of ONNX's node test cases) pass them as graph inputs. Such *compile-time inputs*
 (see :data:`compiler.frontend.canonical.COMPILE_TIME_INPUTS`) are found before compiling; when a
-model has any, or has inputs without static shapes, compilation waits for the first ``run`` and
-specializes on the values of the compile-time inputs (folded in as constants, as
-``onnx-aot compile --bind`` does) and on the shapes of the rest. One artifact is kept per distinct
-binding. Ordinary data inputs stay inputs.
+model has any, compilation waits for the first ``run`` and specializes on the values of the
+compile-time inputs (folded in as constants, as ``onnx-aot compile --bind`` does). One artifact is
+kept per distinct binding. Ordinary data inputs stay inputs.
+
+Inputs without static shapes do not specialize: every unknown dim (a ``dim_param``, no value, -1)
+becomes a range, ``dim_range`` (default :data:`DIM_RANGE`; ``prepare(model, dim_range=(1, 4096))``),
+and the model compiles into one dynamic artifact (docs/dynamic-shapes.md) -- at ``prepare`` when it
+has no compile-time inputs, else once per binding of their values. A run whose shapes fall outside
+the ranges, and a model the dynamic compile refuses (``OnnxAotRep.dynamic_error`` says why), get a
+static artifact per distinct input shapes instead, compiled at their first run.
 """
 
 from __future__ import annotations
@@ -33,15 +39,23 @@ from compiler.frontend.canonical import COMPILE_TIME_INPUTS
 from compiler.frontend.control import outer_names
 from compiler.frontend.control import subgraphs
 from compiler.frontend.control import walk_nodes
+from compiler.frontend.dims import DimSpec
+from compiler.frontend.dims import known_size
 from compiler.frontend.importer import reject_unknown_ops
 from runtime.errors import InputError
 from runtime.errors import ModelError
+from runtime.errors import OnnxAotError
 from runtime.session import Session
 
-__all__ = ["OnnxAotBackend", "OnnxAotRep", "compile_time_inputs", "prepare", "run_model", "run_node",
-           "supports_device", "is_compatible"]
+__all__ = ["DIM_RANGE", "OnnxAotBackend", "OnnxAotRep", "compile_time_inputs", "prepare", "run_model",
+           "run_node", "supports_device", "is_compatible", "ranged_shapes"]
 
 _DEVICES = {"CPU": "cpu", "CUDA": "cuda"}
+
+# The range an unknown input dim gets in the backend's dynamic artifact (the golden self-test runs
+# at its min and its middle, so the top also bounds the compile's cost)
+DIM_RANGE = (1, 1024)
+Shapes = dict[str, tuple[DimSpec, ...]]
 
 
 def compile_time_inputs(graph: onnx.GraphProto) -> list[str]:
@@ -88,14 +102,44 @@ def _static_shape(value_info: onnx.ValueInfoProto) -> bool:
     t = value_info.type
     if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
         return False
-    return all(d.HasField("dim_value") for d in t.tensor_type.shape.dim)
+    return all(known_size(d) is not None for d in t.tensor_type.shape.dim)
+
+
+def ranged_shapes(graph: onnx.GraphProto, dim_range: tuple[int, int],
+                  skip: Sequence[str] = ()) -> Shapes | None:
+    """``shapes=`` for a dynamic compile: each input with an unknown dim (but those in ``skip``),
+    its known sizes kept and every unknown dim the range ``dim_range``; None when one has no rank."""
+    initializers = {t.name for t in graph.initializer}
+    shapes: Shapes = {}
+    for info in graph.input:
+        if info.name in initializers or info.name in skip or _static_shape(info):
+            continue
+        t = info.type
+        if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            return None
+        sizes = [known_size(d) for d in t.tensor_type.shape.dim]
+        shapes[info.name] = tuple(dim_range if size is None else size for size in sizes)
+    return shapes
+
+
+def _within(shapes: Shapes, feeds: Mapping[str, np.ndarray]) -> bool:
+    """Whether every feed's shape is one ``shapes`` (sizes and ranges) allows."""
+    for name, dims in shapes.items():
+        shape = feeds[name].shape
+        if len(shape) != len(dims):
+            return False
+        for size, dim in zip(shape, dims, strict=True):
+            lo, hi = dim if isinstance(dim, tuple) else (dim, dim)
+            if not lo <= size <= hi:
+                return False
+    return True
 
 
 class OnnxAotRep(BackendRep):
     """A prepared model: one compiled artifact, or one per binding of its compile-time inputs."""
 
     def __init__(self, model: onnx.ModelProto, target: str, *, opt_level: int = 3,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, dim_range: tuple[int, int] = DIM_RANGE) -> None:
         self.model = model
         self.target = target
         self.opt_level = opt_level
@@ -106,24 +150,37 @@ class OnnxAotRep(BackendRep):
         self.output_names = [o.name for o in graph.output]
         self.bound_inputs = compile_time_inputs(graph)
         self.static = all(_static_shape(i) for i in graph.input if i.name not in initializers)
+        # the ranged input shapes of the dynamic artifact; None once the dynamic compile is refused
+        self.ranges = None if self.static else ranged_shapes(graph, dim_range, self.bound_inputs)
+        self.dynamic_error: str | None = None if self.static or self.ranges is not None else (
+            "an input has no rank")
         self._dirs: list[str] = []
         self._sessions: dict[tuple[Any, ...], Session] = {}
         self._lock = threading.Lock()
         self._outputs_type = namedtupledict("Outputs", self.output_names)
-        if self.static and not self.bound_inputs:
-            self._sessions[()] = self._compile({}, None)
+        if not self.bound_inputs and (self.static or self.ranges is not None):
+            session = self._compile({}, self.ranges)
+            if session is not None:
+                self._sessions[()] = session
 
     @property
     def deferred(self) -> bool:
-        """True when compilation waits for the first run's compile-time input values."""
-        return not (self.static and not self.bound_inputs)
+        """True when compilation waits for the first run (compile-time input values, or shapes)."""
+        return () not in self._sessions
 
-    def _compile(self, values: Mapping[str, np.ndarray],
-                 shapes: dict[str, tuple[int, ...]] | None) -> Session:
+    def _compile(self, values: Mapping[str, np.ndarray], shapes: Shapes | None) -> Session | None:
+        """A session on a fresh artifact; None when ``shapes`` has ranges and the dynamic compile
+        refuses the model (then ``dynamic_error`` says why and every later compile is static)."""
         workdir = tempfile.mkdtemp(prefix="onnx-aot-backend-")
         self._dirs.append(workdir)
-        path = compile_model(self.model, f"{workdir}/model", opt_level=self.opt_level,
-                             target=self.target, shapes=shapes, binds=values)
+        try:
+            path = compile_model(self.model, f"{workdir}/model", opt_level=self.opt_level,
+                                 target=self.target, shapes=shapes, binds=values)
+        except OnnxAotError as exc:
+            if shapes is None or shapes is not self.ranges:
+                raise
+            self.dynamic_error, self.ranges = f"{type(exc).__name__}: {exc}", None
+            return None
         return Session(path, threads=self.threads)
 
     def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
@@ -142,18 +199,22 @@ class OnnxAotRep(BackendRep):
 
     def session_for(self, feeds: Mapping[str, np.ndarray]) -> Session:
         """The session compiled for these feeds' compile-time values (compiled on first use)."""
-        if not self.deferred:
-            return self._sessions[()]
         values = {n: np.array(feeds[n], order="C") for n in self.bound_inputs}
-        shapes = None if self.static else {
-            n: tuple(feeds[n].shape) for n in self.input_names if n not in values}
         key: tuple[Any, ...] = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in values.items())
-        key += tuple(sorted((shapes or {}).items()))
         with self._lock:
-            session = self._sessions.get(key)
-            if session is None:
-                session = self._sessions[key] = self._compile(values, shapes)
-        return session
+            if self.ranges is not None and _within(self.ranges, feeds):
+                session = self._sessions.get(key) or self._compile(values, self.ranges)
+                if session is not None:
+                    self._sessions[key] = session
+                    return session
+            shapes = None if self.static else {
+                n: tuple(feeds[n].shape) for n in self.input_names if n not in values}
+            if shapes is not None:
+                key += ("static", *sorted(shapes.items()))
+            found = self._sessions.get(key) or self._compile(values, shapes)
+            assert found is not None  # a static compile raises instead
+            self._sessions[key] = found
+        return found
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         feeds = self._feeds(inputs)
@@ -193,7 +254,7 @@ class OnnxAotBackend(Backend):
         # unsupported ops fail here, before any compile-time input is known
         reject_unknown_ops(model)
         return OnnxAotRep(model, target, opt_level=int(kwargs.get("opt_level", 3)),
-                          threads=kwargs.get("threads"))
+                          threads=kwargs.get("threads"), dim_range=tuple(kwargs.get("dim_range", DIM_RANGE)))
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",

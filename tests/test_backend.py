@@ -64,6 +64,54 @@ def test_shape_inputs_are_specialized_per_value() -> None:
     assert [s.name for s in session.inputs] == ["x"]  # the data input stays an input
 
 
+def _dense_model(x_dims: list, w_rows: int = 8) -> onnx.ModelProto:
+    w = np.random.default_rng(0).standard_normal((w_rows, 4)).astype(np.float32)
+    return onnx_model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+                      [helper.make_tensor_value_info("x", T.FLOAT, x_dims)],
+                      [helper.make_tensor_value_info("z", T.FLOAT, ["batch", 4])],
+                      initializers=[helper.make_tensor("w", T.FLOAT, w.shape, w.reshape(-1))])
+
+
+def test_unknown_dims_compile_one_dynamic_artifact_at_prepare() -> None:
+    """A dim_param, an unnamed dim and a -1 each become the range DIM_RANGE (or dim_range=): one
+    artifact, compiled at prepare, runs every shape in range; a shape out of range gets a static
+    artifact of its own at its first run."""
+    model = _dense_model(["batch", 8])
+    rep = backend.prepare(model, dim_range=(1, 64))
+    assert not rep.deferred and rep.ranges == {"x": ((1, 64), 8)} and rep.dynamic_error is None
+    session = rep.session_for({"x": np.zeros((3, 8), np.float32)})
+    assert session.inputs[0].shape == (None, 8)  # dynamic: the batch dim is a range
+    w = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    for batch in (1, 5, 64, 65):
+        x = np.random.default_rng(batch).standard_normal((batch, 8)).astype(np.float32)
+        np.testing.assert_allclose(rep.run([x])[0], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+        assert len(rep._sessions) == (1 if batch <= 64 else 2)
+    assert backend.ranged_shapes(_dense_model([None, -1]).graph, backend.DIM_RANGE) == {
+        "x": (backend.DIM_RANGE, backend.DIM_RANGE)}
+    no_rank = _dense_model([1, 8])
+    no_rank.graph.input[0].type.tensor_type.ClearField("shape")
+    assert backend.ranged_shapes(no_rank.graph, backend.DIM_RANGE) is None
+
+
+def test_a_refused_dynamic_compile_falls_back_to_one_artifact_per_shape() -> None:
+    """A model the dynamic compile refuses (here a ceil-mode pool over run-time dims) still runs:
+    per distinct shape, with the reason kept."""
+    model = onnx_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
+                                         ceil_mode=1)],
+                       [helper.make_tensor_value_info("x", T.FLOAT, [1, 1, "h", "w"])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, [1, 1, "oh", "ow"])])
+    rep = backend.prepare(model)
+    if rep.dynamic_error is None:
+        pytest.skip("the dynamic compile takes ceil-mode pools over run-time dims now: find another refusal")
+    assert rep.deferred and rep.ranges is None
+    for h, w in ((5, 7), (4, 4), (5, 7)):
+        x = np.random.default_rng(h * w).standard_normal((1, 1, h, w)).astype(np.float32)
+        padded = np.pad(x, ((0, 0), (0, 0), (0, h % 2), (0, w % 2)), constant_values=-np.inf)
+        want = padded.reshape(1, 1, (h + 1) // 2, 2, (w + 1) // 2, 2).max(axis=(3, 5))
+        np.testing.assert_array_equal(rep.run([x])[0], want)
+    assert len(rep._sessions) == 2
+
+
 def test_compile_time_inputs_follow_values_not_shapes() -> None:
     graph = helper.make_graph(
         [helper.make_node("Cast", ["k_in"], ["k"], to=T.INT64),
