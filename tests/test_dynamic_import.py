@@ -29,6 +29,7 @@ from compiler.frontend.probing import Probes
 from compiler.frontend.probing import fit
 from compiler.ir.graph import Graph
 from runtime.errors import ShapeError
+from runtime.session import Session
 from runtime.symbolic import Expr
 from runtime.symbolic import evaluate
 from runtime.symbolic import sym
@@ -287,7 +288,8 @@ def test_what_the_ranges_decide_is_folded() -> None:
 
 
 @pytest.mark.parametrize(("nodes", "inits"), [
-    ([N("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)], {}),
+    ([N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, count_include_pad=1)],
+     {}),
     ([N("Conv", ["x", "k"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],
      {"k": np.ones((4, 4, 3, 3), np.float32)}),
     ([N("TopK", ["x", "k"], ["y", "i"], axis=3)], {"k": _i64(3)}),
@@ -299,6 +301,37 @@ def test_ops_that_cannot_take_symbols_yet_name_the_node_and_dims(nodes: list[onn
     with pytest.raises(ShapeError, match=rf"node '{op}_0' \({op}\): its canonical form cannot take "
                                          r"symbolic dims yet .* it met 'x' shape \[n, 4, 8, w\]"):
         import_model(model, dims={"n": (1, 4), "w": (8, 64)})
+
+
+_K = np.random.default_rng(3).standard_normal((4, 4, 3, 3)).astype(np.float32)
+
+
+@pytest.mark.parametrize(("node", "inits"), [
+    (N("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1), {}),
+    (N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1, pads=[1, 0, 1, 1]), {}),
+    (N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, pads=[1, 1, 1, 1]), {}),
+    (N("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], auto_pad="SAME_UPPER"), {}),
+    (N("AveragePool", ["x"], ["y"], kernel_shape=[4, 4], auto_pad="SAME_LOWER"), {}),
+    (N("Conv", ["x", "k"], ["y"], auto_pad="SAME_UPPER"), {"k": _K}),
+], ids=["max-ceil", "max-ceil-pads", "avg-ceil-no-pad-count", "max-same", "avg-same-lower", "conv-same"])
+def test_ceil_mode_and_stride_one_same_pads_take_symbols(node: onnx.NodeProto, inits: dict[str, np.ndarray],
+                                                         tmp_path: Path) -> None:
+    """Ceil mode where the padding never counts is floor mode with longer end pads at every size,
+    and SAME pads at stride 1 do not depend on the size: both compile over run-time dims and match
+    onnxruntime at sizes that end on a whole window and at sizes that do not."""
+    ort = pytest.importorskip("onnxruntime")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, [1, 4, "h", "w"])],
+                              [helper.make_tensor_value_info("y", F, ["n", "c", "oh", "ow"])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = compile_model(model, tmp_path / "a", dims={"h": (5, 40), "w": (5, 40)}, cpu="x86-64-v3")
+    session, reference = Session(out), ort.InferenceSession(model.SerializeToString())
+    assert {s["provider"] for s in json.loads((out / "plan.json").read_text())["steps"]} == {"c"}
+    for h, w in ((5, 5), (6, 9), (17, 40), (40, 24)):
+        x = np.random.default_rng(h * w).standard_normal((1, 4, h, w)).astype(np.float32)
+        got, want = session.run(None, {"x": x})[0], reference.run(None, {"x": x})[0]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_fit_family() -> None:

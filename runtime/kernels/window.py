@@ -84,7 +84,10 @@ def split_pads(total: int, upper: bool) -> tuple[int, int]:
 
 
 def same_pads(size: Dim, kernel: int, stride: int, dilation: int, upper: bool) -> tuple[int, int]:
-    """(begin, end) pads of ``auto_pad`` SAME_UPPER / SAME_LOWER: ``ceil(size / stride)`` outputs."""
+    """(begin, end) pads of ``auto_pad`` SAME_UPPER / SAME_LOWER: ``ceil(size / stride)`` outputs.
+    At stride 1 the total is ``extent - 1`` whatever the size (a run-time size too)."""
+    if stride == 1:
+        return split_pads(extent(kernel, dilation) - 1, upper)
     out = -(-size // stride)
     return split_pads(max(0, (out - 1) * stride + extent(kernel, dilation) - size), upper)
 

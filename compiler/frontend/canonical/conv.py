@@ -15,6 +15,7 @@ from compiler.frontend.canonical.context import ints
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from runtime.kernels.window import conv_out_size
+from runtime.kernels.window import floor_mode_end
 from runtime.kernels.window import pool_out_size
 from runtime.kernels.window import same_pads
 from runtime.symbolic import is_symbolic
@@ -95,6 +96,12 @@ def _pool(ctx: CanonContext) -> list[Node]:
         raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
     pads = resolve_pads(ctx, spatial, kernel, strides, dilations)
     ceil_mode = int(ctx.attr("ceil_mode", 0))
+    if ceil_mode == 1 and any(is_symbolic(size) for size in spatial) and _pads_never_count(ctx):
+        # ceil mode over a run-time size: floor mode with the end pads that give the same windows
+        # at every size (a pad that never counts changes nothing but the output size)
+        ends = zip(kernel, strides, dilations, pads[n:], strict=True)
+        pads = pads[:n] + [floor_mode_end(k, s, d, e) for k, s, d, e in ends]
+        ceil_mode = 0
     axes = list(zip(spatial, kernel, strides, dilations, pads[:n], pads[n:], strict=True))
     check_output(ctx, [pool_out_size(size, k, s, d, b, e, ceil_mode) for size, k, s, d, b, e in axes])
     attrs: dict[str, Any] = {"kernel_shape": kernel, "strides": strides, "pads": pads, "ceil_mode": ceil_mode}
@@ -110,6 +117,12 @@ def _pool(ctx: CanonContext) -> list[Node]:
     # MaxPool's optional Indices output is kept only when the model uses it.
     keep = 2 if ctx.op_type == "MaxPool" and any(v.name in ctx.used for v in ctx.outputs[1:2]) else 1
     return [ctx.node(ctx.op_type, ctx.inputs[:1], attrs, outputs=ctx.outputs[:keep])]
+
+
+def _pads_never_count(ctx: CanonContext) -> bool:
+    """Whether the pool's padding never enters its result: MaxPool (padding is -inf), LpPool (0)
+    and AveragePool without count_include_pad."""
+    return ctx.op_type != "AveragePool" or int(ctx.attr("count_include_pad", 0)) == 0
 
 
 @register("LRN")
