@@ -28,6 +28,8 @@ from compiler.frontend.importer import import_model
 from compiler.frontend.probing import Probes
 from compiler.frontend.probing import fit
 from compiler.ir.graph import Graph
+from runtime.errors import InputError
+from runtime.errors import ModelError
 from runtime.errors import ShapeError
 from runtime.session import Session
 from runtime.symbolic import Expr
@@ -292,7 +294,6 @@ def test_what_the_ranges_decide_is_folded() -> None:
      {}),
     ([N("Conv", ["x", "k"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],
      {"k": np.ones((4, 4, 3, 3), np.float32)}),
-    ([N("TopK", ["x", "k"], ["y", "i"], axis=3)], {"k": _i64(3)}),
 ])
 def test_ops_that_cannot_take_symbols_yet_name_the_node_and_dims(nodes: list[onnx.NodeProto],
                                                                  inits: dict[str, np.ndarray]) -> None:
@@ -332,6 +333,31 @@ def test_ceil_mode_and_stride_one_same_pads_take_symbols(node: onnx.NodeProto, i
         got, want = session.run(None, {"x": x})[0], reference.run(None, {"x": x})[0]
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_top_k_along_a_symbolic_axis_checks_k_at_the_binding(tmp_path: Path) -> None:
+    """k above the range's low end is a size the model cannot take: an InputError naming the node
+    at the binding, not a refused compile; k above its high end is refused at compile time."""
+    ort = pytest.importorskip("onnxruntime")
+
+    def model(k: int) -> onnx.ModelProto:
+        graph = helper.make_graph([N("TopK", ["x", "k"], ["v", "i"], axis=1)], "g",
+                                  [helper.make_tensor_value_info("x", F, [2, "n"])],
+                                  [helper.make_tensor_value_info("v", F, [2, k]),
+                                   helper.make_tensor_value_info("i", TensorProto.INT64, [2, k])],
+                                  [numpy_helper.from_array(_i64(k), "k")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    session = Session(compile_model(model(5), tmp_path / "a", dims={"n": (3, 40)}))
+    reference = ort.InferenceSession(model(5).SerializeToString())
+    for n in (5, 6, 40):
+        x = np.random.default_rng(n).standard_normal((2, n)).astype(np.float32)
+        for got, want in zip(session.run(None, {"x": x}), reference.run(None, {"x": x}), strict=True):
+            np.testing.assert_array_equal(got, want)
+    with pytest.raises(InputError, match=r"node 'TopK_0' needs min\(5,n\) == 5, but at n=4"):
+        session.run(None, {"x": np.zeros((2, 4), np.float32)})
+    with pytest.raises(ModelError, match=r"k = 41 is out of range for axis 1 of size n \(at most 40\)"):
+        compile_model(model(41), tmp_path / "b", dims={"n": (3, 40)})
 
 
 def test_fit_family() -> None:

@@ -18,6 +18,9 @@ from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from runtime.errors import UnsupportedOpError
 from runtime.kernels.window import conv_out_size
+from runtime.symbolic import bounds
+from runtime.symbolic import is_symbolic
+from runtime.symbolic import min_
 
 __all__ = ["DATA_DEPENDENT_OPS"]
 
@@ -105,8 +108,15 @@ def _top_k(ctx: CanonContext) -> list[Node]:
         if k_c.size != 1:
             raise ctx.error(f"k must hold one value, got shape {k_c.shape}")
         k = int(k_c.reshape(-1)[0])
-    if not 0 <= k <= shape_of(ctx.inputs[0])[axis]:
-        raise ctx.error(f"k = {k} is out of range for axis {axis} of size {shape_of(ctx.inputs[0])[axis]}")
+    size = shape_of(ctx.inputs[0])[axis]
+    if is_symbolic(size):
+        lo, hi = bounds(size, ctx.graph.symbols)
+        if not 0 <= k <= hi:
+            raise ctx.error(f"k = {k} is out of range for axis {axis} of size {size} (at most {hi})")
+        if k > lo:  # the sizes below k are ones the model cannot take: checked at the binding
+            ctx.graph.assumptions.append((ctx.name, min_(size, k), k))
+    elif not 0 <= k <= size:
+        raise ctx.error(f"k = {k} is out of range for axis {axis} of size {size}")
     attrs = {"axis": axis, "k": k, "largest": int(ctx.attr("largest", 1)),
              "sorted": int(ctx.attr("sorted", 1))}
     return [ctx.node("TopK", ctx.inputs[:1], attrs, outputs=ctx.outputs[:2])]
