@@ -155,9 +155,10 @@ class DynamicRuns:
         return arrays
 
     # -- binding -> bound plan --------------------------------------------------------------------
-    def bound(self, shapes: Mapping[str, tuple[int, ...]]) -> Bound:
-        """The bound plan of the binding the input ``shapes`` give (cached)."""
-        key = self.key(shapes)
+    def bound(self, shapes: Mapping[str, tuple[int, ...]], key: tuple[int, ...] | None = None) -> Bound:
+        """The bound plan of the binding the input ``shapes`` give (cached); ``key``: their
+        :meth:`key`, when the caller has it already."""
+        key = self.key(shapes) if key is None else key
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:

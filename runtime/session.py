@@ -174,6 +174,13 @@ class Session:
     # -- loading -----------------------------------------------------------------------------
     def _load(self, threads: int | None) -> None:
         plan = self.plan
+        self.threads = threads if threads is not None else (os.cpu_count() or 1)
+        if self.threads < 1:
+            raise InputError(f"threads must be >= 1, got {self.threads}")
+        # threads not given: each run's count chosen from measured run times (runtime/threads.py)
+        self._adaptive = threads is None and any(p.runner in ("c", "control") for p in plan.partitions)
+        self._choice: ThreadChoice | None = ThreadChoice(self.threads) if self._adaptive else None
+        self._threads_now = self.threads
         weights = self._artifact.weights
         self._weights = {"host": weights}
         for record in plan.partitions:
@@ -186,15 +193,6 @@ class Session:
         self._partitions: list[tuple[str, Any]] = []
         for record in plan.partitions if self._dyn is None else ():  # dynamic: loaded per binding
             self._partitions.append(self._load_partition(record))
-        self.threads = threads if threads is not None else (os.cpu_count() or 1)
-        if self.threads < 1:
-            raise InputError(f"threads must be >= 1, got {self.threads}")
-        # threads not given: each run's count chosen from measured run times (runtime/threads.py)
-        self._adaptive = threads is None and any(p.runner in ("c", "control") for p in plan.partitions)
-        self._choice: ThreadChoice | None = ThreadChoice(self.threads) if self._adaptive else None
-        self._threads_now = self.threads
-        for library in self._libraries.values():
-            library.set_threads(self.threads)
 
     def _check_device_options(self, spaces: set[str], device_id: int | None, memory_limit: int | None,
                               caller_memory: bool) -> None:
@@ -246,8 +244,7 @@ class Session:
                 raise ArtifactError(f"{self.path / rel}: library not listed in the manifest")
             if rel not in self._libraries:
                 self._libraries[rel] = CLibrary(self._artifact.library_file(rel))
-                if hasattr(self, "threads"):  # loaded at a dynamic plan's first binding
-                    self._libraries[rel].set_threads(self._threads_now)
+                self._libraries[rel].set_threads(self._threads_now)
             return ("c", _CPartition(self._libraries[rel].entry(record.entry), record.ext))
         if runner == "cuda":
             from runtime.providers.cuda import CudaPartition
@@ -434,11 +431,14 @@ class Session:
         arrays = dyn.check_feeds(feeds)
         shapes = {name: a.shape for name, a in arrays.items()}
         if self._variants and self._guard is None and self._profiler is None:
-            variant = self._variants.session(dyn.key(shapes))  # an --opt-shape binding: its static artifact
+            key = dyn.key(shapes)
+            variant = self._variants.session(key)  # an --opt-shape binding: its static artifact
             if variant is not None:
                 results: list[np.ndarray] = variant.run(None, arrays)
                 return results
-        bound = dyn.bound(shapes)
+            bound = dyn.bound(shapes, key)
+        else:
+            bound = dyn.bound(shapes)
         results = [np.empty(shape, spec.dtype)
                    for shape, spec in zip(bound.output_shapes, self.outputs, strict=True)]
         ext: dict[str, Any] = dict(arrays)
