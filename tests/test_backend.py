@@ -93,6 +93,23 @@ def test_unknown_dims_compile_one_dynamic_artifact_at_prepare() -> None:
     assert backend.ranged_shapes(no_rank.graph, backend.DIM_RANGE) is None
 
 
+def test_a_wide_default_range_self_tests_where_the_values_fit() -> None:
+    """Every dim of an image input unknown: the middle binding (512 x 3 x 512 x 512) passes the
+    golden reference run's cap, so the self-test runs at the min binding only, and still runs."""
+    k = np.random.default_rng(0).standard_normal((16, 3, 3, 3)).astype(np.float32)
+    model = onnx_model([helper.make_node("Conv", ["x", "k"], ["y"], pads=[1, 1, 1, 1])],
+                       [helper.make_tensor_value_info("x", T.FLOAT, ["n", 3, "h", "w"])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, ["n", 16, "h", "w"])],
+                       initializers=[helper.make_tensor("k", T.FLOAT, k.shape, k.reshape(-1))])
+    rep = backend.prepare(model)
+    session = rep.session_for({"x": np.zeros((1, 3, 4, 4), np.float32)})
+    golden = json.loads((session.path / "golden.json").read_text())
+    assert golden["cases"] and {tuple(c["inputs"][0]["shape"]) for c in golden["cases"]} == {(1, 3, 1, 1)}
+    session.verify()
+    x = np.random.default_rng(1).standard_normal((2, 3, 17, 33)).astype(np.float32)
+    assert rep.run([x])[0].shape == (2, 16, 17, 33) and len(rep._sessions) == 1
+
+
 def test_a_refused_dynamic_compile_falls_back_to_one_artifact_per_shape() -> None:
     """A model the dynamic compile refuses (here a ceil-mode average pool whose padding counts, over
     run-time dims) still runs: per distinct shape, with the reason kept."""
