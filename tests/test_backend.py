@@ -22,6 +22,7 @@ from runtime.errors import InputError
 from runtime.errors import ShapeError
 from runtime.errors import UnsupportedOpError
 from scripts import conformance
+from tests.support.fetched import fetched_model
 from tests.support.models import onnx_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +109,23 @@ def test_a_wide_default_range_self_tests_where_the_values_fit() -> None:
     session.verify()
     x = np.random.default_rng(1).standard_normal((2, 3, 17, 33)).astype(np.float32)
     assert rep.run([x])[0].shape == (2, 16, 17, 33) and len(rep._sessions) == 1
+
+
+def test_a_real_model_with_unknown_dims_serves_every_shape_from_one_artifact() -> None:
+    """PP-OCRv4 rec (batch, height and width unknown): one dynamic artifact at prepare, matching
+    onnxruntime at several (batch, height, width); a height the model cannot take (its reshape
+    needs the pooled height to be 1) is an InputError naming the node, at run time."""
+    ort = pytest.importorskip("onnxruntime")
+    path = fetched_model("ppocrv4-rec")
+    rep = backend.prepare(onnx.load(path))
+    assert not rep.deferred and rep.dynamic_error is None
+    reference = ort.InferenceSession(str(path))
+    for shape in ((1, 3, 48, 320), (2, 3, 48, 100), (1, 3, 64, 200)):
+        x = np.random.default_rng(sum(shape)).random(shape).astype(np.float32)
+        np.testing.assert_allclose(rep.run([x])[0], reference.run(None, {"x": x})[0], rtol=1e-3, atol=1e-4)
+    assert len(rep._sessions) == 1
+    with pytest.raises(InputError, match=r"node 'p2o.Reshape.79' needs .* the model cannot take this shape"):
+        rep.run([np.zeros((1, 3, 96, 320), np.float32)])
 
 
 def test_a_refused_dynamic_compile_falls_back_to_one_artifact_per_shape() -> None:
