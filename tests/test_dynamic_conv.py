@@ -79,16 +79,17 @@ def _check(model: onnx.ModelProto, out: Path, kinds: set[str], sizes: list[tuple
 
 @pytest.mark.parametrize("cpu", ["x86-64-v2", "x86-64-v3"])
 def test_convs_run_on_c_with_run_time_batch_and_sizes(tmp_path: Path, cpu: str) -> None:
+    """At -O2: the NCHW kernels (at -O3 the convs go NHWC, tests/test_dynamic_nhwc.py)."""
     model = _conv_model()
     out = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "h": (1, 40), "w": (1, 300)}, cpu=cpu,
-                        golden_cases=0)
+                        golden_cases=0, opt_level=2)
     _check(model, out, {"Conv", "FusedConv"}, SIZES, 8)
 
 
 def test_a_static_batch_with_run_time_width(tmp_path: Path) -> None:
     """Only W is a symbol (PP-OCR rec's case): H, OH and N stay compile-time constants."""
     model = _conv_model()
-    out = compile_model(model, tmp_path / "a", shapes={"x": (2, 8, 6, (1, 300))}, golden_cases=0)
+    out = compile_model(model, tmp_path / "a", shapes={"x": (2, 8, 6, (1, 300))}, golden_cases=0, opt_level=2)
     _check(model, out, {"Conv", "FusedConv"}, [(2, 6, 1), (2, 6, 65), (2, 6, 300)], 8)
 
 

@@ -119,12 +119,17 @@ def _shuffle_nhwc(node: Node) -> tuple[tuple[int, ...], dict[str, Any]]:
     return (n, h, w, g * cg), {"shape": [n, h, w, g * cg]}
 
 
+def _dynamic(node: Node) -> bool:
+    """Whether ``node`` is in a dynamic graph (symbolic dims: its NHWC kernels take run-time dims)."""
+    return node.graph is not None and bool(node.graph.symbols)
+
+
 def _layout_inputs(node: Node) -> list[int] | None:
     """The input positions of ``node`` that carry activations in the region's layout, or None
     when the node has no NHWC form."""
     kind = node.kind
-    if kind in ("Reshape", "Transpose"):
-        return [0] if _shuffle_chain(node) is not None else None
+    if kind in ("Reshape", "Transpose"):  # a dynamic graph's shuffle would need symbolic shape attributes
+        return [0] if not _dynamic(node) and _shuffle_chain(node) is not None else None
     if len(node.outputs) != 1 or not _rank4(node.outputs[0]) or not _float32(node.outputs[0]):
         return None
     x = node.input(0)

@@ -193,7 +193,8 @@ class _Window:
         ys = _shape(node.outputs[0], symbolic) if len(node.outputs) == 1 else None
         if xs is None or ys is None or len(xs) != len(ys) or len(xs) - 2 not in ranks:
             return None
-        if symbolic and (layout != "NCHW" or isinstance(xs[1], Expr) or isinstance(ys[1], Expr)):
+        ch = 1 if layout == "NCHW" else -1  # channels stay static
+        if symbolic and (isinstance(xs[ch], Expr) or isinstance(ys[ch], Expr)):
             return None
         if layout == "NHWC":
             if len(xs) != 4:
@@ -295,10 +296,10 @@ class ConvGeometry(Spatial):
         return g
 
     @classmethod
-    def from_symbolic_node(cls, node: Node) -> ConvGeometry | None:
-        """``from_node`` (NCHW) of a dynamic graph's node: N and the spatial sizes may be
-        expressions (``Expr``), channels and weights are static."""
-        g = _conv(node, "NCHW", (1, 2), symbolic=True)
+    def from_symbolic_node(cls, node: Node, layout: Layout = "NCHW") -> ConvGeometry | None:
+        """``from_node`` of a dynamic graph's node: N and the spatial sizes may be expressions
+        (``Expr``), channels and weights are static."""
+        g = _conv(node, layout, (1, 2) if layout == "NCHW" else (2,), symbolic=True)
         if g is None or _shape(node.input(1)) != g.weight_shape:
             return None
         return g
@@ -347,9 +348,10 @@ class WinogradGeometry(ConvGeometry):
                 and (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (3, 3, 1, 1, 1, 1))  # fmt: skip
 
     @classmethod
-    def from_node(cls, node: Node, layout: Layout) -> WinogradGeometry | None:  # type: ignore[override]
-        g, us = _conv(node, layout, (2,)), _shape(node.input(1))
-        if g is None or us is None or g.batch < 1 or not cls.fits(g):
+    def from_node(cls, node: Node, layout: Layout, symbolic: bool = False) -> WinogradGeometry | None:  # type: ignore[override]
+        """The Winograd conv; with ``symbolic``, N and the spatial sizes may be expressions."""
+        g, us = _conv(node, layout, (2,), symbolic), _shape(node.input(1))
+        if g is None or us is None or (isinstance(g.batch, int) and g.batch < 1) or not cls.fits(g):
             return None
         tile = next((t for t in MATRICES if (t + 2) ** 2 == us[0]), None) if us else None
         if tile is None:

@@ -63,6 +63,7 @@ __all__ = [
     "dynamic_geometry",
     "is_dynamic",
     "conv_operands",
+    "dynamic_conv_operands",
     "epilogue_operands_ok",
 ]
 
@@ -145,9 +146,9 @@ def epilogue_operands_ok(node: Node, m: int) -> bool:
     if not all_float32(node) or not fused_ok(node) or len(node.inputs) > 4:
         return False
     b, z = node.input(2), node.input(3)
-    if b is not None and shape_of(b) != (m,):
+    if b is not None and shape_of(b, symbolic=True) != (m,):
         return False
-    return z is None or shape_of(z) == shape_of(node.outputs[0])
+    return z is None or shape_of(z, symbolic=True) == shape_of(node.outputs[0], symbolic=True)
 
 
 def conv_operands(
@@ -247,17 +248,16 @@ def _dynamic_scratch(g: ConvGeometry, method: str) -> int | Expr:
     return 4 * g.k * MAX_PANEL if method == "direct" else 0
 
 
-def _dynamic_operands(step: StepPlan, scratch: int | Expr) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
-    """``conv_operands`` of a dynamic step: x, w, bias?, y, scratch?, and the binding ``dyn``."""
-    node = step.node
-    has_bias = node.input(2) is not None
-    e = Epilogue("", has_bias, "", 1, 0, False, activation(node), activation(node, vector=True))
-    args = list(step_args(step))
-    names = ["x", "w"] + (["bias"] if has_bias else []) + ["y"]
-    restrict = [True, True] + ([True] if has_bias else []) + [False]
+def dynamic_conv_operands(
+    step: StepPlan, weights: str, scratch: int | Expr
+) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
+    """``conv_operands`` of a dynamic step: x, ``weights``, bias?, z?, y, scratch? (of an
+    expression's size) and the binding ``dyn``."""
+    e, args, step_params = conv_operands(step, weights, 0)
+    names, restrict = [p.name for p in step_params], [p.restrict for p in step_params]
     if not isinstance(scratch, int) or scratch:
         if step.scratch is None or step.scratch_nbytes != scratch:
-            raise CompileError(f"{node.describe()}: needs {scratch} bytes of scratch, "
+            raise CompileError(f"{step.node.describe()}: needs {scratch} bytes of scratch, "
                                f"plan gives {step.scratch_nbytes}")
         args.append(arg(step.scratch, "float", False, step, "scratch"))
         names.append("scratch")
@@ -270,7 +270,7 @@ def _build_dynamic(step: StepPlan, target: TargetInfo) -> StepCode:
     node = step.node
     g0 = claimed(ConvGeometry.from_symbolic_node(node), node)
     method = _dynamic_method(g0)
-    e, args, step_params = _dynamic_operands(step, _dynamic_scratch(g0, method))
+    e, args, step_params = dynamic_conv_operands(step, "w", _dynamic_scratch(g0, method))
     g, decls = dynamic_geometry(g0, step.symbols)
     work = g.batch * g.m * g.oh * g.ow * (2 * g.kh * g.kw * g.cg)
     if method == "depthwise":

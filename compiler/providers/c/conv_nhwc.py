@@ -47,22 +47,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from dataclasses import replace
 
+from compiler.codegen.cdims import CDim
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
+from compiler.providers.c.conv import Decls
 from compiler.providers.c.conv import conv_operands
+from compiler.providers.c.conv import dynamic_conv_operands
+from compiler.providers.c.conv import dynamic_geometry
 from compiler.providers.c.conv import epilogue_operands_ok
+from compiler.providers.c.conv import is_dynamic
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 from runtime.kernels.nhwc import PANEL
+from runtime.symbolic import Expr
+from runtime.symbolic import max_
 
-__all__ = ["ConvNhwcContext", "DepthwiseNhwcContext", "ConvNhwcKernel", "tap_mode"]
+__all__ = ["ConvNhwcContext", "DepthwiseNhwcContext", "ConvNhwcKernel", "inside_decls", "tap_mode"]
 
 BLOCK_BYTES = 256 * 1024  # input rows of one pixel block (L2)
 MIN_ITEMS = 32  # work items to aim for, so threads get balanced shares
@@ -75,8 +83,13 @@ DW_PIXELS = 6  # pixels per step of its interior (at most)
 
 
 def tap_mode(g: ConvGeometry) -> str:
-    """How the GEMM path reads taps in the padding: "direct" (none are), "check" or "copy"."""
-    if not (g.rows.padded or g.cols.padded):
+    """How the GEMM path reads taps in the padding: "direct" (none are), "check" or "copy". With
+    run-time sizes any pad counts (whether the last window reaches the end pad depends on them)."""
+    if isinstance(g.h, Expr) or isinstance(g.w, Expr):
+        padded = max(g.pt, g.pb, g.pl, g.pr) > 0
+    else:
+        padded = g.rows.padded or g.cols.padded
+    if not padded:
         return "direct"
     return "check" if g.cg >= COPY_MAX_CHANNELS else "copy"
 
@@ -85,6 +98,8 @@ def _addressed(g: ConvGeometry, mode: str) -> tuple[int, int]:
     """Rows and columns of the image the kernel addresses (the zero-padded copy's in "copy" mode)."""
     if mode != "copy":
         return g.h, g.w
+    if isinstance(g.h, Expr) or isinstance(g.w, Expr):
+        return max_(g.pt + g.h, g.rows.reach), max_(g.pl + g.w, g.cols.reach)
     return max(g.pt + g.h, g.rows.reach), max(g.pl + g.w, g.cols.reach)
 
 
@@ -121,6 +136,16 @@ class ConvNhwcContext:
     nch: int  # chunks per group
     panels_outer: bool  # work items ordered (group, chunk, block) rather than (group, block, chunk)
     parallel: bool
+    # A dynamic node's (run-time batch and spatial sizes, C locals declared by ``decls``): tiles of
+    # ``mr`` pixels (the last one's rows past the end repeat the last pixel), blocks of at most
+    # ``tb_max`` tiles, the item order and the thread count decided in C from the run's sizes.
+    dyn: bool = False
+    decls: Decls = ()
+    mr: int = 0
+    tb_max: int = 0
+    weights_bytes: int = 0
+    min_items: int = 0
+    when: str = ""  # the OpenMP if clause
 
 
 @dataclass(frozen=True)
@@ -136,6 +161,9 @@ class DepthwiseNhwcContext:
     ow_hi: int
     g: ConvGeometry
     parallel: bool
+    dyn: bool = False  # run-time sizes: C locals declared by ``decls``
+    decls: Decls = ()
+    when: str = ""  # a dynamic node's OpenMP if clause
 
 
 def tile_rows(target: TargetInfo) -> int:
@@ -170,13 +198,14 @@ def _columns(px: int, kw: int, sw: int, dw: int) -> tuple[tuple[int, tuple[tuple
 
 class ConvNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.ConvNhwc",)
+    dynamic = True  # run-time batch and spatial sizes: tiling and threads decided in C
 
     def supports(self, node: Node) -> bool:
-        g = ConvGeometry.from_node(node, "NHWC")
+        g = _geometry(node)
         return g is not None and epilogue_operands_ok(node, g.m)
 
-    def scratch_nbytes(self, node: Node) -> int:
-        g = claimed(ConvGeometry.from_node(node, "NHWC"), node)
+    def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
+        g = claimed(_geometry(node), node)
         mode = tap_mode(g)
         if g.depthwise or mode != "copy":
             return 0
@@ -185,21 +214,62 @@ class ConvNhwcKernel(CKernel):
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
+        if is_dynamic(node):
+            return _build_dynamic(step, target, self.scratch_nbytes(node))
         g = claimed(ConvGeometry.from_node(node, "NHWC"), node)
-        e, args, step_params = conv_operands(step, "w", self.scratch_nbytes(node))
+        e, args, step_params = conv_operands(step, "w", self.scratch_nbytes(node))  # type: ignore[arg-type]
         head = (step_params, e, target.vector_bytes // 4)
         ctx = _depthwise_context(g, *head) if g.depthwise else _gemm_context(g, *head, tile_rows(target))
         return StepCode("c/conv_nhwc.c.j2", ctx, tuple(args))
+
+
+def _geometry(node: Node) -> ConvGeometry | None:
+    if is_dynamic(node):
+        return ConvGeometry.from_symbolic_node(node, "NHWC")
+    return ConvGeometry.from_node(node, "NHWC")
+
+
+def inside_decls(name: str, size: object, out: object, kernel: int, stride: int, dilation: int,
+                  begin: int) -> Decls:
+    """C locals ``<name>LO`` / ``<name>HI``: the outputs whose windows lie inside the input
+    (``runtime.kernels.window.inside`` at run time)."""
+    lo, last = -(-begin // stride), f"({size} + {begin - (dilation * (kernel - 1) + 1)})"
+    hi = f"({last} >= 0 ? ({last} / {stride} + 1 < {out} ? {last} / {stride} + 1 : {out}) : 0)"
+    return ((f"{name}LO", f"({lo} < {out} ? {lo} : {out})"),
+            (f"{name}HI", f"({hi} > {name}LO ? {hi} : {name}LO)"))  # fmt: skip
+
+
+def _build_dynamic(step: StepPlan, target: TargetInfo, scratch: int | Expr) -> StepCode:
+    node = step.node
+    g0 = claimed(ConvGeometry.from_symbolic_node(node, "NHWC"), node)
+    e, args, step_params = dynamic_conv_operands(step, "w", scratch)
+    g, decls = dynamic_geometry(g0, step.symbols)
+    vw = target.vector_bytes // 4
+    if g.depthwise:
+        decls += inside_decls("OW", g.w, g.ow, g.kw, g.sw, g.dw, g.pl)  # output columns [OWLO, OWHI)
+        dctx = _depthwise_context(g, step_params, e, vw, (DW_PIXELS, CDim("OWLO"), CDim("OWHI")))  # type: ignore[arg-type]
+        dctx = replace(dctx, dyn=True, decls=decls, when=f" if({_work(g)} >= {PARALLEL_MIN_WORK})")
+        return StepCode("c/conv_nhwc.c.j2", dctx, tuple(args))
+    mode = tap_mode(g0)
+    if mode == "copy":  # the zero-padded copy's rows and columns
+        decls += (("XH", f"({g.pt} + {g.h} > {g.rows.reach} ? {g.pt} + {g.h} : {g.rows.reach})"),
+                  ("XW", f"({g.pl} + {g.w} > {g.cols.reach} ? {g.pl} + {g.w} : {g.cols.reach})"))  # fmt: skip
+    ctx = _dynamic_gemm_context(g, step_params, e, vw, tile_rows(target), mode, decls)
+    return StepCode("c/conv_nhwc.c.j2", ctx, tuple(args))
 
 
 def _work(g: ConvGeometry) -> int:
     return 2 * g.batch * g.oh * g.ow * g.m * g.kh * g.kw * g.cg
 
 
-def _depthwise_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue,
-                       vw: int) -> DepthwiseNhwcContext:  # fmt: skip
-    ow_lo, ow_hi = g.cols.inside()
-    px = max(1, min(DW_PIXELS, ow_hi - ow_lo))
+def _depthwise_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, vw: int,
+                       inside: tuple[int, int, int] | None = None) -> DepthwiseNhwcContext:  # fmt: skip
+    """The depthwise path; ``inside`` (pixels per step, the inside columns as C locals) for run-time sizes."""
+    if inside is None:
+        ow_lo, ow_hi = g.cols.inside()
+        px = max(1, min(DW_PIXELS, ow_hi - ow_lo))
+    else:
+        px, ow_lo, ow_hi = inside
     return DepthwiseNhwcContext(
         method="depthwise",
         params=step_params,
@@ -211,21 +281,31 @@ def _depthwise_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilo
         ow_lo=ow_lo,
         ow_hi=ow_hi,
         g=g,
-        parallel=_work(g) >= PARALLEL_MIN_WORK,
+        parallel=inside is not None or _work(g) >= PARALLEL_MIN_WORK,
     )
+
+
+def _segments(g: ConvGeometry, mode: str) -> tuple[bool, int, int]:
+    """(row segments, segments, values per segment) of K."""
+    row_segments = g.kw > 1 and g.groups == 1 and g.dw == 1 and mode != "check"
+    return (row_segments, g.kh, g.kw * g.cg) if row_segments else (row_segments, g.kh * g.kw, g.cg)
+
+
+def _chunks(g: ConvGeometry) -> tuple[int, int, int]:
+    """(panels per group, panels per chunk, chunks per group)."""
+    np_ = -(-g.mg // PANEL)
+    pc = max(1, min(np_, CHUNK_BYTES // (4 * PANEL * g.k))) if np_ >= CHUNK_MIN_PANELS else 1
+    nch = -(-np_ // pc)
+    return np_, -(-np_ // nch), nch
 
 
 def _gemm_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, vw: int,
                   mr: int) -> ConvNhwcContext:  # fmt: skip
     mode = tap_mode(g)
     xh, xw = _addressed(g, mode)
-    row_segments = g.kw > 1 and g.groups == 1 and g.dw == 1 and mode != "check"
-    nseg, seglen = (g.kh, g.kw * g.cg) if row_segments else (g.kh * g.kw, g.cg)
-    np_ = -(-g.mg // PANEL)
+    row_segments, nseg, seglen = _segments(g, mode)
+    np_, pc, nch = _chunks(g)
     pixels = g.batch * g.oh * g.ow
-    pc = max(1, min(np_, CHUNK_BYTES // (4 * PANEL * g.k))) if np_ >= CHUNK_MIN_PANELS else 1
-    nch = -(-np_ // pc)
-    pc = -(-np_ // nch)
     ntiles, q, rem, tb, nb = _pixel_tiling(pixels, g.k, g.groups * nch, mr)
     weights_bytes = 4 * g.groups * np_ * PANEL * g.k
     return ConvNhwcContext(
@@ -256,6 +336,24 @@ def _gemm_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, 
         nch=nch,
         panels_outer=weights_bytes > 4 * g.batch * g.h * g.w * g.c,
         parallel=_work(g) >= PARALLEL_MIN_WORK,
+    )
+
+
+def _dynamic_gemm_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, vw: int, mr: int,
+                          mode: str, decls: Decls) -> ConvNhwcContext:  # fmt: skip
+    """The GEMM path with run-time sizes: the pixel tiling and the item order are decided in C."""
+    xh, xw = (CDim("XH"), CDim("XW")) if mode == "copy" else (g.h, g.w)
+    row_segments, nseg, seglen = _segments(g, mode)
+    np_, pc, nch = _chunks(g)
+    return ConvNhwcContext(
+        method="gemm", params=step_params, e=e, vw=vw, nv=PANEL // vw, nvt=-(-(g.mg % PANEL) // vw),
+        g=g, mode=mode, xh=xh, xw=xw,  # type: ignore[arg-type]
+        flat=g.kh == g.kw == g.sh == g.sw == 1 and mode == "direct", row_segments=row_segments,
+        nseg=nseg, seglen=seglen, np=np_, npf=g.mg // PANEL, mt=g.mg % PANEL, pixels=0, ntiles=0,
+        q=0, rem=0, tb=0, nb=0, pc=pc, nch=nch, panels_outer=False, parallel=True, dyn=True,
+        decls=decls, mr=mr, tb_max=max(2, BLOCK_BYTES // (4 * g.k * mr)),
+        weights_bytes=4 * g.groups * np_ * PANEL * g.k, min_items=MIN_ITEMS,
+        when=f" if({_work(g)} >= {PARALLEL_MIN_WORK})",
     )
 
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
+from compiler.codegen.cdims import CDim
+from compiler.codegen.cdims import kernel_dims
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
@@ -28,12 +31,18 @@ from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import dyn_arg
 from compiler.providers.c.common import float32_unary
 from compiler.providers.c.common import params
 from compiler.providers.c.common import step_args
+from compiler.providers.c.conv import Decls
+from compiler.providers.c.conv import dynamic_geometry
+from compiler.providers.c.conv import is_dynamic
+from compiler.providers.c.conv_nhwc import inside_decls
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.symbolic import Expr
 
 __all__ = [
     "Channels",
@@ -97,20 +106,30 @@ class PoolNhwcContext:
     count_h: tuple[int, ...]  # avg: counted taps per output row / column
     count_w: tuple[int, ...]
     parallel: bool
+    # A dynamic node's: run-time sizes as C locals (``decls``; the inside rectangle too), the
+    # divisor counted at run time (``include``: the whole window, else the taps inside the input;
+    # ceil mode is static only), threads for enough work (``when``).
+    dyn: bool = False
+    decls: Decls = ()
+    include: bool = False
+    when: str = ""
 
 
 class PoolNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.MaxPoolNhwc", "onnx_aot.AveragePoolNhwc")
+    dynamic = True  # run-time batch and spatial sizes (not in ceil mode)
 
     def supports(self, node: Node) -> bool:
         if not float32_unary(node):
             return False
         if node.kind == "onnx_aot.AveragePoolNhwc" and node.attrs.get("count_include_pad") not in (0, 1):
             return False
-        return PoolGeometry.from_node(node, "NHWC") is not None
+        return PoolGeometry.from_node(node, "NHWC", is_dynamic(node)) is not None
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
+        if is_dynamic(node):
+            return _build_dynamic_pool(step, target)
         g = claimed(PoolGeometry.from_node(node, "NHWC"), node)
         avg = node.kind == "onnx_aot.AveragePoolNhwc"
         include = avg and bool(int(node.attrs["count_include_pad"]))
@@ -136,6 +155,36 @@ class PoolNhwcKernel(CKernel):
         return StepCode("c/pool_nhwc.c.j2", ctx, tuple(args))
 
 
+def _build_dynamic_pool(step: StepPlan, target: TargetInfo) -> StepCode:
+    node = step.node
+    g, decls = dynamic_geometry(claimed(PoolGeometry.from_node(node, "NHWC", True), node), step.symbols)
+    avg = node.kind == "onnx_aot.AveragePoolNhwc"
+    decls += inside_decls("OHI", g.h, g.oh, g.kh, g.sh, g.dh, g.pt)
+    decls += inside_decls("OWI", g.w, g.ow, g.kw, g.sw, g.dw, g.pl)
+    args = [*step_args(step), dyn_arg(step)]
+    taps = [(i * g.dh * g.w + j * g.dw) * g.c for i in range(g.kh) for j in range(g.kw)]
+    ctx = PoolNhwcContext(
+        params=(*params(["x", "y"], args[:-1], [True, True]), Param("dyn", "int64_t", True, True)),
+        op="avg" if avg else "max",
+        g=g,
+        ch=channel_walk(g.c, target.vector_bytes // 4),
+        oh_lo=CDim("OHILO"),  # type: ignore[arg-type]
+        oh_hi=CDim("OHIHI"),  # type: ignore[arg-type]
+        ow_lo=CDim("OWILO"),  # type: ignore[arg-type]
+        ow_hi=CDim("OWIHI"),  # type: ignore[arg-type]
+        taps=tuple(taps) if g.kh * g.kw <= MAX_UNROLLED_TAPS else (),
+        count_h=(),
+        count_w=(),
+        parallel=True,
+        dyn=True,
+        decls=decls,
+        include=avg and bool(int(node.attrs["count_include_pad"])),
+        when=f" if({g.batch * g.oh * g.ow * g.c * g.kh * g.kw} >= {PARALLEL_MIN_WORK}"
+             f" && {g.batch * g.oh} > 1)",
+    )
+    return StepCode("c/pool_nhwc.c.j2", ctx, tuple(args))
+
+
 # -- GlobalAveragePool, LRN ----------------------------------------------------------------------
 
 
@@ -154,6 +203,7 @@ class ChannelNhwcContext:
     lrn_bias: str
     lrn_power: str  # "sqrt3/4" (beta 0.75) | "sqrt" (0.5) | "one" (1) | "pow"
     parallel: bool
+    when: str = ""  # a dynamic node's OpenMP if clause (n and s are then C text over ``dyn``)
 
 
 _POWERS = {0.75: "sqrt3/4", 0.5: "sqrt", 1.0: "one"}
@@ -161,12 +211,13 @@ _POWERS = {0.75: "sqrt3/4", 0.5: "sqrt", 1.0: "one"}
 
 class ChannelNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.GlobalAveragePoolNhwc", "onnx_aot.LRNNhwc")
+    dynamic = True  # run-time batch and spatial sizes; channels static
 
     def supports(self, node: Node) -> bool:
         if not float32_unary(node):
             return False
-        xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
-        if len(xs) != 4:
+        xs, ys = shape_of(node.input(0), symbolic=True), shape_of(node.outputs[0], symbolic=True)
+        if len(xs) != 4 or isinstance(xs[3], Expr):
             return False
         if node.kind == "onnx_aot.GlobalAveragePoolNhwc":
             return ys == (xs[0], 1, 1, xs[3])
@@ -178,18 +229,29 @@ class ChannelNhwcKernel(CKernel):
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        n, h, w, c = shape_of(node.input(0))
+        n, h, w, c = shape_of(node.input(0), symbolic=True)
         lrn = node.kind == "onnx_aot.LRNNhwc"
         a = node.attrs
         size = int(a["size"]) if lrn else 1
         beta = float(a["beta"]) if lrn else 1.0
         args = step_args(step)
         chunk = min(CHUNK, c)
+        names, restrict = ["x", "y"], [True, True]
+        sizes: tuple[Any, Any, Any] = (n, h * w, n * h * w if lrn else n * math.ceil(c / chunk))
+        if is_dynamic(node):  # n and s as C text over the binding; threads for enough work
+            write = kernel_dims(step.symbols)
+            when = f" if({write(n * h * w * c * size)} >= {PARALLEL_MIN_WORK} && {write(sizes[2])} > 1)"
+            sizes = (write(n), write(h * w), None)
+            step_params = (*params(names, args, restrict), Param("dyn", "int64_t", True, True))
+            args = [*args, dyn_arg(step)]
+        else:
+            when, step_params = "", params(names, args, restrict)
+        n, s, jobs = sizes
         ctx = ChannelNhwcContext(
-            params=params(["x", "y"], args, [True, True]),
+            params=step_params,
             op="lrn" if lrn else "global_avg",
             n=n,
-            s=h * w,
+            s=s,
             c=c,
             chunk=chunk,
             lrn_lo=(size - 1) // 2,
@@ -198,10 +260,8 @@ class ChannelNhwcKernel(CKernel):
             lrn_beta=literal(beta),
             lrn_bias=literal(float(a["bias"])) if lrn else "0.0f",
             lrn_power=_POWERS.get(beta, "pow"),
-            parallel=(
-                n * h * w * c * size >= PARALLEL_MIN_WORK
-                and (n * h * w > 1 if lrn else n * math.ceil(c / chunk) > 1)
-            ),
+            parallel=bool(when) or (n * s * c * size >= PARALLEL_MIN_WORK and jobs > 1),
+            when=when,
         )
         return StepCode("c/channel_nhwc.c.j2", ctx, tuple(args))
 

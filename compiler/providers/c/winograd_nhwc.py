@@ -36,7 +36,9 @@ weights stream from memory), 0.3-0.5x onnxruntime's direct convolution.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from compiler.codegen.cdims import CDim
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
@@ -44,14 +46,21 @@ from compiler.providers.base import StepPlan
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
+from compiler.providers.c.conv import Decls
 from compiler.providers.c.conv import conv_operands
+from compiler.providers.c.conv import dynamic_conv_operands
+from compiler.providers.c.conv import dynamic_geometry
 from compiler.providers.c.conv import epilogue_operands_ok
+from compiler.providers.c.conv import is_dynamic
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import WinogradGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 from runtime.kernels.nhwc import PANEL
 from runtime.kernels.winograd import MATRICES
+from runtime.symbolic import Expr
+from runtime.symbolic import max_
+from runtime.symbolic import min_
 
 __all__ = ["Term", "Program", "transform_program", "WinogradNhwcContext", "WinogradNhwcKernel"]
 
@@ -169,6 +178,14 @@ class WinogradNhwcContext:
     min_share: int  # tiles per thread they need for it
     min_chunk: int  # fewest tiles a thread takes at once
     serial: bool  # too little work for threads
+    th: int  # rows of tiles per image, tiles per row
+    tw: int
+    # A dynamic node's (run-time batch and spatial sizes): C locals declared by ``decls`` (in the
+    # helpers too, which then take ``dyn``); ``tiles`` and ``nblocks`` run-time, ``block`` the most
+    # tiles a block holds, the serial path where ``serial_if`` holds (too little work for threads).
+    dyn: bool = False
+    decls: Decls = ()
+    serial_if: str = ""
 
 
 @dataclass(frozen=True)
@@ -203,8 +220,7 @@ class _Blocks:
 
     @property
     def block(self) -> int:
-        fit = L2_BUDGET // (4 * (self.vt + self.st))
-        return min(self.tiles, max(MIN_BLOCK, fit // BLOCK_ROUND * BLOCK_ROUND))
+        return min(self.tiles, self.most)
 
     @property
     def nblocks(self) -> int:
@@ -227,26 +243,43 @@ class _Blocks:
         return 2 * self.a2 * self.tiles * self.g.c * self.g.m < PARALLEL_MIN_WORK
 
 
+    @property
+    def most(self) -> int:
+        """Most tiles per block for any number of tiles (``block`` is this capped by the tiles)."""
+        fit = L2_BUDGET // (4 * (self.vt + self.st))
+        return max(MIN_BLOCK, fit // BLOCK_ROUND * BLOCK_ROUND)
+
+    def scratch_nbytes(self) -> int | Expr:
+        """A slot per thread that runs its share alone, one when they share the blocks or run serially."""
+        if isinstance(self.tiles, Expr):  # run-time tiles: as many slots as they allow, full blocks
+            slots = max_(1, min_(MAX_SLOTS, self.tiles // MIN_SHARE))
+            return 4 * slots * self.most * (self.vt + self.st)
+        return 4 * (1 if self.serial else self.slots) * self.block * (self.vt + self.st)
+
+
 def _blocks(node: Node) -> _Blocks | None:
-    g = WinogradGeometry.from_node(node, "NHWC")
+    g = WinogradGeometry.from_node(node, "NHWC", is_dynamic(node))
     return None if g is None else _Blocks(g)
 
 
 class WinogradNhwcKernel(CKernel):
     kinds: tuple[str, ...] = ("onnx_aot.WinogradConvNhwc",)
+    dynamic = True  # run-time batch and spatial sizes: tiles, blocks and threads decided in C
 
     def supports(self, node: Node) -> bool:
         b = _blocks(node)
         return b is not None and epilogue_operands_ok(node, b.g.m)
 
-    def scratch_nbytes(self, node: Node) -> int:
-        b = claimed(_blocks(node), node)
-        return 4 * (1 if b.serial else b.slots) * b.block * (b.vt + b.st)
+    def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
+        return claimed(_blocks(node), node).scratch_nbytes()
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         b = claimed(_blocks(node), node)
-        e, args, step_params = conv_operands(step, "u", self.scratch_nbytes(node))
+        if is_dynamic(node):
+            e, args, step_params = dynamic_conv_operands(step, "u", b.scratch_nbytes())
+        else:
+            e, args, step_params = conv_operands(step, "u", b.scratch_nbytes())  # type: ignore[arg-type]
         vw = target.vector_bytes // 4
         wide = target.vector_registers >= 32
         nv = min(2, PANEL // vw)  # SSE: two of a panel's four vectors per tile, 6 rows
@@ -259,23 +292,39 @@ class WinogradNhwcKernel(CKernel):
             nv=nv,
             nr=nv * vw,
             spread=b.weights_nbytes > SPREAD_WEIGHTS,
-            g=b.g,
             bt=transform_program(MATRICES[b.g.tile][0]),
             at=transform_program(MATRICES[b.g.tile][2]),
-            tiles=b.tiles,
-            block=b.block,
-            nblocks=b.nblocks,
             cs=b.cs,
             panels=b.panels,
             vt=b.vt,
             st=b.st,
-            slot=b.block * (b.vt + b.st),
-            slots=b.slots,
             min_share=MIN_SHARE,
-            min_chunk=b.min_chunk,
-            serial=b.serial,
+            **(_dynamic_fields(b, step.symbols) if is_dynamic(node) else _static_fields(b)),
         )
         return StepCode("c/winograd_nhwc.c.j2", ctx, tuple(args))
+
+
+def _static_fields(b: _Blocks) -> dict[str, Any]:
+    return {"g": b.g, "tiles": b.tiles, "block": b.block, "nblocks": b.nblocks,
+            "slot": b.block * (b.vt + b.st), "slots": b.slots, "min_chunk": b.min_chunk, "serial": b.serial,
+            "th": b.g.th, "tw": b.g.tw}
+
+
+def _dynamic_fields(b: _Blocks, symbols: tuple[str, ...]) -> dict[str, Any]:
+    """Run-time tiles: the block size is the most for any tile count (a block of fewer tiles than
+    that is the same work, as in ``_range``), every thread count up to MAX_SLOTS is checked at run
+    time against the tiles, and the serial path is taken in C."""
+    g, decls = dynamic_geometry(b.g, symbols)
+    tile = g.tile
+    most = b.most
+    decls += (("TH", f"(({g.oh} + {tile - 1}) / {tile})"), ("TW", f"(({g.ow} + {tile - 1}) / {tile})"),
+              ("TILES", f"({g.batch} * TH * TW)"), ("NBLK", f"((TILES + {most - 1}) / {most})"))  # fmt: skip
+    chunk = min(most, MIN_CHUNK if b.weights_nbytes <= BIG_WEIGHTS else MIN_BLOCK)
+    return {"g": g, "tiles": CDim("TILES"), "block": most, "nblocks": CDim("NBLK"),
+            "slot": most * (b.vt + b.st), "slots": MAX_SLOTS, "min_chunk": chunk, "serial": False,
+            "th": CDim("TH"), "tw": CDim("TW"), "dyn": True, "decls": decls,
+            "serial_if": f"{2 * b.a2 * b.g.c * b.g.m}L * TILES < {PARALLEL_MIN_WORK}"}
+
 
 
 KERNELS = (WinogradNhwcKernel(),)
