@@ -47,8 +47,9 @@ from runtime.errors import ModelError
 from runtime.errors import OnnxAotError
 from runtime.session import Session
 
-__all__ = ["DIM_RANGE", "OnnxAotBackend", "OnnxAotRep", "compile_time_inputs", "prepare", "run_model",
-           "run_node", "supports_device", "is_compatible", "ranged_shapes"]
+__all__ = ["DIM_RANGE", "OnnxAotBackend", "OnnxAotRep", "VALUE_RANGE", "compile_time_inputs", "prepare",
+           "run_model", "run_node", "supports_device", "is_compatible", "ranged_shapes",
+           "value_symbol_inputs"]
 
 _DEVICES = {"CPU": "cpu", "CUDA": "cuda"}
 
@@ -96,6 +97,44 @@ def _sources(node: onnx.NodeProto, output: str) -> list[str]:
     else:
         names += [n for g in subgraphs(node) for n in sorted(outer_names(g))]
     return names
+
+
+# The range a Loop's trip count gets as a value symbol in the backend's first compile (a bool
+# condition: 0..1); a run with a value outside it compiles an artifact bound to its values.
+VALUE_RANGE = (0, 1024)
+
+
+def value_symbol_inputs(graph: onnx.GraphProto) -> list[str]:
+    """Graph inputs of one integer or bool element (declared shape) that the model reads only as a
+    Loop's trip count or first condition: the backend compiles them as value symbols (one artifact
+    for a range of values) before it binds them to each run's values."""
+    initializers = {t.name for t in graph.initializer}
+    candidates = {i.name for i in graph.input if i.name not in initializers and _one_element(i)}
+    candidates -= {o.name for o in graph.output}
+    for node in walk_nodes(graph):
+        for k, name in enumerate(node.input):
+            if name in candidates and not (node.op_type == "Loop" and k < 2):
+                candidates.discard(name)
+        for sub in subgraphs(node):
+            candidates -= {o.name for o in sub.output}
+    return [i.name for i in graph.input if i.name in candidates]
+
+
+def _one_element(info: onnx.ValueInfoProto) -> bool:
+    t = info.type
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return False
+    dims = t.tensor_type.shape.dim
+    kind = np.dtype(helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type)).kind
+    return kind in "iub" and all(d.HasField("dim_value") and d.dim_value == 1 for d in dims)
+
+
+def _value_range(array: np.ndarray) -> tuple[int, int] | None:
+    """The value symbol range for an input fed ``array``; None when its value lies outside."""
+    if array.dtype == np.bool_:
+        return 0, 1
+    value = int(array.reshape(-1)[0])
+    return VALUE_RANGE if VALUE_RANGE[0] <= value <= VALUE_RANGE[1] else None
 
 
 def _static_shape(value_info: onnx.ValueInfoProto) -> bool:
@@ -149,6 +188,8 @@ class OnnxAotRep(BackendRep):
         self.input_names = [i.name for i in graph.input if i.name not in initializers]
         self.output_names = [o.name for o in graph.output]
         self.bound_inputs = compile_time_inputs(graph)
+        # compile-time inputs compiled as value symbols (until a compile with them fails)
+        self.value_inputs = [n for n in value_symbol_inputs(graph) if n in self.bound_inputs]
         self.static = all(_static_shape(i) for i in graph.input if i.name not in initializers)
         # the ranged input shapes of the dynamic artifact; None once the dynamic compile is refused
         self.ranges = None if self.static else ranged_shapes(graph, dim_range, self.bound_inputs)
@@ -168,16 +209,18 @@ class OnnxAotRep(BackendRep):
         """True when compilation waits for the first run (compile-time input values, or shapes)."""
         return () not in self._sessions
 
-    def _compile(self, values: Mapping[str, np.ndarray], shapes: Shapes | None) -> Session | None:
+    def _compile(self, values: Mapping[str, np.ndarray], shapes: Shapes | None,
+                 symbols: Mapping[str, tuple[int, int]] | None = None) -> Session | None:
         """A session on a fresh artifact; None when ``shapes`` has ranges and the dynamic compile
-        refuses the model (then ``dynamic_error`` says why and every later compile is static)."""
+        refuses the model (then ``dynamic_error`` says why and every later compile is static). A
+        compile with value ``symbols`` that fails raises (``session_for`` then binds them)."""
         workdir = tempfile.mkdtemp(prefix="onnx-aot-backend-")
         self._dirs.append(workdir)
         try:
             path = compile_model(self.model, f"{workdir}/model", opt_level=self.opt_level,
-                                 target=self.target, shapes=shapes, binds=values)
+                                 target=self.target, shapes=shapes, binds=values, values=symbols)
         except OnnxAotError as exc:
-            if shapes is None or shapes is not self.ranges:
+            if shapes is None or shapes is not self.ranges or symbols:
                 raise
             self.dynamic_error, self.ranges = f"{type(exc).__name__}: {exc}", None
             return None
@@ -198,12 +241,26 @@ class OnnxAotRep(BackendRep):
         return feeds
 
     def session_for(self, feeds: Mapping[str, np.ndarray]) -> Session:
-        """The session compiled for these feeds' compile-time values (compiled on first use)."""
+        """The session compiled for these feeds' compile-time values (compiled on first use): the
+        value-symbol inputs' values within their ranges share one."""
         values = {n: np.array(feeds[n], order="C") for n in self.bound_inputs}
+        ranges = [_value_range(values[n]) for n in self.value_inputs]
+        symbols = {n: r for n, r in zip(self.value_inputs, ranges, strict=True) if r is not None}
+        if not symbols or len(symbols) < len(ranges):
+            return self._session_for(feeds, values, None)
+        try:
+            return self._session_for(feeds, {n: v for n, v in values.items() if n not in symbols}, symbols)
+        except OnnxAotError:  # the model needs the values themselves: bind them from now on
+            self.value_inputs = []
+            return self._session_for(feeds, values, None)
+
+    def _session_for(self, feeds: Mapping[str, np.ndarray], values: dict[str, np.ndarray],
+                     symbols: Mapping[str, tuple[int, int]] | None) -> Session:
         key: tuple[Any, ...] = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in values.items())
+        key += ("values",) if symbols else ()
         with self._lock:
             if self.ranges is not None and _within(self.ranges, feeds):
-                session = self._sessions.get(key) or self._compile(values, self.ranges)
+                session = self._sessions.get(key) or self._compile(values, self.ranges, symbols)
                 if session is not None:
                     self._sessions[key] = session
                     return session
@@ -211,7 +268,7 @@ class OnnxAotRep(BackendRep):
                 n: tuple(feeds[n].shape) for n in self.input_names if n not in values}
             if shapes is not None:
                 key += ("static", *sorted(shapes.items()))
-            found = self._sessions.get(key) or self._compile(values, shapes)
+            found = self._sessions.get(key) or self._compile(values, shapes, symbols)
             assert found is not None  # a static compile raises instead
             self._sessions[key] = found
         return found

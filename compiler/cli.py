@@ -37,7 +37,7 @@ from runtime.cli import report_error
 from runtime.cli import run_runtime_command
 from runtime.errors import OnnxAotError
 
-__all__ = ["CommandError", "main", "parse_bind", "parse_dim", "parse_opt_shape", "parse_shape"]
+__all__ = ["CommandError", "main", "parse_bind", "parse_dim", "parse_opt_shape", "parse_shape", "parse_value"]
 
 
 def parse_shape(text: str) -> tuple[str, tuple[DimSpec, ...]]:
@@ -79,11 +79,21 @@ def parse_opt_shape(text: str) -> dict[str, tuple[int, ...]]:
 
 def parse_dim(text: str) -> tuple[str, DimSpec]:
     """``PARAM=LO..HI`` (``--dim seq=1..512``) -> ("seq", (1, 512)); ``PARAM=N`` fixes the dim."""
+    return _named_spec(text, "PARAM=LO..HI (a dim_param of the model and the range of its sizes, e.g. "
+                             "--dim seq=1..512)")
+
+
+def parse_value(text: str) -> tuple[str, DimSpec]:
+    """``NAME=LO..HI`` (``--value M=0..64``) -> ("M", (0, 64)): a value symbol's input and range."""
+    return _named_spec(text, "NAME=LO..HI (a one-element integer or bool input and the range of its "
+                             "values, e.g. --value M=0..64)")
+
+
+def _named_spec(text: str, usage: str) -> tuple[str, DimSpec]:
     name, sep, dim = text.rpartition("=")
     spec = _dim_spec(dim.strip())
     if not sep or not name or spec is None:
-        raise argparse.ArgumentTypeError(f"expected PARAM=LO..HI (a dim_param of the model and the range "
-                                         f"of its sizes, e.g. --dim seq=1..512), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {usage}, got {text!r}")
     return name, spec
 
 
@@ -161,6 +171,10 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", action="append", type=parse_dim, default=[], metavar="PARAM=LO..HI",
                    help="bind a named dim (a dim_param) of every input that has it to a range, e.g. "
                         "--dim seq=1..512 (repeatable; see docs/dynamic-shapes.md)")
+    p.add_argument("--value", action="append", type=parse_value, default=[], metavar="NAME=LO..HI",
+                   help="make a one-element integer or bool input a value symbol: its value (a Loop's "
+                        "trip count or first condition) varies in LO..HI and sizes results, e.g. "
+                        "--value M=0..64 (repeatable; see docs/dynamic-shapes.md)")
     p.add_argument("--opt-shape", action="append", type=parse_opt_shape, default=[], metavar="NAME=DIMS",
                    help="with ranges: a shape to specialize for as well (a static variant in the artifact "
                         "that runs at exactly that shape), e.g. --opt-shape x=1x3x48x320; inputs that "
@@ -257,7 +271,7 @@ def _compile(args: argparse.Namespace) -> int:
                         progress=None if args.quiet else stderr_progress,
                         plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
                         golden_cases=args.golden_cases, cpu=args.cpu, winograd=args.winograd,
-                        opt_shapes=args.opt_shape or None)
+                        opt_shapes=args.opt_shape or None, values=dict(args.value) or None)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0

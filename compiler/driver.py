@@ -99,6 +99,7 @@ def compile_model(
     winograd: bool = True,
     compiled_control: bool = True,
     opt_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -118,7 +119,8 @@ def compile_model(
     their programs on the reference kernels, not their nested schedules (compiler/nested.py).
     ``opt_shapes`` (``--opt-shape``, a compile with ranges only): bindings to specialize for as well,
     each given by some inputs' shapes (``{"x": (1, 3, 48, 320)}``); each becomes a static artifact
-    ``opt/<k>/`` inside this one, which a run at exactly that binding dispatches to.
+    ``opt/<k>/`` inside this one, which a run at exactly that binding dispatches to. ``values``
+    (``--value``, ``{"M": (0, 64)}``): inputs made value symbols (compiler/frontend/value_symbols.py).
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
@@ -126,10 +128,9 @@ def compile_model(
     build = _cpu_build_options(build, cpu)
     out = Path(out_dir)
     check_out_dir(out)  # a path that cannot be written fails before any work
-
     say("loading model")
     source_name, source_sha = _source_identity(model)
-    graph = import_model(model, shapes, binds, dims)
+    graph = import_model(model, shapes, binds, dims, values)
     dynamic = bool(graph.symbols)
     if providers is None:
         providers = dynamic_providers(target, graph) if dynamic else default_providers(target)
@@ -143,8 +144,7 @@ def compile_model(
     options: dict[str, Any] = {
         "opt_level": opt_level,
         "target": target,
-        "shapes": {k: [_option_dim(d) for d in v] for k, v in sorted((shapes or {}).items())},
-        **({"dims": {k: _option_dim(v) for k, v in sorted(dims.items())}} if dims else {}),
+        **_range_options(shapes, dims, values),
         "binds": {k: np.asarray(v).tolist() for k, v in sorted((binds or {}).items())},
         "plan_budget_ms": plan_budget_ms,
         **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),
@@ -162,6 +162,18 @@ def compile_model(
                          extra_files=variants)
 
 
+def _range_options(shapes: Mapping[str, Sequence[DimSpec]] | None, dims: Mapping[str, DimSpec] | None,
+                   values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The manifest's record of ``--shape`` (always), ``--dim`` and ``--value`` (when given)."""
+    out: dict[str, Any] = {"shapes": {k: [_option_dim(d) for d in v]
+                                      for k, v in sorted((shapes or {}).items())}}
+    if dims:
+        out["dims"] = {k: _option_dim(v) for k, v in sorted(dims.items())}
+    if values:
+        out["values"] = {k: _option_dim(v) for k, v in sorted(values.items())}
+    return out
+
+
 def _opt_variants(model: str | os.PathLike[str] | onnx.ModelProto, graph: Graph,
                   opt_shapes: Sequence[Mapping[str, Sequence[int]]], binds: Mapping[str, Any] | None,
                   say: Progress, recorded: dict[str, Any], **options: Any) -> dict[str, bytes]:
@@ -171,6 +183,8 @@ def _opt_variants(model: str | os.PathLike[str] | onnx.ModelProto, graph: Graph,
         return {}
     recorded["opt_shapes"] = [{k: [int(d) for d in v] for k, v in sorted(spec.items())}
                               for spec in opt_shapes]
+    if graph.value_symbols:
+        raise CompileError("--opt-shape does not combine with value symbols (--value) yet")
     if not graph.symbols:
         raise CompileError("--opt-shape specializes a compile with ranges (--shape with LO..HI or --dim); "
                            "this compile has none")

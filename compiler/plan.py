@@ -298,7 +298,8 @@ def _arenas(mem_plans: dict[str, MemoryPlan], storage: Storage,
 
 
 def _symbols(graph: Graph) -> tuple[PlanSymbol, ...]:
-    return tuple(PlanSymbol(name, lo, hi) for name, (lo, hi) in sorted(graph.symbols.items()))
+    return tuple(PlanSymbol(name, lo, hi, graph.value_symbols.get(name))
+                 for name, (lo, hi) in sorted(graph.symbols.items()))
 
 
 def _assumptions(graph: Graph) -> tuple[PlanAssumption, ...]:

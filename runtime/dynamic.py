@@ -96,15 +96,21 @@ class DynamicRuns:
         self._dims: list[tuple[str, np.dtype, list[tuple[int, Any]]]] = [
             (spec.name, spec.dtype, [(k, d if type(d) is int else str(d)) for k, d in enumerate(spec.shape)])
             for spec in plan.inputs]
+        # value symbols: (symbol, the one-element input whose value it is)
+        self._values = [(s.name, s.input) for s in plan.symbols if s.input is not None]
         self._cache: OrderedDict[tuple[int, ...], Bound] = OrderedDict()
         self._capacity = capacity
         self._lock = threading.Lock()
         self.binds = 0  # bindings bound so far (cache misses)
 
     # -- feeds -> binding ------------------------------------------------------------------------
-    def key(self, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
-        """The binding (symbol values in name order) the input ``shapes`` give."""
+    def key(self, shapes: Mapping[str, tuple[int, ...]],
+            feeds: Mapping[str, np.ndarray] | None = None) -> tuple[int, ...]:
+        """The binding (symbol values in name order) the input ``shapes`` give, and the ``feeds``
+        of value symbols' inputs."""
         found: dict[str, tuple[int, str, int]] = {}
+        for symbol, name in self._values:
+            found[symbol] = (self._value_of(symbol, name, feeds), name, -1)
         for name, _, dims in self._dims:
             shape = shapes[name]
             if len(shape) != len(dims):
@@ -128,6 +134,17 @@ class DynamicRuns:
                     raise InputError(f"input {name!r} dim {k} is {size} but input {seen[1]!r} dim {seen[2]} "
                                      f"is {seen[0]}: both are {d!r} and must agree")
         return tuple(found[n][0] for n in self.names)
+
+    def _value_of(self, symbol: str, name: str, feeds: Mapping[str, np.ndarray] | None) -> int:
+        if feeds is None or name not in feeds:
+            raise InputError(f"input {name!r}: its value ({symbol}, which sizes the model's results) is "
+                             f"needed to bind the plan")
+        size = int(np.asarray(feeds[name]).reshape(-1)[0])
+        lo, hi = self.ranges[symbol]
+        if not lo <= size <= hi:
+            raise InputError(f"input {name!r}: value {size} ({symbol}) is outside its range {lo}..{hi} "
+                             f"(the artifact was compiled for values in that range: --value {name}=LO..HI)")
+        return size
 
     def _spec_of(self, name: str) -> Any:
         return next(s for s in self.inputs if s.name == name)
@@ -155,10 +172,11 @@ class DynamicRuns:
         return arrays
 
     # -- binding -> bound plan --------------------------------------------------------------------
-    def bound(self, shapes: Mapping[str, tuple[int, ...]], key: tuple[int, ...] | None = None) -> Bound:
-        """The bound plan of the binding the input ``shapes`` give (cached); ``key``: their
-        :meth:`key`, when the caller has it already."""
-        key = self.key(shapes) if key is None else key
+    def bound(self, shapes: Mapping[str, tuple[int, ...]], key: tuple[int, ...] | None = None,
+              feeds: Mapping[str, np.ndarray] | None = None) -> Bound:
+        """The bound plan of the binding the input ``shapes`` (and value symbols' ``feeds``) give
+        (cached); ``key``: their :meth:`key`, when the caller has it already."""
+        key = self.key(shapes, feeds) if key is None else key
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:

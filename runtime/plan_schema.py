@@ -614,23 +614,29 @@ class PlanSchedule:
 
 @dataclass(frozen=True)
 class PlanSymbol:
-    """A symbol of a dynamic plan: a dim that varies between runs, in ``min..max`` (inclusive)."""
+    """A symbol of a dynamic plan: a dim that varies between runs, in ``min..max`` (inclusive), or
+    a *value symbol* (``input``): the value of a one-element integer or bool graph input (a Loop's
+    trip count or first condition), read from the feed at each run."""
 
     name: str
     min: int
     max: int
+    input: str | None = None  # a value symbol: the value of this scalar graph input (else a dim)
 
     @property
     def range(self) -> tuple[int, int]:
         return self.min, self.max
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "min": self.min, "max": self.max}
+        out: dict[str, Any] = {"name": self.name, "min": self.min, "max": self.max}
+        if self.input is not None:
+            out["input"] = self.input
+        return out
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanSymbol:
         f = Fields.of(data, where)
-        out = cls(f.text("name"), f.count("min"), f.count("max"))
+        out = cls(f.text("name"), f.count("min"), f.count("max"), f.optional_text("input"))
         if not out.name.isidentifier() or out.name.startswith("_") or out.name in ("min", "max"):
             raise f.at("name").wrong("a Python identifier not starting with '_'", out.name)
         if out.min > out.max:

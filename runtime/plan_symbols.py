@@ -13,6 +13,7 @@ imported by plan_schema).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -111,6 +112,7 @@ def _check_interface(plan: Any, where: Where, allowed: frozenset[str]) -> None:
                 raise at.item(d).error(f"is {dim}: a graph input's dim must be an int or a bare symbol")
             seen.add(bare[0])
     _names(where.key("inputs"), [d for s in plan.inputs for d in _dims(s.shape)], allowed)
+    seen |= _value_symbols(plan, where)
     missing = sorted(allowed - seen)
     if missing:
         raise where.key("symbols").error(f"has {', '.join(map(repr, missing))}, which no graph input's dim "
@@ -119,14 +121,32 @@ def _check_interface(plan: Any, where: Where, allowed: frozenset[str]) -> None:
         _names(where.key("outputs").item(k).key("shape"), _dims(spec.shape), allowed)
 
 
+def _value_symbols(plan: Any, where: Where) -> set[str]:
+    """The value symbols (``input`` set), each naming a one-element integer or bool graph input of
+    static shape."""
+    inputs = {spec.name: spec for spec in plan.inputs}
+    found = set()
+    for k, symbol in enumerate(plan.symbols):
+        if symbol.input is None:
+            continue
+        spec = inputs.get(symbol.input)
+        if spec is None or spec.dtype.kind not in "iub" or any(type(d) is not int for d in spec.shape) \
+                or math.prod(spec.shape) != 1:
+            raise where.key("symbols").item(k).key("input").error(
+                f"is {symbol.input!r}: a value symbol names a one-element integer or bool graph input")
+        found.add(symbol.name)
+    return found
+
+
 def _check_symbolic_value(value: Any, at: Where) -> None:
     shape = value.shape
     count = 1 if len(shape) == 0 else shape[0]
-    if value.dtype.kind not in "iuf" or len(shape) > 1 or type(count) is not int \
+    if value.dtype.kind not in "iufb" or len(shape) > 1 or type(count) is not int \
             or count != len(value.location.elements):
         raise at.error(f"is a symbolic value of dtype {value.dtype} and shape {list(shape)} with "
                        f"{len(value.location.elements)} elements: it must be a 0-D or 1-D numeric tensor "
-                       f"with one element per entry (a dim cast to float is a float)")
+                       f"with one element per entry (a dim cast to float is a float; a value symbol's "
+                       f"bool is a bool)")
 
 
 def _check_steps(plan: Any, where: Where, allowed: frozenset[str], places: set[str]) -> None:

@@ -42,7 +42,7 @@ Run = Callable[[list[str], dict[str, np.ndarray]], list[np.ndarray]]
 
 GOLDEN_JSON = "golden.json"
 GOLDEN_BIN = "golden.bin"
-INPUT_KINDS = ("uniform", "int0to3", "bool", "zeros")  # see generate_input
+INPUT_KINDS = ("uniform", "int0to3", "bool", "zeros", "fill")  # see generate_input
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -60,12 +60,15 @@ def _splitmix64(seed: int, start: int, count: int) -> np.ndarray:
 
 def generate_input(kind: str, dtype: np.dtype, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """A golden input, the same on every machine and numpy version: ``uniform`` floats in [-1, 1)
-    (53-bit, then cast), ``int0to3`` integers 0..3, ``bool``, or ``zeros``."""
+    (53-bit, then cast), ``int0to3`` integers 0..3, ``bool``, ``zeros``, or ``fill``: every element
+    ``seed`` (a value symbol's input at its binding: a trip count, a condition)."""
     if kind not in INPUT_KINDS:
         raise ArtifactError(f"golden input generator {kind!r} is not one this runtime knows "
                             f"({', '.join(INPUT_KINDS)})")
     out = np.zeros(math.prod(shape), dtype)
-    if kind != "zeros":
+    if kind == "fill":
+        out[:] = seed
+    elif kind != "zeros":
         for start in range(0, out.size, _CHUNK):
             bits = _splitmix64(seed, start, min(_CHUNK, out.size - start))
             if kind == "uniform":

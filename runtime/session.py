@@ -431,14 +431,14 @@ class Session:
         arrays = dyn.check_feeds(feeds)
         shapes = {name: a.shape for name, a in arrays.items()}
         if self._variants and self._guard is None and self._profiler is None:
-            key = dyn.key(shapes)
+            key = dyn.key(shapes, arrays)
             variant = self._variants.session(key)  # an --opt-shape binding: its static artifact
             if variant is not None:
                 results: list[np.ndarray] = variant.run(None, arrays)
                 return results
             bound = dyn.bound(shapes, key)
         else:
-            bound = dyn.bound(shapes)
+            bound = dyn.bound(shapes, feeds=arrays)
         results = [np.empty(shape, spec.dtype)
                    for shape, spec in zip(bound.output_shapes, self.outputs, strict=True)]
         ext: dict[str, Any] = dict(arrays)
@@ -513,7 +513,7 @@ class Session:
         place (an output not bound is allocated by the binding once; ``binding.get_outputs()``)."""
         if self._dyn is not None:
             inputs = binding._input_arrays(self.io)
-            bound = self._dyn.bound({name: a.shape for name, a in inputs.items()})
+            bound = self._dyn.bound({name: a.shape for name, a in inputs.items()}, feeds=inputs)
             self._execute_bound(bound, binding._ext_for(self.io, bound.output_shapes))
             return
         self._execute(binding._ext_for(self.io))

@@ -376,19 +376,12 @@ def test_fit_family() -> None:
     assert (again.varied, again.aligned) == (probes.varied, probes.aligned)  # seeded: every import alike
 
 
-def test_a_node_the_ranges_hardly_fit_and_control_flow_are_shape_errors() -> None:
+def test_a_node_the_ranges_hardly_fit_is_a_shape_error() -> None:
     reshape = single_op_model([N("Reshape", ["x", "s"], ["y"])], {"s": _i64(7, -1)}, ("n", "w"), 2)
     with pytest.raises(ShapeError, match=r"node 'Reshape_0' \(Reshape\): output 'y' dim 0 is no expression "
                                          r"of the symbols .* the node takes 2 of 32 probe sizes"):
         import_model(reshape, dims={"n": (1, 4), "w": (8, 64)})
-    out = helper.make_tensor_value_info("t", F, None)
-    branch = helper.make_graph([N("Neg", ["x"], ["t"])], "t", [], [out])
-    model = single_op_model([N("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], {},
-                            ("n", "w"), 2)
-    model.graph.input.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
-    with pytest.raises(ShapeError, match=r"node 'If_0' \(If\): control flow cannot take symbolic dims yet .* "
-                                         r"it met 'x' shape \[n, w\]"):
-        import_model(model, dims={"n": (1, 4), "w": (8, 64)})
+    # (control flow over symbolic dims imports: tests/test_dynamic_control.py)
 
 
 def test_a_node_no_probe_size_fits_is_a_shape_error_saying_so() -> None:

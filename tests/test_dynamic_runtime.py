@@ -272,7 +272,7 @@ BROKEN = [
     ("private name", lambda p: p["symbols"][0].update(name="_n"),
      r"symbols\[0\]\.name must be a Python identifier"),
     ("range", lambda p: p["symbols"][0].update(min=9, max=3), r"symbols\[0\] has min 9 > max 3"),
-    ("symbolic dtype", lambda p: p["values"]["shape_val"].update(dtype="bool"), r"is a symbolic value"),
+    ("symbolic dtype", lambda p: p["values"]["shape_val"].update(dtype="complex64"), r"is a symbolic value"),
     ("symbolic count", lambda p: p["values"]["shape_val"]["location"][1].append(1), r"is a symbolic value"),
     ("C partition without the binding", lambda p: p["partitions"][0].update(runner="c", library="x.so"),
      r"partitions\[0\]\.ext must be '#dyn' first"),

@@ -80,11 +80,14 @@ def _case(graph: Graph, seed: int,
     """(input records, reference outputs) for case ``seed`` (symbolic dims at ``binding``), or why
     none could be made."""
     last = ""
+    valued = {name: symbol for symbol, name in graph.value_symbols.items()}  # fed their binding
     for integers in (True, False):
         records, feeds = [], {}
         for k, value in enumerate(graph.inputs):
             assert value.dtype is not None and value.shape is not None
             kind, input_seed = _input_kind(value.dtype, integers), (seed << 16) + k
+            if value.name in valued and binding is not None:
+                kind, input_seed = "fill", binding[valued[value.name]]
             shape = concrete_shape(value.shape, binding)
             array = generate_input(kind, value.dtype, shape, input_seed)
             feeds[value.name] = array

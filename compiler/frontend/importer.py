@@ -50,6 +50,9 @@ from compiler.frontend.probing import Probes
 from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
 from compiler.frontend.probing import may_be_equal
+from compiler.frontend.value_symbols import ValueSymbol
+from compiler.frontend.value_symbols import symbolic_input
+from compiler.frontend.value_symbols import value_symbols
 from compiler.frontend.window_shapes import infer_with_pool_sizes
 from compiler.ir.evaluate import concrete_shape
 from compiler.ir.graph import Graph
@@ -71,23 +74,28 @@ def import_model(
     shapes: Mapping[str, Sequence[Any]] | None = None,
     binds: Mapping[str, Any] | None = None,
     dims: Mapping[str, Any] | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> Graph:
     """Load, check, bind values and shapes and convert ``model`` into a verified IR graph.
 
     ``shapes`` (``--shape``) and ``dims`` (``--dim``) may give a dim a range ``(LO, HI)``: it is
-    imported as a symbol (``Graph.symbols``), see docs/dynamic-shapes.md."""
+    imported as a symbol (``Graph.symbols``), see docs/dynamic-shapes.md. ``values`` (``--value``)
+    makes one-element integer / bool inputs *value symbols* (compiler/frontend/value_symbols.py)."""
     large: dict[str, onnx.TensorProto] = {}
     proto = load_model(model, large)
     proto = bind_input_values(proto, binds)
     bound = bind_input_dims(proto, shapes, dims, constants=set(large))
-    return graph_from_proto(bound.proto, large, bound.ranges)
+    found = value_symbols(bound.proto, values, list(bound.ranges))
+    return graph_from_proto(bound.proto, large, bound.ranges, found)
 
 
 def graph_from_proto(proto: onnx.ModelProto,
                      large: dict[str, onnx.TensorProto] | None = None,
-                     ranges: dict[str, tuple[int, int]] | None = None) -> Graph:
+                     ranges: dict[str, tuple[int, int]] | None = None,
+                     values: Mapping[str, ValueSymbol] | None = None) -> Graph:
     """Build the IR from ``proto``; ``large`` holds initializers kept out of it (see load_model);
-    ``ranges`` are the symbols' ranges, for the dims whose ``dim_param`` names one."""
+    ``ranges`` are the symbols' ranges, for the dims whose ``dim_param`` names one; ``values`` the
+    value symbols, by input name."""
     opset = opset_of(proto)
     reject_unknown_ops(proto)
     inferred = infer_shapes(proto)
@@ -95,6 +103,10 @@ def graph_from_proto(proto: onnx.ModelProto,
     types = _type_table(g_proto)
     graph = Graph(g_proto.name or "model", opset)
     graph.symbols = dict(ranges or {})
+    values = values or {}
+    for input_name, (symbol, lo, hi) in values.items():
+        graph.symbols[symbol] = (lo, hi)
+        graph.value_symbols[symbol] = input_name
     env: dict[str, Value] = {}
 
     initializers = {t.name: t for t in g_proto.initializer}
@@ -114,6 +126,8 @@ def graph_from_proto(proto: onnx.ModelProto,
             continue  # older models list initializers as inputs too: they are constants
         dtype, shape = _static_type(types, inp.name, f"graph input {inp.name!r}", graph.symbols)
         env[inp.name] = graph.add_input(Value(inp.name, dtype, shape))
+        if inp.name in values:  # the nodes read the symbol (the runtime reads it off the feed)
+            env[inp.name] = symbolic_input(graph, env[inp.name], values[inp.name][0])
 
     used = frozenset(referenced_names(g_proto))  # (subgraphs read outer values by name too)
     node_names: set[str] = set()

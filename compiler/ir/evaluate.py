@@ -25,6 +25,7 @@ from runtime.errors import CompileError
 from runtime.kernels import get_kernel
 from runtime.symbolic import Expr
 from runtime.symbolic import evaluate as sym_evaluate
+from runtime.symbolic import evaluate_text
 
 __all__ = ["EvaluationError", "Interpreter", "concrete_attrs", "concrete_shape", "evaluate", "run_node"]
 
@@ -48,12 +49,17 @@ def run_node(node: Node, args: Sequence[Any], xp: Any = np,
 
 
 def concrete_attrs(attrs: Mapping[str, Any], binding: Mapping[str, int]) -> dict[str, Any]:
-    """``attrs`` with every expression (at any depth in lists and tuples) evaluated at ``binding``."""
+    """``attrs`` with every expression (at any depth in lists, tuples and dicts; in a control step's
+    programs written as ``{"expr": text}``) evaluated at ``binding``."""
     def bind(value: Any) -> Any:
         if isinstance(value, Expr):
             return sym_evaluate(value, binding)
         if isinstance(value, list | tuple):
             return type(value)(bind(v) for v in value)
+        if isinstance(value, dict):
+            if set(value) == {"expr"} and isinstance(value["expr"], str):
+                return evaluate_text(value["expr"], binding)
+            return {k: bind(v) for k, v in value.items()}
         return value
 
     return {key: bind(value) for key, value in attrs.items()}

@@ -176,6 +176,8 @@ class Graph:
         self.name = name
         self.opset = opset
         self.symbols: dict[str, tuple[int, int]] = {}  # the dynamic dims' symbols and their ranges
+        # value symbols (also in ``symbols``) -> the one-element graph input whose value each is
+        self.value_symbols: dict[str, str] = {}
         # (node, a, b): a == b holds only at some sizes in the ranges (a Reshape's element counts):
         # the sizes the model takes; issue 17's runtime checks them at each binding
         self.assumptions: list[tuple[str, Any, Any]] = []

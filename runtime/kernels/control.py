@@ -97,7 +97,7 @@ def loop(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
                 f"onnx_aot.Loop: ran {len(scans[k])} iterations, but its scan outputs "
                 f"were compiled for {shape[0]}"
             )
-        stacked.append(xp.stack(scans[k]))
+        stacked.append(xp.stack(scans[k]) if scans[k] else xp.zeros(shape, outputs[n + k][1]))
     return finish(xp, "onnx_aot.Loop", carried + stacked, outputs)
 
 

@@ -4,7 +4,9 @@ A condition known at compile time (a constant, or folded from ``--bind`` inputs 
 inlines the branch it takes; the other is never imported. A condition known only at run time makes
 one ``onnx_aot.If`` step holding both branches as sub-schedules (programs, see program.py); its
 reference kernel runs the one the condition picks. The branches' outputs must agree in dtype and
-shape (outputs of different shapes come with dynamic shapes).
+shape, unless the condition is a value symbol (``--value``, compiler/frontend/value_symbols.py):
+then an output may differ in its dims between the branches and takes the shape the condition picks,
+``C*then + (1-C)*else`` (same rank and dtype).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import onnx
 from compiler.frontend.control.program import BODIES
 from compiler.frontend.control.program import Capture
 from compiler.frontend.control.scope import ControlScope
+from compiler.frontend.control.scope import element
 from compiler.frontend.control.scope import inline
 from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from runtime.errors import ModelError
 from runtime.errors import UnsupportedOpError
+from runtime.symbolic import Expr
+from runtime.symbolic import bounds
 
 __all__ = ["import_if", "bind_outputs", "add_control_step"]
 
@@ -33,10 +38,11 @@ def import_if(scope: ControlScope, node: onnx.NodeProto, name: str, where: str) 
     cond = scope.value(node.input[0], where)
     if cond.size != 1:
         raise ModelError(f"{where}: the condition has {cond.size} elements, not one")
-    if cond.const is None:
-        _conditional_step(scope, node, name, branches, where)
+    known = element(cond)
+    if known is None or isinstance(known, Expr):  # (an Expr: a value symbol, 0 or 1)
+        _conditional_step(scope, node, name, branches, where, known)
         return
-    taken = "then_branch" if bool(cond.const.reshape(-1)[0]) else "else_branch"
+    taken = "then_branch" if known else "else_branch"
     outs = inline(scope, branches[taken], f"{name}/{taken.split('_')[0]}", {}, where)
     scope.graph.eliminated[name] = f"If: condition known at compile time, {taken} inlined"
     bind_outputs(scope, node, outs, where)
@@ -52,9 +58,12 @@ def bind_outputs(scope: ControlScope, node: onnx.NodeProto, outs: list[str], whe
 
 
 def _conditional_step(
-    scope: ControlScope, node: onnx.NodeProto, name: str, branches: dict[str, onnx.GraphProto], where: str
+    scope: ControlScope, node: onnx.NodeProto, name: str, branches: dict[str, onnx.GraphProto], where: str,
+    chooser: Expr | None = None,
 ) -> None:
-    """One ``onnx_aot.If`` step whose reference kernel runs the sub-schedule of the branch taken."""
+    """One ``onnx_aot.If`` step whose reference kernel runs the sub-schedule of the branch taken.
+    Where the condition is ``chooser`` (an expression of value symbols, 0 or 1), outputs whose
+    shapes differ between the branches get the shape ``chooser*then + (1-chooser)*else``."""
     capture = Capture(scope, name, [node.input[0]])
     programs, results = {}, []
     for key in ("then_branch", "else_branch"):
@@ -68,14 +77,28 @@ def _conditional_step(
         raise ModelError(
             f"{where}: the branches have {len(then)} and {len(other)} outputs, the node {len(node.output)}"
         )
-    for out, a, b in zip(node.output, then, other, strict=True):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            raise UnsupportedOpError(
-                f"{where}: the condition is known only at run time and output {out!r} differs between the "
-                f"branches ({a.dtype}{list(a.shape or ())} vs {b.dtype}{list(b.shape or ())}); onnx-aot "
-                "needs one static shape (--bind the inputs the condition depends on to decide it earlier)"
-            )
-    add_control_step(scope, node, name, capture, programs, then)
+    like = [_either(scope, out, a, b, chooser, where)
+            for out, a, b in zip(node.output, then, other, strict=True)]
+    add_control_step(scope, node, name, capture, programs, like)
+
+
+def _either(scope: ControlScope, out: str, a: Value, b: Value, chooser: Expr | None, where: str) -> Value:
+    """The If's output ``out``: ``a`` (then) where the branches agree, else a shape chosen by the
+    value-symbol condition ``chooser``; refused where nothing decides the shape."""
+    if a.shape == b.shape and a.dtype == b.dtype:
+        return a
+    sa, sb = list(a.shape or ()), list(b.shape or ())
+    decided = chooser is not None and bounds(chooser, scope.graph.symbols) in ((0, 1), (0, 0), (1, 1))
+    if not decided or a.dtype != b.dtype or len(sa) != len(sb):
+        raise UnsupportedOpError(
+            f"{where}: the condition is known only at run time and output {out!r} differs between the "
+            f"branches ({a.dtype}{sa} vs {b.dtype}{sb}); onnx-aot needs one shape, or ranks and dtypes "
+            "that agree and a condition that is a value symbol (--value NAME=0..1) so that the shape "
+            "follows it; --bind the inputs the condition depends on to decide it earlier"
+        )
+    assert chooser is not None
+    shape = tuple(x if x == y else chooser * x + (1 - chooser) * y for x, y in zip(sa, sb, strict=True))
+    return Value("", a.dtype, shape)
 
 
 def add_control_step(

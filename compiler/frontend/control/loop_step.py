@@ -20,12 +20,16 @@ import onnx
 from compiler.frontend.control.branches import add_control_step
 from compiler.frontend.control.program import Capture
 from compiler.frontend.control.scope import ControlScope
+from compiler.frontend.control.scope import element
 from compiler.frontend.control.scope import int_list
 from compiler.frontend.control.scope import like_input
 from compiler.frontend.control.scope import one_element
 from compiler.ir.graph import Value
 from runtime.errors import ModelError
 from runtime.errors import UnsupportedOpError
+from runtime.symbolic import Dim
+from runtime.symbolic import Expr
+from runtime.symbolic import bounds
 
 __all__ = ["MAX_STEP_WORK", "ScanParams", "import_loop_step", "import_scan_step", "scan_params"]
 
@@ -87,19 +91,21 @@ def import_loop_step(
 def _check_work(
     scope: ControlScope, node: onnx.NodeProto, body: onnx.GraphProto, cond_out: Value, name: str, where: str
 ) -> None:
-    """Refuse a loop that surely runs more than MAX_STEP_WORK body steps: a known trip count and a
-    condition the body never turns false. (A trip count that only bounds a loop whose condition
-    decides, such as PyTorch's while loops with M = 2^63 - 1, is not refused.)"""
+    """Refuse a loop that surely runs more than MAX_STEP_WORK body steps: a known trip count (its
+    max where it is an expression of the symbols) and a condition the body never turns false. (A
+    trip count that only bounds a loop whose condition decides, such as PyTorch's while loops with
+    M = 2^63 - 1, is not refused.)"""
     endless = cond_out.const is not None and bool(cond_out.const.reshape(-1)[0])
     if not node.input[0]:
         if endless:
             raise UnsupportedOpError(f"{where}: no trip count and a condition the body never turns false: "
                                      f"the loop would never end", [(name, "Loop")])
         return
-    known = scope.env[node.input[0]].const
-    if known is not None and endless and int(known.reshape(-1)[0]) * max(len(body.node), 1) > MAX_STEP_WORK:
+    known = element(scope.env[node.input[0]])
+    most = None if known is None else bounds(known, scope.graph.symbols)[1]
+    if most is not None and endless and most * max(len(body.node), 1) > MAX_STEP_WORK:
         raise UnsupportedOpError(
-            f"{where}: {int(known.reshape(-1)[0])} iterations of a {len(body.node)}-node body: over the "
+            f"{where}: {most} iterations of a {len(body.node)}-node body: over the "
             f"{MAX_STEP_WORK} body steps a loop step may run (the compile-time self-test runs them one by "
             "one, with the reference kernels)",
             [(name, "Loop")],
@@ -108,24 +114,31 @@ def _check_work(
 
 def _fixed_trip_count(
     scope: ControlScope, node: onnx.NodeProto, cond_out: Value, where: str, name: str
-) -> int:
-    """The number of iterations, when scan outputs need it at compile time."""
-    trip = scope.env[node.input[0]].const
-    cond = scope.env[node.input[1]].const if len(node.input) > 1 and node.input[1] else np.array(True)
+) -> Dim:
+    """The number of iterations, which scan outputs need at compile time: an int, or an expression
+    of the symbols (a trip count read off a dynamic dim, a value symbol; a first condition that is
+    a value symbol multiplies it). A body that computes its own condition makes the count data
+    dependent: refused."""
+    trip = element(scope.env[node.input[0]]) if node.input[0] else None
+    cond = element(scope.env[node.input[1]]) if len(node.input) > 1 and node.input[1] else True
     if trip is None or cond is None or cond_out.const is None or not bool(cond_out.const.reshape(-1)[0]):
         raise UnsupportedOpError(
             f"{where}: the loop has scan outputs, and how many iterations it runs is known only at run time "
-            "(its trip count or its condition); --bind the graph inputs they depend on",
+            "(its trip count, its first condition or the condition its body computes); --bind the graph "
+            "inputs they depend on, or declare a scalar trip count / condition input a value symbol "
+            "(--value NAME=LO..HI)",
             [(name, "Loop")],
         )
-    return int(trip.reshape(-1)[0]) if bool(cond.reshape(-1)[0]) else 0
+    if isinstance(cond, Expr):
+        return trip * cond
+    return trip if cond else 0
 
 
 @dataclass(frozen=True)
 class ScanParams:
     """A Scan's iteration count and its axes (input axes normalized, for one batch entry in opset 8)."""
 
-    length: int
+    length: Dim  # an expression of the symbols for a Scan over a dynamic axis
     in_axes: list[int]
     in_dirs: list[int]
     out_axes: list[int]
@@ -169,10 +182,12 @@ def import_scan_step(
     name: str,
     where: str,
 ) -> None:
-    """One ``onnx_aot.Scan`` step running ``body`` per iteration (opset 9 and up)."""
-    if params.length * max(len(body.node), 1) > MAX_STEP_WORK:
+    """One ``onnx_aot.Scan`` step running ``body`` per iteration (opset 9 and up); its length may
+    be an expression of the graph's symbols (a Scan over a dynamic axis)."""
+    most = bounds(params.length, scope.graph.symbols)[1]
+    if most * max(len(body.node), 1) > MAX_STEP_WORK:
         raise UnsupportedOpError(
-            f"{where}: {params.length} iterations of a {len(body.node)}-node body: over "
+            f"{where}: up to {most} iterations of a {len(body.node)}-node body: over "
             f"the {MAX_STEP_WORK} body steps a scan step runs",
             [(name, "Scan")],
         )

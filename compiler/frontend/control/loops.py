@@ -24,6 +24,7 @@ from compiler.frontend.control.loop_step import import_loop_step
 from compiler.frontend.control.loop_step import import_scan_step
 from compiler.frontend.control.loop_step import scan_params
 from compiler.frontend.control.scope import ControlScope
+from compiler.frontend.control.scope import element
 from compiler.frontend.control.scope import inline
 from compiler.frontend.control.scope import like_input
 from compiler.frontend.control.scope import one_element
@@ -31,6 +32,7 @@ from compiler.frontend.control.scope import scalar
 from compiler.frontend.control.scope import select
 from runtime.errors import ModelError
 from runtime.errors import UnsupportedOpError
+from runtime.symbolic import Expr
 
 __all__ = ["MAX_UNROLLED_NODES", "import_loop", "import_scan"]
 
@@ -96,21 +98,26 @@ def _initial_flag(scope: ControlScope, node: onnx.NodeProto, name: str, where: s
     return scalar(scope, node.input[1], name)
 
 
-def _trip_count(scope: ControlScope, node: onnx.NodeProto, where: str) -> int | None:
+def _trip_count(scope: ControlScope, node: onnx.NodeProto, where: str) -> int | Expr | None:
+    """The trip count: an int, an expression of the symbols (a dim of a dynamic input, a value
+    symbol), or None (none given, or known only at run time)."""
     if not node.input or not node.input[0]:
         return None
-    trip = one_element(scope.value(node.input[0], where), "the trip count", where)
-    return None if trip.const is None else int(trip.const.reshape(-1)[0])
+    trip = element(one_element(scope.value(node.input[0], where), "the trip count", where))
+    return None if trip is None else int(trip) if not isinstance(trip, Expr) else trip
 
 
 def _unrolls(scope: ControlScope, node: onnx.NodeProto, body: onnx.GraphProto, where: str) -> bool:
-    """Unroll unless a trip count is given that is known only at run time or over the unroll cap; a
-    loop with no trip count unrolls only when it has scan outputs (unrolling is how their length is
+    """Unroll unless a trip count is given that is known only at run time, an expression of the
+    symbols or over the unroll cap, or the first condition is an expression of the symbols; a loop
+    with no trip count unrolls only when it has scan outputs (unrolling is how their length is
     known), else it is a loop step that runs while its condition holds."""
+    if len(node.input) > 1 and node.input[1] and isinstance(element(scope.value(node.input[1], where)), Expr):
+        return False
     if not node.input or not node.input[0]:
         return len(body.output) > len(node.input) - 1
     trip = _trip_count(scope, node, where)
-    return trip is not None and trip * max(len(body.node), 1) <= MAX_UNROLLED_NODES
+    return isinstance(trip, int) and trip * max(len(body.node), 1) <= MAX_UNROLLED_NODES
 
 
 def _next_flag(scope: ControlScope, flag: Flag, cond_out: str, base: str, where: str) -> Flag:
@@ -137,6 +144,7 @@ def import_loop(scope: ControlScope, node: onnx.NodeProto, name: str, where: str
         import_loop_step(scope, node, body, name, where)
         return
     trip = _trip_count(scope, node, where)
+    assert not isinstance(trip, Expr)  # (an expression makes a loop step)
     flag = _initial_flag(scope, node, name, where)
     scans: list[list[str]] = [[] for _ in range(n_scan)]
     i = 0
@@ -197,6 +205,7 @@ def _scan_iterations(
         params.out_dirs,
     )
     n_out = len(out_axes)
+    assert isinstance(seq, int)  # (a Scan over a dynamic axis is a scan step)
     _check_size(base, where, seq, body)
     elems: list[list[str]] = [[] for _ in range(n_out)]
     for t in range(seq):
@@ -232,7 +241,7 @@ def import_scan(scope: ControlScope, node: onnx.NodeProto, name: str, where: str
     params = scan_params(scope, node, body, n_states, inputs[n_states:], where, batched)
     if batched:
         _import_scan8(scope, node, body, inputs[:n_states], inputs[n_states:], params, name, where)
-    elif params.length * max(len(body.node), 1) > MAX_UNROLLED_NODES:
+    elif isinstance(params.length, Expr) or params.length * max(len(body.node), 1) > MAX_UNROLLED_NODES:
         import_scan_step(scope, node, body, params, name, where)
         return
     else:

@@ -70,7 +70,9 @@ class Capture:
 
     def child(self, base: str) -> ControlScope:
         """A scope importing into a new sub-graph that sees the outer values through proxies."""
-        return self.scope.child(Graph(base, self.scope.opset), {})
+        graph = Graph(base, self.scope.opset)
+        graph.symbols = self.scope.graph.symbols  # (a body may read values of dynamic shapes)
+        return self.scope.child(graph, {})
 
     def bind_outer(self, child: ControlScope, sub: onnx.GraphProto, where: str) -> None:
         """Make the outer values ``sub`` reads visible in ``child`` (constants stay constants)."""

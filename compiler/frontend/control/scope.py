@@ -25,11 +25,13 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Value
 from runtime.errors import ModelError
 from runtime.errors import UnsupportedOpError
+from runtime.symbolic import Expr
 
 __all__ = [
     "CONTROL_FLOW_OPS",
     "ControlScope",
     "inline",
+    "element",
     "int_list",
     "one_element",
     "like_input",
@@ -241,11 +243,12 @@ def _infer_types(scope: ControlScope, sub: onnx.GraphProto) -> None:
         value = scope.env[name]
         if value.dtype is None or value.shape is None:
             continue
-        if value.const is not None and value.const.size <= _INFER_CONST_LIMIT:
-            inits.append(numpy_helper.from_array(value.const, name))
-        inputs.append(
-            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
-        )
+        const = value.const
+        if const is not None and const.dtype != object and const.size <= _INFER_CONST_LIMIT:
+            inits.append(numpy_helper.from_array(const, name))
+        shape = [d if isinstance(d, int) else str(d) for d in value.shape]  # a symbol: a dim_param
+        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+        inputs.append(helper.make_tensor_value_info(name, elem, shape))
     graph = helper.make_graph(
         list(sub.node),
         "subgraph",
@@ -279,6 +282,17 @@ def one_element(value: Value, what: str, where: str) -> Value:
     if size != 1:
         raise ModelError(f"{where}: {what} {value.name!r} has {max(size, 0)} elements, not one")
     return value
+
+
+def element(value: Value) -> Any:
+    """The one element of a constant ``value`` (a trip count, a condition): an int / bool, an
+    expression of the graph's symbols (a symbolic constant), or None when known only at run time."""
+    if value.const is None:
+        return None
+    item = value.const.reshape(-1)[0]
+    if isinstance(item, Expr):
+        return item
+    return bool(item) if value.const.dtype == np.bool_ else int(item)
 
 
 def int_list(node: onnx.NodeProto, key: str, default: list[int]) -> list[int]:

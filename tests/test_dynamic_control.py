@@ -1,0 +1,238 @@
+"""Control flow with run-time lengths (issue 17, item 4; docs/dynamic-shapes.md, "Control flow").
+
+- A Scan over a dynamic axis (``--dim seq=1..64``) and a Loop whose trip count is a dynamic dim
+  (``Shape(x)[0]``, as PyTorch exports ``for t in range(x.size(0))``): scan outputs of length
+  ``seq``.
+- Value symbols (``--value M=0..64``): a Loop whose trip count and first condition are graph inputs
+  gets scan outputs of length ``M*cond``; out-of-range values are ``InputError`` naming the input.
+- An If whose branches' outputs differ in shape, decided by a value-symbol condition.
+
+Every model is compared with onnxruntime (rtol 1e-3 / atol 1e-4) at several bindings, the range
+ends and zero iterations included, and its golden cases (at the min and middle bindings) rerun.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+
+from compiler.cli import parse_value
+from compiler.driver import compile_model
+from runtime.errors import InputError
+from runtime.errors import ShapeError
+from runtime.errors import UnsupportedOpError
+from runtime.session import Session
+from tests.support.commands import cli
+from tests.support.models import ort_run
+
+RTOL, ATOL = 1e-3, 1e-4
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+N = helper.make_node
+T = helper.make_tensor_value_info
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+           inits: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "m", inputs, outputs,
+                              initializer=[numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def _agrees(session: Session, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    got = session.run(None, feeds)
+    want = ort_run(model, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+    return got
+
+
+def rnn_scan_model() -> onnx.ModelProto:
+    """A tanh RNN as a Scan over axis 1 of ``x [batch, seq, 4]`` (state ``[batch, 4]``)."""
+    rng = np.random.default_rng(3)
+    body = helper.make_graph(
+        [N("MatMul", ["s", "W"], ["sw"]), N("Add", ["sw", "xt"], ["a"]), N("Tanh", ["a"], ["s2"]),
+         N("Mul", ["s2", "s2"], ["y"])], "body",
+        [T("s", F, ["batch", 4]), T("xt", F, ["batch", 4])],
+        [T("s2", F, ["batch", 4]), T("y", F, ["batch", 4])])
+    scan = N("Scan", ["s0", "x"], ["sN", "ys"], num_scan_inputs=1, body=body, scan_input_axes=[1],
+             scan_output_axes=[1])
+    return _model([scan], [T("s0", F, ["batch", 4]), T("x", F, ["batch", "seq", 4])],
+                  [T("sN", F, ["batch", 4]), T("ys", F, ["batch", "seq", 4])],
+                  {"W": rng.standard_normal((4, 4)).astype(np.float32) * 0.5})
+
+
+def test_a_scan_over_a_dynamic_axis_matches_onnxruntime(tmp_path: Path) -> None:
+    model = rnn_scan_model()
+    path = compile_model(model, tmp_path / "scan", dims={"batch": (1, 4), "seq": (1, 64)})
+    plan = json.loads((path / "plan.json").read_text())
+    scan = next(s for s in plan["steps"] if s["op_type"] == "Scan")
+    assert scan["attrs"]["length"] == {"expr": "seq"}
+    session = Session(path)
+    assert session.outputs[1].ranges == ((1, 4), (1, 64), (4, 4))
+    rng = np.random.default_rng(0)
+    for batch, seq in ((1, 1), (2, 33), (4, 64), (3, 7)):
+        feeds = {"s0": rng.standard_normal((batch, 4)).astype(np.float32),
+                 "x": rng.standard_normal((batch, seq, 4)).astype(np.float32)}
+        _agrees(session, model, feeds)
+    with pytest.raises(InputError, match=r"input 'x': dim 1 \(seq\) is 65, outside its range 1..64"):
+        session.run(None, {"s0": np.zeros((1, 4), np.float32), "x": np.zeros((1, 65, 4), np.float32)})
+    assert session.verify().checks
+
+
+def dim_loop_model() -> onnx.ModelProto:
+    """``for t in range(x.size(0)): s = s + x[t]; ys.append(s * s)`` as PyTorch exports it: the trip
+    count is ``Shape(x)[0]``, the condition a constant True passed through the body."""
+    body = helper.make_graph(
+        [N("Gather", ["x", "t"], ["xt"], axis=0), N("Add", ["s", "xt"], ["s2"]), N("Identity", ["c"], ["c2"]),
+         N("Mul", ["s2", "s2"], ["y"])], "body",
+        [T("t", I64, []), T("c", B, []), T("s", F, [4])], [T("c2", B, []), T("s2", F, [4]), T("y", F, [4])])
+    nodes = [N("Shape", ["x"], ["shape"]), N("Gather", ["shape", "zero"], ["n"], axis=0),
+             N("Loop", ["n", "true", "s0"], ["sN", "ys"], body=body)]
+    return _model(nodes, [T("s0", F, [4]), T("x", F, ["seq", 4])], [T("sN", F, [4]), T("ys", F, ["seq", 4])],
+                  {"zero": np.array(0, np.int64), "true": np.array(True)})
+
+
+def test_a_loop_over_a_dynamic_dim_matches_onnxruntime(tmp_path: Path) -> None:
+    model = dim_loop_model()
+    session = Session(compile_model(model, tmp_path / "loop", dims={"seq": (1, 50)}))
+    rng = np.random.default_rng(1)
+    for seq in (1, 2, 25, 50):
+        _agrees(session, model, {"s0": rng.standard_normal(4).astype(np.float32),
+                                 "x": rng.standard_normal((seq, 4)).astype(np.float32)})
+    assert session.verify().checks
+
+
+def value_loop_model(computed_condition: bool = False) -> onnx.ModelProto:
+    """``Loop(M, cond, s0)``: ``s += x * t``, scan output ``sin(s)``; the body passes its condition
+    through (or, ``computed_condition``, computes ``t < 3``)."""
+    cond_node = (N("Less", ["t", "three"], ["c2"]) if computed_condition else N("Identity", ["c"], ["c2"]))
+    body = helper.make_graph(
+        [N("Cast", ["t"], ["ft"], to=F), N("Mul", ["x", "ft"], ["xt"]), N("Add", ["s", "xt"], ["s2"]),
+         cond_node, N("Sin", ["s2"], ["y"])], "body",
+        [T("t", I64, []), T("c", B, []), T("s", F, [3])], [T("c2", B, []), T("s2", F, [3]), T("y", F, [3])])
+    return _model([N("Loop", ["M", "cond", "s0"], ["sN", "ys"], body=body)],
+                  [T("M", I64, []), T("cond", B, []), T("s0", F, [3]), T("x", F, [3])],
+                  [T("sN", F, [3]), T("ys", F, ["N", 3])], {"three": np.array(3, np.int64)})
+
+
+def _loop_feeds(m: int, cond: bool, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"M": np.array(m, np.int64), "cond": np.array(cond),
+            "s0": rng.standard_normal(3).astype(np.float32), "x": rng.standard_normal(3).astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def value_loop(tmp_path_factory: pytest.TempPathFactory) -> tuple[onnx.ModelProto, Session]:
+    model = value_loop_model()
+    path = compile_model(model, tmp_path_factory.mktemp("vloop") / "a", values={"M": (0, 64), "cond": (0, 1)})
+    return model, Session(path)
+
+
+def test_a_value_symbol_loop_matches_onnxruntime_at_every_binding(value_loop: tuple[onnx.ModelProto, Session],
+                                                                   ) -> None:
+    model, session = value_loop
+    assert session.outputs[1].ranges == ((0, 64), (3, 3))
+    rng = np.random.default_rng(2)
+    shapes = []
+    for m, cond in ((0, True), (1, True), (5, False), (37, True), (64, True), (64, False), (2, True)):
+        got = _agrees(session, model, _loop_feeds(m, cond, rng))
+        shapes.append(got[1].shape[0])
+    assert shapes == [0, 1, 0, 37, 64, 0, 2]
+    report = session.verify()  # at the min binding (M=0, cond=0) and the middle one (M=32, cond=0)
+    assert len(report.checks) == 4 and all(c.error <= c.tolerance for c in report.checks)
+
+
+def test_a_value_symbol_out_of_range_is_an_input_error(value_loop: tuple[onnx.ModelProto, Session]) -> None:
+    _, session = value_loop
+    rng = np.random.default_rng(3)
+    for m in (65, -1):
+        with pytest.raises(InputError, match=rf"input 'M': value {m} \(M\) is outside its range 0..64"):
+            session.run(None, _loop_feeds(m, True, rng))
+
+
+def test_value_symbols_from_the_command_line(tmp_path: Path) -> None:
+    assert parse_value("M=0..64") == ("M", (0, 64))
+    model = value_loop_model()
+    onnx.save(model, tmp_path / "loop.onnx")
+    cli("compile", str(tmp_path / "loop.onnx"), "-o", str(tmp_path / "a"), "--value", "M=1..9",
+        "--value", "cond=1..1", "-q")
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["options"]["values"] == {"M": [1, 9], "cond": [1, 1]}
+    _agrees(Session(tmp_path / "a"), model, _loop_feeds(9, True, np.random.default_rng(4)))
+    wrong = cli("compile", str(tmp_path / "loop.onnx"), "-o", str(tmp_path / "c"), "--value", "M", ok=False)
+    assert "expected NAME=LO..HI" in wrong.stderr
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"x": (0, 4)}, r"--value x: a value symbol is a graph input of one integer or bool element"),
+    ({"nope": (0, 4)}, r"--value names no graph input: 'nope'"),
+    ({"cond": (0, 2)}, r"--value cond: range 0..2 must have 0 <= LO <= HI <= 1"),
+    ({"M": (5, 2)}, r"--value M: range 5..2"),
+    ({"M": "lots"}, r"--value M: give a range LO..HI"),
+])
+def test_value_symbol_mistakes_are_shape_errors(tmp_path: Path, values: dict[str, object],
+                                                message: str) -> None:
+    with pytest.raises(ShapeError, match=message):
+        compile_model(value_loop_model(), tmp_path / "a", values=values)
+
+
+def test_scan_outputs_whose_length_the_body_decides_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedOpError, match=r"scan outputs, and how many iterations it runs is known "
+                                                 r"only at run time .*--value NAME=LO..HI"):
+        compile_model(value_loop_model(computed_condition=True), tmp_path / "a", values={"M": (0, 8)})
+
+
+def if_model() -> onnx.ModelProto:
+    """``If(c)``: then ``concat(x, x)`` [6, 2], else ``-x`` [3, 2]."""
+    then = helper.make_graph([N("Concat", ["x", "x"], ["y"], axis=0)], "then", [], [T("y", F, [6, 2])])
+    other = helper.make_graph([N("Neg", ["x"], ["z"])], "else", [], [T("z", F, [3, 2])])
+    return _model([N("If", ["c"], ["out"], then_branch=then, else_branch=other)],
+                  [T("c", B, []), T("x", F, [3, 2])], [T("out", F, ["n", 2])])
+
+
+def test_if_branches_of_different_shapes_follow_a_value_symbol_condition(tmp_path: Path) -> None:
+    model = if_model()
+    session = Session(compile_model(model, tmp_path / "a", values={"c": (0, 1)}))
+    assert session.outputs[0].ranges == ((3, 6), (2, 2))
+    rng = np.random.default_rng(5)
+    for c in (True, False, True):
+        got = _agrees(session, model, {"c": np.array(c), "x": rng.standard_normal((3, 2)).astype(np.float32)})
+        assert got[0].shape == ((6, 2) if c else (3, 2))
+    assert len(session.verify().checks) == 2
+    with pytest.raises(UnsupportedOpError,
+                       match=r"output 'out' differs between the branches .*--value NAME=0..1"):
+        compile_model(model, tmp_path / "b")
+
+
+def test_the_backend_compiles_a_loop_once_for_its_trip_counts() -> None:
+    from compiler import backend
+
+    model = value_loop_model()
+    rep = backend.prepare(model)
+    assert rep.value_inputs == ["M", "cond"]
+    rng = np.random.default_rng(6)
+    for m, cond in ((3, True), (0, True), (9, False), (1024, True)):
+        feeds = _loop_feeds(m, cond, rng)
+        got = rep.run(feeds)
+        want = ort_run(model, feeds)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=1e-3)
+    assert len(rep._sessions) == 1  # one artifact for M in 0..1024 and cond in 0..1
+    rep.run(_loop_feeds(backend.VALUE_RANGE[1] + 1, True, rng))  # out of range: bound to its value
+    assert len(rep._sessions) == 2
+    computed = value_loop_model(computed_condition=True)
+    refused = backend.prepare(computed)
+    feeds = _loop_feeds(5, True, rng)
+    out = refused.run(feeds)  # the body decides the length: the values are bound instead
+    assert out[1].shape == (4, 3) and refused.value_inputs == []
+    np.testing.assert_allclose(out[1], ort_run(computed, feeds)[1], rtol=RTOL, atol=ATOL)
