@@ -26,6 +26,7 @@ from onnx import numpy_helper
 from compiler.cli import parse_value
 from compiler.driver import compile_model
 from runtime.errors import InputError
+from runtime.errors import RuntimeKernelError
 from runtime.errors import ShapeError
 from runtime.errors import UnsupportedOpError
 from runtime.session import Session
@@ -236,3 +237,50 @@ def test_the_backend_compiles_a_loop_once_for_its_trip_counts() -> None:
     out = refused.run(feeds)  # the body decides the length: the values are bound instead
     assert out[1].shape == (4, 3) and refused.value_inputs == []
     np.testing.assert_allclose(out[1], ort_run(computed, feeds)[1], rtol=RTOL, atol=ATOL)
+
+
+def slicing_loop_model(scan: bool = True, growing: bool = False) -> onnx.ModelProto:
+    """ONNX's test_loop11 form: the body slices a constant at its iteration number,
+    ``y += x[i:i+1]`` (``growing``: ``y += sum(x[:i+1])``), with the running sum as a scan output
+    (or none: then the trip count alone is an input)."""
+    start = ["zero1"] if growing else ["s"]
+    nodes = [N("Add", ["i", "one"], ["e"]), N("Unsqueeze", ["i", "zero1"], ["s"]),
+             N("Unsqueeze", ["e", "zero1"], ["t"]), N("Slice", ["x", start[0], "t"], ["xs"]),
+             N("ReduceSum", ["xs", "zero1"], ["xr"], keepdims=1), N("Add", ["y", "xr"], ["y2"]),
+             N("Identity", ["c"], ["c2"])]
+    outs = [T("c2", B, []), T("y2", F, [1])]
+    if scan:
+        nodes.append(N("Identity", ["y2"], ["scan"]))
+        outs.append(T("scan", F, [1]))
+    body = helper.make_graph(nodes, "body", [T("i", I64, []), T("c", B, []), T("y", F, [1])], outs)
+    loop = N("Loop", ["M", "cond" if scan else "", "y0"], ["yN", "ys"] if scan else ["yN"], body=body)
+    inputs = [T("M", I64, []), *([T("cond", B, [])] if scan else []), T("y0", F, [1])]
+    return _model([loop], inputs, [T("yN", F, [1]), *([T("ys", F, ["N", 1])] if scan else [])],
+                  {"x": np.arange(1, 6, dtype=np.float32), "one": np.array(1, np.int64),
+                   "zero1": np.array([0], np.int64)})
+
+
+def test_body_shapes_the_iteration_number_decides_are_those_of_its_first_iterations(tmp_path: Path) -> None:
+    model = slicing_loop_model()
+    session = Session(compile_model(model, tmp_path / "a", values={"M": (0, 64), "cond": (0, 1)}))
+    for m, cond in ((0, True), (1, True), (3, True), (5, True), (4, False)):
+        feeds = {"M": np.array(m, np.int64), "cond": np.array(cond), "y0": np.array([-2], np.float32)}
+        got = _agrees(session, model, feeds)
+        assert got[1].shape == (m if cond else 0, 1)
+    # an iteration past x's end would slice [0] elements: the kernels check every iteration's shapes
+    with pytest.raises(RuntimeKernelError,
+                       match=r"onnx_aot\.SliceAt: result 0 has shape \(0,\), expected \(1,\)"):
+        session.run(None, {"M": np.array(6, np.int64), "cond": np.array(True), "y0": np.zeros(1, np.float32)})
+    # a shape that differs between the first iterations (x[:i+1]) stays a compile-time error
+    with pytest.raises(ShapeError, match=r"Slice.*cannot infer a static shape"):
+        compile_model(slicing_loop_model(growing=True), tmp_path / "b", values={"M": (0, 64), "cond": (0, 1)})
+
+
+def test_a_compiled_loop_step_slicing_at_its_iteration_number(tmp_path: Path) -> None:
+    model = slicing_loop_model(scan=False)  # a static compile: the body in a nested schedule
+    path = compile_model(model, tmp_path / "a")
+    steps = json.loads((path / "plan.json").read_text())["steps"]
+    assert [(s["op_type"], "schedules" in s) for s in steps] == [("Loop", True)]
+    session = Session(path)
+    for m in (0, 1, 4, 5):
+        _agrees(session, model, {"M": np.array(m, np.int64), "y0": np.array([0.5], np.float32)})

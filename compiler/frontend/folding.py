@@ -196,6 +196,9 @@ class Knowledge:
         self._producers: dict[str, Producer] = {}
         self.symbols = dict(ranges or {})  # the symbols of dynamic dims and their ranges
         self.probes = Probes(self.symbols) if ranges else None  # bindings of the symbols, if any
+        # id(a run-time value) -> (the value, sample values of it): a loop step's iteration number
+        # at its first iterations, and what the import computes from it (shapes only, importer.py)
+        self.samples: dict[int, tuple[Value, list[np.ndarray]]] = {}
 
     def fold(self, proto: onnx.NodeProto, name: str, nodes: Sequence[Node],
              outputs: Sequence[Value]) -> dict[str, np.ndarray] | None:

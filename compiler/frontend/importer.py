@@ -146,7 +146,7 @@ def graph_from_proto(proto: onnx.ModelProto,
             _import_node(at.graph, node_proto, k, at.env, types, opset, used_here, node_names, knowledge)
 
     scope = ControlScope(graph, env, types, opset, list(inferred.opset_import), used, names_in(g_proto),
-                         import_one)
+                         import_one, knowledge.samples)
     for k, node_proto in enumerate(_ordered(g_proto, env)):
         import_one(scope, node_proto, used, k)
 
@@ -316,7 +316,8 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
         size[()] = x.size  # (an expression of the symbols where x's shape is symbolic)
         _fold_into(graph, env, {proto.output[0]: size}, name, {proto.output[0]: np.dtype(np.int64)})
         return
-    outputs = _output_values(proto, inputs, types, where, opset, used, knowledge)
+    sampled = _propagate_samples(proto, inputs, knowledge, opset) if knowledge.samples else {}
+    outputs = _output_values(proto, inputs, types, where, opset, used, knowledge, sampled)
     ctx = CanonContext(proto, name, onnx_attrs(proto), inputs, outputs, opset, graph, used,
                        explain=knowledge.explain)
     with _symbolic_guard(where, "its canonical form", [*inputs, *outputs]):
@@ -335,6 +336,8 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
         node_names.add(node.name)
     for value in outputs:
         env[value.name] = value
+        if value.name in sampled:
+            knowledge.samples[id(value)] = (value, sampled[value.name])
     if knowledge.probes is not None and any(v is not None and v.is_symbolic for v in inputs):
         _record_assumptions(graph, proto, name, inputs)
 
@@ -439,9 +442,11 @@ def _constant(graph: Graph, proto: onnx.NodeProto, where: str) -> Value:
 
 
 def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dict[str, onnx.TypeProto],
-                   where: str, opset: int, used: frozenset[str], knowledge: Knowledge) -> list[Value]:
+                   where: str, opset: int, used: frozenset[str], knowledge: Knowledge,
+                   sampled: Mapping[str, list[np.ndarray]]) -> list[Value]:
     """The node's outputs with dtypes and shapes: onnx's whole-model inference, else the node
-    inferred alone from what is known of its inputs (see folding.py for why that suffices)."""
+    inferred alone from what is known of its inputs (see folding.py for why that suffices), else
+    the shape its ``sampled`` results (``_propagate_samples``) all have."""
     outputs: list[Value] = []
     fallback: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
     for name in proto.output:
@@ -451,6 +456,10 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dic
         try:
             dtype, shape = _static_type(types, name, f"output {name!r} of {where}", knowledge.symbols)
         except ShapeError:
+            shapes = {(a.dtype, a.shape) for a in sampled.get(name, ())}
+            if len(shapes) == 1:
+                outputs.append(Value(name, *shapes.pop()))
+                continue
             if fallback is None:
                 probes = knowledge.probes
                 if probes is not None and any(v is not None and v.is_symbolic for v in inputs):
@@ -514,6 +523,31 @@ def _infer_single(proto: onnx.NodeProto, inputs: list[Value | None],
         except (ShapeError, ModelError):
             pass
     return result
+
+
+def _propagate_samples(proto: onnx.NodeProto, inputs: list[Value | None], knowledge: Knowledge,
+                       opset: int) -> dict[str, list[np.ndarray]]:
+    """The results of ``proto`` at each sample (``Knowledge.samples``: sample values of run-time
+    values, a loop step's iteration number) where it reads sampled values and otherwise constants
+    only (onnx's reference evaluator); {} elsewhere, or where a sample fails."""
+    found = [knowledge.samples.get(id(v)) if v is not None else None for v in inputs]
+    if not any(found) or any(v is not None and f is None and (v.const is None or v.const.dtype == object)
+                             for v, f in zip(inputs, found, strict=True)):
+        return {}
+    from onnx.reference import ReferenceEvaluator
+
+    count = min(len(f[1]) for f in found if f is not None)
+    results: list[list[np.ndarray]] = []
+    for j in range(count):
+        at = [Value(v.name, v.dtype, const=f[1][j]) if f is not None and v is not None else v
+              for v, f in zip(inputs, found, strict=True)]
+        try:
+            run = ReferenceEvaluator(_single_node_model(proto, at, opset)).run(None, {})
+            results.append([np.asarray(r) for r in run])
+        except Exception:  # (a sample the node cannot take: no shape from the samples)
+            return {}
+    names = [n for n in proto.output if n]
+    return {name: [r[k] for r in results] for k, name in enumerate(names)}
 
 
 def _single_node_model(proto: onnx.NodeProto, inputs: list[Value | None], opset: int,

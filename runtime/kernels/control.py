@@ -125,6 +125,24 @@ def scan(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
     return finish(xp, "onnx_aot.Scan", states + stacked, outputs)
 
 
+@register("onnx_aot.SliceAt")
+def slice_at(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
+    """ONNX Slice (opset 10+) whose starts / ends / axes / steps are known only at run time (a loop
+    body's ``x[i:i+1]``): Python's slices clamp as ONNX does; the shape is checked against the plan."""
+    x = inputs[0]
+    starts, ends = (np.asarray(v).reshape(-1).tolist() for v in inputs[1:3])
+    axes = np.asarray(inputs[3]).reshape(-1).tolist() if len(inputs) > 3 and inputs[3] is not None \
+        else list(range(len(starts)))
+    steps = np.asarray(inputs[4]).reshape(-1).tolist() if len(inputs) > 4 and inputs[4] is not None \
+        else [1] * len(starts)
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        if step == 0:
+            raise RuntimeKernelError("onnx_aot.SliceAt: step 0")
+        index[int(axis) % x.ndim] = slice(int(start), int(end), int(step))
+    return finish(xp, "onnx_aot.SliceAt", [x[tuple(index)]], outputs)
+
+
 # -- checking a plan's programs once, at load ------------------------------------------------------
 def check_control_attrs(kind: str, attrs: Any, n_inputs: int, where: str) -> None:
     """ValueError naming ``where`` unless a control step's attributes (its programs, nested ones

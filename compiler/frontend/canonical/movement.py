@@ -16,6 +16,7 @@ from compiler.frontend.canonical.context import ints
 from compiler.frontend.canonical.context import np_dtype_of
 from compiler.frontend.canonical.registry import register
 from compiler.frontend.probing import may_be_equal
+from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Node
 from runtime.symbolic import Dim
 from runtime.symbolic import bounds
@@ -104,6 +105,10 @@ def _slice(ctx: CanonContext) -> list[Node]:
         ends = ints(ctx.attrs["ends"])
         axes = ints(ctx.attr("axes", range(len(starts))))
         steps = [1] * len(starts)
+    elif any(v is not None and v.const is None for v in ctx.inputs[1:]):
+        # starts / ends known only at run time (a loop body's x[i:i+1]; its shape was taken at its
+        # first iterations): the reference kernel slices as ONNX says and checks the shape
+        return [ctx.node("SliceAt", list(ctx.inputs), {}, domain=AOT_DOMAIN)]
     else:
         starts = _bounds_ints(ctx, ctx.const_input(1, "starts"))
         ends = _bounds_ints(ctx, ctx.const_input(2, "ends"))

@@ -37,6 +37,9 @@ __all__ = ["MAX_STEP_WORK", "ScanParams", "import_loop_step", "import_scan_step"
 # (iterations x body nodes): the golden self-test runs them one by one through the reference
 # kernels at compile time, at some microseconds each (and so does the fallback at run time).
 MAX_STEP_WORK = 1_000_000
+# A loop step's body shapes that depend on the iteration number are taken at iterations 0..K-1,
+# where they all agree (x[i:i+1] is [1]; x[:i+1] differs and stays refused)
+SAMPLED_ITERATIONS = 3
 
 
 def _declared(info: onnx.ValueInfoProto, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -62,6 +65,10 @@ def _args(
     for value in (iteration, *proxies):
         child.graph.add_input(value)
         child.env[value.name] = value
+    # shapes the iteration number decides: those of its first iterations where they agree (the
+    # kernels check them at every iteration; docs/dynamic-shapes.md)
+    child.samples[id(iteration)] = (iteration, [np.array(i, np.int64).reshape(iteration.shape or ())
+                                                for i in range(SAMPLED_ITERATIONS)])
     args = [iteration, child.env[cond_name], *proxies]
     return args, {info.name: value.name for info, value in zip(body.input, args, strict=True)}
 

@@ -126,6 +126,9 @@ class ControlScope:
     used: frozenset[str]
     taken: set[str]
     import_with: Callable[[ControlScope, onnx.NodeProto, frozenset[str]], None]
+    # id(a run-time value) -> (the value, sample values): the importer's Knowledge.samples (shapes
+    # that a loop step's iteration number decides are read off its first iterations)
+    samples: dict[int, tuple[Value, list[np.ndarray]]] = dataclasses.field(default_factory=dict)
 
     def import_node(self, node: onnx.NodeProto, used: frozenset[str]) -> None:
         """Import one ONNX node into this scope's graph (control flow included)."""
