@@ -25,6 +25,9 @@ from compiler.frontend.importer import import_model
 from compiler.passes.manager import optimize
 from runtime.session import Session
 from tests.support.models import ort_run
+from tests.support.zoo import dummy_input
+from tests.support.zoo import random_weight_model
+from tests.support.zoo import strip_softmax
 
 RTOL, ATOL = 1e-3, 1e-4
 NHWC_KINDS = {"ConvNhwc", "WinogradConvNhwc", "MaxPoolNhwc", "AveragePoolNhwc", "GlobalAveragePoolNhwc",
@@ -159,3 +162,20 @@ def test_winograd_tiles_fit_the_smallest_output_in_range() -> None:
         assert len(convs) == 3, [node.kind for node in graph]
         first = convs[0].input(1)
         assert first is not None and first.shape is not None and first.shape[0] == (tile + 2) ** 2
+
+
+def test_a_light_zoo_model_with_a_run_time_batch(tmp_path: Path) -> None:
+    """SqueezeNet (fire modules: 1x1 squeeze, 1x1 and Winograd 3x3 expand, channel Concat,
+    MaxPool, GlobalAveragePool) with only the batch a symbol: every step on C, NHWC kept."""
+    model = strip_softmax(random_weight_model("squeezenet"))  # (an opset-9 Softmax takes no symbolic dims)
+    (name, x1), = dummy_input(model).items()
+    for value in (*model.graph.input[:1], *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "n"
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 4)}, golden_cases=0, cpu="x86-64-v3")
+    steps = _plan(out)
+    assert {s["provider"] for s in steps} == {"c"}
+    assert {"ConvNhwc", "WinogradConvNhwc", "MaxPoolNhwc"} <= {s["op_type"] for s in steps}
+    session = Session(out)
+    for x in (x1, np.concatenate([x1, -x1, 0.5 * x1])):
+        np.testing.assert_allclose(session.run(None, {name: x})[0], ort_run(model, {name: x})[0],
+                                   rtol=RTOL, atol=ATOL)
