@@ -179,3 +179,40 @@ def test_a_light_zoo_model_with_a_run_time_batch(tmp_path: Path) -> None:
     for x in (x1, np.concatenate([x1, -x1, 0.5 * x1])):
         np.testing.assert_allclose(session.run(None, {name: x})[0], ort_run(model, {name: x})[0],
                                    rtol=RTOL, atol=ATOL)
+
+
+def _shuffle_model() -> onnx.ModelProto:
+    """x [n, 8, h, w]: a 1x1 conv, ShuffleNet's channel shuffle with its Reshape targets computed
+    from the tensor's Shape (n, 4, 4, h, w) and back (n, 16, h, w), a 3x3 conv."""
+    b = _Builder()
+    b.conv("x", "a", 16, 8, 1)
+    b.op("Shape", ["a"], "sh")
+    for k, name in ((0, "n0"), (2, "h0"), (3, "w0")):
+        b.inits.append(numpy_helper.from_array(np.array([k], np.int64), f"i{k}"))
+        b.op("Gather", ["sh", f"i{k}"], name, axis=0)
+    for name, v in (("four", 4), ("sixteen", 16)):
+        b.inits.append(numpy_helper.from_array(np.array([v], np.int64), name))
+    b.op("Concat", ["n0", "four", "four", "h0", "w0"], "s5", axis=0)
+    b.op("Reshape", ["a", "s5"], "r5")
+    b.op("Transpose", ["r5"], "t5", perm=[0, 2, 1, 3, 4])
+    b.op("Concat", ["n0", "sixteen", "h0", "w0"], "s4", axis=0)
+    b.op("Reshape", ["t5", "s4"], "r4")
+    b.conv("r4", "y", 8, 16, 3, pads=[1, 1, 1, 1])
+    return b.model(["n", 8, "h", "w"], ["y"])
+
+
+def test_a_channel_shuffle_with_run_time_dims_stays_nhwc(tmp_path: Path) -> None:
+    """The shuffle's NHWC form (n, h, w, 4, 4) with its last axes swapped: Reshapes whose shape
+    attributes are expressions, no Transpose back to NCHW between the convs."""
+    model = _shuffle_model()
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "h": (1, 40), "w": (1, 64)}, golden_cases=0,
+                        cpu="x86-64-v3")
+    steps = _plan(out)
+    assert {s["provider"] for s in steps} == {"c"}
+    assert [s["op_type"] for s in steps] == ["Transpose", "ConvNhwc", "Reshape", "Transpose", "Reshape",
+                                             "ConvNhwc", "Transpose"]
+    session = Session(out)
+    for n, h, w in ((1, 1, 1), (3, 7, 9), (4, 40, 64)):
+        x = np.random.default_rng(h).standard_normal((n, 8, h, w)).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], ort_run(model, {"x": x})[0], rtol=RTOL,
+                                   atol=ATOL)

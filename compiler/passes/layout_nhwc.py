@@ -24,7 +24,9 @@ of ../shared/notes/cpu-speed-findings.md), so this pass converts whole regions:
    BatchNormalization as a FusedElementwise x * s + t; elementwise ops unchanged, their constant
    operands transposed (a (C, 1, 1) constant becomes (1, 1, 1, C)).
 
-It is a lowering for the C target (optimization level 3), run after ``use_winograd``.
+It is a lowering for the C target (optimization level 3), run after ``use_winograd``; in a
+dynamic graph too (run-time batch and spatial sizes: the NHWC kernels take them, a shuffle's
+Reshapes get symbolic shape attributes).
 """
 
 from __future__ import annotations
@@ -119,17 +121,12 @@ def _shuffle_nhwc(node: Node) -> tuple[tuple[int, ...], dict[str, Any]]:
     return (n, h, w, g * cg), {"shape": [n, h, w, g * cg]}
 
 
-def _dynamic(node: Node) -> bool:
-    """Whether ``node`` is in a dynamic graph (symbolic dims: its NHWC kernels take run-time dims)."""
-    return node.graph is not None and bool(node.graph.symbols)
-
-
 def _layout_inputs(node: Node) -> list[int] | None:
     """The input positions of ``node`` that carry activations in the region's layout, or None
     when the node has no NHWC form."""
     kind = node.kind
-    if kind in ("Reshape", "Transpose"):  # a dynamic graph's shuffle would need symbolic shape attributes
-        return [0] if not _dynamic(node) and _shuffle_chain(node) is not None else None
+    if kind in ("Reshape", "Transpose"):
+        return [0] if _shuffle_chain(node) is not None else None
     if len(node.outputs) != 1 or not _rank4(node.outputs[0]) or not _float32(node.outputs[0]):
         return None
     x = node.input(0)
