@@ -3,8 +3,8 @@
 The import keeps ranged dims as symbols (``Graph.symbols``). The back half then differs in three
 places, all decided here:
 
-- **Providers.** Every step runs on the reference kernels: the C kernels bake sizes and arena
-  offsets into their code (run-time dims there are the next step), the CUDA target is refused.
+- **Providers.** The C kernels (and, for target cuda, the CUDA kernels) that take run-time dims,
+  the static nodes' kernels, the reference kernels for the rest (``dynamic_providers``).
 - **Memory.** Lifetimes and aliasing are the static ones (``assign_storage`` works on expressions);
   a buffer's size is an ``Expr`` of the symbols, and its offset is placed *by the runtime* at each
   binding (``runtime/placement.py``): plan.json names it with the placeholder ``_b<k>`` (``k`` its
@@ -45,21 +45,25 @@ Binding = dict[str, int]
 
 
 def dynamic_providers(target: str, graph: Graph) -> list[Provider]:
-    """The providers of a dynamic graph: the C kernels that take run-time dims (and every static
-    node), the reference kernels for the rest."""
+    """The providers of a dynamic graph: the kernels that take run-time dims (C; CUDA for target
+    cuda, its launches evaluated per binding) and every static node, the reference kernels for the
+    rest."""
+    if target == "cuda":
+        from compiler.providers.cuda.provider import CudaProvider
+
+        return [CudaProvider(), ReferenceProvider("cuda"), CProvider(), ReferenceProvider()]
     if target != "cpu":
-        raise CompileError(f"dynamic dims ({describe_symbols(graph)}) are compiled for the cpu target "
-                           f"only yet; give each dim one size with --shape / --dim for target {target!r}")
+        raise CompileError(f"dynamic dims ({describe_symbols(graph)}): unknown target {target!r}")
     return [CProvider(), ReferenceProvider()]
 
 
 def check_dynamic_providers(graph: Graph, providers: list[Provider]) -> None:
-    """A dynamic graph compiles with the host C and reference providers (``dynamic_providers``)."""
+    """A dynamic graph compiles with the C, CUDA and reference providers (``dynamic_providers``)."""
     others = [p.name for p in providers
-              if not (isinstance(p, ReferenceProvider | CProvider) and p.memory_space == "host")]
+              if not (isinstance(p, ReferenceProvider | CProvider) or p.name == "cuda")]
     if graph.symbols and others:
-        raise CompileError(f"dynamic dims ({describe_symbols(graph)}) run on the host C and reference "
-                           f"kernels only yet; provider(s) {', '.join(others)} take static shapes")
+        raise CompileError(f"dynamic dims ({describe_symbols(graph)}) run on the C, CUDA and reference "
+                           f"kernels only; provider(s) {', '.join(others)} take static shapes")
 
 
 def describe_symbols(graph: Graph) -> str:

@@ -3,7 +3,8 @@
 ``Binder(plan).bind(sizes)`` (``Plan.bind`` makes a ``Binder`` each call; ``Session`` keeps one
 and caches what it returns per binding) checks each size against its symbol's range and every
 assumption (``a == b``, recorded by the import where a model needs two dims to agree), evaluates
-every dim, buffer size, scratch and ``{"expr": ...}`` attribute, places each arena's buffers
+every dim, buffer size, scratch, ``{"expr": ...}`` attribute and CUDA launch (grid, run-time
+dims, arena pointers), places each arena's buffers
 (``runtime/placement.py``: lifetimes from the plan, sizes at this binding), binds each
 placeholder ``_b<k>`` to buffer k's offset, evaluates the values' arena offsets, and returns a
 ``BoundPlan``: ``plan`` (a static plan: every dim an int, no symbols; its arenas sized for this
@@ -30,6 +31,7 @@ from runtime.placement import lower_bound
 from runtime.placement import place
 from runtime.plan_symbols import attr_exprs
 from runtime.plan_symbols import placeholder
+from runtime.symbolic import Expr
 from runtime.symbolic import parse
 
 __all__ = ["BoundPlan", "Binder", "bind_plan"]
@@ -106,7 +108,7 @@ class Binder:
         self.ranges = {s.name: (s.min, s.max) for s in plan.symbols}
         self.values = [name for name, v in plan.values.items() if _symbolic(v)]
         self.steps = [k for k, s in enumerate(plan.steps)
-                      if s.scratch is not None or any(True for _ in attr_exprs(s.attrs))]
+                      if s.scratch is not None or any(True for _ in attr_exprs(s.attrs)) or s.launches]
         self.spaces = sorted({b.arena for b in plan.buffers})
 
     def check(self, sizes: Mapping[str, int], context: str = "") -> dict[str, int]:
@@ -155,7 +157,12 @@ class Binder:
             scratch = step.scratch
             if scratch is not None:
                 scratch = _with(scratch, offset=ev(scratch.offset), nbytes=ev(scratch.nbytes))
-            steps[k] = _with(step, scratch=scratch, attrs=_attrs(step.attrs, ev))
+            launches = step.launches
+            if launches:  # a CUDA step's grids, run-time dims and arena pointers at this binding
+                launches = tuple(_with(launch, grid=tuple(ev(d) for d in launch.grid), args=tuple(
+                    a if type(a.value) is not Expr else _with(a, value=ev(a.value)) for a in launch.args))
+                    for launch in launches)
+            steps[k] = _with(step, scratch=scratch, attrs=_attrs(step.attrs, ev), launches=launches)
         inputs = tuple(_with(s, shape=ev.shape(s.shape, f"input {s.name!r}")) for s in plan.inputs)
         outputs = tuple(_with(o, spec=_with(o.spec, shape=ev.shape(o.spec.shape, f"output {o.value!r}")))
                         for o in plan.outputs)

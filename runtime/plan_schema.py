@@ -333,36 +333,44 @@ class StepScratch:
 class LaunchArg:
     """One argument of a CUDA launch: a pointer (``kind`` "ptr", ``space`` "arena" or "weights",
     ``value`` a byte offset) or a scalar (``kind`` "i32" / "i64" / "f32" / "f64"). JSON:
-    ``["ptr", space, offset]`` or ``[kind, value]``."""
+    ``["ptr", space, offset]`` or ``[kind, value]``. In a dynamic plan an arena offset and an
+    integer scalar may be an expression's text (a run-time dim; bound per binding)."""
 
     kind: str
-    value: int | float
+    value: Any  # int | float, or a dynamic plan's Expr
     space: str = ""
 
     def to_json(self) -> list[Any]:
-        return ["ptr", self.space, self.value] if self.kind == "ptr" else [self.kind, self.value]
+        value = _dim_json(self.value)
+        return ["ptr", self.space, value] if self.kind == "ptr" else [self.kind, value]
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> LaunchArg:
         if not isinstance(data, list) or not data:
             raise where.wrong("a launch argument", data)
         if data[0] == "ptr":
-            if len(data) != 3 or data[1] not in POINTER_SPACES or not is_count(data[2]):
+            offset = data[2] if len(data) == 3 and data[1] in POINTER_SPACES else None
+            if offset is None or not (is_count(offset) or isinstance(offset, str)):
                 raise where.error(f'is a bad pointer argument {data!r} (expected ["ptr", "arena" or '
                                   f'"weights", offset])')
-            return cls("ptr", int(data[2]), data[1])
+            return cls("ptr", _expr(data[2], where.item(2), "a byte offset"), data[1])
         number = data[1] if len(data) == 2 else None
+        if data[0] in ("i32", "i64") and isinstance(number, str):
+            return cls(str(data[0]), _expr(number, where.item(1), "an integer or a dim expression"))
         if data[0] not in SCALAR_KINDS or isinstance(number, bool) or not isinstance(number, int | float):
             raise where.error(f"is an unknown argument kind {data!r} (known: ptr, {', '.join(SCALAR_KINDS)})")
         return cls(str(data[0]), number)
 
 
-def _launch_dims(f: Fields, key: str) -> tuple[int, ...]:
+def _launch_dims(f: Fields, key: str) -> tuple[Any, ...]:
+    """1-3 positive ints, or (a dynamic plan's) expressions of the symbols."""
     value = f.raw(key)
     if not isinstance(value, list) or not 1 <= len(value) <= 3 or \
-            not all(is_count(v) and v >= 1 for v in value):
+            not all((is_count(v) and v >= 1) or isinstance(v, str) for v in value):
         raise f.at(key).wrong("1-3 positive integers", value)
-    return tuple(value)
+    if all(is_count(v) for v in value):
+        return tuple(value)
+    return tuple(_expr(v, f.at(key).item(k), "a positive size") for k, v in enumerate(value))
 
 
 @dataclass(frozen=True)
@@ -377,7 +385,7 @@ class KernelLaunch:
     args: tuple[LaunchArg, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"kernel": self.kernel, "grid": list(self.grid), "block": list(self.block),
+        return {"kernel": self.kernel, "grid": _shape_json(self.grid), "block": list(self.block),
                 "shared": self.shared, "args": [a.to_json() for a in self.args]}
 
     @classmethod

@@ -6,7 +6,8 @@ expression at all; a dynamic one names only its own symbols (and, in arena offse
 placeholders ``_b<k>``), every graph input dim is an int or a bare symbol and every symbol is one
 of them (the binding comes from the feeds), ``buffers[k].offset`` is ``_b<k>``, a ``symbolic``
 value is a 0-D or 1-D integer tensor with one element per entry, ``{"expr": TEXT}`` in attrs
-parses, and only reference partitions (no nested schedules) run it. Each failure is an
+parses, CUDA launches name only symbols (and placeholders in pointers), and only reference, C and
+CUDA partitions (no nested schedules) run it. Each failure is an
 ``ArtifactError`` naming the file and the field. Records are taken duck-typed (this module is
 imported by plan_schema).
 """
@@ -59,6 +60,9 @@ def _check_static(plan: Any, where: Where) -> None:
     for step in plan.steps:
         if step.scratch is not None and _dims((step.scratch.offset, step.scratch.nbytes)):
             raise where.key("steps").item(step.index).key("scratch").error(
+                "holds an expression, but the plan has no symbols")
+        if any(_dims((*launch.grid, *(a.value for a in launch.args))) for launch in step.launches or ()):
+            raise where.key("steps").item(step.index).key("launches").error(
                 "holds an expression, but the plan has no symbols")
 
 
@@ -151,9 +155,9 @@ def _check_symbolic_value(value: Any, at: Where) -> None:
 
 def _check_steps(plan: Any, where: Where, allowed: frozenset[str], places: set[str]) -> None:
     for k, part in enumerate(plan.partitions):
-        if part.runner not in ("reference", "c"):
+        if part.runner not in ("reference", "c", "cuda"):
             raise where.key("partitions").item(k).key("runner").wrong(
-                '"reference" or "c" in a dynamic plan (CUDA code takes static shapes)', part.runner)
+                '"reference", "c" or "cuda" in a dynamic plan', part.runner)
         if part.runner == "c" and part.ext[:1] != (DYN_EXT,):
             raise where.key("partitions").item(k).key("ext").wrong(
                 f'{DYN_EXT!r} first in a dynamic plan\'s C partition (the binding it reads)', list(part.ext))
@@ -161,6 +165,9 @@ def _check_steps(plan: Any, where: Where, allowed: frozenset[str], places: set[s
         at = where.key("steps").item(step.index)
         if step.schedules is not None:
             raise at.error("has nested schedules: a dynamic plan has none")
+        for j, launch in enumerate(step.launches or ()):  # grids and scalars: symbols; pointers too
+            _names(at.key("launches").item(j), _dims(launch.grid), allowed)
+            _names(at.key("launches").item(j), _dims(a.value for a in launch.args), allowed | places)
         if step.scratch is not None:
             _names(at.key("scratch"), _dims((step.scratch.offset,)), allowed | places)
             _names(at.key("scratch"), _dims((step.scratch.nbytes,)), allowed)

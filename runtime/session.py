@@ -249,8 +249,9 @@ class Session:
         if runner == "cuda":
             from runtime.providers.cuda import CudaPartition
 
+            bound = plan if isinstance(plan, Plan) else None  # a dynamic plan's, at one binding
             return ("cuda", CudaPartition(self._artifact, record, self._weights["cuda"],
-                                          capture=self.cuda_graph))
+                                          capture=self.cuda_graph, plan=bound))
         raise ArtifactError(f"{self.path / 'plan.json'}: partitions[{record.index}].runner {runner!r} "
                             f"is not a provider this runtime has")
 

@@ -276,9 +276,12 @@ BROKEN = [
     ("symbolic count", lambda p: p["values"]["shape_val"]["location"][1].append(1), r"is a symbolic value"),
     ("C partition without the binding", lambda p: p["partitions"][0].update(runner="c", library="x.so"),
      r"partitions\[0\]\.ext must be '#dyn' first"),
-    ("CUDA partition", lambda p: p["partitions"][0].update(
-        runner="cuda", module={"source": "m.cu", "cubins": {}, "ptx": None}),
-     r"partitions\[0\]\.runner must be \"reference\" or \"c\""),
+    ("launch symbol", lambda p: p["steps"][3].update(launches=[
+        {"kernel": "k", "grid": ["2*q"], "block": [1], "shared": 0, "args": [["i32", "n"]]}]),
+     r"steps\[3\]\.launches\[0\] names 'q'"),
+    ("launch placeholder", lambda p: p["steps"][3].update(launches=[
+        {"kernel": "k", "grid": [1], "block": [1], "shared": 0, "args": [["ptr", "arena", "_b9"]]}]),
+     r"steps\[3\]\.launches\[0\] names '_b9'"),
     ("attr expr", lambda p: p["steps"][3]["attrs"].update(shape=[{"expr": 3}, 2]),
      r"steps\[3\]\.attrs shape\[0\]: \{\"expr\": \.\.\.\} must hold"),
     ("attr symbol", lambda p: p["steps"][3]["attrs"].update(shape=[{"expr": "2*q"}, 2]),

@@ -447,19 +447,20 @@ def unflatten(dims: Sequence[int], names: Sequence[str], flat: str) -> tuple[tup
     """``(name, expression)`` pairs recovering row-major indices over ``dims`` from ``flat``.
 
     For a renderer that maps one thread to one element of a loop nest (CUDA); the outermost
-    index is a division only, the innermost a remainder only; size-1 dimensions are ``0``.
+    index is a division only, the innermost a remainder only; size-1 dimensions are ``0``. A
+    run-time dim (a ``CDim``, C text) stays text.
     """
     out: list[tuple[str, str]] = []
-    inner = 1
+    inner: Any = 1
     for d in range(len(dims) - 1, -1, -1):
-        size = int(dims[d])
+        size: Any = int(dims[d]) if isinstance(dims[d], int | np.integer) else dims[d]
         if size == 1:
             expr = "0"
         else:
             scaled = flat if inner == 1 else f"({flat} / {inner})"
             expr = scaled if d == 0 else f"{scaled} % {size}"
         out.append((names[d], expr))
-        inner *= size
+        inner = size if isinstance(inner, int) and inner == 1 else inner * size
     return tuple(reversed(out))
 
 

@@ -416,9 +416,11 @@ class MatmulProduct:
     b_batch: tuple[int, ...]
 
     @classmethod
-    def from_node(cls, node: Node) -> MatmulProduct | None:
-        """The product, or None when the shapes (and Gemm's attributes) do not make one."""
-        a, b, y = _shape(node.input(0)), _shape(node.input(1)), _shape(node.outputs[0])
+    def from_node(cls, node: Node, symbolic: bool = False) -> MatmulProduct | None:
+        """The product, or None when the shapes (and Gemm's attributes) do not make one; with
+        ``symbolic`` a Gemm's dims may be expressions (a dynamic graph's)."""
+        a, b = _shape(node.input(0), symbolic), _shape(node.input(1), symbolic)
+        y = _shape(node.outputs[0], symbolic)
         if a is None or b is None or y is None:
             return None
         return _matmul(a, b, y) if node.op_type == "MatMul" else _gemm(node, a, b, y)

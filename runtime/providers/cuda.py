@@ -5,7 +5,9 @@ cupy is imported lazily, on first use: ``memory_space("cuda")`` imports this mod
 never needs cupy, and using the space without cupy or without a device raises ``ArtifactError``
 with the install hint.
 
-A ``CudaPartition`` is prepared once at load: the module (cubin, PTX or NVRTC: the choice in
+A ``CudaPartition`` is prepared once at load (a dynamic plan's once per binding, from the bound
+plan: its launches' grids, run-time dims and arena offsets evaluated by ``runtime/binding.py``; the
+module is loaded once per artifact): the module (cubin, PTX or NVRTC: the choice in
 ``cuda_module.py``, the loading in ``cuda_load.py``) is loaded, every launch of every step is
 parsed (``cuda_program.py``) into a kernel handle and an argument template whose weights pointers
 are resolved and whose arena pointers are offsets. A run
@@ -34,6 +36,8 @@ import numpy as np
 from runtime.artifact import Artifact
 from runtime.errors import ArtifactError
 from runtime.errors import RuntimeKernelError
+from runtime.plan_schema import CudaModule
+from runtime.plan_schema import Plan
 from runtime.plan_schema import PlanPartition
 from runtime.providers.cuda_load import LoadedModule
 from runtime.providers.cuda_load import load_module
@@ -124,6 +128,22 @@ class CudaSpace:
 
 
 
+def _module(cp: Any, artifact: Artifact, module: CudaModule, names: list[str]) -> LoadedModule:
+    """``load_module``; for a dynamic plan once per artifact, module and kernel set (its partitions
+    are made again at each new binding, with the same kernels)."""
+    if not artifact.plan.is_dynamic:
+        return load_module(cp, artifact, module, names)
+    cache: dict[Any, LoadedModule] = vars(artifact).setdefault("_cuda_modules", {})
+    key = (module.source, tuple(names))
+    with _LOCK:
+        loaded = cache.get(key)
+    if loaded is None:
+        loaded = load_module(cp, artifact, module, names)
+        with _LOCK:
+            loaded = cache.setdefault(key, loaded)
+    return loaded
+
+
 # -- the partition --------------------------------------------------------------------------------
 class CudaPartition:
     """One CUDA partition, prepared once at load; ``run(arenas, ext)`` launches it.
@@ -133,7 +153,7 @@ class CudaPartition:
     """
 
     def __init__(self, artifact: Artifact, record: PlanPartition, device_weights: Any, *,
-                 capture: bool = False) -> None:
+                 capture: bool = False, plan: Plan | None = None) -> None:
         self._cp = cp = cupy_or_error()
         self.index = record.index
         self.capture = capture
@@ -141,13 +161,14 @@ class CudaPartition:
         self._host_weights = artifact.weights
         self._host_weights_addr = int(artifact.weights.ctypes.data) if artifact.weights.size else 0
         weights_addr = int(device_weights.data.ptr) if int(device_weights.size) else 0
-        self.program = parse_steps(artifact.plan, record, int(artifact.weights.size), weights_addr)
-        steps = artifact.plan.partition_steps(record)
+        plan = plan if plan is not None else artifact.plan  # a dynamic plan's: bound at one binding
+        self.program = parse_steps(plan, record, int(artifact.weights.size), weights_addr)
+        steps = plan.partition_steps(record)
         self._step_local = {step.name: local for local, step in enumerate(steps)}
         self._uses_arena = any(uses_device_arena(op) for op in self.program)
         names = sorted({op.kernel for op in self.program if isinstance(op, Launch)})
         assert record.module is not None  # the schema requires a CUDA partition's module
-        self.module: LoadedModule = load_module(cp, artifact, record.module, names)
+        self.module: LoadedModule = _module(cp, artifact, record.module, names)
         self.module_source = self.module.source
         functions = self.module.functions
         for op in self.program:

@@ -3,22 +3,29 @@
 One thread per output element; the expressions, broadcasting strides and loop-nest coalescing come
 from ``compiler.codegen.elementwise``, shared with the C provider, and scalar constant inputs are
 folded into literals as there. A fused chain is one kernel (``templates/cuda/elementwise.cu.j2``).
+A dynamic graph's node takes its nest's run-time sizes and strides as parameters (``RunDims``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from compiler.codegen.elementwise import CUDA_DIALECT
 from compiler.codegen.elementwise import elementwise_node
 from compiler.codegen.elementwise import unflatten
+from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.base import shape_of
 from compiler.providers.c.elementwise import EltwiseKernel
 from compiler.providers.cuda.common import THREADS
 from compiler.providers.cuda.common import CudaKernel
 from compiler.providers.cuda.common import KernelCode
+from compiler.providers.cuda.common import RunDims
 from compiler.providers.cuda.common import blocks
+from compiler.providers.cuda.common import fits_int32
+from compiler.providers.cuda.common import is_dynamic
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import ptr
 from compiler.providers.cuda.common import used_indices
@@ -31,21 +38,28 @@ __all__ = ["CudaEltwiseContext", "CudaEltwiseKernel"]
 class CudaEltwiseContext:
     params: tuple[Param, ...]
     threads: int
-    total: int
+    total: Any  # int, or a run-time dim (CDim)
     index: tuple[tuple[str, str], ...]  # (loop variable, expression over `flat`)
     loads: tuple[tuple[str, str, str], ...]  # (variable, pointer param, index expression)
     temps: tuple[tuple[str, str, str], ...]  # (ctype, name, expression)
     result: str
     out_index: str
+    dims: tuple[str, ...] = ()  # run-time dim parameters (a dynamic graph's node)
 
 
 class CudaEltwiseKernel(CudaKernel):
     claims_like = EltwiseKernel
+    dynamic = True  # run-time dims: the nest's sizes and strides as kernel parameters
+
+    def operands_fit(self, node: Node) -> bool:
+        return fits_int32(node) if is_dynamic(node) else super().operands_fit(node)
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
         inputs = [v for v in node.inputs if v is not None]
-        plan = elementwise_node(node.kind, node.attrs, inputs, shape_of(node.outputs[0]), CUDA_DIALECT)
+        rd = RunDims()
+        plan = elementwise_node(node.kind, node.attrs, inputs, shape_of(node.outputs[0], symbolic=True),
+                                CUDA_DIALECT, text=rd if is_dynamic(node) else None)
         nest = plan.nest
         args = [ptr(step.inputs[k], step, f"input {k} ({inputs[k].name})") for k in plan.loaded]
         args += output_ptrs(step)
@@ -61,9 +75,11 @@ class CudaEltwiseKernel(CudaKernel):
             temps=plan.emitted.temps,
             result=plan.emitted.result,
             out_index=nest.out_index,
+            dims=rd.names,
         )
-        grid = (blocks(nest.total, THREADS), 1, 1)
-        return (KernelCode("cuda/elementwise.cu.j2", ctx, grid, (THREADS, 1, 1), 0, tuple(args)),)
+        total = math.prod(shape_of(node.outputs[0], symbolic=True))
+        grid = (blocks(total, THREADS), 1, 1)
+        return (KernelCode("cuda/elementwise.cu.j2", ctx, grid, (THREADS, 1, 1), 0, (*args, *rd.args)),)
 
 
 KERNELS = (CudaEltwiseKernel(),)

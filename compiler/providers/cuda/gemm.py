@@ -16,6 +16,7 @@ not.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -29,12 +30,17 @@ from compiler.providers.base import shape_of
 from compiler.providers.c.conv import ConvKernel
 from compiler.providers.c.gemm import GemmKernel
 from compiler.providers.c.gemm import activation
+from compiler.providers.c.gemm import fused_ok
 from compiler.providers.cuda.common import MAX_GRID_YZ
 from compiler.providers.cuda.common import THREADS
 from compiler.providers.cuda.common import CudaKernel
 from compiler.providers.cuda.common import KernelCode
+from compiler.providers.cuda.common import RunDims
 from compiler.providers.cuda.common import blocks
+from compiler.providers.cuda.common import fits_int32
 from compiler.providers.cuda.common import input_ptrs
+from compiler.providers.cuda.common import is_dynamic
+from compiler.providers.cuda.common import max_of
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import used_indices
 from compiler.providers.geometry import ConvGeometry
@@ -98,6 +104,7 @@ class TiledContext:
     # epilogue
     has_bias: bool
     act: str  # C expression over v
+    dims: tuple[str, ...] = ()  # run-time dim parameters (a dynamic graph's product)
 
 
 @dataclass(frozen=True)
@@ -127,46 +134,78 @@ class DirectConvContext:
     has_bias: bool
     has_res: bool
     act: str
+    dims: tuple[str, ...] = ()  # run-time dim parameters (a dynamic graph's node)
 
 
 class CudaConvKernel(CudaKernel):
     claims_like = ConvKernel
+    dynamic = True  # run-time batch and spatial sizes (channels, window and weights static)
+
+    def operands_fit(self, node: Node) -> bool:
+        return fits_int32(node) if is_dynamic(node) else super().operands_fit(node)
 
     def supports(self, node: Node) -> bool:
+        if is_dynamic(node):
+            return self._supports_dynamic(node)
         if not super().supports(node):
             return False
         g = ConvGeometry.from_node(node, "NCHW")
         return g is not None and g.groups <= MAX_GRID_YZ
 
+    def _supports_dynamic(self, node: Node) -> bool:
+        """X, W, B?, Z? (Z, the residual, FusedConv's only) with an epilogue the kernels have; a
+        static bias of M."""
+        if not self.operands_fit(node) or not fused_ok(node) or len(node.outputs) != 1:
+            return False
+        if len(node.inputs) > (4 if node.domain == "onnx_aot" else 3):
+            return False
+        g = ConvGeometry.from_symbolic_node(node)
+        if g is None or g.groups > MAX_GRID_YZ:
+            return False
+        b, z = node.input(2), node.input(3)
+        if b is not None and (b.is_symbolic or shape_of(b) != (g.m,)):
+            return False
+        return z is None or shape_of(z, symbolic=True) == shape_of(node.outputs[0], symbolic=True)
+
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
-        g = claimed(ConvGeometry.from_node(node, "NCHW"), node)
+        rd = RunDims()
+        if is_dynamic(node):
+            return self._build(step, claimed(ConvGeometry.from_symbolic_node(node), node), rd)
+        return self._build(step, claimed(ConvGeometry.from_node(node, "NCHW"), node), rd)
+
+    def _build(self, step: StepPlan, g: ConvGeometry, rd: RunDims) -> tuple[KernelCode, ...]:
+        """The direct kernel (few output channels per group) or the implicit GEMM on the tile; a
+        dynamic node's sizes written by ``rd`` (its tile chosen for the largest binding)."""
+        node = step.node
         has_bias, has_res = node.input(2) is not None, node.input(3) is not None
         names = ["x", "w"] + (["bias"] if has_bias else []) + (["z"] if has_res else []) + ["y"]
         restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else []) + [False]
         params = tuple(Param(n, "float", n != "y", r) for n, r in zip(names, restrict, strict=True))
-        args = (*input_ptrs(step), *output_ptrs(step))
         p = g.oh * g.ow
         act = activation(node)
+        w = rd.geometry(g)
         if g.mg <= DIRECT_MAX_CHANNELS:
             total = g.batch * g.m * p
-            dims = (g.batch, g.m, g.oh, g.ow)
+            dims = (w.batch, w.m, w.oh, w.ow)
             dctx = DirectConvContext(
-                params=params, threads=THREADS, total=total,
-                index=unflatten(dims, ("bi", "oc", "oy", "ox"), "flat"), g=g, has_bias=has_bias,
-                has_res=has_res, act=act,
+                params=params, threads=THREADS, total=rd(total),
+                index=unflatten(dims, ("bi", "oc", "oy", "ox"), "flat"), g=w, has_bias=has_bias,
+                has_res=has_res, act=act, dims=rd.names,
             )  # fmt: skip
             grid = (blocks(total, THREADS), 1, 1)
+            args = (*input_ptrs(step), *output_ptrs(step), *rd.args)
             return (KernelCode("cuda/conv_direct.cu.j2", dctx, grid, (THREADS, 1, 1), 0, args),)
         n = g.batch * p
-        t = _tile(g.mg, n, g.groups)
+        t = _tile(g.mg, max_of(n, node), g.groups)
         ctx = TiledContext(
             params=params, threads=THREADS, mode="conv",
-            bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn, m=g.mg, n=n, k=g.k, a_kfast=True, b_nfast=True,
-            g=g, has_res=has_res, p=None, batch_index=(), a_batch="0", b_batch="0",
-            alpha="", beta="", bias_sm=0, bias_sn=0, has_bias=has_bias, act=act,
+            bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn, m=g.mg, n=rd(n), k=g.k, a_kfast=True, b_nfast=True,
+            g=w, has_res=has_res, p=None, batch_index=(), a_batch="0", b_batch="0",
+            alpha="", beta="", bias_sm=0, bias_sn=0, has_bias=has_bias, act=act, dims=rd.names,
         )  # fmt: skip
         grid = (blocks(n, t.bn), blocks(g.mg, t.bm), g.groups)
+        args = (*input_ptrs(step), *output_ptrs(step), *rd.args)
         return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
 
 
@@ -181,7 +220,51 @@ class _Batched:
     b_batch: str
 
 
+def _run_time_batched(node: Node) -> _Batched | None:
+    """A dynamic graph's product: Gemm (transposes as strides), MatMul of A (rows..., k) by a 2-D B
+    (the rows one run-time M), or MatMul's batches, broadcast where one side's batch dim is 1 (two
+    different expressions on one axis are refused); m, n, k and the batches may be run-time."""
+    a, b, y = (shape_of(v, symbolic=True) if v is not None else None
+               for v in (node.input(0), node.input(1), node.outputs[0]))
+    if a is None or b is None or y is None or len(a) < 2 or len(b) < 2:
+        return None
+    if node.op_type != "MatMul":
+        p = MatmulProduct.from_node(node, symbolic=True)
+        return None if p is None else _Batched(p, 1, (), "0", "0")
+    (m, k), (kb, n) = a[-2:], b[-2:]
+    if k != kb:
+        return None
+    if all(d == 1 for d in b[:-2]) and len(a) >= len(b):  # B one matrix: A's leading dims are rows
+        rows = math.prod(a[:-1])
+        if y != (*a[:-1], n):
+            return None
+        return _Batched(MatmulProduct(rows, n, k, k, 1, n, 1, (), (), ()), 1, (), "0", "0")
+    rank = max(len(a), len(b)) - 2
+    ab, bb = (1,) * (rank + 2 - len(a)) + a[:-2], (1,) * (rank + 2 - len(b)) + b[:-2]
+    if any(x != z and 1 not in (x, z) for x, z in zip(ab, bb, strict=True)):
+        return None
+    batch = tuple(x if x != 1 else z for x, z in zip(ab, bb, strict=True))
+    if y != (*batch, m, n):
+        return None
+    p = MatmulProduct(m, n, k, k, 1, n, 1, batch, broadcast_strides(ab, batch), broadcast_strides(bb, batch))
+    return _Batched(p, math.prod(batch), (), "", "")
+
+
+def _batch_index(prod: _Batched, write: RunDims) -> _Batched:
+    """``prod`` with its batch index math (over ``bz``) written with the run-time dims ``write``."""
+    p = prod.p
+    if not p.batch:
+        return prod
+    sa = [s * p.m * p.k for s in p.a_batch]
+    sb = [s * p.k * p.n for s in p.b_batch]
+    nest = loop_nest(p.batch, [sa, sb], text=write)
+    index = used_indices(unflatten(nest.dims, nest.names, "bz"), nest.in_index)
+    return _Batched(p, prod.batches, index, nest.in_index[0], nest.in_index[1])
+
+
 def _batched(node: Node) -> _Batched | None:
+    if is_dynamic(node):
+        return _run_time_batched(node)
     p = MatmulProduct.from_node(node)
     if p is None:
         return None
@@ -196,15 +279,49 @@ def _batched(node: Node) -> _Batched | None:
 
 class CudaGemmKernel(CudaKernel):
     claims_like = GemmKernel
+    dynamic = True  # run-time m, n, k and batches (the tiled kernel, sizes as parameters)
+
+    def operands_fit(self, node: Node) -> bool:
+        return fits_int32(node) if is_dynamic(node) else super().operands_fit(node)
 
     def supports(self, node: Node) -> bool:
+        if not self.operands_fit(node):
+            return False
+        if is_dynamic(node):
+            return self._supports_dynamic(node)
         if not super().supports(node):
             return False
         prod = _batched(node)
         return prod is not None and prod.batches <= MAX_GRID_YZ
 
+    @staticmethod
+    def _supports_dynamic(node: Node) -> bool:
+        """Gemm / FusedGemm / MatMul (not PackedGemm) with an epilogue the kernel has and a static
+        bias broadcast over the output."""
+        if node.kind not in ("Gemm", "onnx_aot.FusedGemm", "MatMul") or len(node.outputs) != 1:
+            return False
+        n_in = 2 if node.op_type == "MatMul" else 3
+        if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in or not fused_ok(node):
+            return False
+        prod = _run_time_batched(node)
+        if prod is None or max_of(prod.batches, node) > MAX_GRID_YZ:
+            return False
+        c = node.input(2)
+        literals = all(isinstance(node.attrs.get(k), int | float) for k in ("alpha", "beta"))
+        if node.op_type != "MatMul" and not literals:
+            return False
+        if c is None:
+            return True
+        try:
+            broadcast_strides(shape_of(c, symbolic=True), (prod.p.m, prod.p.n))
+        except ValueError:
+            return False
+        return not c.is_symbolic
+
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
+        if is_dynamic(node):
+            return self._build_dynamic(step)
         prod = claimed(_batched(node), node)
         p, c = prod.p, node.input(2)
         alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
@@ -237,6 +354,34 @@ class CudaGemmKernel(CudaKernel):
             **common,  # type: ignore[arg-type]
         )  # fmt: skip
         grid = (blocks(p.n, t.bn), blocks(p.m, t.bm), prod.batches)
+        return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
+
+
+    def _build_dynamic(self, step: StepPlan) -> tuple[KernelCode, ...]:
+        """The tiled kernel with run-time sizes: m, n, k, strides and batch index math as kernel
+        parameters (``RunDims``), the tile chosen for the largest binding."""
+        node = step.node
+        rd = RunDims()
+        prod = _batch_index(claimed(_run_time_batched(node), node), rd)
+        p, c = prod.p, node.input(2)
+        alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
+        beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
+        sm, sn = broadcast_strides(shape_of(c, symbolic=True), (p.m, p.n)) if c is not None else (0, 0)
+        names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"]
+        params = tuple(Param(n, "float", n != "y", n != "y") for n in names)
+        t = _tile(max_of(p.m, node), max_of(p.n, node), max_of(prod.batches, node))
+        sizes = ("m", "n", "k", "sam", "sak", "sbk", "sbn")
+        written = dataclasses.replace(p, **{f: rd(getattr(p, f)) for f in sizes})
+        ctx = TiledContext(
+            params=params, threads=THREADS, mode="gemm", bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn,
+            m=written.m, n=written.n, k=written.k, a_kfast=p.sak == 1, b_nfast=p.sbn == 1 or p.sbk != 1,
+            g=None, has_res=False, p=written, batch_index=prod.index, a_batch=prod.a_batch,
+            b_batch=prod.b_batch, alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
+            beta="" if beta == 1.0 else f"{literal(beta)} * ", bias_sm=rd(sm), bias_sn=rd(sn),
+            has_bias=c is not None, act=activation(node), dims=rd.names,
+        )  # fmt: skip
+        grid = (blocks(p.n, t.bn), blocks(p.m, t.bm), prod.batches)
+        args = (*input_ptrs(step), *output_ptrs(step), *rd.args)
         return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
 
 

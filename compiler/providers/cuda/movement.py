@@ -2,7 +2,8 @@
 (``templates/cuda/move.cu.j2``, one thread per element).
 
 They take any fixed-size dtype; Reshape and Identity launch nothing when the planner made them
-views onto the same bytes, and a Concat nothing when every input was produced in its slice.
+views onto the same bytes, and a Concat nothing when every input was produced in its slice. A
+dynamic graph's node takes its run-time sizes, strides and slice widths as parameters (``RunDims``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from compiler.codegen.elementwise import CUDA_DIALECT
 from compiler.codegen.elementwise import contiguous_strides
@@ -23,12 +25,16 @@ from compiler.providers.c.common import same_dtype_movable
 from compiler.providers.c.movement import ConcatKernel
 from compiler.providers.c.movement import CopyKernel
 from compiler.providers.c.movement import TransposeKernel
+from compiler.providers.c.rundims import known_zero
 from compiler.providers.cuda.common import MAX_ELEMENTS
 from compiler.providers.cuda.common import THREADS
 from compiler.providers.cuda.common import CudaKernel
 from compiler.providers.cuda.common import KernelCode
+from compiler.providers.cuda.common import RunDims
 from compiler.providers.cuda.common import blocks
+from compiler.providers.cuda.common import fits_int32
 from compiler.providers.cuda.common import input_ptrs
+from compiler.providers.cuda.common import is_dynamic
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import ptr
 from compiler.providers.cuda.common import used_indices
@@ -48,13 +54,19 @@ class CudaMoveContext:
     in_index: str  # transpose: the input index
     outer: int  # concat: rows
     row: int  # concat: elements per output row
-    chunks: tuple[tuple[str, int, int, bool], ...]  # concat: (param, width, start, in place)
+    chunks: tuple[tuple[str, Any, Any, bool], ...]  # concat: (param, width, start, in place)
+    dims: tuple[str, ...] = ()  # run-time dim parameters (a dynamic graph's node)
 
 
 class _MoveKernel(CudaKernel):
-    """A kernel that only moves elements: any fixed-size dtype, 32-bit element counts."""
+    """A kernel that only moves elements: any fixed-size dtype, 32-bit element counts (at the
+    largest binding for a dynamic graph's node)."""
+
+    dynamic = True
 
     def operands_fit(self, node: Node) -> bool:
+        if is_dynamic(node):
+            return same_dtype_movable(node) and fits_int32(node)
         values = [v for v in node.inputs if v is not None] + list(node.outputs)
         return same_dtype_movable(node) and all(
             v.shape is not None and 0 < math.prod(v.shape) <= MAX_ELEMENTS for v in values
@@ -64,16 +76,18 @@ class _MoveKernel(CudaKernel):
 def _move(
     step: StepPlan,
     op: str,
-    total: int,
+    total: Any,
     names: Sequence[str],
     args: Sequence[LaunchArg],
     *,
+    rd: RunDims,
     index: tuple[tuple[str, str], ...] = (),
     in_index: str = "",
-    outer: int = 0,
-    row: int = 0,
-    chunks: tuple[tuple[str, int, int, bool], ...] = (),
+    outer: Any = 0,
+    row: Any = 0,
+    chunks: tuple[tuple[str, Any, Any, bool], ...] = (),
 ) -> KernelCode:
+    """The move kernel's code; ``total`` (an int or an ``Expr``) elements, one thread each."""
     dtype = step.node.outputs[0].dtype
     assert dtype is not None
     ctype = storage_ctype(dtype, CUDA_DIALECT)
@@ -83,26 +97,27 @@ def _move(
         params=params,
         threads=THREADS,
         op=op,
-        total=total,
+        total=rd(total),
         index=index,
         in_index=in_index,
-        outer=outer,
-        row=row,
-        chunks=chunks,
+        outer=rd(outer),
+        row=rd(row),
+        chunks=tuple((name, rd(width), rd(start), skip) for name, width, start, skip in chunks),
+        dims=rd.names,
     )
     grid = (blocks(total, THREADS), 1, 1)
-    return KernelCode("cuda/move.cu.j2", ctx, grid, (THREADS, 1, 1), 0, tuple(args))
+    return KernelCode("cuda/move.cu.j2", ctx, grid, (THREADS, 1, 1), 0, (*args, *rd.args))
 
 
 class CudaCopyKernel(_MoveKernel):
     claims_like = CopyKernel
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
-        total = math.prod(shape_of(step.node.outputs[0]))
+        total = math.prod(shape_of(step.node.outputs[0], symbolic=True))
         if step.inputs[0] == step.outputs[0]:
             return ()  # a view onto the same bytes
         args = [*input_ptrs(step), *output_ptrs(step)]
-        return (_move(step, "copy", total, ["x", "y"], args),)
+        return (_move(step, "copy", total, ["x", "y"], args, rd=RunDims()),)
 
 
 class CudaTransposeKernel(_MoveKernel):
@@ -110,13 +125,15 @@ class CudaTransposeKernel(_MoveKernel):
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
-        xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
+        xs, ys = shape_of(node.input(0), symbolic=True), shape_of(node.outputs[0], symbolic=True)
         own = contiguous_strides(xs)
-        nest = loop_nest(ys, [tuple(own[int(p)] for p in node.attrs["perm"])])
+        rd = RunDims()
+        nest = loop_nest(ys, [tuple(own[int(p)] for p in node.attrs["perm"])], text=rd)
         index = used_indices(unflatten(nest.dims, nest.names, "flat"), nest.in_index)
         args = [*input_ptrs(step), *output_ptrs(step)]
+        total = math.prod(ys)
         return (
-            _move(step, "transpose", nest.total, ["x", "y"], args, index=index, in_index=nest.in_index[0]),
+            _move(step, "transpose", total, ["x", "y"], args, rd=rd, index=index, in_index=nest.in_index[0]),
         )
 
 
@@ -126,18 +143,18 @@ class CudaConcatKernel(_MoveKernel):
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
         out = node.outputs[0]
-        ys, axis = shape_of(out), int(node.attrs["axis"])
+        ys, axis = shape_of(out, symbolic=True), int(node.attrs["axis"])
         assert out.dtype is not None
         inner = math.prod(ys[axis + 1 :])
         outer = math.prod(ys[:axis])
         out_loc = step.outputs[0]
-        chunks: list[tuple[str, int, int, bool]] = []
+        chunks: list[tuple[str, Any, Any, bool]] = []
         names: list[str] = []
         args: list[LaunchArg] = []
-        start = 0
+        start: Any = 0
         for k, v in enumerate(node.inputs):
             assert v is not None
-            width = shape_of(v)[axis] * inner
+            width = shape_of(v, symbolic=True)[axis] * inner
             loc = step.inputs[k]
             in_place = (
                 outer == 1
@@ -145,7 +162,7 @@ class CudaConcatKernel(_MoveKernel):
                 and loc.space == out_loc.space
                 and loc.offset == out_loc.offset + start * out.dtype.itemsize
             )
-            if width:
+            if not known_zero(width):
                 if not in_place:
                     names.append(f"in{k}")
                     args.append(ptr(loc, step, f"input {k} ({v.name})"))
@@ -156,7 +173,8 @@ class CudaConcatKernel(_MoveKernel):
         names.append("y")
         args += output_ptrs(step)
         return (
-            _move(step, "concat", outer * start, names, args, outer=outer, row=start, chunks=tuple(chunks)),
+            _move(step, "concat", outer * start, names, args, rd=RunDims(), outer=outer, row=start,
+                  chunks=tuple(chunks)),
         )
 
 

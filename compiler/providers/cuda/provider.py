@@ -18,7 +18,9 @@ artifact writer puts each step's ``launches`` into its plan.json record):
   ``["ptr", "arena", byte offset]`` (the device arena, 256-byte aligned), ``["ptr", "weights",
   byte offset]`` (the device copy of weights.bin), ``["i32", int]``, ``["i64", int]`` or
   ``["f32", float]``, in the order of the kernel's parameters. Transfers and views onto the
-  same bytes have ``[]``.
+  same bytes have ``[]``. In a dynamic plan a grid size, an ``i32`` (a run-time dim) and an arena
+  offset may be an expression's text, evaluated by the runtime at each binding
+  (``common.RunDims``; docs/cuda.md).
 """
 
 from __future__ import annotations
@@ -46,10 +48,13 @@ from compiler.providers.cuda import norm
 from compiler.providers.cuda import pool
 from compiler.providers.cuda.common import CudaKernel
 from compiler.providers.cuda.common import KernelCode
+from compiler.providers.cuda.common import ranges
 from compiler.providers.kit import KernelTable
 from compiler.providers.kit import comment
 from runtime.errors import CompileError
 from runtime.plan_schema import KernelLaunch
+from runtime.symbolic import Expr
+from runtime.symbolic import bounds
 
 __all__ = ["CudaProvider", "CudaModelContext", "TRANSFER", "KERNEL_MODULES"]
 
@@ -124,10 +129,15 @@ class CudaProvider:
 
     @staticmethod
     def _check(code: KernelCode, node: Node) -> None:
+        """The launch fits CUDA's limits (a run-time grid at every binding: its bounds over the
+        symbols' ranges)."""
         threads = code.block[0] * code.block[1] * code.block[2]
-        if min(code.grid) < 1 or min(code.block) < 1 or threads > MAX_THREADS:
+        span = ranges(node)
+        low = [bounds(g, span)[0] if isinstance(g, Expr) else g for g in code.grid]
+        grid = tuple(bounds(g, span)[1] if isinstance(g, Expr) else g for g in code.grid)
+        if min(low) < 1 or min(code.block) < 1 or threads > MAX_THREADS:
             raise CompileError(f"{node.describe()}: bad launch grid {code.grid} block {code.block}")
-        if code.grid[1] > 65535 or code.grid[2] > 65535 or code.grid[0] > 2**31 - 1:
+        if grid[1] > 65535 or grid[2] > 65535 or grid[0] > 2**31 - 1:
             raise CompileError(f"{node.describe()}: launch grid {code.grid} exceeds CUDA limits")
 
     def generate(

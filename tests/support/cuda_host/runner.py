@@ -3,8 +3,9 @@
 ``reverse=True`` runs blocks and threads in descending order; ``isolate=False`` leaves every
 pointer in the plan's arena (see ``_Isolation`` for what isolation adds).
 
-``HostRun(artifact_dir).run(feeds)`` walks plan.json in order with every memory space's arena and
-weights.bin in host memory (``HostBuffer``: guard pages on both sides; weights read-only):
+``HostRun(artifact_dir).run(feeds)`` walks plan.json (a dynamic one bound at the feeds' shapes)
+in order with every memory space's arena and weights.bin in host memory (``HostBuffer``: guard
+pages on both sides; weights read-only):
 
 - a CUDA partition becomes the runtime's own program (``runtime.providers.cuda_program``:
   launches with their bound argument tuples, and byte copies for transfers);
@@ -128,6 +129,7 @@ class HostRun:
         self.isolate = isolate
         self.artifact = load_artifact(artifact_dir)
         self.plan: Plan = self.artifact.plan
+        self.arrays: Mapping[str, np.ndarray] = {}  # a bound dynamic plan's symbolic values
         cuda = [p for p in self.plan.partitions if p.provider == "cuda"]
         if module is None and cuda:
             record = cuda[0].module
@@ -140,9 +142,23 @@ class HostRun:
 
             self.mirror = DeviceMirror(self.artifact)
 
+    def bind(self, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+        """A dynamic artifact's plan at the binding the feeds' shapes give (``self.plan`` becomes
+        the bound plan: grids, run-time dims and arena offsets of that binding); {} for a static one."""
+        plan = self.artifact.plan
+        if not plan.is_dynamic:
+            return {}
+        sizes = {str(d): int(feeds[spec.name].shape[k]) for spec in plan.inputs
+                 for k, d in enumerate(spec.shape) if type(d) is not int}
+        bound = plan.bind(sizes)
+        self.plan, self.arrays = bound.plan, bound.arrays
+        return sizes
+
     def run(self, feeds: Mapping[str, np.ndarray], *, stop_at_first: bool = False) -> list[StepCheck]:
-        """Every step in plan order; the checks of the CUDA steps (all, or up to the first failure)."""
-        buffers = _Memory(self.plan, self.artifact.weights, self.module)
+        """Every step in plan order; the checks of the CUDA steps (all, or up to the first failure).
+        A dynamic plan runs at the binding the feeds' shapes give (``bind``)."""
+        self.bind(feeds)
+        buffers = _Memory(self.plan, self.artifact.weights, self.module, self.arrays)
         try:
             ext: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
             for out in self.plan.outputs:
@@ -254,8 +270,10 @@ def _reference_step(step: PlanStep, plan: Plan, mem: _Memory, ext: dict[str, Any
 class _Memory:
     """The arenas and weights of one run, in guarded host memory."""
 
-    def __init__(self, plan: Plan, weights: np.ndarray, module: HostModule | None) -> None:
+    def __init__(self, plan: Plan, weights: np.ndarray, module: HostModule | None,
+                 arrays: Mapping[str, np.ndarray]) -> None:
         self.plan = plan
+        self.symbolic = arrays
         self._owned: list[HostBuffer] = []
         self.arenas: dict[str, np.ndarray] = {}
         self._addr: dict[str, int] = {}
@@ -297,6 +315,8 @@ class _Memory:
         where = value.location
         if where.kind == "ext":
             return ext[where.ext].reshape(value.shape)
+        if where.kind == "symbolic":
+            return self.symbolic[value.name]
         if where.kind == "weights":
             raw = self.weights[where.offset:where.offset + value.nbytes]
         else:
