@@ -250,6 +250,27 @@ def test_static_nodes_render_as_before(tmp_path: Path) -> None:
     assert plan["symbols"] == [] and grids and all(isinstance(g, int) for g in grids)
 
 
+def test_ppocr_rec_one_cuda_artifact_every_width(tmp_path: Path) -> None:
+    """PP-OCRv4 rec (issue 17's model) compiled once for cuda with ``x=1x3x48x32..2048``: every step
+    but its Slices (no CUDA kernel, static or dynamic) on CUDA, each matching its reference kernel
+    on the host at W = 33 and 160, the output onnxruntime's."""
+    from tests.support.fetched import fetched_model
+
+    path = fetched_model("ppocrv4-rec")
+    out = compile_model(path, tmp_path / "rec", target="cuda", shapes={"x": (1, 3, 48, (32, 2048))},
+                        golden_cases=0, build=BuildOptions(extra={"nvcc": "none"}))
+    off = {op for op, provider in _providers(out).values() if provider != "cuda"}
+    assert off <= {"Slice"}, off
+    model = onnx.load(path)
+    run = HostRun(out)
+    for width in (33, 160):
+        x = np.random.default_rng(width).standard_normal((1, 3, 48, width)).astype(np.float32)
+        bad = [c.describe() for c in run.run({"x": x}) if not c.ok]
+        assert not bad, (width, bad)
+        (got,) = run.outputs.values()
+        np.testing.assert_allclose(got, ort_run(model, {"x": x})[0], rtol=RTOL, atol=ATOL)
+
+
 # -- a Session on a simulated cupy whose kernels are the host-compiled ones --------------------------
 class _HostFunction:
     """One kernel of the host build, called the way the runtime calls a cupy RawKernel."""
