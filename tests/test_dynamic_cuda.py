@@ -250,6 +250,19 @@ def test_static_nodes_render_as_before(tmp_path: Path) -> None:
     assert plan["symbols"] == [] and grids and all(isinstance(g, int) for g in grids)
 
 
+def test_an_int64_product_is_left_to_the_reference_kernels(tmp_path: Path) -> None:
+    """The float kernels claim float32 nodes only, at run-time dims too (an int64 MatMul was once
+    claimed by the tiled float kernel)."""
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, ["n", 3])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "int", [x], [y],
+                              [numpy_helper.from_array(np.arange(12, dtype=np.int64).reshape(4, 3), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = compile_model(model, tmp_path / "int", target="cuda", dims={"n": (1, 5)}, golden_cases=0,
+                        build=BuildOptions(extra={"nvcc": "none"}))
+    assert _providers(out)["MatMul_0"] == ("MatMul", "reference@cuda")
+
+
 def test_ppocr_rec_one_cuda_artifact_every_width(tmp_path: Path) -> None:
     """PP-OCRv4 rec (issue 17's model) compiled once for cuda with ``x=1x3x48x32..2048``: every step
     but its Slices (no CUDA kernel, static or dynamic) on CUDA, each matching its reference kernel

@@ -89,7 +89,8 @@ class CudaKernel(Kernel):
 
     A kernel for an op the C provider also runs names that C kernel in ``claims_like``: it takes
     its kinds and its attribute / shape checks, on operands that ``operands_fit`` (float32 with
-    32-bit element counts unless a kernel says otherwise).
+    32-bit element counts unless a kernel says otherwise). A kernel that sets ``dynamic`` also
+    takes a dynamic graph's nodes (its dims written with ``RunDims``).
     """
 
     claims_like: ClassVar[type[Kernel] | None] = None
@@ -100,6 +101,10 @@ class CudaKernel(Kernel):
             cls.kinds = cls.claims_like.kinds
 
     def operands_fit(self, node: Node) -> bool:
+        """float32 operands with 32-bit element counts (a dynamic graph's node: at every binding)."""
+        if is_dynamic(node):
+            return fits_int32(node) and all(v.dtype == np.float32 for v in (*node.inputs, *node.outputs)
+                                            if v is not None)
         return float32_node(node)
 
     def supports(self, node: Node) -> bool:

@@ -15,7 +15,6 @@ from typing import Any
 from compiler.codegen.elementwise import CUDA_DIALECT
 from compiler.codegen.elementwise import elementwise_node
 from compiler.codegen.elementwise import unflatten
-from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.base import shape_of
 from compiler.providers.c.elementwise import EltwiseKernel
@@ -24,7 +23,6 @@ from compiler.providers.cuda.common import CudaKernel
 from compiler.providers.cuda.common import KernelCode
 from compiler.providers.cuda.common import RunDims
 from compiler.providers.cuda.common import blocks
-from compiler.providers.cuda.common import fits_int32
 from compiler.providers.cuda.common import is_dynamic
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import ptr
@@ -50,9 +48,6 @@ class CudaEltwiseContext:
 class CudaEltwiseKernel(CudaKernel):
     claims_like = EltwiseKernel
     dynamic = True  # run-time dims: the nest's sizes and strides as kernel parameters
-
-    def operands_fit(self, node: Node) -> bool:
-        return fits_int32(node) if is_dynamic(node) else super().operands_fit(node)
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node

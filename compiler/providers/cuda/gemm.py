@@ -37,7 +37,6 @@ from compiler.providers.cuda.common import CudaKernel
 from compiler.providers.cuda.common import KernelCode
 from compiler.providers.cuda.common import RunDims
 from compiler.providers.cuda.common import blocks
-from compiler.providers.cuda.common import fits_int32
 from compiler.providers.cuda.common import input_ptrs
 from compiler.providers.cuda.common import is_dynamic
 from compiler.providers.cuda.common import max_of
@@ -140,9 +139,6 @@ class DirectConvContext:
 class CudaConvKernel(CudaKernel):
     claims_like = ConvKernel
     dynamic = True  # run-time batch and spatial sizes (channels, window and weights static)
-
-    def operands_fit(self, node: Node) -> bool:
-        return fits_int32(node) if is_dynamic(node) else super().operands_fit(node)
 
     def supports(self, node: Node) -> bool:
         if is_dynamic(node):
@@ -280,9 +276,6 @@ def _batched(node: Node) -> _Batched | None:
 class CudaGemmKernel(CudaKernel):
     claims_like = GemmKernel
     dynamic = True  # run-time m, n, k and batches (the tiled kernel, sizes as parameters)
-
-    def operands_fit(self, node: Node) -> bool:
-        return fits_int32(node) if is_dynamic(node) else super().operands_fit(node)
 
     def supports(self, node: Node) -> bool:
         if not self.operands_fit(node):

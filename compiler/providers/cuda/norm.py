@@ -15,8 +15,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from compiler.codegen.elementwise import broadcast_strides
 from compiler.codegen.elementwise import coalesce
 from compiler.codegen.elementwise import contiguous_strides
@@ -34,10 +32,8 @@ from compiler.providers.cuda.common import CudaKernel
 from compiler.providers.cuda.common import KernelCode
 from compiler.providers.cuda.common import RunDims
 from compiler.providers.cuda.common import blocks
-from compiler.providers.cuda.common import fits_int32
 from compiler.providers.cuda.common import float_params
 from compiler.providers.cuda.common import input_ptrs
-from compiler.providers.cuda.common import is_dynamic
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import used_indices
 from compiler.providers.kit import Param
@@ -67,10 +63,6 @@ class _Dynamic(CudaKernel):
     """A row or channel kernel that also takes a dynamic graph's node (sizes as parameters)."""
 
     dynamic = True
-
-    def operands_fit(self, node: Node) -> bool:
-        return fits_int32(node) and all(v.dtype == np.float32 for v in (*node.inputs, *node.outputs)
-                                        if v is not None) if is_dynamic(node) else super().operands_fit(node)
 
 
 class CudaChannelKernel(_Dynamic):

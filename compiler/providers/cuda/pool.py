@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from compiler.codegen.elementwise import unflatten
-from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.c.pool import PoolKernel
 from compiler.providers.cuda.common import THREADS
@@ -18,7 +17,6 @@ from compiler.providers.cuda.common import CudaKernel
 from compiler.providers.cuda.common import KernelCode
 from compiler.providers.cuda.common import RunDims
 from compiler.providers.cuda.common import blocks
-from compiler.providers.cuda.common import fits_int32
 from compiler.providers.cuda.common import float_params
 from compiler.providers.cuda.common import input_ptrs
 from compiler.providers.cuda.common import is_dynamic
@@ -45,9 +43,6 @@ class CudaPoolContext:
 class CudaPoolKernel(CudaKernel):
     claims_like = PoolKernel
     dynamic = True  # run-time batch and spatial sizes (floor mode: the C kernel's check)
-
-    def operands_fit(self, node: Node) -> bool:
-        return fits_int32(node) if is_dynamic(node) else super().operands_fit(node)
 
     def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
         node = step.node
