@@ -216,3 +216,26 @@ def test_a_channel_shuffle_with_run_time_dims_stays_nhwc(tmp_path: Path) -> None
         x = np.random.default_rng(h).standard_normal((n, 8, h, w)).astype(np.float32)
         np.testing.assert_allclose(session.run(None, {"x": x})[0], ort_run(model, {"x": x})[0], rtol=RTOL,
                                    atol=ATOL)
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "x86-64-v3"])
+def test_layout_transposes_with_run_time_dims_are_blocked(tmp_path: Path, cpu: str) -> None:
+    """The region edges' Transposes (N, C, H*W) <-> (N, H*W, C) with run-time N, H, W run the
+    blocked transpose when H*W holds a step (else the loop nest): exact at sizes below a step, at
+    one step, and with partial steps and pieces at both ends."""
+    node = helper.make_node
+    graph = helper.make_graph(
+        [node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]), node("Relu", ["t"], ["r"]),
+         node("Transpose", ["r"], ["y"], perm=[0, 3, 1, 2])], "edges",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 24, "h", "w"])],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, [None] * 4) for v in ("t", "y")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 3), "h": (1, 64), "w": (1, 300)}, cpu=cpu,
+                        golden_cases=0)
+    assert (out / "kernels" / "cpu" / "model.c").read_text().count("too short for a step") == 2
+    session = Session(out)
+    for n, h, w in ((1, 1, 1), (2, 1, 7), (1, 2, 8), (3, 4, 4), (1, 5, 31), (2, 17, 33), (3, 64, 300)):
+        x = np.random.default_rng(w).standard_normal((n, 24, h, w)).astype(np.float32)
+        t, y = session.run(None, {"x": x})
+        np.testing.assert_array_equal(t, x.transpose(0, 2, 3, 1))
+        np.testing.assert_array_equal(y, np.maximum(x, 0))

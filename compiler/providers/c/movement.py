@@ -15,14 +15,18 @@ moved as unsigned integers of the same size).
 
 In a dynamic graph (run-time dims: C text over the kernel's ``dyn``, compiler/codegen/cdims.py)
 Concat's row counts and sizes, the copies' byte count and a Transpose's loop nest (sizes and
-strides) are read from the binding; a dynamic Transpose is always the loop nest, parallel from
-4x the usual work decided at run time (OpenMP's if clause).
+strides) are read from the binding; a dynamic Transpose that is a batched 2-D transpose of 4-byte
+elements with no short static side runs the blocked transpose where its run-time sides fit a
+step (else the loop nest, parallel from 4x the usual work), decided at run time.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import replace
+from typing import Any
 
 from compiler.codegen.elementwise import LoopNest
 from compiler.codegen.elementwise import contiguous_strides
@@ -45,6 +49,7 @@ from compiler.providers.c.rundims import run_dims
 from compiler.providers.c.rundims import symbolic_const
 from compiler.providers.kit import Param
 from runtime.symbolic import Expr
+from runtime.symbolic import max_
 
 __all__ = [
     "ConcatContext",
@@ -106,25 +111,37 @@ def _set_stride(nbytes: int) -> int:
     return min(nbytes & -nbytes, 4096)
 
 
+def _step(n: int | Expr, vw: int) -> int:
+    """Elements along an axis per step: two blocks where they fit (a run-time size: the kernel
+    checks that they do)."""
+    return 2 * vw if isinstance(n, Expr) or n >= 2 * vw else vw
+
+
+def _strips(n: int | Expr) -> int:
+    """``_set_stride`` of a row of ``n`` elements; a run-time size is taken at its worst (4 KiB)."""
+    return 4096 if isinstance(n, Expr) else _set_stride(4 * n)
+
+
 def transpose_blocks(batches: int, rows: int, cols: int, vw: int) -> TransposeBlocks:
     """The blocked walk of B transposes of ``rows`` x ``cols`` 4-byte elements (both at least
     ``vw``). The walk reads x or writes y in column strips, whichever has the row stride that
     spreads over more L1 sets (measured on Zen 3: a 1-4 KiB multiple costs 1.5-3x), writing y
     along its rows on a tie; the blocks of a step complete the cache lines of the side walked in
-    column strips first (10-20% on Zen 3)."""
-    rstep = 2 * vw if rows >= 2 * vw else vw
-    sstep = 2 * vw if cols >= 2 * vw else vw
+    column strips first (10-20% on Zen 3). Sizes may be run-time ones (``Expr``): ``chunks`` and
+    ``tiles`` are then expressions too, the steps two blocks."""
+    rstep, sstep = _step(rows, vw), _step(cols, vw)
     chunk = max(rstep, TRANSPOSE_PIECE // rstep * rstep)
     tile = max(sstep, TRANSPOSE_PIECE // sstep * sstep)
-    rows_inner = _set_stride(4 * rows) >= _set_stride(4 * cols)
+    rows_inner = _strips(rows) >= _strips(cols)
     # the blocks of a step: finishing the lines of the strip-written side first
     if rows_inner:
         offsets = tuple((i, j) for j in range(0, sstep, vw) for i in range(0, rstep, vw))
     else:
         offsets = tuple((i, j) for i in range(0, rstep, vw) for j in range(0, sstep, vw))
     shuffles, outputs = register_transpose(vw)
+    chunks, tiles = max_(1, rows // chunk), max_(1, cols // tile)
     return TransposeBlocks(batches, rows, cols, vw, rstep, sstep, offsets, rows_inner, chunk,
-                           max(1, rows // chunk), tile, max(1, cols // tile), shuffles, outputs)  # fmt: skip
+                           chunks, tile, tiles, shuffles, outputs)  # type: ignore[arg-type]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -149,6 +166,7 @@ class TransposeContext:
     blocks: TransposeBlocks | None  # set: the blocked batched 2-D transpose, not the nest
     planes: TransposePlanes | None  # set: a batched 2-D transpose with a short axis, not the nest
     parallel_if: str = ""  # the OpenMP if clause's condition where the size is a run-time one
+    fits: str = ""  # with run-time blocks: the condition (C) that they fit, else the nest runs
 
 
 @dataclass(frozen=True)
@@ -304,7 +322,7 @@ class TransposeKernel(CKernel):
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
-            return _dynamic_transpose(step)
+            return _dynamic_transpose(step, target.vector_bytes // 4)
         xs, ys = shape_of(node.input(0)), shape_of(node.outputs[0])
         dtype = node.outputs[0].dtype
         assert dtype is not None
@@ -340,9 +358,25 @@ class TransposeKernel(CKernel):
         return StepCode("c/transpose.c.j2", ctx, tuple(args))
 
 
-def _dynamic_transpose(step: StepPlan) -> StepCode:
-    """A Transpose with run-time dims: the loop nest over the output, its sizes and strides C
-    over the binding; threads from 4x the usual work, decided at run time."""
+def _dynamic_blocks(xs: tuple[Any, ...], perm: list[int], itemsize: int, vw: int,
+                    write: Callable[[Any], Any]) -> tuple[TransposeBlocks | None, str]:  # fmt: skip
+    """The blocked batched 2-D transpose of a Transpose with run-time dims (the layout pass's NCHW
+    <-> NHWC edges: (N, C, H*W) <-> (N, H*W, C)), its sizes C over the binding, and the run-time
+    condition that its steps fit (else the loop nest runs); None where a static side is short."""
+    shape = batched_2d(xs, perm)
+    if itemsize != 4 or shape is None or any(isinstance(d, int) and d < vw for d in shape[1:]):
+        return None, ""
+    b = transpose_blocks(*shape, vw)
+    fits = " && ".join(f"{write(n)} >= {k}" for n, k in ((b.rows, b.rstep), (b.cols, b.sstep))
+                       if isinstance(n, Expr))  # fmt: skip
+    return replace(b, batches=write(b.batches), rows=write(b.rows), cols=write(b.cols),
+                   chunks=write(b.chunks), tiles=write(b.tiles)), fits
+
+
+def _dynamic_transpose(step: StepPlan, vw: int) -> StepCode:
+    """A Transpose with run-time dims: the blocked batched 2-D transpose where it is one (when its
+    steps fit at run time), else the loop nest over the output, its sizes and strides C over the
+    binding; threads from 4x the usual work, decided at run time."""
     node = step.node
     xs, ys = shape_of(node.input(0), symbolic=True), shape_of(node.outputs[0], symbolic=True)
     dtype = node.outputs[0].dtype
@@ -352,13 +386,15 @@ def _dynamic_transpose(step: StepPlan) -> StepCode:
     args = step_args(step, storage_ctype(dtype))
     rd = run_dims(step)
     nest = loop_nest(ys, [strides], text=rd.write)
+    blocks, fits = _dynamic_blocks(xs, [int(p) for p in node.attrs["perm"]], dtype.itemsize, vw, rd.write)
     ctx = TransposeContext(
         params=params(["x", "y"], args, [True, True]) + rd.params,
         nest=nest,
         parallel=not isinstance(nest.total, int) or nest.total >= 4 * PARALLEL_MIN_WORK,
-        blocks=None,
+        blocks=blocks,
         planes=None,
-        parallel_if=parallel_if(nest.total, 4 * PARALLEL_MIN_WORK),
+        parallel_if=parallel_if(nest.total, (1 if blocks is not None else 4) * PARALLEL_MIN_WORK),
+        fits=fits,
     )
     return StepCode("c/transpose.c.j2", ctx, (*args, *rd.args))
 
