@@ -129,8 +129,8 @@ class CudaProvider:
 
     @staticmethod
     def _check(code: KernelCode, node: Node) -> None:
-        """The launch fits CUDA's limits (a run-time grid at every binding: its bounds over the
-        symbols' ranges)."""
+        """The launch fits CUDA's limits, and a run-time dim an ``int`` parameter (a run-time grid
+        or dim at every binding: its bounds over the symbols' ranges)."""
         threads = code.block[0] * code.block[1] * code.block[2]
         span = ranges(node)
         low = [bounds(g, span)[0] if isinstance(g, Expr) else g for g in code.grid]
@@ -139,6 +139,12 @@ class CudaProvider:
             raise CompileError(f"{node.describe()}: bad launch grid {code.grid} block {code.block}")
         if grid[1] > 65535 or grid[2] > 65535 or grid[0] > 2**31 - 1:
             raise CompileError(f"{node.describe()}: launch grid {code.grid} exceeds CUDA limits")
+        for arg in code.args:
+            if arg.kind == "i32" and isinstance(arg.value, Expr):
+                lo, hi = bounds(arg.value, span)
+                if lo < -(2**31) or hi > 2**31 - 1:
+                    raise CompileError(f"{node.describe()}: run-time dim {arg.value} spans {lo}..{hi}, "
+                                       f"past a 32-bit int")
 
     def generate(
         self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
