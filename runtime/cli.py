@@ -133,12 +133,16 @@ def read_input(name: str, path: str) -> np.ndarray:
 
 def random_feeds(session: Any, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs for ``session``: normal floats, random bools, integers in [0, 10); a dynamic
-    dim (``None`` in the spec's shape) at the low end of its range."""
+    dim (``None`` in the spec's shape) at the low end of its range, and a value symbol's input
+    (``--value``) at the low end of its values."""
     rng = np.random.default_rng(seed)
     feeds = {}
+    lows = {s.input: s.min for s in getattr(getattr(session, "plan", None), "symbols", ()) if s.input}
     for spec in session.inputs:
         shape = spec.shape if spec.ranges is None else tuple(lo for lo, _ in spec.ranges)
-        if spec.dtype.kind == "f":
+        if spec.name in lows:
+            feeds[spec.name] = np.full(shape, lows[spec.name], spec.dtype)
+        elif spec.dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         elif spec.dtype.kind == "b":
             feeds[spec.name] = rng.integers(0, 2, shape).astype(bool)

@@ -218,7 +218,9 @@ def format_text(ins: Inspection, *, steps: int | None = None) -> str:
     lines += [f"  input  {s.name}: {describe_spec(s)}" for s in inputs]
     lines += [f"  output {s.name}: {describe_spec(s)}" for s in outputs]
     if plan.symbols:
-        lines.append("symbols: " + ", ".join(f"{s.name} in {s.min}..{s.max}" for s in plan.symbols)
+        lines.append("symbols: " + ", ".join(f"{s.name} in {s.min}..{s.max}"
+                                             + (f" (the value of input {s.input!r})" if s.input else "")
+                                             for s in plan.symbols)
                      + " (a dynamic plan: buffers placed per binding at run time; arenas at the max binding)")
     lines.append(f"weights: {format_bytes(plan.weights_nbytes)} bytes in {len(plan.constants)} constants")
     providers: dict[str, int] = {}

@@ -170,6 +170,10 @@ def test_value_symbols_from_the_command_line(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["options"]["values"] == {"M": [1, 9], "cond": [1, 1]}
     _agrees(Session(tmp_path / "a"), model, _loop_feeds(9, True, np.random.default_rng(4)))
+    shown = cli("inspect", str(tmp_path / "a")).stdout
+    assert "symbols: M in 1..9 (the value of input 'M'), cond in 1..1" in shown
+    assert "output ys: float32 [M*cond in 1..9, 3]" in shown
+    assert "ys: float32 [1, 3]" in cli("run", str(tmp_path / "a")).stdout  # random feeds: M at its low end
     wrong = cli("compile", str(tmp_path / "loop.onnx"), "-o", str(tmp_path / "c"), "--value", "M", ok=False)
     assert "expected NAME=LO..HI" in wrong.stderr
 
