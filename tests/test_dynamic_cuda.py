@@ -11,8 +11,9 @@ ends and sizes that leave partial blocks and tiles -- by the host execution of t
 and threads in ascending order, and in descending order at one binding), and its outputs are
 compared with onnxruntime (rtol 1e-3 / atol 1e-4). A ``Session`` runs one of them end to end on a
 simulated cupy whose kernels are the host-compiled ones (bindings cached, partitions bound per
-binding, the module loaded once). With nvcc the sources build for sm_80 / sm_90; with cupy and a
-GPU the same artifacts run on the device.
+binding, the module loaded once), and an ``--opt-shape`` variant's static CUDA artifact beside it.
+With nvcc the sources build for sm_80 / sm_90; with cupy and a GPU the same artifacts run on the
+device.
 """
 
 from __future__ import annotations
@@ -286,56 +287,66 @@ def test_ppocr_rec_one_cuda_artifact_every_width(tmp_path: Path) -> None:
 
 # -- a Session on a simulated cupy whose kernels are the host-compiled ones --------------------------
 class _HostFunction:
-    """One kernel of the host build, called the way the runtime calls a cupy RawKernel."""
+    """One kernel of a host build, called the way the runtime calls a cupy RawKernel."""
 
     max_threads_per_block = 1024
     max_dynamic_shared_size_bytes = 48 * 1024
 
-    def __init__(self, cupy: _HostCupy, name: str) -> None:
-        self.cupy, self.name = cupy, name
+    def __init__(self, cupy: _HostCupy, module: HostModule, name: str) -> None:
+        self.cupy, self.module, self.name = cupy, module, name
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
                  shared_mem: int = 0) -> None:
         self.cupy.launches.append((self.name, tuple(grid)))
-        self.cupy.module.launch(self.name, grid, block, shared_mem, args)
+        self.module.launch(self.name, grid, block, shared_mem, args)
 
 
 class _HostCupy:
     """What ``runtime/providers/cuda*.py`` uses of cupy: device memory is host memory (the
-    simulated cupy of tests/test_cuda_runtime.py), and every module loaded is the host build of
-    the artifact's model.cu."""
+    simulated cupy of tests/test_cuda_runtime.py), and a module loaded is the host build of its
+    source: a cubin's artifact's model.cu, or (NVRTC's path, where ``nvrtc`` "compiles" a source
+    into itself) the source in the file."""
 
     uint8 = np.uint8
 
-    def __init__(self, module: HostModule) -> None:
+    def __init__(self) -> None:
         from tests.test_cuda_runtime import FakeCupy
+        from tests.test_cuda_runtime import _fake_nvrtc
 
-        fake = FakeCupy()
-        self.module = module
+        fake = FakeCupy(driver=13000)
+        self.modules: dict[str, HostModule] = {}
         self.launches: list[tuple[str, tuple[int, ...]]] = []
         self.loaded: list[str] = []
         self.cuda, self.empty, self.asarray = fake.cuda, fake.empty, fake.asarray
         self.ndarray = type(fake.empty(1, np.uint8))
+        self.nvrtc = _fake_nvrtc([])
+        self.nvrtc.getCUBIN = lambda source: source.encode()
 
     def RawModule(self, path: str) -> Any:  # noqa: N802  (cupy's name)
+        data = Path(path).read_bytes()
+        source = data.decode() if b"__global__" in data else (Path(path).parent / "model.cu").read_text()
         self.loaded.append(Path(path).name)
-        return types.SimpleNamespace(get_function=lambda name: _HostFunction(self, name))
+        if source not in self.modules:
+            self.modules[source] = HostModule(source)
+        module = self.modules[source]
+        return types.SimpleNamespace(get_function=lambda name: _HostFunction(self, module, name))
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
+        import runtime.providers.cuda as cuda
+
+        monkeypatch.setattr(cuda, "_CUPY", self)
+        monkeypatch.setitem(sys.modules, "cupy", self)
+        monkeypatch.setitem(sys.modules, "cupy.cuda", types.SimpleNamespace(nvrtc=self.nvrtc))
+        monkeypatch.setenv("ONNX_AOT_CUDA_CACHE", str(cache))
 
 
 def test_a_session_runs_the_dynamic_cuda_artifact(artifacts: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
-    import runtime.providers.cuda as cuda
     from runtime.session import Session
-    from tests.test_cuda_runtime import _fake_nvrtc
 
-    path = artifacts["products"]
-    module = HostModule((path / "kernels/cuda/model.cu").read_text())
-    cp = _HostCupy(module)
-    monkeypatch.setattr(cuda, "_CUPY", cp)
-    monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setitem(sys.modules, "cupy.cuda", types.SimpleNamespace(nvrtc=_fake_nvrtc([])))
-    monkeypatch.setenv("ONNX_AOT_CUDA_CACHE", str(tmp_path / "cache"))
-    session = Session(path)
+    cp = _HostCupy()
+    cp.install(monkeypatch, tmp_path / "cache")
+    session = Session(artifacts["products"])
     model = products_model()
     assert session.inputs[0].shape == (None, None, 24)
     for binding in ({"b": 1, "s": 70}, {"b": 3, "s": 5}, {"b": 1, "s": 70}, {"b": 2, "s": 64}):
@@ -348,6 +359,27 @@ def test_a_session_runs_the_dynamic_cuda_artifact(artifacts: dict[str, Path], mo
     assert len(grids) > 3  # the grids follow the bindings
     with pytest.raises(InputError, match="outside its range"):
         session.run(None, _feeds(model, {"b": 1, "s": 71}))
+
+
+def test_an_opt_shape_variant_of_a_cuda_artifact(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``--opt-shape`` for target cuda: the run at that binding takes the static variant opt/0 (its
+    own module), any other the dynamic plan; both match onnxruntime."""
+    from runtime.session import Session
+
+    model = eltwise_model()
+    out = compile_model(model, tmp_path / "opt", target="cuda", dims={"n": (1, 4), "t": (1, 300)},
+                        opt_shapes=[{"x": (2, 7, 37), "y": (2, 1, 37)}], golden_cases=0,
+                        build=BuildOptions(extra={"nvcc": "none"}))
+    cp = _HostCupy()
+    cp.install(monkeypatch, tmp_path / "cache")
+    session = Session(out)
+    for binding in ({"n": 2, "t": 7}, {"n": 3, "t": 100}, {"n": 2, "t": 7}):
+        feeds = _feeds(model, binding)
+        for g, w in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+    assert len(cp.modules) == 2  # the variant's module and the dynamic plan's
+    static = json.loads((out / "opt/0/plan.json").read_text())
+    assert static["symbols"] == [] and {s["provider"] for s in static["steps"]} == {"cuda"}
 
 
 # -- on a GPU ---------------------------------------------------------------------------------------------
