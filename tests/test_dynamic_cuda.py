@@ -231,6 +231,16 @@ def test_the_kernels_run_on_cuda_with_launches_of_the_symbols(artifacts: dict[st
     assert {"FusedConv", "MaxPool", "AveragePool", "Gemm"} <= conv
 
 
+def test_the_device_arena_is_planned_per_binding_near_its_bound(artifacts: dict[str, Path]) -> None:
+    """report/memory.json: the device arena at the min, middle and max bindings is within 1.10x of
+    that binding's lower bound (the runtime's placement, as for the host arena)."""
+    for case, path in artifacts.items():
+        report = json.loads((path / "report" / "memory.json").read_text())
+        for label, entry in report["dynamic"]["bindings"].items():
+            arena = entry["arenas"]["cuda"]
+            assert arena["arena_nbytes"] <= 1.10 * arena["lower_bound_nbytes"], (case, label, arena)
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found: the generated source is checked, not built")
 def test_the_dynamic_sources_build_with_nvcc(artifacts: dict[str, Path]) -> None:
     for case, path in artifacts.items():
@@ -368,7 +378,7 @@ def test_an_opt_shape_variant_of_a_cuda_artifact(monkeypatch: pytest.MonkeyPatch
 
     model = eltwise_model()
     out = compile_model(model, tmp_path / "opt", target="cuda", dims={"n": (1, 4), "t": (1, 300)},
-                        opt_shapes=[{"x": (2, 7, 37), "y": (2, 1, 37)}], golden_cases=0,
+                        opt_shapes=[{"x": (2, 7, 37), "y": (2, 1, 37)}], golden_cases=2,
                         build=BuildOptions(extra={"nvcc": "none"}))
     cp = _HostCupy()
     cp.install(monkeypatch, tmp_path / "cache")
@@ -378,6 +388,8 @@ def test_an_opt_shape_variant_of_a_cuda_artifact(monkeypatch: pytest.MonkeyPatch
         for g, w in zip(session.run(None, feeds), ort_run(model, feeds), strict=True):
             np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
     assert len(cp.modules) == 2  # the variant's module and the dynamic plan's
+    report = session.verify()  # the golden cases: at the min and the middle binding
+    assert report.verified and report.cases == 2, report
     static = json.loads((out / "opt/0/plan.json").read_text())
     assert static["symbols"] == [] and {s["provider"] for s in static["steps"]} == {"cuda"}
 
