@@ -139,7 +139,7 @@ def compile_model(
         + (f"; dynamic dims {describe_symbols(graph)}" if dynamic else ""))
     # a dynamic graph: the lowerings whose kernels take run-time dims (compiler/passes/manager.py)
     graph = optimize(graph, opt_level, target=target, winograd=winograd, dynamic=dynamic)
-    if compiled_control and target == "cpu" and not dynamic:  # elsewhere the bodies are not compiled
+    if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled (nor symbolic ones)
         optimize_bodies(graph, lambda g: optimize(g, opt_level, target=target, winograd=winograd))
     options: dict[str, Any] = {
         "opt_level": opt_level,
@@ -248,7 +248,7 @@ def compile_graph(
 
     nodes = len(graph)
     control = compile_control(graph, providers, materialize_outputs, plan_budget_ms,
-                              enabled=options.get("compiled_control", True) and not graph.symbols)
+                              enabled=options.get("compiled_control", True))
     if control:
         say(f"compiled {len(control)} control step(s) into nested schedules")
         providers = [ControlProvider(control), *providers]

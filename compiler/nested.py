@@ -37,8 +37,9 @@ from compiler.plan import Compiled
 from compiler.plan import NestedSchedule
 from compiler.providers.base import PartitionPlan
 from compiler.providers.base import Provider
+from runtime.symbolic import Expr
 
-__all__ = ["ControlProvider", "compile_control", "optimize_bodies"]
+__all__ = ["ControlProvider", "compile_control", "optimize_bodies", "static_body"]
 
 
 class ControlProvider:
@@ -63,14 +64,33 @@ class ControlProvider:
         return None
 
 
+def static_body(graph: Graph) -> bool:
+    """Whether a body has static shapes only (no expression of the symbols in a shape, a constant or
+    an attribute): only those are compiled in a dynamic graph; the others run their programs."""
+    if any(v.is_symbolic for v in graph.values()):
+        return False
+    return not any(_has_expr(node.attrs) for node in graph.nodes)
+
+
+def _has_expr(item: Any) -> bool:
+    if isinstance(item, Expr):
+        return True
+    if isinstance(item, dict):
+        return "expr" in item or any(_has_expr(v) for v in item.values())
+    if isinstance(item, list | tuple):
+        return any(_has_expr(v) for v in item)
+    return False
+
+
 def optimize_bodies(graph: Graph, optimize: Callable[[Graph], Graph]) -> None:
-    """Run ``optimize`` (the model's passes and lowerings) over the bodies of ``graph``'s control
-    steps, nested ones first. Only the compiled path sees the result: the programs (the fallback)
-    were written at import."""
+    """Run ``optimize`` (the model's static passes and lowerings) over the static bodies of
+    ``graph``'s control steps, nested ones first. Only the compiled path sees the result: the
+    programs (the fallback) were written at import."""
     for node in graph.nodes:
         for body in node.attrs.get(BODIES, ()):
-            optimize_bodies(body.graph, optimize)
-            body.graph = optimize(body.graph)
+            if static_body(body.graph):
+                optimize_bodies(body.graph, optimize)
+                body.graph = optimize(body.graph)
 
 
 def compile_control(
@@ -84,8 +104,10 @@ def compile_control(
     compiled: dict[int, Compiled] = {}
     for node in graph.nodes:
         bodies: list[Body] | None = node.attrs.pop(BODIES, None)
-        if bodies is None or not host_only:
+        if bodies is None or not host_only or not all(static_body(b.graph) for b in bodies):
             continue
+        for body in bodies:  # (static: the outer graph's symbols, if any, are not the body's)
+            body.graph.symbols, body.graph.value_symbols = {}, {}
         schedules = [_compile_body(body, providers, prepare, budget_ms) for body in bodies]
         compiled[id(node)] = _layout(node, schedules)
         node.attrs = dict(compiled[id(node)].attrs)  # the programs are not needed any more

@@ -6,8 +6,9 @@ expression at all; a dynamic one names only its own symbols (and, in arena offse
 placeholders ``_b<k>``), every graph input dim is an int or a bare symbol and every symbol is one
 of them (the binding comes from the feeds), ``buffers[k].offset`` is ``_b<k>``, a ``symbolic``
 value is a 0-D or 1-D integer tensor with one element per entry, ``{"expr": TEXT}`` in attrs
-parses, CUDA launches name only symbols (and placeholders in pointers), and only reference, C and
-CUDA partitions (no nested schedules) run it. Each failure is an
+parses, CUDA launches name only symbols (and placeholders in pointers), and only reference, C,
+CUDA and control partitions (whose nested schedules are static: compiled bodies of static shapes)
+run it; a value symbol (``input``) names a one-element integer or bool input. Each failure is an
 ``ArtifactError`` naming the file and the field. Records are taken duck-typed (this module is
 imported by plan_schema).
 """
@@ -142,6 +143,21 @@ def _value_symbols(plan: Any, where: Where) -> set[str]:
     return found
 
 
+def _schedule_is_symbolic(schedule: Any) -> bool:
+    """Whether a nested schedule holds an expression anywhere (sizes, offsets, attributes), nested
+    schedules inside it included."""
+    dims = [d for v in schedule.values.values() for d in (*v.shape, v.location.offset, *v.location.elements)]
+    dims += [d for b in schedule.buffers for d in (b.offset, b.nbytes)]
+    for step in schedule.steps:
+        if step.scratch is not None:
+            dims += [step.scratch.offset, step.scratch.nbytes]
+        if any(True for _ in attr_exprs(step.attrs)) or any(map(_schedule_is_symbolic,
+                                                                  step.schedules or ())):
+            return True
+    return type(schedule.arena_nbytes) is not int or any(type(d) not in (int, float, type(None))
+                                                          for d in dims)
+
+
 def _check_symbolic_value(value: Any, at: Where) -> None:
     shape = value.shape
     count = 1 if len(shape) == 0 else shape[0]
@@ -155,16 +171,18 @@ def _check_symbolic_value(value: Any, at: Where) -> None:
 
 def _check_steps(plan: Any, where: Where, allowed: frozenset[str], places: set[str]) -> None:
     for k, part in enumerate(plan.partitions):
-        if part.runner not in ("reference", "c", "cuda"):
+        if part.runner not in ("reference", "c", "cuda", "control"):
             raise where.key("partitions").item(k).key("runner").wrong(
-                '"reference", "c" or "cuda" in a dynamic plan', part.runner)
+                '"reference", "c", "cuda" or "control" in a dynamic plan', part.runner)
         if part.runner == "c" and part.ext[:1] != (DYN_EXT,):
             raise where.key("partitions").item(k).key("ext").wrong(
                 f'{DYN_EXT!r} first in a dynamic plan\'s C partition (the binding it reads)', list(part.ext))
     for step in plan.steps:
         at = where.key("steps").item(step.index)
-        if step.schedules is not None:
-            raise at.error("has nested schedules: a dynamic plan has none")
+        for s, schedule in enumerate(step.schedules or ()):  # (a static body of a dynamic plan)
+            if _schedule_is_symbolic(schedule):
+                raise at.key("schedules").item(s).error("holds an expression: a dynamic plan's nested "
+                                                        "schedules are static")
         for j, launch in enumerate(step.launches or ()):  # grids and scalars: symbols; pointers too
             _names(at.key("launches").item(j), _dims(launch.grid), allowed)
             _names(at.key("launches").item(j), _dims(a.value for a in launch.args), allowed | places)

@@ -13,6 +13,7 @@ ends and zero iterations included, and its golden cases (at the min and middle b
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -25,10 +26,12 @@ from onnx import numpy_helper
 
 from compiler.cli import parse_value
 from compiler.driver import compile_model
+from runtime.errors import ArtifactError
 from runtime.errors import InputError
 from runtime.errors import RuntimeKernelError
 from runtime.errors import ShapeError
 from runtime.errors import UnsupportedOpError
+from runtime.plan_schema import Plan
 from runtime.session import Session
 from tests.support.commands import cli
 from tests.support.models import ort_run
@@ -79,6 +82,7 @@ def test_a_scan_over_a_dynamic_axis_matches_onnxruntime(tmp_path: Path) -> None:
     plan = json.loads((path / "plan.json").read_text())
     scan = next(s for s in plan["steps"] if s["op_type"] == "Scan")
     assert scan["attrs"]["length"] == {"expr": "seq"}
+    assert "schedules" not in scan  # a body of symbolic shapes ([batch, 4]) runs its program
     session = Session(path)
     assert session.outputs[1].ranges == ((1, 4), (1, 64), (4, 4))
     rng = np.random.default_rng(0)
@@ -88,6 +92,19 @@ def test_a_scan_over_a_dynamic_axis_matches_onnxruntime(tmp_path: Path) -> None:
         _agrees(session, model, feeds)
     with pytest.raises(InputError, match=r"input 'x': dim 1 \(seq\) is 65, outside its range 1..64"):
         session.run(None, {"s0": np.zeros((1, 4), np.float32), "x": np.zeros((1, 65, 4), np.float32)})
+    assert session.verify().checks
+
+
+def test_a_static_body_over_a_dynamic_axis_is_compiled(tmp_path: Path) -> None:
+    model = rnn_scan_model()  # batch fixed at 4: the body is static, its steps C kernels
+    path = compile_model(model, tmp_path / "scan", dims={"batch": 4, "seq": (1, 1024)})
+    steps = json.loads((path / "plan.json").read_text())["steps"]
+    assert [(s["op_type"], s["provider"], "schedules" in s) for s in steps] == [("Scan", "control", True)]
+    session = Session(path)
+    rng = np.random.default_rng(7)
+    for seq in (1, 2, 600, 1024):
+        _agrees(session, model, {"s0": rng.standard_normal((4, 4)).astype(np.float32),
+                                 "x": rng.standard_normal((4, seq, 4)).astype(np.float32)})
     assert session.verify().checks
 
 
@@ -129,7 +146,8 @@ def value_loop_model(computed_condition: bool = False) -> onnx.ModelProto:
 
 def _loop_feeds(m: int, cond: bool, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"M": np.array(m, np.int64), "cond": np.array(cond),
-            "s0": rng.standard_normal(3).astype(np.float32), "x": rng.standard_normal(3).astype(np.float32)}
+            "s0": rng.standard_normal(3).astype(np.float32),
+            "x": (0.01 * rng.standard_normal(3)).astype(np.float32)}  # (sin of |s| < ~20: well conditioned)
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +161,7 @@ def test_a_value_symbol_loop_matches_onnxruntime_at_every_binding(value_loop: tu
                                                                    ) -> None:
     model, session = value_loop
     assert session.outputs[1].ranges == ((0, 64), (3, 3))
+    assert [s.schedules is not None for s in session.plan.steps] == [True]  # the body compiled
     rng = np.random.default_rng(2)
     shapes = []
     for m, cond in ((0, True), (1, True), (5, False), (37, True), (64, True), (64, False), (2, True)):
@@ -151,6 +170,18 @@ def test_a_value_symbol_loop_matches_onnxruntime_at_every_binding(value_loop: tu
     assert shapes == [0, 1, 0, 37, 64, 0, 2]
     report = session.verify()  # at the min binding (M=0, cond=0) and the middle one (M=32, cond=0)
     assert len(report.checks) == 4 and all(c.error <= c.tolerance for c in report.checks)
+
+
+def test_a_nested_schedule_of_a_dynamic_plan_must_be_static(value_loop: tuple[onnx.ModelProto, Session],
+                                                            ) -> None:
+    _, session = value_loop
+    data = json.loads((session.path / "plan.json").read_text())
+    Plan.from_json(copy.deepcopy(data), "art/plan.json")  # as compiled: accepted
+    schedule = data["steps"][0]["schedules"][0]
+    name = next(n for n, v in schedule["values"].items() if v["shape"])
+    schedule["values"][name]["shape"][0] = "M"
+    with pytest.raises(ArtifactError, match=r"art/plan.json: steps\[0\]\.schedules\[0\] holds an expression"):
+        Plan.from_json(data, "art/plan.json")
 
 
 def test_a_value_symbol_out_of_range_is_an_input_error(value_loop: tuple[onnx.ModelProto, Session]) -> None:

@@ -45,6 +45,10 @@ def _viewer(value: PlanValue, weights: np.ndarray) -> View:
     if where.kind == "weights":
         const = weights[off:off + nbytes].view(dtype).reshape(shape)
         return lambda arenas, ext: const
+    if where.kind == "symbolic":  # a bound dynamic plan's small tensor (a value symbol's trip count)
+        held = np.array(where.elements, dtype).reshape(shape)
+        held.flags.writeable = False
+        return lambda arenas, ext: held
     return lambda arenas, ext: ext[name].reshape(shape)
 
 
@@ -55,6 +59,9 @@ def _addresser(value: PlanValue, weights_addr: int) -> Address:
         return lambda base, ext: base + off
     if where.kind == "weights":
         return lambda base, ext: weights_addr + off
+    if where.kind == "symbolic":
+        held = np.array(where.elements, value.dtype).reshape(value.shape)
+        return lambda base, ext: data_address(held)
     return lambda base, ext: data_address(ext[name])
 
 
