@@ -41,6 +41,14 @@ lie inside the input, ``DW_PIXELS`` neighbouring pixels run at once, a vector of
 time, with the taps unrolled: each weight vector and each input column they read is loaded once
 for all of them (a 3x3 stride-1 row: 3 + 8 loads for 18 products, where gcc does not merge the
 loads itself); the border pixels loop over their taps inside the input.
+
+A dynamic graph's node (run-time batch and spatial sizes, C locals read from the binding; channels
+and taps static) takes the same paths, with what the static kernel decides from those sizes at
+compile time decided in C: tiles of ``mr`` pixels (the last one's rows past the end repeat the
+last pixel, stored twice with the same values), pixel blocks, the item order and the thread
+count by the same rules; any pad counts as padding ("check" or "copy" taps: whether the last
+window reaches an end pad depends on the size), the padded copy's size is an expression, and the
+depthwise path's inside columns are C locals.
 """
 
 from __future__ import annotations

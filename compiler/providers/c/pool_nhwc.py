@@ -13,6 +13,10 @@ propagates NaN like ``numpy.maximum``.
 ``onnx_aot.GlobalAveragePoolNhwc`` and ``onnx_aot.LRNNhwc`` (``templates/c/channel_nhwc.c.j2``):
 channel-chunk accumulators summed pixel by pixel; LRN per pixel from a zero-padded row of squares
 (beta 0.75 / 0.5 / 1 with square roots and a division, vectorized; other betas call ``powf``).
+
+All four take a dynamic graph's run-time batch and spatial sizes (channels static): the pools'
+inside rectangle is C locals and the AveragePool divisor is counted at run time (the taps inside
+the input, or the whole window with ``count_include_pad``; ceil mode is static only).
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ programs (:func:`transform_program`) that share sums and differences of rows and
 (e.g. F(4x4, 3x3)'s B^T rows 1 and 2 are E + O and E - O): 12 and 10 vector operations per
 1-D transform of F(4x4, 3x3) instead of 16 and 14.
 
+A dynamic graph's node (run-time batch and spatial sizes) decides the tile count, the number of
+blocks and the path (serial, per-thread slots, shared phases) in C; blocks hold the same most
+tiles for any count and the scratch is an expression of the tiles (a slot per thread they allow).
+
 Measured on the Zen 3 build machine (1 thread, quiet): 0.45-0.65x the time of the NCHW
 ``WinogradConv`` kernel for 16-128 channels, 0.6-0.9x for 256-512 channels (their transformed
 weights stream from memory), 0.3-0.5x onnxruntime's direct convolution.
