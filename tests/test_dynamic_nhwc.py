@@ -72,10 +72,11 @@ class _Builder:
 def _nhwc_model() -> onnx.ModelProto:
     """x [n, 3, h, w]: a 3-channel 3x3 stem ("copy" taps), 1x1 (flat), two Winograd 3x3 at full
     size, the second with a residual (epilogue), a 3x3 stride 2 with 32 channels ("check" taps),
-    a Winograd 3x3 at a quarter of the size, depthwise 3x3
+    a Winograd 3x3 at a quarter of the size with 20 output channels (a partial panel), depthwise 3x3
     stride 1 and 5x5 stride 2, a grouped 3x3, 24 output channels (a partial panel), BatchNorm and
-    ReLU, MaxPool 5x5 pad 2 (YOLOv8n's SPPF), AveragePool 3x3 pad 1 not counting the pads, LRN,
-    Concat of channels, GlobalAveragePool; outputs at several depths."""
+    ReLU, MaxPool 5x5 pad 2 (YOLOv8n's SPPF), AveragePool 3x3 pad 1 not counting the pads and
+    counting them, LRN, Concat of channels, GlobalAveragePool, a dilated MaxPool 3x3 stride 2;
+    outputs at several depths."""
     b = _Builder()
     b.conv("x", "s", 16, 3, 3, pads=[1, 1, 1, 1])
     b.op("Relu", ["s"], "sr")
@@ -92,16 +93,21 @@ def _nhwc_model() -> onnx.ModelProto:
                                 b.const("bn_v", var)], "bn")
     b.op("Relu", ["bn"], "bnr")
     b.conv("bnr", "d2", 32, 32, 5, pads=[2, 2, 2, 2], strides=[2, 2], group=32)
-    b.conv("d2", "wg", 32, 32, 3, pads=[1, 1, 1, 1])
-    b.conv("wg", "gr", 24, 32, 3, pads=[1, 1, 1, 1], group=2)
+    b.conv("d2", "wg", 20, 32, 3, pads=[1, 1, 1, 1])
+    b.conv("wg", "gr", 24, 20, 3, pads=[1, 1, 1, 1], group=2)
     b.op("MaxPool", ["gr"], "mp", kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1])
     b.op("AveragePool", ["gr"], "ap", kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1],
          count_include_pad=0)
+    b.op("AveragePool", ["gr"], "apc", kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1],
+         count_include_pad=1)
     b.op("LRN", ["gr"], "lrn", size=3, alpha=1e-3, beta=0.75, bias=1.0)
-    b.op("Concat", ["mp", "ap", "lrn"], "cat", axis=1)
-    b.conv("cat", "head", 20, 72, 1)
+    b.op("Concat", ["mp", "ap", "apc", "lrn"], "cat", axis=1)
+    b.conv("cat", "head", 20, 96, 1)
     b.op("GlobalAveragePool", ["head"], "gap")
-    return b.model(["n", 3, "h", "w"], ["res", "head", "gap"])
+    b.op("MaxPool", ["gr"], "mpd", kernel_shape=[3, 3], pads=[2, 2, 2, 2], strides=[2, 2], dilations=[2, 2])
+    b.op("Relu", ["mpd"], "mpr")
+    b.conv("mpr", "tail", 16, 24, 1)
+    return b.model(["n", 3, "h", "w"], ["res", "head", "gap", "tail"])
 
 
 def _plan(out: Path) -> list[dict]:
