@@ -73,10 +73,12 @@ def describe_symbols(graph: Graph) -> str:
 
 def bindings(graph: Graph) -> dict[str, Binding]:
     """The named bindings a dynamic compile plans and tests at: every symbol at its ``min``, at its
-    ``max``, and in the ``middle`` of its range."""
+    ``max``, and in the ``middle`` of its range (a value symbol rounded up: a condition in 0..1 is
+    1 there, so the golden cases run the loop)."""
     ranges = graph.symbols
+    up = graph.value_symbols
     return {"min": {s: lo for s, (lo, _hi) in ranges.items()},
-            "middle": {s: (lo + hi) // 2 for s, (lo, hi) in ranges.items()},
+            "middle": {s: (lo + hi + (s in up)) // 2 for s, (lo, hi) in ranges.items()},
             "max": {s: hi for s, (_lo, hi) in ranges.items()}}
 
 

@@ -168,8 +168,11 @@ def test_a_value_symbol_loop_matches_onnxruntime_at_every_binding(value_loop: tu
         got = _agrees(session, model, _loop_feeds(m, cond, rng))
         shapes.append(got[1].shape[0])
     assert shapes == [0, 1, 0, 37, 64, 0, 2]
-    report = session.verify()  # at the min binding (M=0, cond=0) and the middle one (M=32, cond=0)
+    report = session.verify()  # at the min binding (M=0, cond=0) and the middle one (M=32, cond=1)
     assert len(report.checks) == 4 and all(c.error <= c.tolerance for c in report.checks)
+    golden = json.loads((session.path / "golden.json").read_text())
+    fed = [{r["name"]: (r["generator"], r["seed"]) for r in case["inputs"]} for case in golden["cases"]]
+    assert [(f["M"], f["cond"]) for f in fed] == [(("fill", 0), ("fill", 0)), (("fill", 32), ("fill", 1))]
 
 
 def test_a_nested_schedule_of_a_dynamic_plan_must_be_static(value_loop: tuple[onnx.ModelProto, Session],
