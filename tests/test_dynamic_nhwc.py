@@ -245,3 +245,22 @@ def test_layout_transposes_with_run_time_dims_are_blocked(tmp_path: Path, cpu: s
         t, y = session.run(None, {"x": x})
         np.testing.assert_array_equal(t, x.transpose(0, 2, 3, 1))
         np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "x86-64-v3"])
+def test_nchw_winograd_at_o2_with_run_time_dims(tmp_path: Path, cpu: str) -> None:
+    """At -O2 (no NHWC) the Winograd convs run the NCHW WinogradConv kernel with run-time tile
+    counts and product columns: 2x2 tiles over the full range, 4x4 with a static height of 20 and
+    widths from 16."""
+    model = _nhwc_model()
+    out = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "h": (1, 40), "w": (1, 300)}, cpu=cpu,
+                        golden_cases=0, opt_level=2)
+    steps = _plan(out)
+    assert {s["provider"] for s in steps} == {"c"}
+    kinds = {s["op_type"] for s in steps}
+    assert "WinogradConv" in kinds and not kinds & NHWC_KINDS, kinds
+    _check(model, out, SIZES, threads=2)
+    out = compile_model(model, tmp_path / "b", shapes={"x": (2, 3, 20, (16, 300))}, cpu=cpu, golden_cases=0,
+                        opt_level=2)
+    assert {s["provider"] for s in _plan(out)} == {"c"}
+    _check(model, out, [(2, 20, 16), (2, 20, 17), (2, 20, 65), (2, 20, 300)], threads=1)

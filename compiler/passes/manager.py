@@ -111,11 +111,11 @@ def lowerings_for(level: int, target: str, winograd: bool = True, dynamic: bool 
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
     (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A ``dynamic``
-    graph (symbolic dims) gets Winograd only at level 3, where every WinogradConv goes NHWC (the
-    NHWC kernels take run-time dims, the NCHW Winograd kernel does not).
+    graph (symbolic dims) gets the same lowerings: their C kernels all take run-time dims.
     """
+    del dynamic  # (kept in the signature: the lowerings no longer differ)
     passes: list[Pass] = [PackGemmWeights(), FuseAttention()] if level >= 2 and target == "cpu" else []
-    if level >= (3 if dynamic else 2) and target == "cpu" and winograd:
+    if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
     if level >= 3 and target == "cpu":
         passes += [LayoutNhwc(), FuseElementwise()]

@@ -19,9 +19,8 @@ fusion need the plain conv), and only for ``target="cpu"`` (``compiler.passes.op
 reference provider runs the same algorithm (``runtime/kernels/winograd.py``). Against the direct
 convolution in float64 the error is ~1e-7 (2x2 tiles) and ~5e-6 (4x4 tiles) of the output's scale.
 
-In a dynamic graph (run-time batch and spatial sizes; ``compiler.passes.optimize`` runs this
-only where ``layout_nhwc`` follows, whose NHWC Winograd kernel takes run-time dims) the weights
-are still transformed once, so the tile is picked for the smallest output in range.
+In a dynamic graph (run-time batch and spatial sizes, which the Winograd kernels take) the
+weights are still transformed once, so the tile is picked for the smallest output in range.
 """
 
 from __future__ import annotations
