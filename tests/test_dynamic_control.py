@@ -212,6 +212,21 @@ def test_value_symbols_from_the_command_line(tmp_path: Path) -> None:
     assert "expected NAME=LO..HI" in wrong.stderr
 
 
+def test_a_value_symbol_sizes_a_range_and_a_constant_of_shape(tmp_path: Path) -> None:
+    """Outputs whose length is an input's value (``Range(0, M)``, ``ConstantOfShape([M])``)."""
+    two = numpy_helper.from_array(np.array([2.0], np.float32), "v")
+    nodes = [N("Range", ["zero", "M", "one"], ["r"]), N("Cast", ["r"], ["rf"], to=F),
+             N("Mul", ["rf", "x"], ["y"]), N("Unsqueeze", ["M", "ax"], ["m1"]),
+             N("ConstantOfShape", ["m1"], ["z"], value=two)]
+    inits = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64), "ax": np.array([0], np.int64)}
+    model = _model(nodes, [T("M", I64, []), T("x", F, [1])], [T("y", F, ["N"]), T("z", F, ["N"])], inits)
+    session = Session(compile_model(model, tmp_path / "a", values={"M": (1, 100)}))
+    assert [o.ranges for o in session.outputs] == [((1, 100),), ((1, 100),)]
+    for m in (1, 7, 100):
+        got = _agrees(session, model, {"M": np.array(m, np.int64), "x": np.array([0.5], np.float32)})
+        assert got[0].shape == (m,)
+
+
 @pytest.mark.parametrize("values, message", [
     ({"x": (0, 4)}, r"--value x: a value symbol is a graph input of one integer or bool element"),
     ({"nope": (0, 4)}, r"--value names no graph input: 'nope'"),
