@@ -39,6 +39,7 @@ from compiler.providers.c.gemm import Epilogue
 from compiler.providers.c.gemm import Tiling
 from compiler.providers.c.gemm import choose_tiling
 from compiler.providers.c.rundims import is_dynamic
+from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.geometry import ConvTransposeGeometry
 from compiler.providers.geometry import claimed
@@ -108,8 +109,8 @@ def _resize_tables(node: Node) -> tuple[int, int, int, ResizeTaps, ResizeTaps] |
 
 @dataclass(frozen=True)
 class NearestContext:
-    """Resize by whole scales (nearest, asymmetric, floor) with run-time dims: output (oh, ow)
-    reads input (oh / sh, ow / sw) of (outer, h, w) planes (CDim: C over the binding)."""
+    """Resize by whole scales (nearest, asymmetric, floor): output (oh, ow) reads input
+    (oh / sh, ow / sw) of (outer, h, w) planes (ints, or CDim: C over the binding)."""
 
     params: tuple[Param, ...]
     outer: object
@@ -117,7 +118,8 @@ class NearestContext:
     w: object
     sh: int
     sw: int
-    parallel_if: str
+    parallel: bool
+    parallel_if: str  # with run-time dims: the OpenMP if clause's condition
 
 
 def _whole_scales(node: Node) -> tuple[int, int] | None:
@@ -139,7 +141,10 @@ def _whole_scales(node: Node) -> tuple[int, int] | None:
     return sh, sw
 
 
-def _dynamic_resize(step: StepPlan) -> StepCode:
+def _nearest_resize(step: StepPlan) -> StepCode:
+    """A nearest Resize by whole scales, static or with run-time dims: rows written element by
+    element once and copied (a static one's tap tables gathered each element: 4.6x as long on
+    YOLOv8n's 2x upsampling)."""
     node = step.node
     scales = _whole_scales(node)
     assert scales is not None, node.describe()
@@ -155,7 +160,8 @@ def _dynamic_resize(step: StepPlan) -> StepCode:
         w=rd.write(xs[-1]),
         sh=scales[0],
         sw=scales[1],
-        parallel_if=f"{work} >= {4 * PARALLEL_MIN_WORK}",
+        parallel=not isinstance(work, int) or work >= 4 * PARALLEL_MIN_WORK,
+        parallel_if=parallel_if(work, 4 * PARALLEL_MIN_WORK),
     )
     return StepCode("c/spatial_resize_nearest.c.j2", ctx, (*args, *rd.args))
 
@@ -177,8 +183,8 @@ class ResizeKernel(CKernel):
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        if is_dynamic(node):
-            return _dynamic_resize(step)
+        if is_dynamic(node) or _whole_scales(node) is not None:
+            return _nearest_resize(step)
         tables = _resize_tables(node)
         assert tables is not None, node.describe()
         outer, h, w, th, tw = tables
