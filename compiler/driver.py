@@ -139,8 +139,8 @@ def compile_model(
         + (f"; dynamic dims {describe_symbols(graph)}" if dynamic else ""))
     # a dynamic graph: the lowerings whose kernels take run-time dims (compiler/passes/manager.py)
     graph = optimize(graph, opt_level, target=target, winograd=winograd, dynamic=dynamic)
-    if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled (nor symbolic ones)
-        optimize_bodies(graph, lambda g: optimize(g, opt_level, target=target, winograd=winograd))
+    if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled
+        optimize_bodies(graph, _body_passes(opt_level, target, winograd))
     options: dict[str, Any] = {
         "opt_level": opt_level,
         "target": target,
@@ -160,6 +160,11 @@ def compile_model(
                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                          golden_cases=golden_cases, source=(source_name, source_sha), options=options,
                          extra_files=variants)
+
+
+def _body_passes(opt_level: int, target: str, winograd: bool) -> Callable[[Graph, bool], Graph]:
+    """The passes of a control step's body (those of a dynamic graph for a body of symbolic shapes)."""
+    return lambda body, dynamic: optimize(body, opt_level, target=target, winograd=winograd, dynamic=dynamic)
 
 
 def _range_options(shapes: Mapping[str, Sequence[DimSpec]] | None, dims: Mapping[str, DimSpec] | None,

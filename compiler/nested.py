@@ -16,6 +16,12 @@ reads one and writes the other, swapped each iteration), and a Scan's slices and
 not contiguous in the outer tensors (copied in and out there). Inputs and outer values are read
 where the outer plan put them; an If's outputs, a Loop's scan outputs and a Scan's contiguous
 slices and elements are written where the outer plan put the step's outputs.
+
+In a dynamic graph (docs/dynamic-shapes.md) a body of static shapes compiles as above; a body of
+symbolic shapes too, its region planned at the max binding (every binding's values fit the max
+binding's places; its shapes and attributes are bound per binding by the runtime), its C kernels
+those that take run-time dims. A body holding a symbolic constant, or a value at an in-buffer
+offset that follows the symbols, keeps its program.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from compiler.dynamic import storage_at
 from compiler.frontend.control.program import BODIES
 from compiler.frontend.control.program import Body
 from compiler.ir.graph import Graph
@@ -38,8 +45,9 @@ from compiler.plan import NestedSchedule
 from compiler.providers.base import PartitionPlan
 from compiler.providers.base import Provider
 from runtime.symbolic import Expr
+from runtime.symbolic import evaluate
 
-__all__ = ["ControlProvider", "compile_control", "optimize_bodies", "static_body"]
+__all__ = ["ControlProvider", "compilable_body", "compile_control", "optimize_bodies", "static_body"]
 
 
 class ControlProvider:
@@ -66,10 +74,18 @@ class ControlProvider:
 
 def static_body(graph: Graph) -> bool:
     """Whether a body has static shapes only (no expression of the symbols in a shape, a constant or
-    an attribute): only those are compiled in a dynamic graph; the others run their programs."""
+    an attribute)."""
     if any(v.is_symbolic for v in graph.values()):
         return False
     return not any(_has_expr(node.attrs) for node in graph.nodes)
+
+
+def compilable_body(graph: Graph) -> bool:
+    """Whether a body compiles into a nested schedule: static shapes, or (in a dynamic graph)
+    symbolic shapes but no symbolic constant (a Reshape target ``[batch, 4]``: those bodies run
+    their programs)."""
+    return static_body(graph) or not any(v.const is not None and v.const.dtype == object
+                                         for v in graph.values())
 
 
 def _has_expr(item: Any) -> bool:
@@ -82,15 +98,14 @@ def _has_expr(item: Any) -> bool:
     return False
 
 
-def optimize_bodies(graph: Graph, optimize: Callable[[Graph], Graph]) -> None:
-    """Run ``optimize`` (the model's static passes and lowerings) over the static bodies of
-    ``graph``'s control steps, nested ones first. Only the compiled path sees the result: the
-    programs (the fallback) were written at import."""
+def optimize_bodies(graph: Graph, optimize: Callable[[Graph, bool], Graph]) -> None:
+    """Run ``optimize(body, dynamic)`` (the model's passes and lowerings; those of a dynamic graph
+    for a body of symbolic shapes) over the bodies of ``graph``'s control steps, nested ones first.
+    Only the compiled path sees the result: the programs (the fallback) were written at import."""
     for node in graph.nodes:
         for body in node.attrs.get(BODIES, ()):
-            if static_body(body.graph):
-                optimize_bodies(body.graph, optimize)
-                body.graph = optimize(body.graph)
+            optimize_bodies(body.graph, optimize)
+            body.graph = optimize(body.graph, bool(body.graph.symbols) and not static_body(body.graph))
 
 
 def compile_control(
@@ -104,11 +119,15 @@ def compile_control(
     compiled: dict[int, Compiled] = {}
     for node in graph.nodes:
         bodies: list[Body] | None = node.attrs.pop(BODIES, None)
-        if bodies is None or not host_only or not all(static_body(b.graph) for b in bodies):
+        if bodies is None or not host_only or not all(compilable_body(b.graph) for b in bodies):
             continue
         for body in bodies:  # (static: the outer graph's symbols, if any, are not the body's)
-            body.graph.symbols, body.graph.value_symbols = {}, {}
-        schedules = [_compile_body(body, providers, prepare, budget_ms) for body in bodies]
+            if static_body(body.graph):
+                body.graph.symbols, body.graph.value_symbols = {}, {}
+        try:
+            schedules = [_compile_body(body, providers, prepare, budget_ms) for body in bodies]
+        except _Placed:  # values placed at offsets that follow the symbols: the programs run
+            continue
         compiled[id(node)] = _layout(node, schedules)
         node.attrs = dict(compiled[id(node)].attrs)  # the programs are not needed any more
     return compiled
@@ -127,10 +146,22 @@ def _compile_body(
     scratch = [by_name[name].scratch_nbytes(node)
                for name, node in zip(schedule.provider_of_step, schedule.steps, strict=True)]
     storage = assign_storage(graph, schedule.steps, ["host"] * len(schedule.steps), scratch)
+    if graph.symbols:  # a body of symbolic shapes: its region is planned at the max binding
+        if any(type(offset) is not int for offset in storage.offset.values()):
+            raise _Placed
+        storage = storage_at(storage, _most(graph))
     buffers = storage.buffers.get("host", [])
     mem_plan = plan_offsets(buffers, ALIGNMENT, budget_ms=budget_ms)
     verify_plan(buffers, mem_plan, ALIGNMENT)
     return NestedSchedule(graph, body.refs, schedule, storage, mem_plan, inner)
+
+
+class _Placed(Exception):
+    """A body value lies at an offset in its buffer that follows the symbols (a Concat's slice)."""
+
+
+def _most(graph: Graph) -> dict[str, int]:
+    return {name: hi for name, (_lo, hi) in graph.symbols.items()}
 
 
 def _align(n: int) -> int:
@@ -140,18 +171,19 @@ def _align(n: int) -> int:
 class _Slots:
     """Places after the bodies' arena in a control step's region."""
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, most: dict[str, int]) -> None:
         self.end = _align(start)
+        self.most = most  # (values of symbolic shapes take their size at the max binding)
 
     def take(self, value: Value) -> int:
         offset = self.end
-        self.end = _align(offset + value.nbytes)
+        self.end = _align(offset + evaluate(value.nbytes, self.most))
         return offset
 
 
 def _layout(node: Node, schedules: list[NestedSchedule]) -> Compiled:
     """The region of control step ``node`` and the plan attributes saying where its slots are."""
-    slots = _Slots(max(s.mem_plan.arena_nbytes for s in schedules))
+    slots = _Slots(max(s.mem_plan.arena_nbytes for s in schedules), _most(schedules[0].graph))
     attrs = dict(node.attrs)
     if node.op_type == "If":
         return Compiled(schedules, slots.end, {})

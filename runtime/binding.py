@@ -86,6 +86,16 @@ def _attrs(value: Any, ev: _Eval) -> Any:
     return value
 
 
+def _bind_schedule(schedule: Any, ev: _Eval) -> Any:
+    """A nested schedule at this binding: its values' shapes and its steps' attributes (its buffers
+    are placed at the max binding, static; compiler/nested.py), nested schedules too."""
+    values = {name: v if all(type(d) is int for d in v.shape) else
+              _with(v, shape=ev.shape(v.shape, f"value {name!r}")) for name, v in schedule.values.items()}
+    steps = tuple(_with(s, attrs=_attrs(s.attrs, ev), schedules=tuple(
+        _bind_schedule(c, ev) for c in s.schedules) if s.schedules else s.schedules) for s in schedule.steps)
+    return _with(schedule, values=values, steps=steps)
+
+
 def _with(record: Any, **changes: Any) -> Any:
     """``dataclasses.replace`` for the plan's frozen records without its per-call introspection
     (a bind replaces hundreds of records; this is ~5x faster)."""
@@ -162,7 +172,11 @@ class Binder:
                 launches = tuple(_with(launch, grid=tuple(ev(d) for d in launch.grid), args=tuple(
                     a if type(a.value) is not Expr else _with(a, value=ev(a.value)) for a in launch.args))
                     for launch in launches)
-            steps[k] = _with(step, scratch=scratch, attrs=_attrs(step.attrs, ev), launches=launches)
+            schedules = step.schedules
+            if schedules:  # a compiled body of symbolic shapes: its values and attributes bound
+                schedules = tuple(_bind_schedule(s, ev) for s in schedules)
+            steps[k] = _with(step, scratch=scratch, attrs=_attrs(step.attrs, ev), launches=launches,
+                             schedules=schedules)
         inputs = tuple(_with(s, shape=ev.shape(s.shape, f"input {s.name!r}")) for s in plan.inputs)
         outputs = tuple(_with(o, spec=_with(o.spec, shape=ev.shape(o.spec.shape, f"output {o.value!r}")))
                         for o in plan.outputs)

@@ -615,7 +615,9 @@ class PlanSchedule:
                 raise where.error(f"binds {name!r}, which is not one of its values outside the arena")
         for name, value in values.items():
             loc = value.location
-            if loc.kind == "arena" and loc.offset + value.nbytes > out.arena_nbytes:
+            # (a value of symbolic shape in a dynamic plan's body: its slot is sized at the max binding)
+            if loc.kind == "arena" and type(value.nbytes) is int \
+                    and loc.offset + value.nbytes > out.arena_nbytes:
                 raise f.at("values").item(name).error(f"lies past the schedule's {out.arena_nbytes} bytes")
         return out
 

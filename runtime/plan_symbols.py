@@ -7,8 +7,9 @@ placeholders ``_b<k>``), every graph input dim is an int or a bare symbol and ev
 of them (the binding comes from the feeds), ``buffers[k].offset`` is ``_b<k>``, a ``symbolic``
 value is a 0-D or 1-D integer tensor with one element per entry, ``{"expr": TEXT}`` in attrs
 parses, CUDA launches name only symbols (and placeholders in pointers), and only reference, C,
-CUDA and control partitions (whose nested schedules are static: compiled bodies of static shapes)
-run it; a value symbol (``input``) names a one-element integer or bool input. Each failure is an
+CUDA and control partitions (nested schedules whose memory is static: a body's region is planned
+at the max binding; its values' shapes and attributes may name symbols) run it; a value symbol
+(``input``) names a one-element integer or bool input. Each failure is an
 ``ArtifactError`` naming the file and the field. Records are taken duck-typed (this module is
 imported by plan_schema).
 """
@@ -143,19 +144,24 @@ def _value_symbols(plan: Any, where: Where) -> set[str]:
     return found
 
 
-def _schedule_is_symbolic(schedule: Any) -> bool:
-    """Whether a nested schedule holds an expression anywhere (sizes, offsets, attributes), nested
-    schedules inside it included."""
-    dims = [d for v in schedule.values.values() for d in (*v.shape, v.location.offset, *v.location.elements)]
-    dims += [d for b in schedule.buffers for d in (b.offset, b.nbytes)]
+def _check_schedule(schedule: Any, at: Where, allowed: frozenset[str]) -> None:
+    """A dynamic plan's nested schedule: its values' shapes and its steps' attributes may name the
+    symbols; its buffers, offsets and scratch are static (placed at the max binding), as are
+    symbolic values (none: such bodies run their programs)."""
+    for name, value in schedule.values.items():
+        loc = value.location
+        _names(at.key("values").item(name).key("shape"), _dims(value.shape), allowed)
+        if loc.kind == "symbolic" or type(loc.offset) not in (int, type(None)):
+            raise at.key("values").item(name).key("location").error("is not static")
+    dims = [d for b in schedule.buffers for d in (b.offset, b.nbytes)] + [schedule.arena_nbytes]
     for step in schedule.steps:
-        if step.scratch is not None:
-            dims += [step.scratch.offset, step.scratch.nbytes]
-        if any(True for _ in attr_exprs(step.attrs)) or any(map(_schedule_is_symbolic,
-                                                                  step.schedules or ())):
-            return True
-    return type(schedule.arena_nbytes) is not int or any(type(d) not in (int, float, type(None))
-                                                          for d in dims)
+        dims += [step.scratch.offset, step.scratch.nbytes] if step.scratch is not None else []
+        for _path, text in attr_exprs(step.attrs):
+            _names(at.key("steps").item(step.index).key("attrs"), [parse(text)], allowed)
+        for s, inner in enumerate(step.schedules or ()):
+            _check_schedule(inner, at.key("steps").item(step.index).key("schedules").item(s), allowed)
+    if any(type(d) is not int for d in dims):
+        raise at.error("places a buffer at an expression: a nested schedule's memory is static")
 
 
 def _check_symbolic_value(value: Any, at: Where) -> None:
@@ -179,10 +185,8 @@ def _check_steps(plan: Any, where: Where, allowed: frozenset[str], places: set[s
                 f'{DYN_EXT!r} first in a dynamic plan\'s C partition (the binding it reads)', list(part.ext))
     for step in plan.steps:
         at = where.key("steps").item(step.index)
-        for s, schedule in enumerate(step.schedules or ()):  # (a static body of a dynamic plan)
-            if _schedule_is_symbolic(schedule):
-                raise at.key("schedules").item(s).error("holds an expression: a dynamic plan's nested "
-                                                        "schedules are static")
+        for s, schedule in enumerate(step.schedules or ()):  # (a compiled body of a dynamic plan)
+            _check_schedule(schedule, at.key("schedules").item(s), allowed)
         for j, launch in enumerate(step.launches or ()):  # grids and scalars: symbols; pointers too
             _names(at.key("launches").item(j), _dims(launch.grid), allowed)
             _names(at.key("launches").item(j), _dims(a.value for a in launch.args), allowed | places)

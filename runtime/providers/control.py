@@ -27,6 +27,7 @@ from runtime.plan_schema import PlanPartition
 from runtime.plan_schema import PlanSchedule
 from runtime.plan_schema import PlanStep
 from runtime.plan_schema import PlanValue
+from runtime.plan_symbols import DYN_EXT
 
 __all__ = ["ControlPartition", "Loader"]
 
@@ -94,6 +95,7 @@ class _Body:
             return None
         by_name: dict[str, Address | None] = {name: ins[k] for k, name in self.by_input.items()}
         by_name.update(zip(self.outputs, outs, strict=True))
+        by_name[DYN_EXT] = lambda base, ext: data_address(ext[DYN_EXT])  # (a body of symbolic shapes)
         found = []
         for c, ext in enumerate(self.c_ext):
             for slot, name in enumerate(ext):
@@ -125,12 +127,14 @@ class _Bindings:
     places that move every iteration (scan slices and elements, ``source.at(t)``). The C entries'
     pointer arrays are filled once per parity; an iteration rewrites only the moving slots."""
 
-    def __init__(self, body: _Body, ins: list[Any]) -> None:
+    def __init__(self, body: _Body, ins: list[Any], ext: dict[str, Any]) -> None:
         self.body = body
         self.places: list[dict[str, Place]] = [{}, {}]  # by parity
         self.moving: list[tuple[str, Any]] = []
         for k, name in body.by_input.items():
             self.fix(name, ins[k])
+        if DYN_EXT in body.slots:  # C kernels of a body of symbolic shapes read the binding
+            self.fix(DYN_EXT, ext[DYN_EXT])
 
     def fix(self, name: str, array: Any, addr: int | None = None) -> None:
         place = (array, data_address(array) if addr is None else addr)
@@ -233,7 +237,7 @@ class _Step:
     def _if_bound(self, arenas: dict[str, Any], ext: dict[str, Any], take: int) -> None:
         ins, outs, region = self._enter(arenas, ext)
         body = self.bodies[take]
-        bound = _Bindings(body, ins)
+        bound = _Bindings(body, ins, ext)
         for name, out in zip(body.outputs, outs, strict=True):
             bound.fix(name, out)
         bound.ready(1)
@@ -245,7 +249,7 @@ class _Step:
         n = int(attrs["n_carried"])
         trips = None if ins[0] is None else int(ins[0].reshape(-1)[0])
         running = True if ins[1] is None else bool(ins[1].reshape(-1)[0])
-        bound = _Bindings(body, ins)
+        bound = _Bindings(body, ins, ext)
         iteration = None
         if attrs["iteration"] is not None:
             bound.fix(body.by_arg[0], *region.slot(attrs["iteration"], body.specs[body.by_arg[0]]))
@@ -273,7 +277,7 @@ class _Step:
         ins, outs, region = self._enter(arenas, ext)
         body, attrs = self.bodies[0], self.attrs
         n, length = int(attrs["n_states"]), int(attrs["length"])
-        bound = _Bindings(body, ins)
+        bound = _Bindings(body, ins, ext)
         states = _Carried(region, attrs["states"], ins[:n], body, 0, 0, bound)
         xs = ins[n:n + len(attrs["in_axes"])]
         for k, (x, axis, reverse, off) in enumerate(
