@@ -42,6 +42,8 @@ from compiler.frontend.control import walk_nodes
 from compiler.frontend.dims import DimSpec
 from compiler.frontend.dims import known_size
 from compiler.frontend.importer import reject_unknown_ops
+from compiler.frontend.sequences import SEQUENCE_COMPILE_TIME_INPUTS
+from compiler.frontend.sequences import element_name
 from runtime.errors import InputError
 from runtime.errors import ModelError
 from runtime.errors import OnnxAotError
@@ -72,8 +74,9 @@ def compile_time_inputs(graph: onnx.GraphProto) -> list[str]:
     producer = {out: node for node in nodes for out in node.output if out}
     needed: set[str] = set()
     seen: set[str] = set()
+    needs = {**COMPILE_TIME_INPUTS, **SEQUENCE_COMPILE_TIME_INPUTS}
     stack = [node.input[i] for node in nodes
-             for i in COMPILE_TIME_INPUTS.get(node.op_type, ()) if i < len(node.input) and node.input[i]]
+             for i in needs.get(node.op_type, ()) if i < len(node.input) and node.input[i]]
     while stack:
         name = stack.pop()
         if name in seen:
@@ -112,8 +115,10 @@ def value_symbol_inputs(graph: onnx.GraphProto) -> list[str]:
     candidates = {i.name for i in graph.input if i.name not in initializers and _one_element(i)}
     candidates -= {o.name for o in graph.output}
     for node in walk_nodes(graph):
-        for k, name in enumerate(node.input):
-            if name in candidates and not (node.op_type == "Loop" and k < 2):
+        carries = node.op_type == "Loop" and any(not i.type.HasField("tensor_type")
+                                                 for sub in subgraphs(node) for i in sub.input)
+        for k, name in enumerate(node.input):  # (a Loop carrying a sequence needs its length bound)
+            if name in candidates and not (node.op_type == "Loop" and k < 2 and not carries):
                 candidates.discard(name)
         for sub in subgraphs(node):
             candidates -= {o.name for o in sub.output}
@@ -199,7 +204,11 @@ class OnnxAotRep(BackendRep):
         self._sessions: dict[tuple[Any, ...], Session] = {}
         self._lock = threading.Lock()
         self._outputs_type = namedtupledict("Outputs", self.output_names)
-        if not self.bound_inputs and (self.static or self.ranges is not None):
+        # sequence inputs: one artifact per length and element shapes, its elements tensor inputs
+        self.seq_inputs = {i.name: i.type.sequence_type.elem_type for i in graph.input
+                           if i.name not in initializers and i.type.HasField("sequence_type")}
+        self._flat: dict[tuple[Any, ...], OnnxAotRep] = {}
+        if not self.bound_inputs and not self.seq_inputs and (self.static or self.ranges is not None):
             session = self._compile({}, self.ranges)
             if session is not None:
                 self._sessions[()] = session
@@ -226,15 +235,19 @@ class OnnxAotRep(BackendRep):
             return None
         return Session(path, threads=self.threads)
 
-    def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
+    def _feeds(self, inputs: Any) -> dict[str, Any]:
+        """Arrays by input name (a list of arrays for a sequence input)."""
+        def value(name: str, given: Any) -> Any:
+            return [np.asarray(a) for a in given] if name in self.seq_inputs else np.asarray(given)
+
         if isinstance(inputs, Mapping):
-            feeds = {str(k): np.asarray(v) for k, v in inputs.items()}
+            feeds = {str(k): value(str(k), v) for k, v in inputs.items()}
         else:
             arrays = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
             if len(arrays) > len(self.input_names):
                 raise InputError(f"{len(arrays)} inputs given, the model takes {len(self.input_names)}: "
                                  f"{', '.join(self.input_names)}")
-            feeds = {name: np.asarray(a) for name, a in zip(self.input_names, arrays, strict=False)}
+            feeds = {name: value(name, a) for name, a in zip(self.input_names, arrays, strict=False)}
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise InputError(f"missing input(s) {', '.join(map(repr, missing))}")
@@ -275,13 +288,37 @@ class OnnxAotRep(BackendRep):
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         feeds = self._feeds(inputs)
+        if self.seq_inputs:
+            rep, flat = self._flattened(feeds)
+            return rep.run(flat)
         session = self.session_for(feeds)
         data = {s.name: feeds[s.name] for s in session.inputs}
-        results = session.run(None, data)
-        return self._outputs_type(*results)
+        results = dict(zip((s.name for s in session.outputs), session.run(None, data), strict=True))
+        grouped: list[Any] = []
+        for out in self.model.graph.output:  # a sequence output: its elements NAME.0, NAME.1, ...
+            if out.type.HasField("sequence_type"):
+                count = next(k for k in range(len(results) + 1) if element_name(out.name, k) not in results)
+                grouped.append([results[element_name(out.name, k)] for k in range(count)])
+            else:
+                grouped.append(results[out.name])
+        return self._outputs_type(*grouped)
+
+    def _flattened(self, feeds: Mapping[str, Any]) -> tuple[OnnxAotRep, dict[str, np.ndarray]]:
+        """The model whose sequence inputs are tensor inputs, one per element fed (NAME.0, NAME.1,
+        ...; compiled once per lengths and element types and shapes), and its feeds."""
+        seqs = {n: feeds[n] for n in self.seq_inputs}
+        key = tuple((n, tuple((a.dtype.str, a.shape) for a in items)) for n, items in seqs.items())
+        if key not in self._flat:
+            model = _with_element_inputs(self.model, seqs)
+            self._flat[key] = OnnxAotRep(model, self.target, opt_level=self.opt_level, threads=self.threads)
+        flat = {n: v for n, v in feeds.items() if n not in seqs}
+        flat.update({element_name(n, k): a for n, items in seqs.items() for k, a in enumerate(items)})
+        return self._flat[key], flat
 
     def close(self) -> None:
         """Delete the temporary artifacts (sessions already loaded keep working)."""
+        for rep in self._flat.values():
+            rep.close()
         for workdir in self._dirs:
             shutil.rmtree(workdir, ignore_errors=True)
         self._dirs.clear()
@@ -357,6 +394,36 @@ class OnnxAotBackend(Backend):
         if kind == "CUDA":
             return _cuda_available()
         return False
+
+
+def _with_element_inputs(model: onnx.ModelProto, seqs: Mapping[str, list[np.ndarray]]) -> onnx.ModelProto:
+    """A copy of ``model`` whose sequence inputs ``seqs`` are tensor inputs, one per element
+    (named by ``element_name``, shaped as fed), gathered by a SequenceConstruct (SequenceEmpty)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    inputs, nodes = [], []
+    for info in graph.input:
+        if info.name not in seqs:
+            inputs.append(info)
+            continue
+        elem = info.type.sequence_type.elem_type.tensor_type.elem_type
+        names = [element_name(info.name, k) for k in range(len(seqs[info.name]))]
+        for name, array in zip(names, seqs[info.name], strict=True):
+            if elem and helper.np_dtype_to_tensor_dtype(array.dtype) != elem:
+                raise InputError(f"input {info.name!r}: element {name!r} is {array.dtype}, the sequence "
+                                 f"holds {helper.tensor_dtype_to_np_dtype(elem)}")
+            inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype),
+                                                        array.shape))
+        nodes.append(helper.make_node("SequenceConstruct", names, [info.name], name=f"{info.name}/sequence")
+                     if names else helper.make_node("SequenceEmpty", [], [info.name], dtype=elem or 1,
+                                                    name=f"{info.name}/sequence"))
+    del graph.input[:]
+    graph.input.extend(inputs)
+    kept = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes + kept)
+    return copy
 
 
 def _type_outputs(model: onnx.ModelProto, node: onnx.NodeProto) -> None:

@@ -50,6 +50,12 @@ from compiler.frontend.probing import Probes
 from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
 from compiler.frontend.probing import may_be_equal
+from compiler.frontend.sequences import SEQUENCE_OPS
+from compiler.frontend.sequences import SeqValue
+from compiler.frontend.sequences import element_name
+from compiler.frontend.sequences import import_sequence_op
+from compiler.frontend.sequences import is_sequence_node
+from compiler.frontend.sequences import refuse_sequences
 from compiler.frontend.value_symbols import ValueSymbol
 from compiler.frontend.value_symbols import symbolic_input
 from compiler.frontend.value_symbols import value_symbols
@@ -142,6 +148,8 @@ def graph_from_proto(proto: onnx.ModelProto,
                                  [at.env.get(n) for n in dict.fromkeys(reads) if n]):
                 import_control_flow(at, node_proto, name)
             _note_control_flow(knowledge, at.env, node_proto, name)
+        elif is_sequence_node(node_proto, at.env):  # a static sequence (frontend/sequences.py)
+            import_sequence_op(at, node_proto, node_proto.name or f"{node_proto.op_type}_{k}")
         else:
             _import_node(at.graph, node_proto, k, at.env, types, opset, used_here, node_names, knowledge)
 
@@ -154,6 +162,10 @@ def graph_from_proto(proto: onnx.ModelProto,
         if out.name not in env:
             raise ModelError(f"graph output {out.name!r} is produced by no node")
         value = env[out.name]
+        if isinstance(value, SeqValue):  # its elements, as outputs NAME.0, NAME.1, ...
+            for j, item in enumerate(value.items):
+                graph.add_output(item, element_name(out.name, j))
+            continue
         if value.shape is None:
             raise ShapeError(f"graph output {out.name!r} has no static shape")
         graph.add_output(value, out.name)
@@ -205,7 +217,7 @@ def reject_unknown_ops(proto: onnx.ModelProto) -> None:
     from runtime.kernels import supported_kinds
 
     # Constant and Size become constants at import; canonicalized ops are checked once rewritten
-    kinds = supported_kinds() | {"Constant", "Size"} | canonical_op_types()
+    kinds = supported_kinds() | {"Constant", "Size"} | canonical_op_types() | SEQUENCE_OPS
     from compiler.frontend.canonical.index import DATA_DEPENDENT_OPS
 
     nodes = list(walk_nodes(proto.graph))  # subgraphs' nodes too
@@ -216,7 +228,7 @@ def reject_unknown_ops(proto: onnx.ModelProto) -> None:
         raise UnsupportedOpError(f"{len(dynamic)} node(s) have output shapes that depend on input values, "
                                  f"which ahead-of-time compilation cannot know:\n  {listed}", dynamic)
     graphs = [(node.name or f"{node.op_type}_{k}", node.op_type) for k, node in enumerate(nodes)
-              if subgraphs(node) and not is_control_flow(node)]
+              if subgraphs(node) and not is_control_flow(node) and node.op_type != "SequenceMap"]
     kinds |= CONTROL_FLOW_OPS
     bad = []
     for k, node in enumerate(nodes):
@@ -305,6 +317,7 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
     node_names.add(name)
     where = f"node {name!r} ({proto.op_type})"
     inputs: list[Value | None] = [env[n] if n else None for n in proto.input]
+    refuse_sequences(inputs, where, (name, proto.op_type))
     if proto.op_type == "Constant" and proto.domain in ("", "ai.onnx"):
         env[proto.output[0]] = _constant(graph, proto, where)
         graph.eliminated[name] = "constant"

@@ -20,6 +20,8 @@ from compiler.frontend.control.program import Capture
 from compiler.frontend.control.scope import ControlScope
 from compiler.frontend.control.scope import element
 from compiler.frontend.control.scope import inline
+from compiler.frontend.sequences import SeqValue
+from compiler.frontend.sequences import element_name
 from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
@@ -77,9 +79,34 @@ def _conditional_step(
         raise ModelError(
             f"{where}: the branches have {len(then)} and {len(other)} outputs, the node {len(node.output)}"
         )
-    like = [_either(scope, out, a, b, chooser, where)
-            for out, a, b in zip(node.output, then, other, strict=True)]
-    add_control_step(scope, node, name, capture, programs, like)
+    names, like = [], []
+    for out, a, b in zip(node.output, then, other, strict=True):
+        for k, (x, y) in _elements(out, a, b, where, name):
+            names.append(out if k < 0 else scope.fresh(element_name(out, k)) if out else "")
+            like.append(_either(scope, names[-1] or out, x, y, chooser, where))
+    add_control_step(scope, node, name, capture, programs, like, names)
+    flat = iter(names)
+    for out, a in zip(node.output, then, strict=True):
+        if isinstance(a, SeqValue):  # the step has one output per element
+            items = [scope.env[next(flat)] for _ in a.items]
+            if out:
+                scope.env[out] = SeqValue(out, items, a.elem_dtype)
+        else:
+            next(flat)
+
+
+def _elements(out: str, a: Value, b: Value, where: str, name: str) -> list[tuple[int, tuple[Value, Value]]]:
+    """The pairs of then / else values an If output ``out`` is made of: ``[(-1, (a, b))]`` for a
+    tensor, one pair per element (numbered) for sequences of one length."""
+    if not isinstance(a, SeqValue) and not isinstance(b, SeqValue):
+        return [(-1, (a, b))]
+    if not isinstance(a, SeqValue) or not isinstance(b, SeqValue) or len(a.items) != len(b.items):
+        lengths = [len(v.items) if isinstance(v, SeqValue) else "a tensor" for v in (a, b)]
+        raise UnsupportedOpError(
+            f"{where}: the condition is known only at run time and output {out!r} is a sequence of "
+            f"{lengths[0]} element(s) in one branch, {lengths[1]} in the other; onnx-aot needs one length "
+            "(--bind the inputs the condition depends on to decide it at compile time)", [(name, "If")])
+    return list(enumerate(zip(a.items, b.items, strict=True)))
 
 
 def _either(scope: ControlScope, out: str, a: Value, b: Value, chooser: Expr | None, where: str) -> Value:
@@ -108,18 +135,21 @@ def add_control_step(
     capture: Capture,
     attrs: Mapping[str, object],
     like: list[Value],
+    names: list[str] | None = None,
 ) -> None:
     """Add the ``onnx_aot.<op>`` step for ``node``: its inputs are what ``capture`` collected, its
-    outputs the node's, each with the dtype and shape of the value in ``like`` at its position."""
+    outputs the node's (or ``names``: an If's with sequences, one per element), each with the dtype
+    and shape of the value in ``like`` at its position."""
+    names = list(node.output) if names is None else names
     outputs = [
         Value(out or scope.fresh(f"{name}/unused"), v.dtype, v.shape)
-        for out, v in zip(node.output, like, strict=True)
+        for out, v in zip(names, like, strict=True)
     ]
     step = Node(
         node.op_type, capture.values(), outputs, {**attrs, BODIES: list(capture.bodies)}, name=name,
         domain=AOT_DOMAIN, origin=[name]
     )
     scope.graph.add_node(step)
-    for out, value in zip(node.output, outputs, strict=True):
+    for out, value in zip(names, outputs, strict=True):
         if out:
             scope.env[out] = value

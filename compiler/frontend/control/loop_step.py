@@ -24,6 +24,7 @@ from compiler.frontend.control.scope import element
 from compiler.frontend.control.scope import int_list
 from compiler.frontend.control.scope import like_input
 from compiler.frontend.control.scope import one_element
+from compiler.frontend.sequences import refuse_sequences
 from compiler.ir.graph import Value
 from runtime.errors import ModelError
 from runtime.errors import UnsupportedOpError
@@ -80,10 +81,13 @@ def import_loop_step(
     for k, what in enumerate(("the trip count", "the condition")):
         if k < len(node.input) and node.input[k]:
             one_element(scope.value(node.input[k], where), what, where)
+    refuse_sequences([scope.env.get(n) for n in node.input], where, (name, "Loop"),
+                     "which a Loop not unrolled (its trip count known only at run time) cannot carry")
     capture = Capture(scope, name, list(node.input))
     child = capture.child(f"{name}/body")
     args, bindings = _args(capture, child, node, body, name)
     program, outs = capture.program(child, body, f"{name}/body", bindings, args, where)
+    refuse_sequences(outs, where, (name, "Loop"), "which a Loop not unrolled cannot carry")
     program["args"] = [[list(v.shape or ()), str(v.dtype)] for v in args]
     _check_work(scope, node, body, one_element(outs[0], "the body's condition output", where), name, where)
     _check_carried(args[2:], outs[1 : 1 + n], node, where, name)

@@ -30,6 +30,7 @@ from compiler.frontend.control.scope import like_input
 from compiler.frontend.control.scope import one_element
 from compiler.frontend.control.scope import scalar
 from compiler.frontend.control.scope import select
+from compiler.frontend.sequences import refuse_sequences
 from runtime.errors import ModelError
 from runtime.errors import UnsupportedOpError
 from runtime.symbolic import Expr
@@ -173,6 +174,8 @@ def import_loop(scope: ControlScope, node: onnx.NodeProto, name: str, where: str
         outs = inline(scope, body, base, bindings, where)
         new = outs[1 : 1 + len(carried)]
         if flag is not True:
+            refuse_sequences([scope.env[n] for n in new], where, (name, "Loop"),
+                             "which a condition known only at run time cannot keep or drop")
             new = [
                 select(scope, str(flag), n, c, f"{base}/keep", where)
                 for n, c in zip(new, carried, strict=True)

@@ -19,6 +19,8 @@ import onnx
 from compiler.frontend.control.scope import ControlScope
 from compiler.frontend.control.scope import inline
 from compiler.frontend.control.scope import outer_names
+from compiler.frontend.sequences import SeqValue
+from compiler.frontend.sequences import refuse_sequences
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Value
 from compiler.plan import jsonable
@@ -82,6 +84,8 @@ class Capture:
             key = (id(child.graph), name)
             if key not in self._proxy:
                 outer = self.scope.value(name, f"{where}: its subgraph")
+                refuse_sequences([outer], where, (self.name, "control step"),
+                                 "which a subgraph run at run time cannot read")
                 proxy_name = self.scope.fresh(f"{self.name}/outer/{name}")
                 if outer.const is not None:
                     proxy = Value(proxy_name, const=outer.const)
@@ -105,11 +109,14 @@ class Capture:
         where: str,
     ) -> tuple[dict[str, Any], list[Value]]:
         """Import ``sub`` into ``child`` (its inputs bound to ``bindings``) and write it as a program
-        whose arguments are ``args``; also return the values of its outputs (in the sub-graph)."""
+        whose arguments are ``args``; also return the values of its outputs (in the sub-graph). An
+        output that is a sequence (SeqValue) is returned as such; the program has one output per
+        element."""
         self.bind_outer(child, sub, where)
         outs = [child.env[n] for n in inline(child, sub, prefix, bindings, where)]
-        program = self._write(child.graph, outs, args, where)
-        self.bodies.append(self._body(child.graph, outs, args))
+        flat = [item for v in outs for item in (v.items if isinstance(v, SeqValue) else [v])]
+        program = self._write(child.graph, flat, args, where)
+        self.bodies.append(self._body(child.graph, flat, args))
         return program, outs
 
     def _body(self, graph: Graph, outs: Sequence[Value], args: Sequence[Value]) -> Body:
