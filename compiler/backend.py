@@ -77,6 +77,8 @@ def compile_time_inputs(graph: onnx.GraphProto) -> list[str]:
     needs = {**COMPILE_TIME_INPUTS, **SEQUENCE_COMPILE_TIME_INPUTS}
     stack = [node.input[i] for node in nodes
              for i in needs.get(node.op_type, ()) if i < len(node.input) and node.input[i]]
+    stack += [node.input[0] for node in nodes if node.op_type == "If"  # (optionals: presence at compile time)
+              and any(o.type.HasField("optional_type") for g in subgraphs(node) for o in g.output)]
     while stack:
         name = stack.pop()
         if name in seen:
@@ -204,9 +206,10 @@ class OnnxAotRep(BackendRep):
         self._sessions: dict[tuple[Any, ...], Session] = {}
         self._lock = threading.Lock()
         self._outputs_type = namedtupledict("Outputs", self.output_names)
-        # sequence inputs: one artifact per length and element shapes, its elements tensor inputs
-        self.seq_inputs = {i.name: i.type.sequence_type.elem_type for i in graph.input
-                           if i.name not in initializers and i.type.HasField("sequence_type")}
+        # sequence and optional inputs: one artifact per length and element shapes (per presence),
+        # their elements tensor inputs
+        self.seq_inputs = {i.name: i.type for i in graph.input if i.name not in initializers
+                           and i.type.WhichOneof("value") in ("sequence_type", "optional_type")}
         self._flat: dict[tuple[Any, ...], OnnxAotRep] = {}
         if not self.bound_inputs and not self.seq_inputs and (self.static or self.ranges is not None):
             session = self._compile({}, self.ranges)
@@ -238,7 +241,10 @@ class OnnxAotRep(BackendRep):
     def _feeds(self, inputs: Any) -> dict[str, Any]:
         """Arrays by input name (a list of arrays for a sequence input)."""
         def value(name: str, given: Any) -> Any:
-            return [np.asarray(a) for a in given] if name in self.seq_inputs else np.asarray(given)
+            if name not in self.seq_inputs or given is None:  # (None: an empty optional)
+                return None if given is None and name in self.seq_inputs else np.asarray(given)
+            listed = _holds_sequence(self.seq_inputs[name])
+            return [np.asarray(a) for a in given] if listed else np.asarray(given)
 
         if isinstance(inputs, Mapping):
             feeds = {str(k): value(str(k), v) for k, v in inputs.items()}
@@ -294,22 +300,18 @@ class OnnxAotRep(BackendRep):
         session = self.session_for(feeds)
         data = {s.name: feeds[s.name] for s in session.inputs}
         results = dict(zip((s.name for s in session.outputs), session.run(None, data), strict=True))
-        grouped: list[Any] = []
-        for out in self.model.graph.output:  # a sequence output: its elements NAME.0, NAME.1, ...
-            if out.type.HasField("sequence_type"):
-                count = next(k for k in range(len(results) + 1) if element_name(out.name, k) not in results)
-                grouped.append([results[element_name(out.name, k)] for k in range(count)])
-            else:
-                grouped.append(results[out.name])
-        return self._outputs_type(*grouped)
+        outputs = self.model.graph.output
+        return self._outputs_type(*(_regrouped(out.name, out.type, results) for out in outputs))
 
     def _flattened(self, feeds: Mapping[str, Any]) -> tuple[OnnxAotRep, dict[str, np.ndarray]]:
         """The model whose sequence inputs are tensor inputs, one per element fed (NAME.0, NAME.1,
         ...; compiled once per lengths and element types and shapes), and its feeds."""
-        seqs = {n: feeds[n] for n in self.seq_inputs}
-        key = tuple((n, tuple((a.dtype.str, a.shape) for a in items)) for n, items in seqs.items())
+        seqs = {n: [] if feeds[n] is None else feeds[n] if isinstance(feeds[n], list) else [feeds[n]]
+                for n in self.seq_inputs}
+        key = tuple((n, feeds[n] is None, tuple((a.dtype.str, a.shape) for a in items))
+                    for n, items in seqs.items())
         if key not in self._flat:
-            model = _with_element_inputs(self.model, seqs)
+            model = _with_element_inputs(self.model, {n: feeds[n] for n in seqs})
             self._flat[key] = OnnxAotRep(model, self.target, opt_level=self.opt_level, threads=self.threads)
         flat = {n: v for n, v in feeds.items() if n not in seqs}
         flat.update({element_name(n, k): a for n, items in seqs.items() for k, a in enumerate(items)})
@@ -396,28 +398,61 @@ class OnnxAotBackend(Backend):
         return False
 
 
-def _with_element_inputs(model: onnx.ModelProto, seqs: Mapping[str, list[np.ndarray]]) -> onnx.ModelProto:
-    """A copy of ``model`` whose sequence inputs ``seqs`` are tensor inputs, one per element
-    (named by ``element_name``, shaped as fed), gathered by a SequenceConstruct (SequenceEmpty)."""
+def _holds_sequence(t: onnx.TypeProto) -> bool:
+    """A sequence, or an optional of one."""
+    return t.HasField("sequence_type") or (t.HasField("optional_type")
+                                           and t.optional_type.elem_type.HasField("sequence_type"))
+
+
+def _regrouped(name: str, t: onnx.TypeProto, results: Mapping[str, np.ndarray]) -> Any:
+    """Model output ``name`` of type ``t`` from the artifact's outputs: a sequence's elements are
+    NAME.0, NAME.1, ... (a list); an optional holds what is there (None: nothing, and also an empty
+    sequence, which the artifact cannot tell apart from an empty optional)."""
+    if _holds_sequence(t):
+        count = next(k for k in range(len(results) + 1) if element_name(name, k) not in results)
+        items = [results[element_name(name, k)] for k in range(count)]
+        return items if items or t.HasField("sequence_type") else None
+    return results.get(name) if t.HasField("optional_type") else results[name]
+
+
+def _with_element_inputs(model: onnx.ModelProto, feeds: Mapping[str, Any]) -> onnx.ModelProto:
+    """A copy of ``model`` whose sequence and optional inputs (in ``feeds``: a list of arrays, an
+    array or None) are tensor inputs, one per element (named by ``element_name``, shaped as fed),
+    made the input's value again by SequenceConstruct / SequenceEmpty / Optional nodes."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph
     inputs, nodes = [], []
     for info in graph.input:
-        if info.name not in seqs:
+        if info.name not in feeds:
             inputs.append(info)
             continue
-        elem = info.type.sequence_type.elem_type.tensor_type.elem_type
-        names = [element_name(info.name, k) for k in range(len(seqs[info.name]))]
-        for name, array in zip(names, seqs[info.name], strict=True):
+        t, given, target = info.type, feeds[info.name], info.name
+        if t.HasField("optional_type"):
+            t, target = t.optional_type.elem_type, f"{info.name}/value"
+            node = helper.make_node("Optional", [target] if given is not None else [], [info.name],
+                                    name=f"{info.name}/optional", **({"type": t} if given is None else {}))
+            if given is None:
+                nodes.append(node)
+                continue
+        arrays = given if isinstance(given, list) else [given]
+        sequence = t.sequence_type.elem_type if t.HasField("sequence_type") else None
+        elem = (sequence or t).tensor_type.elem_type
+        names = [element_name(info.name, k) for k in range(len(arrays))]
+        for name, array in zip(names, arrays, strict=True):
             if elem and helper.np_dtype_to_tensor_dtype(array.dtype) != elem:
-                raise InputError(f"input {info.name!r}: element {name!r} is {array.dtype}, the sequence "
+                raise InputError(f"input {info.name!r}: element {name!r} is {array.dtype}, the input "
                                  f"holds {helper.tensor_dtype_to_np_dtype(elem)}")
             inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype),
                                                         array.shape))
-        nodes.append(helper.make_node("SequenceConstruct", names, [info.name], name=f"{info.name}/sequence")
-                     if names else helper.make_node("SequenceEmpty", [], [info.name], dtype=elem or 1,
-                                                    name=f"{info.name}/sequence"))
+        if sequence is None:
+            nodes.append(helper.make_node("Identity", names, [target], name=f"{info.name}/tensor"))
+        else:
+            nodes.append(helper.make_node("SequenceConstruct", names, [target], name=f"{info.name}/sequence")
+                         if names else helper.make_node("SequenceEmpty", [], [target], dtype=elem or 1,
+                                                        name=f"{info.name}/sequence"))
+        if target != info.name:
+            nodes.append(node)
     del graph.input[:]
     graph.input.extend(inputs)
     kept = list(graph.node)

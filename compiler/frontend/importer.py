@@ -51,8 +51,9 @@ from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
 from compiler.frontend.probing import may_be_equal
 from compiler.frontend.sequences import SEQUENCE_OPS
+from compiler.frontend.sequences import OptValue
 from compiler.frontend.sequences import SeqValue
-from compiler.frontend.sequences import element_name
+from compiler.frontend.sequences import graph_outputs
 from compiler.frontend.sequences import import_sequence_op
 from compiler.frontend.sequences import is_sequence_node
 from compiler.frontend.sequences import refuse_sequences
@@ -162,9 +163,9 @@ def graph_from_proto(proto: onnx.ModelProto,
         if out.name not in env:
             raise ModelError(f"graph output {out.name!r} is produced by no node")
         value = env[out.name]
-        if isinstance(value, SeqValue):  # its elements, as outputs NAME.0, NAME.1, ...
-            for j, item in enumerate(value.items):
-                graph.add_output(item, element_name(out.name, j))
+        if isinstance(value, (SeqValue, OptValue)):  # a sequence's elements, as outputs NAME.0, ...
+            for public, item in graph_outputs(out.name, value):
+                graph.add_output(item, public)
             continue
         if value.shape is None:
             raise ShapeError(f"graph output {out.name!r} has no static shape")

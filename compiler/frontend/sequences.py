@@ -28,12 +28,13 @@ from runtime.errors import ModelError
 from runtime.errors import UnsupportedOpError
 from runtime.symbolic import Expr
 
-__all__ = ["SEQUENCE_OPS", "SEQUENCE_COMPILE_TIME_INPUTS", "SeqValue", "element_name", "import_sequence_op",
-           "is_sequence_node", "refuse_sequences"]
+__all__ = ["SEQUENCE_OPS", "SEQUENCE_COMPILE_TIME_INPUTS", "OptValue", "SeqValue", "element_name",
+           "graph_outputs", "import_sequence_op", "is_sequence_node", "refuse_sequences"]
 
+# (with the optional ops: an optional's presence is known at compile time too)
 SEQUENCE_OPS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceAt",
                           "SequenceErase", "SequenceLength", "ConcatFromSequence", "SplitToSequence",
-                          "SequenceMap"})
+                          "SequenceMap", "Optional", "OptionalHasElement", "OptionalGetElement"})
 # node inputs whose values the import needs (positions, a split): the backend binds graph inputs
 # they come from, as for COMPILE_TIME_INPUTS
 SEQUENCE_COMPILE_TIME_INPUTS = {"SequenceInsert": (2,), "SequenceAt": (1,), "SequenceErase": (1,),
@@ -56,6 +57,30 @@ class SeqValue(Value):
         return f"<sequence {self.name!r} of {len(self.items)} {self.elem_dtype}>"
 
 
+class OptValue(Value):
+    """An optional whose presence is known at compile time: ``item`` is what it holds (a tensor
+    value or a SeqValue), or None. Like a SeqValue it only lives in the importer's table."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, name: str, item: Value | None) -> None:
+        super().__init__(name)
+        self.item = item
+
+    def __repr__(self) -> str:
+        return f"<optional {self.name!r} holding {self.item!r}>"
+
+
+def graph_outputs(name: str, value: Value) -> list[tuple[str, Value]]:
+    """The graph outputs (public name, tensor value) that graph output ``name`` becomes: a sequence
+    its elements (``element_name``), an optional what it holds (nothing when it is empty)."""
+    if isinstance(value, OptValue):
+        return [] if value.item is None else graph_outputs(name, value.item)
+    if isinstance(value, SeqValue):
+        return [(element_name(name, k), item) for k, item in enumerate(value.items)]
+    return [(name, value)]
+
+
 def element_name(name: str, k: int) -> str:
     """The graph output (or backend input) holding element ``k`` of sequence ``name``."""
     return f"{name}.{k}"
@@ -74,9 +99,11 @@ def refuse_sequences(inputs: Sequence[Value | None], where: str, node: tuple[str
                      why: str = "which this op cannot take") -> None:
     """A tensor op (or a run-time control step) reading a sequence: UnsupportedOpError naming it."""
     for k, value in enumerate(inputs):
-        if isinstance(value, SeqValue):
-            raise UnsupportedOpError(f"{where}: input {k} ({value.name!r}) is a sequence, {why} (onnx-aot "
-                                     "supports sequences of compile-time length: docs/ops.md)", [node])
+        if isinstance(value, (SeqValue, OptValue)):
+            what = "a sequence" if isinstance(value, SeqValue) else "an optional"
+            raise UnsupportedOpError(f"{where}: input {k} ({value.name!r}) is {what}, {why} (onnx-aot "
+                                     "supports sequences of compile-time length and optionals present or "
+                                     "not at compile time: docs/ops.md)", [node])
 
 
 def _attr(node: onnx.NodeProto, key: str, default: object) -> object:
@@ -132,6 +159,8 @@ def import_sequence_op(scope: ControlScope, node: onnx.NodeProto, name: str) -> 
         _split_to_sequence(scope, node, name, where)
     elif op == "ConcatFromSequence":
         _concat_from_sequence(scope, node, name, where)
+    elif op.startswith("Optional"):
+        _optional(scope, node, name, where)
     else:
         _positional(scope, node, name, where)
     scope.graph.eliminated[name] = "sequence op: resolved at compile time"
@@ -157,6 +186,24 @@ def _positional(scope: ControlScope, node: onnx.NodeProto, name: str, where: str
             raise ModelError(f"{where}: inserts {tensor.dtype} into a sequence of {seq.elem_dtype}")
         items.insert(_position(scope, node, 2, len(items), len(items), name, where), tensor)
         scope.env[out] = SeqValue(out, items, seq.elem_dtype)
+
+
+def _optional(scope: ControlScope, node: onnx.NodeProto, name: str, where: str) -> None:
+    """Optional / OptionalHasElement (a constant) / OptionalGetElement; the latter two also take a
+    tensor or a sequence (present), and OptionalHasElement no input (empty)."""
+    given = node.input[0] if node.input and node.input[0] else None
+    value = scope.value(given, where) if given else None
+    out = node.output[0]
+    if node.op_type == "Optional":
+        scope.env[out] = OptValue(out, value)
+    elif node.op_type == "OptionalHasElement":
+        present = value.item is not None if isinstance(value, OptValue) else value is not None
+        scope.env[out] = scope.env[scope.constant(f"{name}/present", np.array(present))]
+    else:
+        item = value.item if isinstance(value, OptValue) else value
+        if item is None:
+            raise ModelError(f"{where}: the optional {given!r} is empty")
+        scope.env[out] = item
 
 
 def _named(scope: ControlScope, value: Value, base: str) -> str:

@@ -17,9 +17,14 @@ _RANDOM = ("Dropout in training mode draws a random mask; the case's outputs com
 _FOLD_RANGE = ("Range with a 1-element limit (out of an inlined If): onnx infers no shape for it, and the "
                "import needs one before it folds the node")
 
+# tests/test_sequences.py compares this case's outputs itself (they equal the reference)
+_ZERO_D_IN_SEQUENCE = ("onnx's runner cannot compare a sequence holding a 0-d tensor (len() of a 0-d array "
+                       "in assert_similar_outputs), whatever the backend returns")
+
 EXPECTED_FAILURES: dict[str, str] = {
     **{f"test_affine_grid_{case}_expanded": _FOLD_RANGE for case in ("2d", "2d_align_corners", "3d",
                                                                      "3d_align_corners")},
+    "test_loop16_seq_none": _ZERO_D_IN_SEQUENCE,
     "test_training_dropout": _RANDOM,
     "test_training_dropout_default": _RANDOM,
     "test_training_dropout_default_mask": _RANDOM,

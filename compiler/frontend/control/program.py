@@ -19,6 +19,7 @@ import onnx
 from compiler.frontend.control.scope import ControlScope
 from compiler.frontend.control.scope import inline
 from compiler.frontend.control.scope import outer_names
+from compiler.frontend.sequences import OptValue
 from compiler.frontend.sequences import SeqValue
 from compiler.frontend.sequences import refuse_sequences
 from compiler.ir.graph import Graph
@@ -114,6 +115,9 @@ class Capture:
         element."""
         self.bind_outer(child, sub, where)
         outs = [child.env[n] for n in inline(child, sub, prefix, bindings, where)]
+        refuse_sequences([v for v in outs if isinstance(v, OptValue)], where, (self.name, "control step"),
+                         "which a subgraph run at run time cannot yield (--bind the inputs its condition "
+                         "depends on)")
         flat = [item for v in outs for item in (v.items if isinstance(v, SeqValue) else [v])]
         program = self._write(child.graph, flat, args, where)
         self.bodies.append(self._body(child.graph, flat, args))
