@@ -19,9 +19,9 @@ slices and elements are written where the outer plan put the step's outputs.
 
 In a dynamic graph (docs/dynamic-shapes.md) a body of static shapes compiles as above; a body of
 symbolic shapes too, its region planned at the max binding (every binding's values fit the max
-binding's places; its shapes and attributes are bound per binding by the runtime), its C kernels
-those that take run-time dims. A body holding a symbolic constant, or a value at an in-buffer
-offset that follows the symbols, keeps its program.
+binding's places; its shapes, attributes and symbolic constants are bound per binding by the
+runtime), its C kernels those that take run-time dims. A body placing a value at an in-buffer
+offset that follows the symbols (a Concat slice) keeps its program.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from compiler.providers.base import Provider
 from runtime.symbolic import Expr
 from runtime.symbolic import evaluate
 
-__all__ = ["ControlProvider", "compilable_body", "compile_control", "optimize_bodies", "static_body"]
+__all__ = ["ControlProvider", "compile_control", "optimize_bodies", "static_body"]
 
 
 class ControlProvider:
@@ -78,14 +78,6 @@ def static_body(graph: Graph) -> bool:
     if any(v.is_symbolic for v in graph.values()):
         return False
     return not any(_has_expr(node.attrs) for node in graph.nodes)
-
-
-def compilable_body(graph: Graph) -> bool:
-    """Whether a body compiles into a nested schedule: static shapes, or (in a dynamic graph)
-    symbolic shapes but no symbolic constant (a Reshape target ``[batch, 4]``: those bodies run
-    their programs)."""
-    return static_body(graph) or not any(v.const is not None and v.const.dtype == object
-                                         for v in graph.values())
 
 
 def _has_expr(item: Any) -> bool:
@@ -119,7 +111,7 @@ def compile_control(
     compiled: dict[int, Compiled] = {}
     for node in graph.nodes:
         bodies: list[Body] | None = node.attrs.pop(BODIES, None)
-        if bodies is None or not host_only or not all(compilable_body(b.graph) for b in bodies):
+        if bodies is None or not host_only:
             continue
         for body in bodies:  # (static: the outer graph's symbols, if any, are not the body's)
             if static_body(body.graph):

@@ -87,13 +87,23 @@ def _attrs(value: Any, ev: _Eval) -> Any:
 
 
 def _bind_schedule(schedule: Any, ev: _Eval) -> Any:
-    """A nested schedule at this binding: its values' shapes and its steps' attributes (its buffers
-    are placed at the max binding, static; compiler/nested.py), nested schedules too."""
-    values = {name: v if all(type(d) is int for d in v.shape) else
-              _with(v, shape=ev.shape(v.shape, f"value {name!r}")) for name, v in schedule.values.items()}
+    """A nested schedule at this binding: its values' shapes, symbolic values and its steps'
+    attributes (its buffers are placed at the max binding, static; compiler/nested.py), nested
+    schedules too."""
+    values = {name: _bind_value(v, name, ev) for name, v in schedule.values.items()}
     steps = tuple(_with(s, attrs=_attrs(s.attrs, ev), schedules=tuple(
         _bind_schedule(c, ev) for c in s.schedules) if s.schedules else s.schedules) for s in schedule.steps)
     return _with(schedule, values=values, steps=steps)
+
+
+def _bind_value(value: Any, name: str, ev: _Eval) -> Any:
+    """A nested schedule's value at this binding: its shape, a symbolic value's elements."""
+    loc = value.location
+    if loc.kind == "symbolic":
+        loc = _with(loc, elements=tuple(ev(e) for e in loc.elements))
+    elif all(type(d) is int for d in value.shape):
+        return value
+    return _with(value, shape=ev.shape(value.shape, f"value {name!r}"), location=loc)
 
 
 def _with(record: Any, **changes: Any) -> Any:

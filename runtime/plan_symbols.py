@@ -145,13 +145,14 @@ def _value_symbols(plan: Any, where: Where) -> set[str]:
 
 
 def _check_schedule(schedule: Any, at: Where, allowed: frozenset[str]) -> None:
-    """A dynamic plan's nested schedule: its values' shapes and its steps' attributes may name the
-    symbols; its buffers, offsets and scratch are static (placed at the max binding), as are
-    symbolic values (none: such bodies run their programs)."""
+    """A dynamic plan's nested schedule: its values' shapes, symbolic values and its steps'
+    attributes may name the symbols; its buffers, offsets and scratch are static (placed at the max
+    binding)."""
     for name, value in schedule.values.items():
         loc = value.location
         _names(at.key("values").item(name).key("shape"), _dims(value.shape), allowed)
-        if loc.kind == "symbolic" or type(loc.offset) not in (int, type(None)):
+        _names(at.key("values").item(name).key("location"), _dims(loc.elements), allowed)
+        if type(loc.offset) not in (int, type(None)):
             raise at.key("values").item(name).key("location").error("is not static")
     dims = [d for b in schedule.buffers for d in (b.offset, b.nbytes)] + [schedule.arena_nbytes]
     for step in schedule.steps:

@@ -61,14 +61,25 @@ def _agrees(session: Session, model: onnx.ModelProto, feeds: dict[str, np.ndarra
     return got
 
 
-def rnn_scan_model() -> onnx.ModelProto:
-    """A tanh RNN as a Scan over axis 1 of ``x [batch, seq, 4]`` (state ``[batch, 4]``)."""
+def rnn_scan_model(reshape: bool = False) -> onnx.ModelProto:
+    """A tanh RNN as a Scan over axis 1 of ``x [batch, seq, 4]`` (state ``[batch, 4]``);
+    ``reshape``: the body also reshapes its slice to ``Shape(xt)[0:1] ++ [4]`` as exporters write it
+    (a Reshape to ``[batch, 4]``) and adds ``sum(range(batch))`` (a Range whose limit is the
+    symbolic constant ``batch``)."""
     rng = np.random.default_rng(3)
+    shaping = [N("Shape", ["xt0"], ["sh"]), N("Slice", ["sh", "zero1", "one1"], ["b"]),
+               N("Concat", ["b", "four1"], ["target"], axis=0), N("Reshape", ["xt0", "target"], ["xt"]),
+               N("Squeeze", ["b", "zero1"], ["bs"]), N("Range", ["zero", "bs", "one"], ["r"]),
+               N("Cast", ["r"], ["rf"], to=F), N("ReduceSum", ["rf"], ["rsum"], keepdims=0),
+               N("Mul", ["s2", "s2"], ["y0"]), N("Add", ["y0", "rsum"], ["y"])]
     body = helper.make_graph(
-        [N("MatMul", ["s", "W"], ["sw"]), N("Add", ["sw", "xt"], ["a"]), N("Tanh", ["a"], ["s2"]),
-         N("Mul", ["s2", "s2"], ["y"])], "body",
-        [T("s", F, ["batch", 4]), T("xt", F, ["batch", 4])],
-        [T("s2", F, ["batch", 4]), T("y", F, ["batch", 4])])
+        [*(shaping[:4] if reshape else []),
+         N("MatMul", ["s", "W"], ["sw"]), N("Add", ["sw", "xt"], ["a"]), N("Tanh", ["a"], ["s2"]),
+         *(shaping[4:] if reshape else [N("Mul", ["s2", "s2"], ["y"])])], "body",
+        [T("s", F, ["batch", 4]), T("xt0" if reshape else "xt", F, ["batch", 4])],
+        [T("s2", F, ["batch", 4]), T("y", F, ["batch", 4])],
+        initializer=[numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (
+            ("zero1", [0]), ("one1", [1]), ("four1", [4]), ("zero", 0), ("one", 1))] if reshape else [])
     scan = N("Scan", ["s0", "x"], ["sN", "ys"], num_scan_inputs=1, body=body, scan_input_axes=[1],
              scan_output_axes=[1])
     return _model([scan], [T("s0", F, ["batch", 4]), T("x", F, ["batch", "seq", 4])],
@@ -92,6 +103,20 @@ def test_a_scan_over_a_dynamic_axis_matches_onnxruntime(tmp_path: Path) -> None:
         _agrees(session, model, feeds)
     with pytest.raises(InputError, match=r"input 'x': dim 1 \(seq\) is 65, outside its range 1..64"):
         session.run(None, {"s0": np.zeros((1, 4), np.float32), "x": np.zeros((1, 65, 4), np.float32)})
+    assert session.verify().checks
+
+
+def test_a_body_with_a_symbolic_reshape_target_is_compiled(tmp_path: Path) -> None:
+    model = rnn_scan_model(reshape=True)
+    path = compile_model(model, tmp_path / "scan", dims={"batch": (1, 4), "seq": (1, 64)})
+    steps = json.loads((path / "plan.json").read_text())["steps"]
+    body = steps[0]["schedules"][0]
+    assert any(v["location"][0] == "symbolic" for v in body["values"].values())
+    session = Session(path)
+    rng = np.random.default_rng(8)
+    for batch, seq in ((1, 1), (3, 9), (4, 64)):
+        _agrees(session, model, {"s0": rng.standard_normal((batch, 4)).astype(np.float32),
+                                 "x": rng.standard_normal((batch, seq, 4)).astype(np.float32)})
     assert session.verify().checks
 
 

@@ -153,7 +153,7 @@ class Capture:
                 return f"i{self._input(outer, value, proxy=True)}"
         if value.const is not None:  # a constant the sub-graph made: a constant of the outer graph too
             if id(value) not in self._outer:
-                self._input(self.scope.constant(f"{self.name}/{value.name}", value.const), value)
+                self._input(self.scope.constant(f"{self.name}/{value.name}", value.const, value.dtype), value)
             return f"i{self._outer[id(value)][1]}"
         raise ModelError(f"{where}: the subgraph reads {value.name!r}, which it does not compute")
 

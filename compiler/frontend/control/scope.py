@@ -151,9 +151,10 @@ class ControlScope:
             raise ModelError(f"{where} reads {name!r}, which nothing before it produces")
         return self.env[name]
 
-    def constant(self, base: str, array: np.ndarray) -> str:
+    def constant(self, base: str, array: np.ndarray, dtype: np.dtype | None = None) -> str:
+        """A new constant; ``dtype``: a symbolic constant's (an object array) ONNX dtype."""
         name = self.fresh(base)
-        value = Value(name, const=np.ascontiguousarray(array).reshape(np.shape(array)))
+        value = Value(name, dtype, const=np.ascontiguousarray(array).reshape(np.shape(array)))
         self.graph.constants[name] = value
         self.env[name] = value
         return name
