@@ -217,7 +217,8 @@ def test_optionals_known_at_compile_time() -> None:
     """Optional / OptionalHasElement (a constant) / OptionalGetElement; an optional input fed None
     or a value (one artifact each); an If yielding an optional binds its condition."""
     opt_f = helper.make_optional_type_proto(helper.make_tensor_type_proto(F, [3]))
-    nodes = [helper.make_node("OptionalHasElement", ["o"], ["has"]),
+    nodes = [helper.make_node("Identity", ["o"], ["o2"]),
+             helper.make_node("OptionalHasElement", ["o2"], ["has"]),
              helper.make_node("Optional", ["x"], ["wrapped"]),
              helper.make_node("OptionalGetElement", ["wrapped"], ["y"])]
     model = _model(nodes, [helper.make_value_info("o", opt_f), _tensor("x", [3])],

@@ -87,11 +87,12 @@ def element_name(name: str, k: int) -> str:
 
 
 def is_sequence_node(node: onnx.NodeProto, env: dict[str, Value]) -> bool:
-    """Whether the sequence import handles ``node``: a sequence op, or an Identity of a sequence."""
+    """Whether the sequence import handles ``node``: a sequence or optional op, or an Identity of a
+    sequence or an optional."""
     if node.domain not in ("", "ai.onnx"):
         return False
     if node.op_type == "Identity":
-        return bool(node.input) and isinstance(env.get(node.input[0]), SeqValue)
+        return bool(node.input) and isinstance(env.get(node.input[0]), (SeqValue, OptValue))
     return node.op_type in SEQUENCE_OPS
 
 
@@ -168,11 +169,12 @@ def import_sequence_op(scope: ControlScope, node: onnx.NodeProto, name: str) -> 
 
 def _positional(scope: ControlScope, node: onnx.NodeProto, name: str, where: str) -> None:
     """Identity, SequenceInsert / At / Erase / Length: the list itself changes."""
+    if node.op_type == "Identity":
+        scope.env[node.output[0]] = scope.value(node.input[0], where)
+        return
     seq = _seq(scope, node.input[0], where)
     items, out, op = list(seq.items), node.output[0], node.op_type
-    if op == "Identity":
-        scope.env[out] = seq
-    elif op == "SequenceLength":
+    if op == "SequenceLength":
         scope.env[out] = scope.env[scope.constant(f"{name}/length", np.array(len(items), np.int64))]
     elif op == "SequenceAt":
         scope.env[out] = items[_position(scope, node, 1, len(items), None, name, where)]
