@@ -49,9 +49,9 @@ from runtime.errors import ModelError
 from runtime.errors import OnnxAotError
 from runtime.session import Session
 
-__all__ = ["DIM_RANGE", "OnnxAotBackend", "OnnxAotRep", "VALUE_RANGE", "compile_time_inputs", "prepare",
-           "run_model", "run_node", "supports_device", "is_compatible", "ranged_shapes",
-           "value_symbol_inputs"]
+__all__ = ["DIM_RANGE", "OnnxAotBackend", "OnnxAotRep", "VALUE_RANGE", "compile_time_inputs",
+           "condition_inputs", "prepare", "run_model", "run_node", "supports_device", "is_compatible",
+           "ranged_shapes", "value_symbol_inputs"]
 
 _DEVICES = {"CPU": "cpu", "CUDA": "cuda"}
 
@@ -68,17 +68,30 @@ def compile_time_inputs(graph: onnx.GraphProto) -> list[str]:
     its value, directly or through other nodes. Paths through Shape and Size do not count: those
     read only the shape, which is known anyway.
     """
-    initializers = {t.name for t in graph.initializer}
-    inputs = [i.name for i in graph.input if i.name not in initializers]
     nodes = list(walk_nodes(graph))  # subgraphs too (their value names are unique model-wide)
-    producer = {out: node for node in nodes for out in node.output if out}
-    needed: set[str] = set()
-    seen: set[str] = set()
     needs = {**COMPILE_TIME_INPUTS, **SEQUENCE_COMPILE_TIME_INPUTS}
     stack = [node.input[i] for node in nodes
              for i in needs.get(node.op_type, ()) if i < len(node.input) and node.input[i]]
     stack += [node.input[0] for node in nodes if node.op_type == "If"  # (optionals: presence at compile time)
               and any(o.type.HasField("optional_type") for g in subgraphs(node) for o in g.output)]
+    return _inputs_reaching(graph, stack)
+
+
+def condition_inputs(graph: onnx.GraphProto) -> list[str]:
+    """Graph inputs that If conditions depend on (through other nodes; not through Shape / Size).
+    An If whose condition is known only at run time compiles both branches at the run's shapes;
+    where one branch cannot take them (Silero VAD's 8 kHz model at 16 kHz input sizes), binding
+    these inputs inlines the branch taken instead."""
+    return _inputs_reaching(graph, [node.input[0] for node in walk_nodes(graph) if node.op_type == "If"])
+
+
+def _inputs_reaching(graph: onnx.GraphProto, stack: list[str]) -> list[str]:
+    """The graph inputs the values ``stack`` names are computed from."""
+    initializers = {t.name for t in graph.initializer}
+    inputs = [i.name for i in graph.input if i.name not in initializers]
+    producer = {out: node for node in walk_nodes(graph) for out in node.output if out}
+    needed: set[str] = set()
+    seen: set[str] = set()
     while stack:
         name = stack.pop()
         if name in seen:
@@ -198,6 +211,7 @@ class OnnxAotRep(BackendRep):
         # compile-time inputs compiled as value symbols (until a compile with them fails)
         self.value_inputs = [n for n in value_symbol_inputs(graph) if n in self.bound_inputs]
         self.static = all(_static_shape(i) for i in graph.input if i.name not in initializers)
+        self.dim_range = dim_range
         # the ranged input shapes of the dynamic artifact; None once the dynamic compile is refused
         self.ranges = None if self.static else ranged_shapes(graph, dim_range, self.bound_inputs)
         self.dynamic_error: str | None = None if self.static or self.ranges is not None else (
@@ -212,7 +226,12 @@ class OnnxAotRep(BackendRep):
                            and i.type.WhichOneof("value") in ("sequence_type", "optional_type")}
         self._flat: dict[tuple[Any, ...], OnnxAotRep] = {}
         if not self.bound_inputs and not self.seq_inputs and (self.static or self.ranges is not None):
-            session = self._compile({}, self.ranges)
+            try:
+                session = self._compile({}, self.ranges)
+            except ModelError:  # (a branch that cannot take the shapes: decided at the first run)
+                if not self._bind_conditions():
+                    raise
+                session = None
             if session is not None:
                 self._sessions[()] = session
 
@@ -261,7 +280,26 @@ class OnnxAotRep(BackendRep):
 
     def session_for(self, feeds: Mapping[str, np.ndarray]) -> Session:
         """The session compiled for these feeds' compile-time values (compiled on first use): the
-        value-symbol inputs' values within their ranges share one."""
+        value-symbol inputs' values within their ranges share one. A compile that fails while some
+        If condition depends on inputs not bound yet is retried with them bound (condition_inputs)."""
+        try:
+            return self._session_for_values(feeds)
+        except ModelError:
+            if not self._bind_conditions():
+                raise
+        return self._session_for_values(feeds)
+
+    def _bind_conditions(self) -> bool:
+        """Make the inputs If conditions read compile-time inputs; False when there are none left."""
+        more = [n for n in condition_inputs(self.model.graph) if n not in self.bound_inputs]
+        self.bound_inputs = [*self.bound_inputs, *more]
+        self.value_inputs = [n for n in self.value_inputs if n not in more]
+        if more and not self.static:  # the dynamic compile may take the model with the branches decided
+            self.ranges = ranged_shapes(self.model.graph, self.dim_range, self.bound_inputs)
+            self.dynamic_error = None if self.ranges is not None else "an input has no rank"
+        return bool(more)
+
+    def _session_for_values(self, feeds: Mapping[str, np.ndarray]) -> Session:
         values = {n: np.array(feeds[n], order="C") for n in self.bound_inputs}
         ranges = [_value_range(values[n]) for n in self.value_inputs]
         symbols = {n: r for n, r in zip(self.value_inputs, ranges, strict=True) if r is not None}

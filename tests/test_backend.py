@@ -146,6 +146,53 @@ def test_a_refused_dynamic_compile_falls_back_to_one_artifact_per_shape() -> Non
     assert len(rep._sessions) == 2
 
 
+def test_a_branch_that_cannot_take_the_shapes_binds_the_condition_inputs() -> None:
+    """Silero VAD's form: an If on the sample rate picks a sub-model, and the other one cannot take
+    the input's size. Compiling both branches fails, so the backend binds the inputs the condition
+    reads (condition_inputs) and inlines the branch taken; the other rate's run is an error naming
+    its node."""
+    def branch(name: str, rows: int) -> onnx.GraphProto:
+        # the target shape comes through a ReduceMax, which onnx's shape inference does not evaluate
+        parts = [helper.make_tensor(f"{name}_0", T.INT64, [2], [rows, 1]),
+                 helper.make_tensor(f"{name}_1", T.INT64, [1], [-1])]
+        nodes = [helper.make_node("ReduceMax", [parts[0].name], [f"{name}_r"], keepdims=1),
+                 helper.make_node("Concat", [f"{name}_r", parts[1].name], [f"{name}_s"], axis=0),
+                 helper.make_node("Reshape", ["x", f"{name}_s"], [f"{name}_y"], name=name)]
+        return helper.make_graph(nodes,
+                                 name, [], [helper.make_tensor_value_info(f"{name}_y", T.FLOAT, ["a", "b"])],
+                                 parts)
+
+    model = onnx_model([helper.make_node("Equal", ["sr", "k16"], ["is16"]),
+                        helper.make_node("If", ["is16"], ["y"], then_branch=branch("wide", 2),
+                                         else_branch=branch("narrow", 3))],
+                       [helper.make_tensor_value_info("x", T.FLOAT, [1, 8]),
+                        helper.make_tensor_value_info("sr", T.INT64, [])],
+                       [helper.make_tensor_value_info("y", T.FLOAT, ["a", "b"])],
+                       initializers=[helper.make_tensor("k16", T.INT64, [], [16000])])
+    assert backend.condition_inputs(model.graph) == ["sr"]
+    rep = backend.prepare(model)  # its compile failed in the 'narrow' branch: sr is bound instead
+    assert rep.deferred and rep.bound_inputs == ["sr"]
+    x = np.arange(8, dtype=np.float32).reshape(1, 8)
+    np.testing.assert_array_equal(rep.run([x, np.array(16000)])[0], x.reshape(2, 4))
+    with pytest.raises(ShapeError, match="narrow"):
+        rep.run([x, np.array(8000)])
+
+
+def test_silero_vad_runs_as_shipped_without_binding_its_sample_rate() -> None:
+    """Silero VAD v6: its If on sr holds the 8 kHz and the 16 kHz models, and the 8 kHz one cannot
+    take a 16 kHz window; the backend binds sr at the first run and matches onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    path = fetched_model("silero-vad")
+    rep = backend.prepare(onnx.load(path))
+    reference = ort.InferenceSession(str(path))
+    rng = np.random.default_rng(0)
+    feeds = {"input": rng.standard_normal((1, 576)).astype(np.float32) * 0.1,
+             "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
+    for got, want in zip(rep.run(feeds), reference.run(None, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+    assert "sr" in rep.bound_inputs
+
+
 def test_compile_time_inputs_follow_values_not_shapes() -> None:
     graph = helper.make_graph(
         [helper.make_node("Cast", ["k_in"], ["k"], to=T.INT64),
