@@ -16,6 +16,11 @@ and the model compiles into one dynamic artifact (docs/dynamic-shapes.md) -- at 
 has no compile-time inputs, else once per binding of their values. A run whose shapes fall outside
 the ranges, and a model the dynamic compile refuses (``OnnxAotRep.dynamic_error`` says why), get a
 static artifact per distinct input shapes instead, compiled at their first run.
+
+An If whose condition is known only at run time compiles both branches; where one of them cannot
+take the run's shapes (Silero VAD's 8 kHz model at a 16 kHz window), the compile fails, and the
+inputs the If conditions read (:func:`condition_inputs`) become compile-time inputs from then on:
+the branch taken is inlined.
 """
 
 from __future__ import annotations
