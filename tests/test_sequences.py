@@ -245,3 +245,11 @@ def test_optionals_known_at_compile_time() -> None:
         import_model(model)  # (the condition unbound: known only at run time)
     assert rep.run([np.array(True), x])[0] is None
     _same(rep.run([np.array(False), x]), [[x]])
+
+
+def test_a_sequence_input_outside_the_backend_is_refused_naming_it() -> None:
+    model = _model([helper.make_node("SequenceLength", ["xs"], ["n"])], [_seq("xs")],
+                   [_tensor("n", [], TensorProto.INT64)])
+    with pytest.raises(UnsupportedOpError, match="graph input 'xs' is not a tensor.*docs/ops.md"):
+        import_model(model)
+    assert backend.prepare(model).run([[np.ones(2, np.float32)] * 3])[0] == 3

@@ -258,7 +258,10 @@ def _static_type(types: dict[str, onnx.TypeProto], name: str, what: str,
     ttype = types.get(name)
     if ttype is not None and ttype.WhichOneof("value") not in (None, "tensor_type"):
         kind = ttype.WhichOneof("value").replace("_type", "")
-        raise UnsupportedOpError(f"{what} is a {kind}; onnx-aot supports tensor values only")
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise UnsupportedOpError(f"{what} is {article} {kind}; onnx-aot supports tensor values only here "
+                                 "(sequences and optionals are resolved inside the graph; the ONNX backend "
+                                 "feeds a sequence input as its elements: docs/ops.md)")
     if ttype is None or not ttype.HasField("tensor_type"):
         raise ShapeError(f"{what} has no known tensor type")
     tt = ttype.tensor_type

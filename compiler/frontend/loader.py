@@ -230,7 +230,9 @@ def bind_input_dims(
     unbound = []
     for inp in real_inputs:
         if not inp.type.HasField("tensor_type"):
-            raise UnsupportedOpError(f"input {inp.name!r} is not a tensor (only tensor inputs are supported)")
+            raise UnsupportedOpError(f"graph input {inp.name!r} is not a tensor (only tensor inputs are "
+                                     "supported; the ONNX backend feeds a sequence or optional input as its "
+                                     "elements: docs/ops.md)")
         ttype = inp.type.tensor_type
         sizes = [known_size(d) for d in ttype.shape.dim]
         if inp.name in given:
