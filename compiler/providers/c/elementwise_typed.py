@@ -1,4 +1,5 @@
-"""C kernels mapping elements of any dtype: Cast, Where, and the comparison / logic ops.
+"""C kernels mapping elements of any dtype: Cast, Where, the comparison / logic ops, and per-tensor
+QuantizeLinear / DequantizeLinear (at the end of the module).
 
 Each is one loop nest over the output reading every input at its numpy-broadcast index (the index
 math of ``compiler.codegen.elementwise``) into a typed scalar, with a C expression giving the
@@ -51,6 +52,8 @@ __all__ = [
     "CastKernel",
     "WhereKernel",
     "CompareKernel",
+    "QuantizeKernel",
+    "DequantizeKernel",
     "value_ctype",
     "cast_expr",
     "cast_supported",
@@ -249,4 +252,64 @@ class CompareKernel(CKernel):
         return _build(step, loads, "uint8_t", expr)
 
 
-KERNELS = (CastKernel(), WhereKernel(), CompareKernel())
+# QuantizeLinear / DequantizeLinear per tensor (a one-element scale and zero point, which broadcast
+# like any map input): the reference kernel's arithmetic in C. Quantize divides in float32 (the
+# ``precision`` a float32 scale gives), rounds half to even (``rintf``), adds the zero point
+# (exact: the sum only leaves float32's exact integers far outside the target's range, where
+# either way saturates), maps NaN to 0 and saturates; Dequantize multiplies the exact integer
+# ``x - zero`` by the scale in float32.
+_QUANT_CTYPES = frozenset({"int8", "uint8", "int16", "uint16"})
+
+
+def _per_tensor(node: Node, x_names: frozenset[str]) -> bool:
+    """x of ``x_names``, a float32 scale and (when given) a zero point, each of one element."""
+    if not 2 <= len(node.inputs) <= 3 or not _broadcasts(node) or int(node.attrs.get("block_size", 0)):
+        return False
+    x, scale = node.inputs[0], node.inputs[1]
+    ok = _dtype(x).name in x_names and _dtype(scale) == np.float32
+    return ok and all(int(np.prod(shape_of(v))) == 1 for v in node.inputs[1:] if v is not None)
+
+
+class QuantizeKernel(CKernel):
+    kinds: tuple[str, ...] = ("QuantizeLinear",)
+
+    def supports(self, node: Node) -> bool:
+        to = str(node.attrs.get("to", ""))
+        zero = node.inputs[2] if len(node.inputs) > 2 else None
+        return (_per_tensor(node, frozenset({"float32"})) and str(node.attrs.get("precision")) == "float32"
+                and to in _QUANT_CTYPES and _dtype(node.outputs[0]).name == to
+                and (zero is None or _dtype(zero).name == to))
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        to = np.dtype(_dtype(node.outputs[0]))
+        info = np.iinfo(to)
+        ctype = value_ctype(to)
+        loads = [("float", "float"), ("float", "float")] + [(ctype, ctype)] * (len(node.inputs) - 2)
+        q = "(rintf(a0 / a1) + (float)a2)" if len(node.inputs) > 2 else "rintf(a0 / a1)"
+        lo, hi = f"{info.min}.0f", f"{info.max}.0f"
+        expr = f"({ctype})(int)({q} != {q} ? 0.0f : {q} < {lo} ? {lo} : {q} > {hi} ? {hi} : {q})"
+        return _build(step, loads, ctype, expr)
+
+
+class DequantizeKernel(CKernel):
+    kinds: tuple[str, ...] = ("DequantizeLinear",)
+
+    def supports(self, node: Node) -> bool:
+        zero = node.inputs[2] if len(node.inputs) > 2 else None
+        x = node.inputs[0]
+        return (_per_tensor(node, _QUANT_CTYPES | {"int32"}) and str(node.attrs.get("to")) == "float32"
+                and _dtype(node.outputs[0]) == np.float32 and (zero is None or _dtype(zero) == _dtype(x)))
+
+    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+        node = step.node
+        ctype = value_ctype(_dtype(node.input(0)))
+        loads = [(ctype, ctype), ("float", "float")] + [(ctype, ctype)] * (len(node.inputs) - 2)
+        if len(node.inputs) > 2:
+            expr = "(float)((int64_t)a0 - (int64_t)a2) * a1"
+        else:
+            expr = "(float)a0 * a1"
+        return _build(step, loads, "float", expr)
+
+
+KERNELS = (CastKernel(), WhereKernel(), CompareKernel(), QuantizeKernel(), DequantizeKernel())
