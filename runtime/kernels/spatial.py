@@ -129,6 +129,30 @@ def resize_taps(in_size: int, out_size: int, scale: float, lo: float, hi: float,
     return ResizeTaps(in_size, np.clip(index, 0, in_size - 1), weights, outside)
 
 
+def _scales_from_sizes(in_shape: tuple[int, ...], out_shape: tuple[int, ...], scales: list[float],
+                       attrs: dict[str, Any]) -> list[float]:
+    """A Resize by ``sizes`` over run-time dims: each axis whose scale is 0.0 takes ONNX's
+    ``sizes / input`` (float64, as a static import does), the keep_aspect_ratio_policy's min / max
+    over those axes where it is not "stretch"; the output must be the sizes that gives."""
+    sizes = [int(v) for v in attrs["sizes"]]
+    axes = [a for a, s in enumerate(scales) if s == 0.0]
+    if len(sizes) != len(in_shape) or any(in_shape[a] == 0 for a in axes):
+        raise RuntimeKernelError(f"Resize: sizes {sizes} do not fit the input {in_shape}")
+    scales = list(scales)
+    for a in axes:
+        scales[a] = sizes[a] / in_shape[a]
+    policy = str(attrs.get("keep_aspect_ratio_policy", "stretch"))
+    if policy != "stretch" and axes:
+        scale = (min if policy == "not_larger" else max)(scales[a] for a in axes)
+        for a in axes:
+            scales[a] = scale
+            sizes[a] = int(scale * in_shape[a] + 0.5)
+    if tuple(sizes) != tuple(out_shape):
+        raise RuntimeKernelError(f"Resize: output {tuple(out_shape)} is not the requested sizes "
+                                 f"{tuple(sizes)} of input {tuple(in_shape)}")
+    return scales
+
+
 def resize_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...],
                 attrs: dict[str, Any]) -> list[ResizeTaps]:
     """The taps of every axis (identity taps for axes that keep their size and scale 1)."""
@@ -136,6 +160,8 @@ def resize_plan(in_shape: tuple[int, ...], out_shape: tuple[int, ...],
     scales, roi = [float(s) for s in attrs["scales"]], [float(r) for r in attrs["roi"]]
     if len(scales) != rank or len(roi) != 2 * rank or len(out_shape) != rank:
         raise RuntimeKernelError(f"Resize: scales {scales} / roi {roi} do not match rank {rank}")
+    if "sizes" in attrs:
+        scales = _scales_from_sizes(in_shape, out_shape, scales, attrs)
     return [resize_taps(in_shape[a], out_shape[a], scales[a], roi[a], roi[rank + a], attrs)
             for a in range(rank)]
 

@@ -15,17 +15,23 @@ from compiler.frontend.canonical.context import ints
 from compiler.frontend.canonical.registry import register
 from compiler.frontend.probing import may_be_equal
 from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from runtime.kernels.window import conv_out_size
+from runtime.kernels.window import extent
 from runtime.kernels.window import floor_mode_end
 from runtime.kernels.window import pool_out_size
 from runtime.kernels.window import same_pads
+from runtime.kernels.window import split_pads
+from runtime.symbolic import ceildiv
 from runtime.symbolic import is_symbolic
+from runtime.symbolic import max_
+from runtime.symbolic import mod
 
 __all__ = ["check_output", "resolve_pads", "spatial_dims"]
 
 
 def resolve_pads(ctx: CanonContext, spatial: tuple[int, ...], kernel: list[int],
-                  strides: list[int], dilations: list[int]) -> list[int]:
+                  strides: list[int], dilations: list[int], symbolic_ok: bool = False) -> list[Any]:
     n = len(spatial)
     auto_pad = str(ctx.attr("auto_pad", "NOTSET"))
     if auto_pad in ("NOTSET", ""):
@@ -38,10 +44,31 @@ def resolve_pads(ctx: CanonContext, spatial: tuple[int, ...], kernel: list[int],
     if auto_pad == "VALID":
         return [0] * (2 * n)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        split = [same_pads(size, k, s, d, auto_pad == "SAME_UPPER")
+        split = [_same_pads(size, k, s, d, auto_pad == "SAME_UPPER", symbolic_ok)
                  for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True)]
         return [b for b, _ in split] + [e for _, e in split]
     raise ctx.error(f"unknown auto_pad {auto_pad!r}")
+
+
+def _same_pads(size: Any, kernel: int, stride: int, dilation: int, upper: bool,
+               symbolic_ok: bool) -> tuple[Any, Any]:
+    """``auto_pad`` SAME pads of one axis. Over a symbolic size at a stride over 1 the total is
+    ``extent - stride + (-size mod stride)``: where every residue gives the same begin pad, the
+    end pad is the largest one (``extent - 1 - begin``: the windows never reach past the real end
+    pad, and the output is ``ceil(size / stride)`` as SAME's), static for every kernel; else
+    (SAME_UPPER 3x3 at stride 2: begin 0 or 1) expressions of the symbols, where ``symbolic_ok``
+    (a Pad node before the op takes them), a refusal otherwise."""
+    if not is_symbolic(size) or stride == 1:
+        return same_pads(size, kernel, stride, dilation, upper)
+    span = extent(kernel, dilation)
+    begins = {split_pads(max(0, span - stride + r), upper)[0] for r in range(stride)}
+    if len(begins) == 1:
+        (begin,) = begins
+        return begin, span - 1 - begin
+    if not symbolic_ok:
+        raise TypeError(f"auto_pad SAME at stride {stride}: the begin pad depends on {size} mod {stride}")
+    total = span - stride + mod(-size, stride)
+    return split_pads(total if span >= stride else max_(0, total), upper)  # type: ignore[arg-type]
 
 
 def check_output(ctx: CanonContext, want: list[int]) -> None:
@@ -83,12 +110,40 @@ def _conv(ctx: CanonContext) -> list[Node]:
     dilations = ints(ctx.attr("dilations", [1] * n))
     if len(kernel) != n or len(strides) != n or len(dilations) != n:
         raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
-    pads = resolve_pads(ctx, spatial, kernel, strides, dilations)
+    pads = resolve_pads(ctx, spatial, kernel, strides, dilations, symbolic_ok=True)
+    padding, x, spatial, pads = _pad_node(ctx, pads, 0.0, _windows(kernel, strides, dilations))
     axes = list(zip(spatial, kernel, strides, dilations, pads[:n], pads[n:], strict=True))
     check_output(ctx, [conv_out_size(*axis) for axis in axes])
     attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
              "group": int(ctx.attr("group", 1))}
-    return [ctx.node("Conv", ctx.inputs[:3], attrs)]
+    return [*padding, ctx.node("Conv", [x, *ctx.inputs[1:3]], attrs)]
+
+
+def _padded(size: Any, begin: Any, end: Any, span: int, stride: int) -> Any:
+    """An axis's size after SAME pads: ``stride * ceil(size / stride) + span - stride`` (the form
+    in which the op's output size comes out as ``ceil(size / stride)``, the output's expression)."""
+    if is_symbolic(begin) and span >= stride:
+        return stride * ceildiv(size, stride) + span - stride
+    return size + begin + end
+
+
+def _pad_node(ctx: CanonContext, pads: list[Any], value: float,
+              windows: list[tuple[int, int]]) -> tuple[list[Node], Value, tuple[Any, ...], list[Any]]:
+    """Pads that are expressions of the symbols (``auto_pad`` SAME at a stride over 1 where the
+    begin pad depends on the size) as a Pad node of ``value`` before the op, whose own pads are
+    then 0: the Pad's reference kernel takes them at each binding, the op's kernels (C included)
+    need static pads. Returns (nodes, the op's input, its spatial dims, the op's pads)."""
+    x = ctx.inputs[0]
+    assert x is not None and x.shape is not None
+    if not any(is_symbolic(p) for p in pads):
+        return [], x, tuple(x.shape[2:]), pads
+    n = len(pads) // 2
+    axes = zip(x.shape[2:], pads[:n], pads[n:], windows, strict=True)
+    shape = (*x.shape[:2], *(_padded(size, b, e, *window) for size, b, e, window in axes))
+    padded = ctx.graph.make_value(ctx.name + "/same_pad", x.dtype, shape)
+    attrs = {"pads": [0, 0, *pads[:n], 0, 0, *pads[n:]], "mode": "constant", "value": value}
+    node = ctx.node("Pad", [x], attrs, outputs=[padded], name=ctx.graph.unique_name(ctx.name + "/same_pad"))
+    return [node], padded, shape[2:], [0] * (2 * n)
 
 
 @register("MaxPool", "AveragePool", "LpPool")
@@ -102,8 +157,10 @@ def _pool(ctx: CanonContext) -> list[Node]:
     dilations = ints(ctx.attr("dilations", [1] * n))
     if len(kernel) != n or len(strides) != n or len(dilations) != n:
         raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
-    pads = resolve_pads(ctx, spatial, kernel, strides, dilations)
     ceil_mode = int(ctx.attr("ceil_mode", 0))
+    value = _pad_value(ctx, ceil_mode)
+    pads = resolve_pads(ctx, spatial, kernel, strides, dilations, symbolic_ok=value is not None)
+    padding, x, spatial, pads = _pad_node(ctx, pads, value or 0.0, _windows(kernel, strides, dilations))
     if ceil_mode == 1 and any(is_symbolic(size) for size in spatial) and _pads_never_count(ctx):
         # ceil mode over a run-time size: floor mode with the end pads that give the same windows
         # at every size (a pad that never counts changes nothing but the output size)
@@ -123,8 +180,29 @@ def _pool(ctx: CanonContext) -> list[Node]:
         attrs["p"] = int(ctx.attr("p", 2))
         attrs["dilations"] = dilations
     # MaxPool's optional Indices output is kept only when the model uses it.
-    keep = 2 if ctx.op_type == "MaxPool" and any(v.name in ctx.used for v in ctx.outputs[1:2]) else 1
-    return [ctx.node(ctx.op_type, ctx.inputs[:1], attrs, outputs=ctx.outputs[:keep])]
+    keep = 2 if _indices_used(ctx) else 1
+    return [*padding, ctx.node(ctx.op_type, [x], attrs, outputs=ctx.outputs[:keep])]
+
+
+def _windows(kernel: list[int], strides: list[int], dilations: list[int]) -> list[tuple[int, int]]:
+    return [(extent(k, d), s) for k, s, d in zip(kernel, strides, dilations, strict=True)]
+
+
+def _indices_used(ctx: CanonContext) -> bool:
+    return ctx.op_type == "MaxPool" and any(v.name in ctx.used for v in ctx.outputs[1:2])
+
+
+def _pad_value(ctx: CanonContext, ceil_mode: int) -> float | None:
+    """The value a Pad node before the pool fills (``_pad_node``): one that gives the pool's
+    result (-inf for MaxPool, 0 where the padding counts as zeros); None where none does
+    (AveragePool without count_include_pad divides by the real taps; MaxPool's indices would
+    count the padding; ceil mode)."""
+    x = ctx.inputs[0]
+    if ceil_mode or _indices_used(ctx) or x is None or x.dtype is None or x.dtype.kind != "f":
+        return None
+    if ctx.op_type == "MaxPool":
+        return float("-inf")
+    return None if ctx.op_type == "AveragePool" and not int(ctx.attr("count_include_pad", 0)) else 0.0
 
 
 def _pads_never_count(ctx: CanonContext) -> bool:

@@ -2,7 +2,10 @@
 
 Resize keeps one input, X: ``roi``, ``scales`` and ``sizes`` (compile-time constants), ``axes`` and
 ``keep_aspect_ratio_policy`` are resolved into per-axis ``scales`` and ``roi`` over every axis, and
-the output sizes are the output's static shape. Upsample and opset-10 Resize become the same form
+the output sizes are the output's static shape. Over symbolic dims a scale that depends on the
+symbols (``sizes`` not a whole multiple or fraction of the input) is 0.0, and ``sizes`` (every
+axis) and ``keep_aspect_ratio_policy`` stay attributes for the kernel to divide at run time.
+Upsample and opset-10 Resize become the same form
 with asymmetric coordinates and nearest_mode "simple" (onnxruntime's reading of those ops: floor,
 or ceil along an axis that shrinks). ConvTranspose gets explicit begin/end pads from
 ``auto_pad`` / ``output_shape``; GridSample's opset-16 mode names become the opset-20 ones;
@@ -34,6 +37,7 @@ _NEAREST_MODES = frozenset({"round_prefer_floor", "round_prefer_ceil", "floor", 
 _GRID_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear", "cubic": "cubic",
                "bicubic": "cubic"}
 _GRID_PADDING = frozenset({"zeros", "border", "reflection"})
+_WHOLE_MAX = 32  # symbolic Resize sizes up to this multiple (or fraction) of the input fold to a scale
 
 
 def _shape(value: Value | None) -> tuple[int, ...]:
@@ -66,10 +70,32 @@ def _resize_axes(ctx: CanonContext, rank: int) -> list[int]:
     return axes
 
 
-def _scales_and_sizes(ctx: CanonContext, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+def _given_sizes(values: Any) -> list[Any]:
+    """``sizes`` as ints, or expressions of the symbols where it is a symbolic constant."""
+    return [v if is_symbolic(v) else int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def _known_scale(size: Any, in_size: Any) -> float | None:
+    """``size / in_size`` where it does not depend on the symbols (equal dims, or one a whole
+    multiple of the other: ``2*h`` from ``h``); None where only a run knows it."""
+    if not is_symbolic(size) and not is_symbolic(in_size):
+        return size / in_size
+    if size == in_size:
+        return 1.0
+    for k in range(2, _WHOLE_MAX + 1):
+        if size == in_size * k:
+            return float(k)
+        if in_size == size * k:
+            return 1.0 / k  # (equal to size / in_size in float64 at every binding: one rounding)
+    return None
+
+
+def _scales_and_sizes(ctx: CanonContext, in_shape: tuple[Any, ...], out_shape: tuple[Any, ...],
                       axes: list[int], scales_in: np.ndarray | None,
-                      sizes_in: np.ndarray | None) -> list[float]:
-    """Per-axis scales (every axis) from ``scales`` or ``sizes``; checks the output shape."""
+                      sizes_in: np.ndarray | None) -> tuple[list[float], list[Any] | None]:
+    """Per-axis scales (every axis) from ``scales`` or ``sizes``; checks the output shape. Where a
+    scale depends on the symbols it is 0.0 and the requested sizes (every axis) come back too:
+    the kernel takes those axes' scales from the run's shapes (``sizes`` / input, ONNX's rule)."""
     rank = len(in_shape)
     if (scales_in is None) == (sizes_in is None):
         raise ctx.error("exactly one of scales and sizes must be given")
@@ -84,15 +110,23 @@ def _scales_and_sizes(ctx: CanonContext, in_shape: tuple[int, ...], out_shape: t
             if not s > 0:
                 raise ctx.error(f"scale {s} for axis {a} is not positive")
             scales[a] = s
-        return scales
+        return scales, None
     sizes = list(in_shape)
-    for a, s in zip(axes, flat_ints(sizes_in), strict=True):
-        if s <= 0:
+    for a, s in zip(axes, _given_sizes(sizes_in), strict=True):
+        if not is_symbolic(s) and s <= 0:
             raise ctx.error(f"size {s} for axis {a} is not positive")
         sizes[a] = s
-        scales[a] = s / in_shape[a]
     policy = _choice(ctx, "keep_aspect_ratio_policy", "stretch",
                      frozenset({"stretch", "not_larger", "not_smaller"}))
+    known = [_known_scale(sizes[a], in_shape[a]) for a in axes]
+    symbolic = any(is_symbolic(sizes[a]) or is_symbolic(in_shape[a]) for a in axes)
+    if any(k is None for k in known) or (policy != "stretch" and symbolic):
+        for a, k in zip(axes, known, strict=True):  # (with a policy every axis's scale is the run's)
+            scales[a] = k if k is not None and policy == "stretch" else 0.0
+        return scales, sizes
+    for a, k in zip(axes, known, strict=True):
+        assert k is not None
+        scales[a] = k
     if policy != "stretch":
         pick = min if policy == "not_larger" else max
         scale = pick(scales[a] for a in axes)
@@ -101,7 +135,7 @@ def _scales_and_sizes(ctx: CanonContext, in_shape: tuple[int, ...], out_shape: t
             sizes[a] = int(scale * in_shape[a] + 0.5)
     if tuple(sizes) != out_shape:
         raise ctx.error(f"output shape {out_shape} does not match the requested sizes {tuple(sizes)}")
-    return scales
+    return scales, None
 
 
 def _resize_roi(ctx: CanonContext, rank: int, axes: list[int], roi_in: np.ndarray | None) -> list[float]:
@@ -118,7 +152,7 @@ def _resize_roi(ctx: CanonContext, rank: int, axes: list[int], roi_in: np.ndarra
 
 
 def _resize_node(ctx: CanonContext, mode: str, coordinate_mode: str, nearest_mode: str,
-                 scales: list[float], roi: list[float]) -> Node:
+                 scales: list[float], roi: list[float], sizes: list[Any] | None = None) -> Node:
     attrs = {
         "mode": mode,
         "coordinate_transformation_mode": coordinate_mode,
@@ -130,6 +164,9 @@ def _resize_node(ctx: CanonContext, mode: str, coordinate_mode: str, nearest_mod
         "scales": scales,
         "roi": roi,
     }
+    if sizes is not None:  # scales 0.0 are the run's: sizes / input (docs/ops.md)
+        attrs["sizes"] = sizes
+        attrs["keep_aspect_ratio_policy"] = str(ctx.attr("keep_aspect_ratio_policy", "stretch"))
     return ctx.node("Resize", ctx.inputs[:1], attrs)
 
 
@@ -139,20 +176,20 @@ def _resize(ctx: CanonContext) -> list[Node]:
     rank = len(in_shape)
     mode = _choice(ctx, "mode", "nearest", _RESIZE_MODES)
     if ctx.opset < 11:  # X, scales; Upsample's semantics
-        scales = _scales_and_sizes(ctx, in_shape, out_shape, list(range(rank)),
-                                   ctx.const_input(1, "scales"), None)
+        scales, _ = _scales_and_sizes(ctx, in_shape, out_shape, list(range(rank)),
+                                      ctx.const_input(1, "scales"), None)
         return [_resize_node(ctx, mode, "asymmetric", "simple", scales, [0.0] * rank + [1.0] * rank)]
     axes = _resize_axes(ctx, rank)
     coordinate_mode = _choice(ctx, "coordinate_transformation_mode", "half_pixel", _COORDINATE_MODES)
     nearest_mode = _choice(ctx, "nearest_mode", "round_prefer_floor", _NEAREST_MODES)
     scales_in = _optional(ctx, 2, "scales") if len(ctx.inputs) > 2 else None
     sizes_in = _optional(ctx, 3, "sizes") if len(ctx.inputs) > 3 else None
-    scales = _scales_and_sizes(ctx, in_shape, out_shape, axes, scales_in, sizes_in)
+    scales, sizes = _scales_and_sizes(ctx, in_shape, out_shape, axes, scales_in, sizes_in)
     roi_in = _optional(ctx, 1, "roi") if coordinate_mode == "tf_crop_and_resize" else None
     if coordinate_mode == "tf_crop_and_resize" and roi_in is None:
         raise ctx.error("tf_crop_and_resize needs the roi input")
     roi = _resize_roi(ctx, rank, axes, roi_in)
-    return [_resize_node(ctx, mode, coordinate_mode, nearest_mode, scales, roi)]
+    return [_resize_node(ctx, mode, coordinate_mode, nearest_mode, scales, roi, sizes)]
 
 
 @register("Upsample")
@@ -165,7 +202,8 @@ def _upsample(ctx: CanonContext) -> list[Node]:
     if raw is None:
         raise ctx.error("scales is required")
     rank = len(in_shape)
-    scales = _scales_and_sizes(ctx, in_shape, out_shape, list(range(rank)), np.asarray(raw, np.float64), None)
+    scales, _ = _scales_and_sizes(ctx, in_shape, out_shape, list(range(rank)), np.asarray(raw, np.float64),
+                                  None)
     return [_resize_node(ctx, mode, "asymmetric", "simple", scales, [0.0] * rank + [1.0] * rank)]
 
 
