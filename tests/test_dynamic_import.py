@@ -290,8 +290,8 @@ def test_what_the_ranges_decide_is_folded() -> None:
 
 
 @pytest.mark.parametrize(("nodes", "inits"), [
-    ([N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1, count_include_pad=1)],
-     {}),
+    ([N("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1, count_include_pad=1,
+        pads=[1, 1, 1, 1])], {}),
     ([N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")], {}),
 ])
 def test_ops_that_cannot_take_symbols_yet_name_the_node_and_dims(nodes: list[onnx.NodeProto],

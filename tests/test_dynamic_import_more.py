@@ -183,3 +183,33 @@ def test_same_pads_stay_static_in_a_static_import() -> None:
     model = _model([node], [("x", ["n", 3, "h", "w"])], inits)
     (conv,) = import_model(model, {"x": (1, 3, 13, 10)}).nodes
     assert conv.kind == "Conv" and conv.attrs["pads"] == [1, 0, 1, 1]
+
+
+# -- AveragePool in ceil mode counting its pads (PyTorch's AvgPool2d(ceil_mode=True)) ---------------
+def _avg(**attrs: Any) -> onnx.NodeProto:
+    return N("AveragePool", ["x"], ["out"], ceil_mode=1, count_include_pad=1, **attrs)
+
+
+CEIL_COUNTED = {
+    "3x3-s2-pad1": _avg(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+    "3x3-s2-asymmetric": _avg(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 1, 1, 0]),
+    "3x3-s2-no-pads": _avg(kernel_shape=[3, 3], strides=[2, 2]),
+    "5x5-s3-pad2": _avg(kernel_shape=[5, 5], strides=[3, 3], pads=[2, 2, 2, 2]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CEIL_COUNTED))
+def test_ceil_mode_average_pool_counting_pads_takes_symbols(case: str, tmp_path: Path) -> None:
+    """The declared pads become a Pad node of zeros and the pool counts its padded input (never
+    ceil mode's extra cells): the divisor onnxruntime uses, at sizes where the last window is cut."""
+    model = _model([CEIL_COUNTED[case]], [("x", ["n", 3, "h", "w"])], {})
+    graph = import_model(model, dims=DIMS)
+    pool = graph.nodes[-1]
+    assert pool.kind == "AveragePool"
+    assert pool.attrs["count_include_pad"] == 0 and pool.attrs["ceil_mode"] == 0
+    assert [n.kind for n in graph.nodes[:-1]] == (["Pad"] if "no-pads" not in case else [])
+    out = compile_model(model, tmp_path / "a", dims=DIMS, cpu="x86-64-v3")
+    _check(model, out, SIZES + ((1, 9, 10), (1, 10, 11), (1, 11, 12)))
+    static = import_model(model, {"x": (1, 3, 13, 10)})
+    assert [n.kind for n in static.nodes] == ["AveragePool"]  # a static import keeps its ceil mode
+    assert static.nodes[0].attrs["ceil_mode"] == 1 and static.nodes[0].attrs["count_include_pad"] == 1

@@ -127,16 +127,17 @@ def _padded(size: Any, begin: Any, end: Any, span: int, stride: int) -> Any:
     return size + begin + end
 
 
-def _pad_node(ctx: CanonContext, pads: list[Any], value: float,
-              windows: list[tuple[int, int]]) -> tuple[list[Node], Value, tuple[Any, ...], list[Any]]:
+def _pad_node(ctx: CanonContext, pads: list[Any], value: float, windows: list[tuple[int, int]],
+              force: bool = False) -> tuple[list[Node], Value, tuple[Any, ...], list[Any]]:
     """Pads that are expressions of the symbols (``auto_pad`` SAME at a stride over 1 where the
     begin pad depends on the size) as a Pad node of ``value`` before the op, whose own pads are
     then 0: the Pad's reference kernel takes them at each binding, the op's kernels (C included)
-    need static pads. Returns (nodes, the op's input, its spatial dims, the op's pads)."""
+    need static pads; ``force``: static pads too. Returns (nodes, the op's input, its spatial
+    dims, the op's pads)."""
     x = ctx.inputs[0]
     assert x is not None and x.shape is not None
-    if not any(is_symbolic(p) for p in pads):
-        return [], x, tuple(x.shape[2:]), pads
+    if not any(is_symbolic(p) for p in pads) and not (force and any(pads)):
+        return [], x, tuple(x.shape[2:]), pads if not force else [0] * len(pads)
     n = len(pads) // 2
     axes = zip(x.shape[2:], pads[:n], pads[n:], windows, strict=True)
     shape = (*x.shape[:2], *(_padded(size, b, e, *window) for size, b, e, window in axes))
@@ -160,8 +161,15 @@ def _pool(ctx: CanonContext) -> list[Node]:
     ceil_mode = int(ctx.attr("ceil_mode", 0))
     value = _pad_value(ctx, ceil_mode)
     pads = resolve_pads(ctx, spatial, kernel, strides, dilations, symbolic_ok=value is not None)
-    padding, x, spatial, pads = _pad_node(ctx, pads, value or 0.0, _windows(kernel, strides, dilations))
-    if ceil_mode == 1 and any(is_symbolic(size) for size in spatial) and _pads_never_count(ctx):
+    windows = _windows(kernel, strides, dilations)
+    padding, x, spatial, pads = _pad_node(ctx, pads, value or 0.0, windows)
+    include = int(ctx.attr("count_include_pad", 0)) if ctx.op_type == "AveragePool" else 0
+    if include and ceil_mode == 1 and _counted_pads_fit(spatial, pads, windows):
+        # ceil mode counting the declared pads but not ceil mode's extra cells, over a run-time
+        # size: the declared pads as a Pad node of zeros, the pool counting its padded input
+        padding, x, spatial, pads = _pad_node(ctx, pads, 0.0, windows, force=True)
+        include = 0
+    if ceil_mode == 1 and any(is_symbolic(size) for size in spatial) and not include:
         # ceil mode over a run-time size: floor mode with the end pads that give the same windows
         # at every size (a pad that never counts changes nothing but the output size)
         ends = zip(kernel, strides, dilations, pads[n:], strict=True)
@@ -174,7 +182,7 @@ def _pool(ctx: CanonContext) -> list[Node]:
         attrs["dilations"] = dilations
         attrs["storage_order"] = int(ctx.attr("storage_order", 0))
     elif ctx.op_type == "AveragePool":
-        attrs["count_include_pad"] = int(ctx.attr("count_include_pad", 0))
+        attrs["count_include_pad"] = include
         attrs["dilations"] = dilations
     else:
         attrs["p"] = int(ctx.attr("p", 2))
@@ -205,10 +213,13 @@ def _pad_value(ctx: CanonContext, ceil_mode: int) -> float | None:
     return None if ctx.op_type == "AveragePool" and not int(ctx.attr("count_include_pad", 0)) else 0.0
 
 
-def _pads_never_count(ctx: CanonContext) -> bool:
-    """Whether the pool's padding never enters its result: MaxPool (padding is -inf), LpPool (0)
-    and AveragePool without count_include_pad."""
-    return ctx.op_type != "AveragePool" or int(ctx.attr("count_include_pad", 0)) == 0
+def _counted_pads_fit(spatial: tuple[Any, ...], pads: list[Any], windows: list[tuple[int, int]]) -> bool:
+    """Whether a ceil-mode AveragePool counting its declared pads can take them as a Pad node
+    over a run-time size: static pads, and no window can start in the end pad (``end <= extent -
+    stride``), where ceil mode drops a window that the padded input would keep."""
+    n = len(spatial)
+    return (any(is_symbolic(size) for size in spatial) and not any(is_symbolic(p) for p in pads)
+            and all(e <= span - stride for e, (span, stride) in zip(pads[n:], windows, strict=True)))
 
 
 @register("LRN")
