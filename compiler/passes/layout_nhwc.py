@@ -11,7 +11,8 @@ of ../shared/notes/cpu-speed-findings.md), so this pass converts whole regions:
 1. Candidates are the nodes that have an NHWC form: 2-D convolutions (Conv, FusedConv,
    WinogradConv) with constant weights, MaxPool (one output) / AveragePool / GlobalAveragePool,
    LRN, inference BatchNormalization with constant parameters, Concat along the channels, the
-   elementwise ops (FusedElementwise included) whose non-constant operands are all 4-D, and
+   elementwise ops (FusedElementwise included, and the one-input float maps the fusion pass leaves
+   alone, such as HardSwish) whose non-constant operands are all 4-D, and
    ShuffleNet's channel shuffle (Reshape to (N, g, C/g, H, W), Transpose, Reshape back), which in
    NHWC is a Reshape to (N, H, W, g, C/g), the last two axes swapped and a Reshape back.
 2. A region is a connected set of candidates linked by the 4-D tensors between them; only
@@ -46,6 +47,7 @@ from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import merged_origin
 from runtime.kernels.elementwise import ELEMENTWISE_OPS
+from runtime.kernels.elementwise import ELEMENTWISE_REFERENCE_ONLY
 from runtime.kernels.nhwc import TO_NCHW
 from runtime.kernels.nhwc import TO_NHWC
 from runtime.kernels.nhwc import pack_conv_weights
@@ -68,6 +70,13 @@ def _rank4(value: Value | None) -> bool:
 
 def _float32(value: Value | None) -> bool:
     return value is not None and value.dtype == np.float32
+
+
+def _float_map(node: Node) -> bool:
+    """A one-input float32 map the fusion pass does not take (HardSwish, Mish, Selu, ...): as blind
+    to the layout as the fusable ones, so it stays inside a region instead of splitting it."""
+    return (node.kind in ELEMENTWISE_REFERENCE_ONLY and len(node.inputs) == 1 and len(node.outputs) == 1
+            and _float32(node.input(0)) and _float32(node.outputs[0]))
 
 
 def _sole_user(value: Value, kind: str) -> Node | None:
@@ -152,7 +161,7 @@ def _layout_inputs(node: Node) -> list[int] | None:
     if kind == "Concat":
         ok = node.attrs.get("axis") == 1 and all(_rank4(v) for v in node.inputs)
         return list(range(len(node.inputs))) if ok else None
-    if kind in ELEMENTWISE_OPS or kind == "onnx_aot.FusedElementwise":
+    if kind in ELEMENTWISE_OPS or kind == "onnx_aot.FusedElementwise" or _float_map(node):
         positions = []
         for i, v in enumerate(node.inputs):
             if v is None or v.const is not None:
