@@ -96,6 +96,7 @@ RUNTIME_SCALES = {
     "constant-linear": lambda: interpolate_to_constant("linear", "half_pixel"),
     "constant-nearest": lambda: interpolate_to_constant("nearest", "asymmetric"),
     "constant-cubic": lambda: interpolate_to_constant("cubic", "half_pixel"),
+    "constant-nearest-tf": lambda: interpolate_to_constant("nearest", "tf_half_pixel_for_nn"),
 }
 
 
@@ -106,7 +107,8 @@ def test_resize_by_symbolic_sizes_takes_its_scales_from_the_run(case: str, tmp_p
     (resize,) = [n for n in graph.nodes if n.kind == "Resize"]
     assert resize.attrs["scales"][2:] == [0.0, 0.0] and len(resize.attrs["sizes"]) == 4
     out = compile_model(model, tmp_path / "a", dims=DIMS, cpu="x86-64-v3")
-    assert [s["provider"] for s in _steps(out) if s["op_type"] == "Resize"] == ["reference"]
+    want = "reference" if "cubic" in case else "c"  # (C: nearest and linear)
+    assert [s["provider"] for s in _steps(out) if s["op_type"] == "Resize"] == [want]
     _check(model, out)
 
 
@@ -213,3 +215,38 @@ def test_ceil_mode_average_pool_counting_pads_takes_symbols(case: str, tmp_path:
     static = import_model(model, {"x": (1, 3, 13, 10)})
     assert [n.kind for n in static.nodes] == ["AveragePool"]  # a static import keeps its ceil mode
     assert static.nodes[0].attrs["ceil_mode"] == 1 and static.nodes[0].attrs["count_include_pad"] == 1
+
+
+_COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric")
+_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+@pytest.mark.parametrize("mode", ["linear", *(f"nearest-{m}" for m in _NEAREST)])
+def test_the_c_kernel_takes_run_time_scales_as_onnx_defines_them(mode: str, tmp_path: Path) -> None:
+    """Every coordinate mode, up and down (24x40 from 8..40 x 9..40), against ONNX's reference
+    evaluator (float64, the definition; it has no tf_half_pixel_for_nn, checked against
+    onnxruntime above): nearest picks the same pixels, linear within float32."""
+    from onnx.reference import ReferenceEvaluator
+
+    kind, _, nearest = mode.partition("-")
+    nodes = [_resize(f"out{k}", kind, c, **({"nearest_mode": nearest} if nearest else {}))
+             for k, c in enumerate(_COORDINATES)]
+    nodes[0:0] = [N("Shape", ["x"], ["xs"]), N("Slice", ["xs", "s0", "s2"], ["nc"]),
+                  N("Concat", ["nc", "hw"], ["sizes"], axis=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, ["n", 3, "h", "w"])],
+                              [helper.make_tensor_value_info(f"out{k}", F, ["a", 3, 24, 40])
+                               for k in range(len(_COORDINATES))],
+                              [numpy_helper.from_array(v, k) for k, v in
+                               {**_SLICES, "hw": np.array([24, 40], np.int64)}.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    out = compile_model(model, tmp_path / "a", dims=DIMS, cpu="x86-64-v3")
+    assert {s["provider"] for s in _steps(out) if s["op_type"] == "Resize"} == {"c"}
+    session, reference = Session(out), ReferenceEvaluator(model)
+    for n, h, w in (*SIZES, (1, 12, 20), (1, 24, 40), (1, 16, 9), (1, 36, 30)):
+        x = np.random.default_rng(h * w).standard_normal((n, 3, h, w)).astype(np.float32)
+        for k, (got, want) in enumerate(zip(session.run(None, {"x": x}), reference.run(None, {"x": x}),
+                                            strict=True)):
+            if kind == "nearest":
+                np.testing.assert_array_equal(got, want, err_msg=f"{_COORDINATES[k]} at {(n, h, w)}")
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=_COORDINATES[k])

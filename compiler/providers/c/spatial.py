@@ -5,8 +5,9 @@ own) are compiled into the kernel as static arrays, so every mode the reference 
 linear, cubic, antialias, exclude_outside, tf_crop_and_resize) runs the same arithmetic; each
 output row first blends its input rows (H taps) into a row buffer, then gathers the W taps, in the
 reference's axis order. Only float32 resizes that leave every axis but the last two unchanged are
-claimed, with bounded tables. With run-time dims (a dynamic graph: no tables can be compiled) only
-a nearest Resize by whole scales (asymmetric, floor; ``spatial_resize_nearest.c.j2``) is claimed.
+claimed, with bounded tables. With run-time dims (a dynamic graph: no tables can be compiled) a
+nearest Resize by whole scales (asymmetric, floor; ``spatial_resize_nearest.c.j2``), and nearest /
+linear ones whose taps the step computes at run time (``resize_runtime.py``) are claimed.
 
 ConvTranspose: per image and group, the register-blocked GEMM tile of ``gemm`` computes the
 columns W_g^T X_g -- one row per (output channel, kh, kw), one column per input pixel -- into
@@ -38,6 +39,9 @@ from compiler.providers.c.common import step_args
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.c.gemm import Tiling
 from compiler.providers.c.gemm import choose_tiling
+from compiler.providers.c.resize_runtime import runtime_resize
+from compiler.providers.c.resize_runtime import runtime_resize_scratch
+from compiler.providers.c.resize_runtime import takes_runtime_scales
 from compiler.providers.c.rundims import is_dynamic
 from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
@@ -47,6 +51,7 @@ from compiler.providers.kit import Param
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.spatial import ResizeTaps
 from runtime.kernels.spatial import resize_plan
+from runtime.symbolic import Expr
 
 __all__ = ["ResizeContext", "NearestContext", "ConvTransposeContext", "ResizeKernel", "ConvTransposeKernel"]
 
@@ -168,21 +173,28 @@ def _nearest_resize(step: StepPlan) -> StepCode:
 
 class ResizeKernel(CKernel):
     kinds: tuple[str, ...] = ("Resize",)
-    dynamic = True  # run-time dims: nearest by whole scales only (_whole_scales)
+    dynamic = True  # run-time dims: nearest by whole scales (_whole_scales), else resize_runtime.py
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or len(node.inputs) != 1 or len(node.outputs) != 1:
             return False
         if is_dynamic(node):
-            return _whole_scales(node) is not None
+            return _whole_scales(node) is not None or takes_runtime_scales(node)
         tables = _resize_tables(node)
         if tables is None:
             return False
         _, _, w, th, tw = tables
         return th.index.size + tw.index.size <= MAX_RESIZE_TAPS and w <= MAX_RESIZE_ROW
 
+    def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
+        if is_dynamic(node) and _whole_scales(node) is None:
+            return runtime_resize_scratch(node)
+        return 0
+
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
+        if is_dynamic(node) and _whole_scales(node) is None:
+            return runtime_resize(step)
         if is_dynamic(node) or _whole_scales(node) is not None:
             return _nearest_resize(step)
         tables = _resize_tables(node)
