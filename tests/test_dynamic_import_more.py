@@ -159,6 +159,8 @@ SAME = {
                                strides=[2, 2]), {}),
     "avgpool-upper-count-pad": (N("AveragePool", ["x"], ["out"], kernel_shape=[3, 3], auto_pad="SAME_UPPER",
                                   strides=[2, 2], count_include_pad=1), {}),
+    "maxpool-upper-3x3-s2-ceil": (N("MaxPool", ["x"], ["out"], kernel_shape=[3, 3], auto_pad="SAME_UPPER",
+                                    strides=[2, 2], ceil_mode=1), {}),
     "avgpool-lower-no-count": (N("AveragePool", ["x"], ["out"], kernel_shape=[3, 3], auto_pad="SAME_LOWER",
                                  strides=[2, 2]), {}),
 }

@@ -159,6 +159,8 @@ def _pool(ctx: CanonContext) -> list[Node]:
     if len(kernel) != n or len(strides) != n or len(dilations) != n:
         raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
     ceil_mode = int(ctx.attr("ceil_mode", 0))
+    if ceil_mode and _same_ceil_is_floor(ctx, spatial, _windows(kernel, strides, dilations)):
+        ceil_mode = 0
     value = _pad_value(ctx, ceil_mode)
     pads = resolve_pads(ctx, spatial, kernel, strides, dilations, symbolic_ok=value is not None)
     windows = _windows(kernel, strides, dilations)
@@ -190,6 +192,13 @@ def _pool(ctx: CanonContext) -> list[Node]:
     # MaxPool's optional Indices output is kept only when the model uses it.
     keep = 2 if _indices_used(ctx) else 1
     return [*padding, ctx.node(ctx.op_type, [x], attrs, outputs=ctx.outputs[:keep])]
+
+
+def _same_ceil_is_floor(ctx: CanonContext, spatial: tuple[Any, ...], windows: list[tuple[int, int]]) -> bool:
+    """Whether ceil mode is floor mode for this pool over a run-time size: SAME pads of an extent
+    at least the stride make ``size + pads - extent`` a multiple of the stride at every size."""
+    same = str(ctx.attr("auto_pad", "NOTSET")) in ("SAME_UPPER", "SAME_LOWER")
+    return same and any(is_symbolic(size) for size in spatial) and all(span >= s for span, s in windows)
 
 
 def _windows(kernel: list[int], strides: list[int], dilations: list[int]) -> list[tuple[int, int]]:
