@@ -178,8 +178,9 @@ _VARIADIC = {"Sum", "Mean", "Max", "Min"}
 ELEMENTWISE_OPS = (
     frozenset(_UNARY) | frozenset(_BINARY) | _VARIADIC | set(_COMPARE) | set(_LOGIC) | {"Not", "Where"}
 )
-# The activations FusedConv / FusedGemm carry (docs/ops.md).
-ACTIVATIONS = frozenset({"", "Relu", "Clip", "LeakyRelu"})
+# The activations FusedConv / FusedGemm carry (docs/ops.md); Silu is x * sigmoid(x) through the
+# vector math of templates/c/vmath.c.j2 (vsilu, and ssilu: lane 0 of it, so both forms agree).
+ACTIVATIONS = frozenset({"", "Relu", "Clip", "LeakyRelu", "Silu"})
 
 _REQUIRED_ATTRS = {
     "Clip": ("min", "max"),
@@ -339,6 +340,8 @@ def vector_activation_expr(
         return expr
     if activation == "LeakyRelu":
         return f"vselect({var} < vbcast(0.0f), {var} * vbcast({_f(act_alpha)}), {var})"
+    if activation == "Silu":
+        return f"vsilu({var})"
     raise KeyError(f"activation {activation!r} not supported")
 
 
@@ -352,6 +355,8 @@ def activation_expr(activation: str, act_min: float, act_max: float, act_alpha: 
         return _clip(var, act_min, act_max)
     if activation == "LeakyRelu":
         return _UNARY["LeakyRelu"](var, {"alpha": act_alpha})
+    if activation == "Silu":
+        return f"ssilu({var})"
     raise KeyError(f"activation {activation!r} not supported")
 
 

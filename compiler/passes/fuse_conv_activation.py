@@ -3,7 +3,10 @@
 Conv (or a FusedConv still without activation) whose output has one use:
 - by an Add (or a 2-input Sum) with another tensor of the output's shape -> FusedConv with that
   tensor as its residual input Z (only when the conv has no Z yet);
-- by Relu / Clip / LeakyRelu -> FusedConv with that activation.
+- by Relu / Clip / LeakyRelu -> FusedConv with that activation;
+- by exactly a Sigmoid and the Mul of the output with it (SiLU, x * sigmoid(x) as PyTorch exports
+  it, either operand order) -> FusedConv with activation Silu, unless the pass was made without
+  ``silu`` (a target without the vector math, CUDA).
 Gemm works the same way (activation only) -> FusedGemm. Repeated on the result, so
 Conv -> Add -> Relu becomes one FusedConv. Attributes follow docs/ops.md: the conv's (or
 gemm's) attributes plus ``activation``, ``act_min``, ``act_max`` and ``act_alpha``, always all.
@@ -50,8 +53,14 @@ def activation_attrs(node: Node) -> dict[str, Any] | None:
     return None
 
 
+SILU: dict[str, Any] = {"activation": "Silu", "act_min": -math.inf, "act_max": math.inf, "act_alpha": 0.0}
+
+
 class FuseConvActivation(Pass):
     name = "fuse_conv_activation"
+
+    def __init__(self, silu: bool = True) -> None:
+        self.silu = silu
 
     def run(self, graph: Graph) -> PassResult:
         return PassResult(graph, rewrite_chains(graph, self._fuse_next))
@@ -63,32 +72,56 @@ class FuseConvActivation(Pass):
         if node.domain == AOT_DOMAIN and node.attrs["activation"] != "":
             return None  # nothing can follow an activation inside the epilogue
         y = node.outputs[0]
-        user = sole_consumer(graph, y)
-        if user is None or len(user.outputs) != 1:
-            return None
         base = dict(node.attrs) if node.domain == AOT_DOMAIN else {**node.attrs, **NO_ACTIVATION}
         inputs: list[Value | None] = list(node.inputs)
-        act = activation_attrs(user) if user.input(0) is y else None
-        residual = _residual(user, y) if fused_op == "FusedConv" and node.input(3) is None else None
-        if act is not None:
-            attrs = {**base, **act}
-        elif residual is not None:
-            attrs = base
-            inputs = (inputs + [None, None, None])[:3] + [residual]  # X, W, B (maybe None), Z
-        else:
+        silu = _silu(graph, y) if self.silu else None
+        user = sole_consumer(graph, y)
+        if silu is not None:
+            users, attrs = silu, {**base, **SILU}
+        elif user is None or len(user.outputs) != 1:
             return None
+        else:
+            users = [user]
+            act = activation_attrs(user) if user.input(0) is y else None
+            residual = _residual(user, y) if fused_op == "FusedConv" and node.input(3) is None else None
+            if act is not None:
+                attrs = {**base, **act}
+            elif residual is not None:
+                attrs = base
+                inputs = (inputs + [None, None, None])[:3] + [residual]  # X, W, B (maybe None), Z
+            else:
+                return None
         while inputs and inputs[-1] is None:
             inputs.pop()
         fused = Node(
             fused_op,
             inputs,
-            list(user.outputs),
+            list(users[-1].outputs),
             attrs,
             name=node.name,
             domain=AOT_DOMAIN,
-            origin=merged_origin([node, user]),
+            origin=merged_origin([node, *users]),
         )
-        return replace_nodes(graph, [node, user], fused)
+        return replace_nodes(graph, [node, *users], fused)
+
+
+def _silu(graph: Graph, y: Value) -> list[Node] | None:
+    """[Sigmoid, Mul] of ``y * sigmoid(y)`` (either order) when those are y's only two uses and the
+    sigmoid's only use is the Mul (so nothing broadcasts: the Mul's output has y's shape)."""
+    if len(y.uses) != 2 or graph.is_graph_output(y):
+        return None
+    sigmoid = next((use.node for use in y.uses if use.node.kind == "Sigmoid"), None)
+    if sigmoid is None or len(sigmoid.outputs) != 1:
+        return None
+    s = sigmoid.outputs[0]
+    mul = sole_consumer(graph, s)
+    if mul is None or mul.kind != "Mul" or len(mul.inputs) != 2 or len(mul.outputs) != 1:
+        return None
+    a, b = mul.inputs
+    if not ((a is y and b is s) or (a is s and b is y)):
+        return None
+    out = mul.outputs[0]
+    return [sigmoid, mul] if out.shape == y.shape and out.dtype == y.dtype else None
 
 
 def _residual(add: Node, y: Value) -> Value | None:

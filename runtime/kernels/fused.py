@@ -3,7 +3,7 @@ PackedGemm and MultiHeadAttention.
 
 Each is the composition of the plain kernels' functions it replaces, so the reference provider
 checks a fusion pass by running the same numbers both ways. The activation epilogue (""/Relu/
-Clip/LeakyRelu with act_min / act_max / act_alpha) maps onto the elementwise table; a fused conv's
+Clip/LeakyRelu with act_min / act_max / act_alpha, Silu) maps onto the elementwise table; a fused conv's
 whole epilogue (bias, residual, activation: :func:`conv_epilogue`) is shared with WinogradConv and
 the NHWC convs.
 """
@@ -38,6 +38,8 @@ def apply_activation(xp: Any, y: Any, attrs: dict[str, Any]) -> Any:
         return apply_elementwise(xp, "Clip", [y], {"min": attrs["act_min"], "max": attrs["act_max"]})
     if activation == "LeakyRelu":
         return apply_elementwise(xp, "LeakyRelu", [y], {"alpha": attrs["act_alpha"]})
+    if activation == "Silu":
+        return y * apply_elementwise(xp, "Sigmoid", [y], {})
     raise UnsupportedOpError(f"fused activation {activation!r} is not supported")
 
 

@@ -194,11 +194,16 @@ def activation(node: Node, vector: bool = False) -> str:
     )
 
 
-def fused_ok(node: Node) -> bool:
+def fused_ok(node: Node, vector_math: bool = True) -> bool:
+    """Whether the node's epilogue attributes are complete and name an activation the kernels
+    have; without ``vector_math`` (templates/c/vmath.c.j2: CUDA has none) not Silu."""
     if node.domain != "onnx_aot":
         return True
     keys = ("activation", "act_min", "act_max", "act_alpha")
-    return all(k in node.attrs for k in keys) and node.attrs["activation"] in ACTIVATIONS
+    if not all(k in node.attrs for k in keys):
+        return False
+    act = node.attrs["activation"]
+    return act in ACTIVATIONS and (vector_math or act != "Silu")
 
 
 # -- Gemm / MatMul ----------------------------------------------------------------------

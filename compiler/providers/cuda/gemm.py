@@ -151,7 +151,7 @@ class CudaConvKernel(CudaKernel):
     def _supports_dynamic(self, node: Node) -> bool:
         """X, W, B?, Z? (Z, the residual, FusedConv's only) with an epilogue the kernels have; a
         static bias of M."""
-        if not self.operands_fit(node) or not fused_ok(node) or len(node.outputs) != 1:
+        if not self.operands_fit(node) or not fused_ok(node, vector_math=False) or len(node.outputs) != 1:
             return False
         if len(node.inputs) > (4 if node.domain == "onnx_aot" else 3):
             return False
@@ -294,7 +294,9 @@ class CudaGemmKernel(CudaKernel):
         if node.kind not in ("Gemm", "onnx_aot.FusedGemm", "MatMul") or len(node.outputs) != 1:
             return False
         n_in = 2 if node.op_type == "MatMul" else 3
-        if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in or not fused_ok(node):
+        if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in:
+            return False
+        if not fused_ok(node, vector_math=False):
             return False
         prod = _run_time_batched(node)
         if prod is None or max_of(prod.batches, node) > MAX_GRID_YZ:
