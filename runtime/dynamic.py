@@ -139,7 +139,11 @@ class DynamicRuns:
         if feeds is None or name not in feeds:
             raise InputError(f"input {name!r}: its value ({symbol}, which sizes the model's results) is "
                              f"needed to bind the plan")
-        size = int(np.asarray(feeds[name]).reshape(-1)[0])
+        value = np.asarray(feeds[name])
+        if value.size != 1:  # (read before the shapes are checked)
+            raise InputError(f"input {name!r}: shape {value.shape}, expected one element (its value is "
+                             f"{symbol}, which sizes the model's results)")
+        size = int(value.reshape(-1)[0])
         lo, hi = self.ranges[symbol]
         if not lo <= size <= hi:
             raise InputError(f"input {name!r}: value {size} ({symbol}) is outside its range {lo}..{hi} "

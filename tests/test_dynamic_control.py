@@ -222,6 +222,9 @@ def test_a_value_symbol_out_of_range_is_an_input_error(value_loop: tuple[onnx.Mo
     for m in (65, -1):
         with pytest.raises(InputError, match=rf"input 'M': value {m} \(M\) is outside its range 0..64"):
             session.run(None, _loop_feeds(m, True, rng))
+    empty = {**_loop_feeds(1, True, rng), "M": np.zeros((0,), np.int64)}
+    with pytest.raises(InputError, match=r"input 'M': shape \(0,\), expected one element"):
+        session.run(None, empty)
 
 
 def test_value_symbols_from_the_command_line(tmp_path: Path) -> None:
