@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -46,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from compiler.bench_cold import ort_session
+from runtime.cli import feeds_with
 from runtime.cli import random_feeds
 from runtime.errors import OnnxAotError
 
@@ -341,8 +343,12 @@ def cold_start(artifact: Path, ort_model: Path | None, feeds_path: Path, threads
 
 def bench(artifact: str | os.PathLike[str], *, compare: str | os.PathLike[str] | None = None,
           threads: int | None = None, runs: int = 20, warmup: int = 3, cold_reps: int = 5,
-          overhead: bool = False, seed: int = 0, rebuild: bool = False) -> dict[str, Any]:
+          overhead: bool = False, seed: int = 0, rebuild: bool = False,
+          inputs: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Benchmark ``artifact`` (see the module docstring); returns a JSON-ready dict.
+
+    ``inputs`` (``--input NAME=file.npy``) are fed instead of random data to the inputs they name,
+    to both engines (token ids a vocabulary must hold, real images, a shape in a range).
 
     ``rebuild`` runs the in-process session on the C kernels rebuilt for this CPU (built, or
     found in the cache, before the load is timed); cold-start processes load the artifact as is.
@@ -361,7 +367,8 @@ def bench(artifact: str | os.PathLike[str], *, compare: str | os.PathLike[str] |
     if rebuild:
         built = session.cpu_build.rebuilt if session.cpu_build is not None else None
         result["rebuilt"] = str(built) if built is not None else None
-    feeds = random_feeds(session, seed)
+    feeds = feeds_with(session, dict(inputs or {}), seed)
+    result["given_inputs"] = sorted(inputs or {})
     with tempfile.TemporaryDirectory(prefix="onnx-aot-bench-") as tmp_name:
         tmp = Path(tmp_name)
         ort_path: Path | None = None

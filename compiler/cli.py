@@ -32,7 +32,9 @@ from runtime.cli import check_output_file
 from runtime.cli import check_output_folder
 from runtime.cli import count_arg as _count
 from runtime.cli import parse_arg
+from runtime.cli import parse_input_arg
 from runtime.cli import positive_arg as _positive
+from runtime.cli import read_input
 from runtime.cli import report_error
 from runtime.cli import run_runtime_command
 from runtime.errors import OnnxAotError
@@ -215,6 +217,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="also run onnxruntime on MODEL.onnx in this process, runs alternating, same "
                         "feeds and threads: latency ratio onnx-aot / onnxruntime and max errors "
                         "(inputs compiled with --bind get their bound values)")
+    p.add_argument("--input", action="append", type=parse_input_arg, default=[], metavar="NAME=FILE.npy",
+                   help="feed an input from a .npy file, to both engines (random data for inputs not "
+                        "given): token ids, real images, a shape within the artifact's ranges")
     p.add_argument("--cold-reps", type=_count, default=5, metavar="N",
                    help="session creation, creation + first run and peak RSS, each measured in N fresh "
                         "processes per engine (engines alternating; medians; 0: skip; default 5)")
@@ -285,9 +290,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.compare is not None and not Path(args.compare).is_file():
         raise BenchError(f"--compare {args.compare}: no such model file")
 
+    inputs = {name: read_input(name, path) for name, path in args.input}
     result = bench(args.artifact, compare=args.compare, threads=args.threads, runs=args.runs,
                    warmup=args.warmup, cold_reps=args.cold_reps, overhead=args.overhead,
-                   rebuild=args.rebuild)
+                   rebuild=args.rebuild, inputs=inputs)
     if args.json:
         print(json.dumps(result, indent=1))
     else:

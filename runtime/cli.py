@@ -29,7 +29,8 @@ from runtime.errors import InputError
 from runtime.errors import OnnxAotError
 
 __all__ = ["CommandError", "main", "add_runtime_commands", "run_runtime_command", "check_artifact_arg",
-           "check_output_folder", "check_output_file", "folder_problem", "random_feeds", "count_arg",
+           "check_output_folder", "check_output_file", "folder_problem", "random_feeds", "feeds_with",
+           "parse_input_arg", "read_input", "count_arg",
            "positive_arg", "parse_arg", "report_error", "THREADS_HELP", "ARTIFACT_HELP", "REBUILD_HELP"]
 
 REBUILD_HELP = ("compile the shipped C source for this CPU (-march=native; needs cc) into "
@@ -61,7 +62,7 @@ def positive_arg(text: str) -> int:
     return count_arg(text, 1)
 
 
-def _parse_input(text: str) -> tuple[str, str]:
+def parse_input_arg(text: str) -> tuple[str, str]:
     name, sep, path = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=file.npy, got {text!r}")
@@ -151,10 +152,21 @@ def random_feeds(session: Any, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
+def feeds_with(session: Any, given: dict[str, np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
+    """``random_feeds`` with the arrays of ``--input`` in place of their inputs; an ``--input`` that
+    names no input of the artifact is an InputError listing the inputs."""
+    feeds = random_feeds(session, seed)
+    for name, array in given.items():
+        if name not in feeds:
+            raise InputError(f"--input names {name!r}, which is not an input ({', '.join(sorted(feeds))})")
+        feeds[name] = array
+    return feeds
+
+
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run an artifact and print its outputs (random inputs unless given)")
     p.add_argument("artifact", help=ARTIFACT_HELP)
-    p.add_argument("--input", action="append", type=_parse_input, default=[], metavar="NAME=FILE.npy",
+    p.add_argument("--input", action="append", type=parse_input_arg, default=[], metavar="NAME=FILE.npy",
                    help="feed an input from a .npy file (random data for inputs not given)")
     p.add_argument("--output-dir", metavar="DIR", help="save each output as NAME.npy in this folder "
                                                        "(checked before the model runs)")
@@ -229,8 +241,7 @@ def _run(args: argparse.Namespace) -> int:
                       rebuild=args.rebuild)
     if args.rebuild:
         _say_rebuilt(session.cpu_build)
-    feeds = random_feeds(session, args.seed)
-    names = {s.name for s in session.inputs}
+    feeds = feeds_with(session, given, args.seed)
     for spec in session.inputs:
         if spec.ranges is not None:
             from runtime.dynamic import describe_spec
@@ -238,10 +249,6 @@ def _run(args: argparse.Namespace) -> int:
             chosen = f"given: {list(given[spec.name].shape)}" if spec.name in given else \
                 f"random at {list(feeds[spec.name].shape)}"
             print(f"input {spec.name}: {describe_spec(spec)} ({chosen})")
-    for name, array in given.items():
-        if name not in names:
-            raise InputError(f"--input names {name!r}, which is not an input ({', '.join(sorted(names))})")
-        feeds[name] = array
     times = []
     for _ in range(args.runs):
         start = time.perf_counter()

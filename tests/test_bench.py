@@ -140,3 +140,38 @@ def test_error_stats() -> None:
     assert not error_stats([a], [b * 1.01])["within_tolerance"]
     with pytest.raises(BenchError, match="shapes differ"):
         error_stats([a], [b[:1]])
+
+
+def _embedding_model(vocab: int = 1000) -> onnx.ModelProto:
+    """Token ids -> rows of a (vocab, 8) table: random ids in [0, 10) work, but real ids index
+    far into the table and the ones past it make onnxruntime refuse the feed."""
+    table = numpy_helper.from_array(np.arange(vocab * 8, dtype=np.float32).reshape(vocab, 8), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"])], "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])], initializer=[table])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_bench_feeds_given_inputs_to_both_engines(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    model = tmp_path / "embedding.onnx"
+    onnx.save(_embedding_model(), str(model))
+    artifact = compile_model(str(model), tmp_path / "art", golden_cases=0)
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.array([[101, 999, 7, 512, 0, 300]], np.int64))
+    result = cli("bench", str(artifact), "--compare", str(model), "--input", f"ids={ids}", "--runs", "3",
+                 "--cold-reps", "0", "--json")
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    assert r["given_inputs"] == ["ids"] and r["accuracy"]["within_tolerance"]
+    assert r["accuracy"]["max_abs_err"] == 0.0
+    # ids past the table: onnxruntime refuses them, and bench says so in one line
+    np.save(ids, np.array([[101, 1000, 7, 512, 0, 300]], np.int64))
+    bad = cli("bench", str(artifact), "--compare", str(model), "--input", f"ids={ids}", "--runs", "1",
+              "--cold-reps", "0", ok=False)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "onnx-aot: error:" in bad.stderr, bad.stderr
+    wrong = cli("bench", str(artifact), "--input", f"tokens={ids}", "--runs", "1", "--cold-reps", "0",
+                ok=False)
+    assert wrong.returncode == 1 and "--input names 'tokens', which is not an input (ids)" in wrong.stderr
