@@ -374,6 +374,10 @@ def feeds_for(model: ModelSpec) -> Feeds:
     if kind == "file-bytes":
         files = [REPO / "runtime" / "session.py", REPO / "pyproject.toml", REPO / "README.md"]
         return Feeds([{"bytes": magika_features(f.read_bytes())} for f in files], chunks=len(files))
+    if kind in ("photo", "audio", "thai-chars", "t5-encoder", "t5-decoder"):  # the second wave's kinds
+        from tests.support.range_feeds import feeds_at
+
+        return Feeds([feeds_at(model, shapes, seed=k) for k in range(2)], chunks=2)
     raise ValueError(f"model {model.name}: unknown feed kind {kind!r}")
 
 
