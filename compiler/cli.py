@@ -197,7 +197,8 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
                         "(which at -O2 and up is faster; a NaN or Inf input can turn the other "
                         "outputs of its tile NaN)")
     p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
-                   help="seeded self-test cases stored for 'onnx-aot verify' (default 2, 0: none)")
+                   help="seeded self-test cases stored for 'onnx-aot verify' and run on the built artifact "
+                        "before it is written (default 2; 0: none, the artifact written unchecked)")
     p.add_argument("--cpu", default=None, choices=["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"],
                    help="the C kernels' target (default: this machine's x86-64 level; 'native' "
                         "elsewhere); x86-64 artifacts also carry a portable x86-64-v2 build, which "
