@@ -16,11 +16,12 @@ time). Both files are hashed in the manifest like every other file and marked op
 So every artifact carries golden cases whatever its input size. Only a graph that draws random
 numbers or one with an intermediate value over 256 MiB (the reference run is kept bounded) gets a
 ``golden.json`` that says why it has none (``skipped_reason``); ``verify`` then says it cannot verify
-and exits 1. A reference run that fails is no reason to skip: at the first case (the static shape,
-a range's low end) it raises ``GoldenReferenceError`` naming the step, and the compile writes
-nothing (the compile then runs the built artifact on these cases too: ``compiler/artifact/check.py``);
-at a later binding (a range's middle, where the model itself may not run: a trip count past the data
-its loop slices) that case is left out with an ``UncheckedArtifactWarning`` naming the step.
+and exits 1. A reference run that fails is no reason to skip: when no case runs (a static graph's
+one binding, or every binding of a range) it raises ``GoldenReferenceError`` naming the step, and the
+compile writes nothing (the compile then runs the built artifact on these cases too:
+``compiler/artifact/check.py``); a binding of a range the model itself cannot run at (a trip count
+past the data its loop slices, a height its pooling cannot take) is left out with an
+``UncheckedArtifactWarning`` naming the step.
 Everything is seeded and ordered, so two compiles stay byte-identical.
 """
 
@@ -171,17 +172,15 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
     per_case = sum(_nbytes(v, largest) for v in (*graph.inputs, *graph.outputs))
     count = max(min(cases, len(at)), min(cases, max_bytes // max(per_case, 1)), 1)  # every binding
     budget = max_bytes // count  # output bytes per case
+    failures: list[GoldenReferenceError] = []
     for k in range(count if skip is None else 0):
         try:
             records, outputs = _case(graph, seed + k, binding(k))
         except GoldenReferenceError as exc:
-            if k == 0:  # the static shape, or the range's low end: nothing to check the artifact on
-                raise
-            # a later binding (a range's middle) the model itself may not run at, e.g. a trip count
-            # past the data it slices: the cases made so far are kept, and the compile says so
-            warnings.warn(f"golden case {k} left out: {exc}".replace("; nothing was written", ""),
-                          UncheckedArtifactWarning, stacklevel=2)
-            break
+            # a binding of a range the model itself may not run at (a trip count past the data its
+            # loop slices, a height its pooling cannot take): left out, said; none left: the error
+            failures.append(exc)
+            continue
         whole = sum(a.nbytes for a in outputs) <= budget
         case: dict[str, Any] = {"inputs": records, "outputs": []}
         for k_out, array in enumerate(outputs):
@@ -190,6 +189,11 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
             record["tolerance"] = tolerance_for(array.dtype)
             case["outputs"].append(record)
         index["cases"].append(case)
+    if failures and not index["cases"]:
+        raise failures[0]
+    for failure in failures:
+        warnings.warn(f"a golden case left out: {failure}".replace("; nothing was written", ""),
+                      UncheckedArtifactWarning, stacklevel=2)
     if skip is not None:
         index["skipped"] = skip
     text = json.dumps(index, indent=1, ensure_ascii=False) + "\n"
