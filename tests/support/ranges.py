@@ -7,7 +7,7 @@ fuzzer's seeds -- dim 0 of each input and the spatial dims of a 4-D one, which `
 rewrites to unknown (its value_info and output dims cleared, so neither engine holds them to the
 old sizes). A candidate's range, from its role and static size ``s``: a batch (dim 0) 1..max(4, s);
 a spatial dim of a 4-D input s/2..s in steps of 32 when s is a multiple of 32 (s/4..s/2 above 320,
-to keep CI fast); any other dim 3s/4..s. Dims sharing a ``dim_param`` share one range.
+to keep CI fast), else s..3s/2; any other dim 3s/4..s. Dims sharing a ``dim_param`` share one range.
 
 Which dims take a range is the model's business, so onnxruntime (the oracle) decides: candidates
 are added one at a time and kept when onnxruntime runs the model at the bindings of the ranges so
@@ -86,12 +86,12 @@ def _role_range(position: int, rank: int, size: int) -> tuple[int, int, int]:
         low = max(SPATIAL_STEP, high // 2 // SPATIAL_STEP * SPATIAL_STEP)
         steps = (high - low) // SPATIAL_STEP
         return low, high, low + SPATIAL_STEP * max(1, steps // 3) if steps > 1 else high
-    if rank == 4:
-        low = max(1, size // 2)
+    if rank == 4:  # above the static size: a smaller one may pool to nothing, which only onnxruntime runs
+        low, high = size, size + max(1, size // 2)
     else:
-        low = max(1, size * 3 // 4)
-    odd = low + (size - low) // 3
-    return low, size, odd | 1 if (odd | 1) < size else odd
+        low, high = max(1, size * 3 // 4), size
+    odd = low + (high - low) // 3
+    return low, high, odd | 1 if (odd | 1) < high else odd
 
 
 def _dims(value: onnx.ValueInfoProto) -> list[Any]:
@@ -186,9 +186,11 @@ def _runs(session: Any, plan: RangePlan, ranged: list[Candidate], binds: Mapping
         probes += [("high", "odd"), ("odd", "high")]
     for which, last in probes:
         try:
-            session.run(None, {**feeds_at(plan, plan.binding(which, ranged, last), 0), **binds})
+            outputs = session.run(None, {**feeds_at(plan, plan.binding(which, ranged, last), 0), **binds})
         except Exception:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, says "not this size"
             return False
+        if any(np.asarray(o).size == 0 for o in outputs):  # an empty result: a size the model cannot
+            return False  # take (onnxruntime runs empty tensors through; onnx-aot refuses them)
     return True
 
 
