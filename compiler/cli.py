@@ -13,8 +13,10 @@ import json
 import re
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +40,7 @@ from runtime.cli import read_input
 from runtime.cli import report_error
 from runtime.cli import run_runtime_command
 from runtime.errors import OnnxAotError
+from runtime.errors import UncheckedArtifactWarning
 
 __all__ = ["CommandError", "main", "parse_bind", "parse_dim", "parse_opt_shape", "parse_shape", "parse_value"]
 
@@ -196,7 +199,8 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
                         "(which at -O2 and up is faster; a NaN or Inf input can turn the other "
                         "outputs of its tile NaN)")
     p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
-                   help="seeded self-test cases stored for 'onnx-aot verify' (default 2, 0: none)")
+                   help="seeded self-test cases stored for 'onnx-aot verify' and run on the built artifact "
+                        "before it is written (default 2; 0: none, the artifact written unchecked)")
     p.add_argument("--cpu", default=None, choices=["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"],
                    help="the C kernels' target (default: this machine's x86-64 level; 'native' "
                         "elsewhere); x86-64 artifacts also carry a portable x86-64-v2 build, which "
@@ -271,15 +275,24 @@ def _compile(args: argparse.Namespace) -> int:
             print("onnx-aot: nvcc not found (PATH, /usr/local/cuda/bin): the CUDA kernels ship as "
                   "source only; the runtime compiles them with NVRTC on the first load", file=sys.stderr)
     start = time.perf_counter()
-    out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
-                        shapes=shapes, dims=dict(args.dim) or None, binds=dict(args.bind),
-                        progress=None if args.quiet else stderr_progress,
-                        plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
-                        golden_cases=args.golden_cases, cpu=args.cpu, winograd=args.winograd,
-                        opt_shapes=args.opt_shape or None, values=dict(args.value) or None)
+    with warnings.catch_warnings():  # restores showwarning too
+        warnings.simplefilter("always", UncheckedArtifactWarning)
+        warnings.showwarning = _one_line_warning
+        out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
+                            shapes=shapes, dims=dict(args.dim) or None, binds=dict(args.bind),
+                            progress=None if args.quiet else stderr_progress,
+                            plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
+                            golden_cases=args.golden_cases, cpu=args.cpu, winograd=args.winograd,
+                            opt_shapes=args.opt_shape or None, values=dict(args.value) or None)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: Any = None, line: str | None = None) -> None:
+    """A warning of the compile as one ``onnx-aot: warning:`` line (no source location)."""
+    print(f"onnx-aot: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import os
 import platform
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -22,8 +23,11 @@ from typing import Any
 import numpy as np
 import onnx
 
+from compiler.artifact.check import check_artifact
+from compiler.artifact.check import warn_unchecked
 from compiler.artifact.golden import DEFAULT_CASES
 from compiler.artifact.golden import make_golden
+from compiler.artifact.golden import skipped_reason
 from compiler.artifact.writer import check_out_dir
 from compiler.artifact.writer import write_artifact
 from compiler.codegen.options import BuildOptions
@@ -52,7 +56,10 @@ from compiler.passes import optimize
 from compiler.plan import build_plan
 from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
+from runtime.errors import ArtifactCheckError
 from runtime.errors import CompileError
+from runtime.errors import GoldenReferenceError
+from runtime.errors import UncheckedArtifactWarning
 from runtime.isa import X86_LEVELS
 from runtime.isa import host_x86_level
 
@@ -100,6 +107,7 @@ def compile_model(
     compiled_control: bool = True,
     opt_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
     values: Mapping[str, Any] | None = None,
+    run_check: bool = True,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -109,7 +117,11 @@ def compile_model(
     the reference kernels for now (compiler/dynamic.py). ``binds`` turns graph inputs into
     constants with the given values (``--bind``), for inputs that carry shapes, axes or sizes.
     ``max_arena_bytes`` fails the compile (``ArenaLimitError``) when an arena needs more;
-    ``golden_cases`` seeded self-test cases are stored for ``Session.verify()`` (0: none).
+    ``golden_cases`` seeded self-test cases are stored for ``Session.verify()`` and run on the built
+    artifact before it is put in place (``compiler/artifact/check.py``): a reference run that fails
+    (``GoldenReferenceError``) or an artifact that fails or disagrees (``ArtifactCheckError``) leaves
+    ``out_dir`` as it was; 0: none, unchecked, with an ``UncheckedArtifactWarning``. ``run_check``
+    False skips the run alone (for providers that build no code, e.g. the fuzzer's).
     ``cpu`` picks the C kernels' target (``--cpu``: "native", "x86-64-v2/v3/v4"); None takes
     ``build.isa`` when ``build`` is given, else the build machine's level (``resolve_cpu``). On
     x86-64 a portable x86-64-v2 build is shipped too unless the target already is x86-64-v2.
@@ -155,11 +167,12 @@ def compile_model(
     }
     variants = _opt_variants(model, graph, opt_shapes or (), binds, say, options, opt_level=opt_level,
                              target=target, build=build, cpu=cpu, winograd=winograd,
-                             compiled_control=compiled_control)
+                             compiled_control=compiled_control, golden_cases=golden_cases,
+                             run_check=run_check)
     return compile_graph(graph, out, providers=providers, build=build, progress=say,
                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                          golden_cases=golden_cases, source=(source_name, source_sha), options=options,
-                         extra_files=variants)
+                         extra_files=variants, run_check=run_check)
 
 
 def _body_passes(opt_level: int, target: str, winograd: bool) -> Callable[[Graph, bool], Graph]:
@@ -205,9 +218,13 @@ def _static_variant(model: str | os.PathLike[str] | onnx.ModelProto, k: int,
                     shapes: Mapping[str, Sequence[int]], binds: Mapping[str, Any] | None,
                     **options: Any) -> dict[str, bytes]:
     """The files of the static artifact of an --opt-shape variant, under ``opt/<k>/``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sub = compile_model(model, Path(tmp) / "variant", shapes=shapes, binds=binds, golden_cases=0,
-                            **options)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UncheckedArtifactWarning)  # the whole compile's says it
+        try:
+            sub = compile_model(model, Path(tmp) / "variant", shapes=shapes, binds=binds, **options)
+        except (GoldenReferenceError, ArtifactCheckError) as exc:  # named for the variant, not its temp path
+            message = str(exc).replace(f"{Path(tmp) / 'variant'}: ", "")
+            raise type(exc)(f"the static variant opt/{k} ({dict(shapes)}): {message}") from None
         return {f"{OPT_DIR}/{k}/{p.relative_to(sub).as_posix()}": p.read_bytes()
                 for p in sorted(sub.rglob("*")) if p.is_file()}
 
@@ -225,13 +242,14 @@ def compile_graph(
     source: tuple[str, str] | None = None,
     options: dict[str, Any] | None = None,
     extra_files: Mapping[str, bytes] | None = None,
+    run_check: bool = True,
 ) -> Path:
     """Compile an already imported and optimized IR ``graph`` (changed in place) into ``out_dir``.
 
     The back half of :func:`compile_model` (partition, memory plan, kernels, artifact), for graphs
     built directly, e.g. tests of onnx-aot's own ops; CPU providers unless ``providers`` is given.
     ``source`` is the (name, sha256) recorded as the model's source, ``options`` the compile
-    options recorded in the manifest.
+    options recorded in the manifest; ``golden_cases`` and ``run_check`` as for compile_model.
     """
     say = progress or (lambda _msg: None)
     if providers is None:
@@ -250,6 +268,9 @@ def compile_graph(
     at = bindings(graph)
     golden = make_golden(graph, public, cases=golden_cases,
                          bindings=[at["min"], at["middle"]] if graph.symbols else None)
+    unchecked = skipped_reason(golden)
+    if unchecked is not None:
+        warn_unchecked(out, unchecked)
 
     nodes = len(graph)
     control = compile_control(graph, providers, materialize_outputs, plan_budget_ms,
@@ -282,8 +303,10 @@ def compile_graph(
 
     plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name, control)
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
+    check = None if unchecked is not None or not run_check else (
+        lambda folder: check_artifact(folder, plan.plan, out, say))
     final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say,
-                           extra_files={**golden, **(extra_files or {})})
+                           extra_files={**golden, **(extra_files or {})}, check=check)
     say(f"wrote {final}")
     return final
 

@@ -17,7 +17,10 @@ __all__ = [
     "UnsupportedOpError",
     "CompileError",
     "ShapeError",
+    "GoldenReferenceError",
+    "ArtifactCheckError",
     "CpuFallbackWarning",
+    "UncheckedArtifactWarning",
 ]
 
 
@@ -59,6 +62,22 @@ class UnsupportedOpError(ModelError):
 
 class CompileError(OnnxAotError):
     """Code generation or the native toolchain failed."""
+
+
+class GoldenReferenceError(CompileError):
+    """The golden self-test's reference run failed on its seeded inputs (the message names the
+    step); the compile wrote nothing."""
+
+
+class ArtifactCheckError(CompileError):
+    """The built artifact failed its first run on the golden inputs, or disagreed with the
+    reference outputs beyond their tolerance (the message names the step or output); the compile
+    wrote nothing."""
+
+
+class UncheckedArtifactWarning(UserWarning):
+    """A compile wrote an artifact whose run it did not check (``--golden-cases 0``, a graph that
+    draws random numbers, a value too large for the reference run, a target this host cannot run)."""
 
 
 class CpuFallbackWarning(RuntimeWarning):

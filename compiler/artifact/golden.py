@@ -14,34 +14,43 @@ time). Both files are hashed in the manifest like every other file and marked op
 ``runtime/selftest.py`` reruns them on the deploy machine.
 
 So every artifact carries golden cases whatever its input size. Only a graph that draws random
-numbers, one with an intermediate value over 256 MiB (the reference run is kept bounded) or whose
-reference run fails on every input tried gets a ``golden.json`` that says why it has none; ``verify``
-then says it cannot verify and exits 1. Everything is seeded and ordered, so two compiles stay
-byte-identical.
+numbers or one with an intermediate value over 256 MiB (the reference run is kept bounded) gets a
+``golden.json`` that says why it has none (``skipped_reason``); ``verify`` then says it cannot verify
+and exits 1. A reference run that fails is no reason to skip: when no case runs (a static graph's
+one binding, or every binding of a range) it raises ``GoldenReferenceError`` naming the step, and the
+compile writes nothing (the compile then runs the built artifact on these cases too:
+``compiler/artifact/check.py``); a binding of a range the model itself cannot run at (a trip count
+past the data its loop slices, a height its pooling cannot take) is left out with an
+``UncheckedArtifactWarning`` naming the step.
+Everything is seeded and ordered, so two compiles stay byte-identical.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from compiler.ir.evaluate import Interpreter
 from compiler.ir.evaluate import concrete_shape
-from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.passes.base import NONDETERMINISTIC
+from runtime.errors import GoldenReferenceError
 from runtime.errors import OnnxAotError
+from runtime.errors import UncheckedArtifactWarning
 from runtime.selftest import array_sha256
 from runtime.selftest import generate_input
 from runtime.selftest import sample_indices
 
-__all__ = ["GOLDEN_BIN", "GOLDEN_JSON", "DEFAULT_CASES", "DEFAULT_MAX_BYTES", "make_golden", "tolerance_for"]
+__all__ = ["GOLDEN_BIN", "GOLDEN_JSON", "DEFAULT_CASES", "DEFAULT_MAX_BYTES", "make_golden", "skipped_reason",
+           "tolerance_for"]
 
 GOLDEN_JSON = "golden.json"
 GOLDEN_BIN = "golden.bin"
@@ -53,9 +62,18 @@ _ALIGN = 64
 Binding = Mapping[str, int]  # the symbols' values in a graph with symbolic dims
 
 
-@dataclass(frozen=True)
-class _Failure:
-    reason: str
+_REFERENCE_FAILURES = (OnnxAotError, ArithmeticError, ValueError, TypeError, IndexError, KeyError,
+                       MemoryError, FloatingPointError)
+
+
+class _Tracked(Interpreter):
+    """The IR interpreter, remembering the node it runs (the one a failure names)."""
+
+    current: Node | None = None
+
+    def run_node(self, node: Node, args: list[Any]) -> list[Any]:
+        self.current = node
+        return super().run_node(node, args)
 
 
 def tolerance_for(dtype: np.dtype) -> float:
@@ -75,11 +93,10 @@ def _input_kind(dtype: np.dtype, integers: bool) -> str:
     return "int0to3" if integers else "zeros"  # zeros: a safe index / count where random ones are not
 
 
-def _case(graph: Graph, seed: int,
-          binding: Binding | None) -> tuple[list[dict[str, Any]], list[np.ndarray]] | _Failure:
-    """(input records, reference outputs) for case ``seed`` (symbolic dims at ``binding``), or why
-    none could be made."""
-    last = ""
+def _case(graph: Graph, seed: int, binding: Binding | None) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """(input records, reference outputs) for case ``seed`` (symbolic dims at ``binding``): integer
+    inputs 0..3, else zeros; ``GoldenReferenceError`` naming the step when neither runs."""
+    failure = ""
     valued = {name: symbol for symbol, name in graph.value_symbols.items()}  # fed their binding
     for integers in (True, False):
         records, feeds = [], {}
@@ -93,12 +110,18 @@ def _case(graph: Graph, seed: int,
             feeds[value.name] = array
             records.append({"name": value.name, "dtype": value.dtype.name, "shape": list(shape),
                             "generator": kind, "seed": input_seed, "sha256": array_sha256(array)})
+        interpreter = _Tracked(graph, binding=binding)
         try:
-            return records, evaluate(graph, feeds, binding)
-        except (OnnxAotError, ArithmeticError, ValueError, TypeError, IndexError, KeyError,
-                MemoryError, FloatingPointError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
-    return _Failure(f"the reference run failed on seeded inputs ({last[:300]})")
+            return records, interpreter.run(feeds)
+        except _REFERENCE_FAILURES as exc:
+            node = interpreter.current
+            where = f"step {node.name!r} ({node.kind})" if node is not None else "reading its inputs"
+            failure = f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    at = "" if binding is None else " at " + ", ".join(f"{k}={v}" for k, v in sorted(binding.items()))
+    raise GoldenReferenceError(
+        f"the golden self-test's reference run failed on its seeded inputs (case {seed}{at}) at {failure}; "
+        "nothing was written (a model that needs inputs of particular values: --bind them, or "
+        "--golden-cases 0 compiles without this check)")
 
 
 def _nbytes(value: Value, binding: Binding | None = None) -> int:
@@ -149,13 +172,15 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
     per_case = sum(_nbytes(v, largest) for v in (*graph.inputs, *graph.outputs))
     count = max(min(cases, len(at)), min(cases, max_bytes // max(per_case, 1)), 1)  # every binding
     budget = max_bytes // count  # output bytes per case
+    failures: list[GoldenReferenceError] = []
     for k in range(count if skip is None else 0):
-        result = _case(graph, seed + k, binding(k))
-        if isinstance(result, _Failure):
-            if not index["cases"]:
-                skip = result.reason
-            break
-        records, outputs = result
+        try:
+            records, outputs = _case(graph, seed + k, binding(k))
+        except GoldenReferenceError as exc:
+            # a binding of a range the model itself may not run at (a trip count past the data its
+            # loop slices, a height its pooling cannot take): left out, said; none left: the error
+            failures.append(exc)
+            continue
         whole = sum(a.nbytes for a in outputs) <= budget
         case: dict[str, Any] = {"inputs": records, "outputs": []}
         for k_out, array in enumerate(outputs):
@@ -164,10 +189,21 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
             record["tolerance"] = tolerance_for(array.dtype)
             case["outputs"].append(record)
         index["cases"].append(case)
+    if failures and not index["cases"]:
+        raise failures[0]
+    for failure in failures:
+        warnings.warn(f"a golden case left out: {failure}".replace("; nothing was written", ""),
+                      UncheckedArtifactWarning, stacklevel=2)
     if skip is not None:
         index["skipped"] = skip
     text = json.dumps(index, indent=1, ensure_ascii=False) + "\n"
     return {GOLDEN_JSON: text.encode("utf-8"), GOLDEN_BIN: bytes(blob)}
+
+
+def skipped_reason(files: Mapping[str, bytes]) -> str | None:
+    """Why the golden files ``make_golden`` gave hold no case (None: they hold some)."""
+    index = json.loads(files[GOLDEN_JSON].decode("utf-8"))
+    return None if index["cases"] else str(index.get("skipped", "no case"))
 
 
 def _put_output(blob: bytearray, name: str, array: np.ndarray, count: int | None) -> dict[str, Any]:

@@ -73,14 +73,18 @@ def write_artifact(
     options: dict[str, Any],
     say: Callable[[str], None],
     extra_files: Mapping[str, bytes] | None = None,
+    check: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write the artifact into a temporary sibling of ``out`` and rename it into place.
 
     ``extra_files`` (artifact-relative path -> bytes, e.g. the golden self-test) are written and
-    hashed like the rest.
+    hashed like the rest. ``check`` gets the complete temporary folder before the rename
+    (``compiler/artifact/check.py``); when it raises, nothing is left: no temporary folder, no
+    parent folder this call made, and whatever ``out`` held stays.
     """
     out = out.absolute()
     check_out_dir(out)
+    made = _missing_parents(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sweep_leftovers(out)  # temp folders of killed compiles into the same place
     tmp = make_temp_dir(out)
@@ -89,11 +93,28 @@ def write_artifact(
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_bytes(data)
         _write_into(tmp, compiled, providers, build, source_name, source_sha256, options, say)
+        if check is not None:
+            check(tmp)
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:  # innermost first; only while empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         raise
     return out
+
+
+def _missing_parents(out: Path) -> list[Path]:
+    """The parent folders of ``out`` that do not exist yet, innermost first."""
+    missing = []
+    for parent in out.parents:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing
 
 
 def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], build: BuildOptions,

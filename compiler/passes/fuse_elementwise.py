@@ -35,7 +35,14 @@ _FLOAT32 = np.dtype(np.float32)
 def _fusable(node: Node) -> bool:
     if node.domain != ONNX_DOMAIN or len(node.outputs) != 1 or node.outputs[0].dtype != _FLOAT32:
         return False
-    arity = 1 if node.op_type in ELEMENTWISE_UNARY else 2 if node.op_type in ELEMENTWISE_BINARY else 0
+    # only ops the fused program runs (docs/ops.md): an op of no inputs (ConstantOfShape of a
+    # run-time shape, Range, EyeLike ...) is no elementwise op, whatever its arity
+    if node.op_type in ELEMENTWISE_UNARY:
+        arity = 1
+    elif node.op_type in ELEMENTWISE_BINARY:
+        arity = 2
+    else:
+        return False
     if len(node.inputs) != arity:
         return False
     return all(v is not None and v.dtype == _FLOAT32 for v in node.inputs)
