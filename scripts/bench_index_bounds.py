@@ -73,7 +73,7 @@ def bert_model(seq: int, embeddings_only: bool) -> onnx.ModelProto:
 
 def feeds_for(model: onnx.ModelProto, seq: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    feeds = {"input_ids": rng.integers(0, VOCAB, (1, seq)).astype(np.int64),
+    feeds: dict[str, np.ndarray] = {"input_ids": rng.integers(0, VOCAB, (1, seq)).astype(np.int64),
              "token_type_ids": (np.arange(seq) >= seq // 2).reshape(1, seq).astype(np.int64)}
     if any(i.name == "attention_mask" for i in model.graph.input):
         feeds["attention_mask"] = (np.arange(seq) < seq * 3 // 4).reshape(1, seq)

@@ -22,6 +22,7 @@ from onnx import TensorProto
 from onnx import helper
 
 from compiler.driver import compile_model
+from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
 from runtime.errors import IndexRangeError
 from runtime.errors import InputError
@@ -108,7 +109,7 @@ CASES = {
 
 
 def _compile(case: Case, dynamic: bool, reference: bool, out: Path) -> Path:
-    providers = [ReferenceProvider()] if reference else None
+    providers: list[Provider] | None = [ReferenceProvider()] if reference else None
     return compile_model(case.model(dynamic), out, dims=case.dims if dynamic else None,
                          providers=providers, cpu=CPU)
 
@@ -204,3 +205,35 @@ def test_the_c_gather_checks_every_index_before_it_copies(tmp_path: Path) -> Non
     assert check < body.index("return 1;") < body.index("memcpy(")
     assert "memset" not in body
     assert "return onnx_aot_fail(0, fault);" in source  # the entry reports the step that faulted
+
+
+def _loop_model() -> onnx.ModelProto:
+    """acc += table[i] for i in range(M), M a run-time trip count: the body's Gather reads row i,
+    so M > 3 runs past the table's 3 rows."""
+    table = helper.make_node("Constant", [], ["table"], value=onnx.numpy_helper.from_array(_TABLE[:3], "t"))
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["table", "i"], ["row"], name="body_gather", axis=0),
+         helper.make_node("Add", ["acc", "row"], ["acc_out"]),
+         helper.make_node("Identity", ["cond"], ["cond_out"])], "body",
+        [helper.make_tensor_value_info("i", I64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc", F32, [4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", F32, [4])])
+    nodes = [table, helper.make_node("Loop", ["M", "", "acc0"], ["acc"], name="the_loop", body=body)]
+    graph = helper.make_graph(nodes, "loop", [helper.make_tensor_value_info("M", I64, []),
+                                              helper.make_tensor_value_info("acc0", F32, [4])],
+                              [helper.make_tensor_value_info("acc", F32, [4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_an_index_fault_in_a_compiled_loop_body_names_the_body_node(tmp_path: Path) -> None:
+    model = _loop_model()
+    session = Session(compile_model(model, tmp_path / "a", cpu=CPU))
+    (loop,) = [s for s in session.plan.steps if s.op_type == "Loop"]
+    assert loop.schedules is not None  # compiled control: the body's Gather is a C step
+    assert [s.provider for b in loop.schedules for s in b.steps if s.op_type == "Gather"] == ["c"]
+    feeds: dict[str, np.ndarray] = {"M": np.array(3, np.int64), "acc0": np.zeros(4, np.float32)}
+    np.testing.assert_array_equal(session.run(None, feeds)[0], ort_run(model, feeds)[0])
+    with pytest.raises(InputError, match=_fault_message("Gather", (3, 0, 3), "the_loop/body/body_gather")):
+        session.run(None, {**feeds, "M": np.array(5, np.int64)})
