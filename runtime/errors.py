@@ -11,6 +11,7 @@ __all__ = [
     "OnnxAotError",
     "ArtifactError",
     "InputError",
+    "IndexRangeError",
     "RuntimeKernelError",
     "ConcurrentRunError",
     "ModelError",
@@ -34,6 +35,24 @@ class ArtifactError(OnnxAotError):
 
 class InputError(OnnxAotError):
     """A feed does not match the plan's inputs (name, dtype or shape)."""
+
+
+class IndexRangeError(InputError):
+    """An index tensor holds a value outside its axis' ``[-size, size)`` (Gather, GatherElements,
+    GatherND, ScatterElements, ScatterND): names where (the node, once a provider knows it), the
+    first offending value in order, the axis and its size. A feed no vocabulary or table fits."""
+
+    def __init__(self, where: str, value: int, axis: int, size: int) -> None:
+        super().__init__(where, value, axis, size)  # args stay the constructor's (pickling)
+        self.where, self.value, self.axis, self.size = where, int(value), int(axis), int(size)
+
+    def __str__(self) -> str:
+        return (f"{self.where}: index {self.value} is out of range for axis {self.axis} of size "
+                f"{self.size} (valid: {-self.size}..{self.size - 1})")
+
+    def at(self, where: str) -> IndexRangeError:
+        """The same error located at ``where`` (a provider adds the node it ran)."""
+        return IndexRangeError(where, self.value, self.axis, self.size)
 
 
 class RuntimeKernelError(OnnxAotError):

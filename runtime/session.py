@@ -245,7 +245,8 @@ class Session:
             if rel not in self._libraries:
                 self._libraries[rel] = CLibrary(self._artifact.library_file(rel))
                 self._libraries[rel].set_threads(self._threads_now)
-            return ("c", _CPartition(self._libraries[rel].entry(record.entry), record.ext))
+            steps = tuple(f"node {s.name!r} ({s.kind})" for s in owner.partition_steps(record))
+            return ("c", _CPartition(self._libraries[rel].entry(record.entry, steps), record.ext))
         if runner == "cuda":
             from runtime.providers.cuda import CudaPartition
 

@@ -231,9 +231,9 @@ def test_concat_of_dims_equal_by_assumption_and_range(tmp_path: Path) -> None:
 
 
 def _gather_model() -> onnx.ModelProto:
-    """An embedding lookup: table (50, 8) gathered by ids (b, s) (out-of-range ids give zeros, as
-    the C kernel does; the test feeds ids in range, negative ones too); x (b, 6, w) gathered along
-    its static middle axis and along its run-time last axis."""
+    """An embedding lookup: table (50, 8) gathered by ids (b, s) (the test feeds ids in range,
+    negative ones too; out-of-range ones are tests/test_index_bounds.py's); x (b, 6, w) gathered
+    along its static middle axis and along its run-time last axis."""
     table = onnx.numpy_helper.from_array(np.arange(400, dtype=np.float32).reshape(50, 8) / 7, "table")
     pick = onnx.numpy_helper.from_array(np.array([[5, 0], [-1, 2]], np.int64), "pick")
     nodes = [

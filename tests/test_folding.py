@@ -252,7 +252,7 @@ def test_explain_walks_past_known_values_to_graph_inputs_and_unrecorded_producer
 
 def test_a_kernel_that_refuses_leaves_the_node_and_says_why() -> None:
     # GatherElements with an out-of-range constant index: the reference kernel raises, so the node stays
-    # (the C kernel writes zeros there) and the reason is kept for the messages
+    # (to fail at run time, as onnxruntime does) and the reason is kept for the messages
     data = Value("data", const=np.arange(4, dtype=F32))
     index = Value("index", const=np.array([7], I64))
     out = Value("g", F32, (1,))

@@ -19,6 +19,7 @@ from onnx import helper
 
 import compiler.backend as backend
 from compiler.frontend.importer import import_model
+from runtime.errors import InputError
 from runtime.errors import ModelError
 from runtime.errors import RuntimeKernelError
 from runtime.errors import UnsupportedOpError
@@ -83,9 +84,9 @@ def test_gather_nd_batch_dims_and_negative_indices() -> None:
     np.testing.assert_array_equal(y, want)
 
 
-def test_gather_elements_out_of_range_index_is_a_runtime_error() -> None:
+def test_gather_elements_out_of_range_index_is_an_input_error() -> None:
     data = np.zeros((2, 2), np.float32)
-    with pytest.raises(RuntimeKernelError, match="out of range"):
+    with pytest.raises(InputError, match="index 2 is out of range for axis 1 of size 2"):
         _run("GatherElements", [data, np.array([[0, 2]], np.int64)], opset=13, axis=1)
 
 

@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from runtime.errors import IndexRangeError
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.registry import OutputSpec
 
-__all__ = ["finish", "fill_optional", "pad_spatial", "prod", "window_slices"]
+__all__ = ["finish", "fill_optional", "in_range_indices", "in_range_tuples", "pad_spatial", "prod",
+           "window_slices"]
 
 
 def fill_optional(kind: str, inputs: Sequence[Any], count: int) -> list[Any]:
@@ -28,6 +30,33 @@ def fill_optional(kind: str, inputs: Sequence[Any], count: int) -> list[Any]:
     if len(inputs) > count:
         raise RuntimeKernelError(f"{kind}: {len(inputs)} inputs, expected at most {count}")
     return [*inputs, *[None] * (count - len(inputs))]
+
+
+def in_range_indices(xp: Any, kind: str, indices: Any, size: int, axis: int) -> Any:
+    """``indices`` as int64 with negative ones counted from the end of an axis of ``size``;
+    a value outside ``[-size, size)`` is an ``IndexRangeError`` naming the first such value in
+    order (row-major), ``axis`` and ``size``."""
+    indices = indices.astype(xp.int64)
+    size = int(size)
+    bad = (indices < -size) | (indices >= size)
+    if indices.size and bool(xp.any(bad)):
+        first = int(xp.argmax(bad.reshape(-1)))
+        raise IndexRangeError(kind, int(indices.reshape(-1)[first]), axis, size)
+    return xp.where(indices < 0, indices + size, indices)
+
+
+def in_range_tuples(xp: Any, kind: str, indices: Any, sizes: Sequence[int], first_axis: int) -> Any:
+    """``in_range_indices`` for index tuples (GatherND, ScatterND): ``indices[..., j]`` indexes
+    axis ``first_axis + j`` of size ``sizes[j]``; the first offending element in row-major order
+    of ``indices`` is the one named."""
+    indices = indices.astype(xp.int64)
+    size = xp.asarray(np.array([int(d) for d in sizes], np.int64))
+    bad = (indices < -size) | (indices >= size)
+    if indices.size and bool(xp.any(bad)):
+        first = int(xp.argmax(bad.reshape(-1)))
+        j = first % len(sizes)
+        raise IndexRangeError(kind, int(indices.reshape(-1)[first]), first_axis + j, int(sizes[j]))
+    return xp.where(indices < 0, indices + size, indices)
 
 
 def finish(

@@ -2,8 +2,9 @@
 TensorScatter, OneHot, TopK, EyeLike, ReverseSequence and Col2Im (canonical forms in docs/ops.md).
 
 Indices may be negative (counting from the end of their axis) wherever ONNX allows it; an index
-outside its axis is a RuntimeKernelError. Scatters apply updates in index order, so duplicate
-indices give the same result on numpy and cupy (the last write wins for reduction "none").
+outside its axis is an ``IndexRangeError`` (an ``InputError``) naming the first such value, the
+axis and its size. Scatters apply updates in index order, so duplicate indices give the same
+result on numpy and cupy (the last write wins for reduction "none").
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import numpy as np
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
+from runtime.kernels.common import in_range_indices
+from runtime.kernels.common import in_range_tuples
 from runtime.kernels.common import prod
 from runtime.kernels.common import window_slices
 from runtime.kernels.registry import OutputSpec
@@ -34,15 +37,6 @@ _COMBINE: dict[str, Callable[[Any, Any, Any], Any]] = {
     "max": lambda xp, old, new: xp.maximum(old, new),
     "min": lambda xp, old, new: xp.minimum(old, new),
 }
-
-
-def _normalized(xp: Any, kind: str, indices: Any, size: Any) -> Any:
-    """``indices`` (int64) with negative values wrapped by ``size``; out-of-range ones are an error."""
-    indices = indices.astype(xp.int64)
-    indices = xp.where(indices < 0, indices + size, indices)
-    if indices.size and bool(xp.any((indices < 0) | (indices >= size))):
-        raise RuntimeKernelError(f"{kind}: an index is out of range")
-    return indices
 
 
 def _scatter_rows(xp: Any, kind: str, out: Any, rows: Any, updates: Any, reduction: str) -> None:
@@ -72,7 +66,7 @@ def gather_elements_kernel(
     """GatherElements along ``axis``: out[i][j][k] = data[index[i][j][k]][j][k] (axis 0)."""
     data, indices = inputs
     axis = int(attrs["axis"])
-    indices = _normalized(xp, "GatherElements", indices, data.shape[axis])
+    indices = in_range_indices(xp, "GatherElements", indices, data.shape[axis], axis)
     return finish(xp, "GatherElements", [xp.take_along_axis(data, indices, axis=axis)], outputs)
 
 
@@ -88,7 +82,8 @@ def gather_nd_kernel(
     flat_data = data.reshape((batch, *data.shape[b:]))
     count = prod(indices.shape[b:-1])
     flat_idx = indices.reshape((batch, count, k))
-    coords = [_normalized(xp, "GatherND", flat_idx[..., j], data.shape[b + j]) for j in range(k)]
+    flat_idx = in_range_tuples(xp, "GatherND", flat_idx, data.shape[b:b + k], b)
+    coords = [flat_idx[..., j] for j in range(k)]
     batch_index = xp.broadcast_to(xp.arange(batch)[:, None], (batch, count))
     where = (batch_index, *coords)
     result = flat_data[where]
@@ -103,7 +98,7 @@ def scatter_elements_kernel(
     data, indices, updates = inputs
     axis = int(attrs["axis"])
     coords = list(xp.indices(indices.shape))
-    coords[axis] = _normalized(xp, "ScatterElements", indices, data.shape[axis])
+    coords[axis] = in_range_indices(xp, "ScatterElements", indices, data.shape[axis], axis)
     rows = xp.ravel_multi_index(tuple(c.reshape(-1) for c in coords), data.shape)
     out = data.copy().reshape(-1)
     _scatter_rows(xp, "ScatterElements", out, rows, updates.reshape(-1), str(attrs["reduction"]))
@@ -118,9 +113,10 @@ def scatter_nd_kernel(
     data, indices, updates = inputs
     k = int(indices.shape[-1])
     flat_idx = indices.reshape((prod(indices.shape[:-1]), k))
+    flat_idx = in_range_tuples(xp, "ScatterND", flat_idx, data.shape[:k], 0)
     rows = xp.zeros(flat_idx.shape[0], dtype=xp.int64)
     for j in range(k):
-        rows = rows * int(data.shape[j]) + _normalized(xp, "ScatterND", flat_idx[:, j], data.shape[j])
+        rows = rows * int(data.shape[j]) + flat_idx[:, j]
     out = data.copy().reshape((prod(data.shape[:k]), *data.shape[k:]))
     slices = updates.reshape((flat_idx.shape[0], *data.shape[k:]))
     _scatter_rows(xp, "ScatterND", out, rows, slices, str(attrs["reduction"]))

@@ -16,6 +16,7 @@ import numpy as np
 from runtime.errors import RuntimeKernelError
 from runtime.errors import UnsupportedOpError
 from runtime.kernels.common import finish
+from runtime.kernels.common import in_range_indices
 from runtime.kernels.registry import OutputSpec
 from runtime.kernels.registry import register
 
@@ -65,7 +66,7 @@ def gather_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: li
     """Gather along ``axis``; negative indices count from the end, as ONNX allows."""
     x, indices = inputs
     axis = int(attrs["axis"])
-    indices = xp.where(indices < 0, indices + x.shape[axis], indices)
+    indices = in_range_indices(xp, "Gather", indices, x.shape[axis], axis)
     return finish(xp, "Gather", [xp.take(x, indices, axis=axis)], outputs)
 
 

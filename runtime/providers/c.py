@@ -3,8 +3,10 @@
 Needs numpy's host and ctypes only (never the compiler, onnx or jinja2). The library follows
 ABI version 1 (see ``compiler/providers/c/provider.py``): one ``int entry(void* const* ext, char* arena,
 const char* weights, double* step_seconds)`` per partition, plus ``onnx_aot_abi_version`` and
-``onnx_aot_set_num_threads``. A call costs about a microsecond: argument types are set once and
-the caller passes integer addresses it caches, with a ``(c_void_p * n)`` array it fills.
+``onnx_aot_set_num_threads``; an entry returning 4 (a checked step's index fault) has its details
+read from ``onnx_aot_last_fault`` and raised as ``IndexRangeError`` naming the step's node. A call
+costs about a microsecond: argument types are set once and the caller passes integer addresses it
+caches, with a ``(c_void_p * n)`` array it fills.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from runtime.dlopen import open_library
 from runtime.errors import ArtifactError
+from runtime.errors import IndexRangeError
 from runtime.errors import RuntimeKernelError
 
 __all__ = ["ABI_VERSION", "CLibrary", "CEntry"]
@@ -40,6 +43,7 @@ _bound_openmp_spinning()
 
 _ENTRY_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 _RETURN_CODES = {1: "ext pointer array is NULL", 2: "arena is NULL", 3: "weights are NULL"}
+FAULT_INDEX = 4  # ONNX_AOT_FAULT_INDEX: onnx_aot_last_fault has {step local, value, size, axis}
 
 # The thread count is a global of the loaded library, and loading one path twice yields the same
 # library: this maps each dlopen handle to the count last set in it, so every CLibrary object
@@ -50,12 +54,13 @@ _THREADS_IN_LIBRARY: dict[int, int] = {}
 class CEntry:
     """One partition entry: ``entry(ext_array, arena_addr, weights_addr, timings_addr)``."""
 
-    __slots__ = ("symbol", "_fn", "_library")
+    __slots__ = ("symbol", "steps", "_fn", "_library")
 
-    def __init__(self, symbol: str, fn: Any, library: CLibrary) -> None:  # fn: a ctypes function
-        fn.argtypes = _ENTRY_ARGTYPES
+    def __init__(self, symbol: str, fn: Any, library: CLibrary, steps: tuple[str, ...]) -> None:
+        fn.argtypes = _ENTRY_ARGTYPES  # fn: a ctypes function
         fn.restype = ctypes.c_int
         self.symbol = symbol
+        self.steps = steps  # each local step's node, as a message names it
         self._fn = fn
         self._library = library
 
@@ -68,8 +73,15 @@ class CEntry:
             library._apply_threads()
         rc = self._fn(ext_array, arena_addr, weights_addr, timings_addr)
         if rc != 0:
+            if rc == FAULT_INDEX:
+                raise self._index_fault()
             reason = _RETURN_CODES.get(rc, "kernel failure")
             raise RuntimeKernelError(f"C entry {self.symbol!r} returned {rc} ({reason})")
+
+    def _index_fault(self) -> IndexRangeError:
+        local, value, size, axis = self._library.last_fault()
+        where = self.steps[local] if 0 <= local < len(self.steps) else f"C entry {self.symbol!r} step {local}"
+        return IndexRangeError(where, value, axis, size)
 
 
 class CLibrary:
@@ -109,12 +121,25 @@ class CLibrary:
         self._set_threads(self._threads)
         _THREADS_IN_LIBRARY[self._handle] = self._threads
 
-    def entry(self, symbol: str) -> CEntry:
-        """The partition entry named ``symbol`` (looked up once, then cached)."""
+    def entry(self, symbol: str, steps: tuple[str, ...] = ()) -> CEntry:
+        """The partition entry named ``symbol`` (looked up once, then cached); ``steps`` names the
+        node of each of its steps, in order, for the faults it reports."""
         if symbol not in self._entries:
             try:
                 fn = getattr(self._lib, symbol)
             except AttributeError as exc:
                 raise ArtifactError(f"{self.path} has no entry {symbol!r}") from exc
-            self._entries[symbol] = CEntry(symbol, fn, self)
+            self._entries[symbol] = CEntry(symbol, fn, self, steps)
         return self._entries[symbol]
+
+    def last_fault(self) -> tuple[int, int, int, int]:
+        """This thread's last fault of a checked step: (step local, index value, axis size, axis)."""
+        try:
+            fn = self._lib.onnx_aot_last_fault
+        except AttributeError as exc:
+            raise ArtifactError(f"{self.path} reported a fault but has no onnx_aot_last_fault") from exc
+        record = (ctypes.c_int64 * 4)()
+        fn.argtypes = [ctypes.c_void_p]
+        fn.restype = None
+        fn(record)
+        return int(record[0]), int(record[1]), int(record[2]), int(record[3])

@@ -22,6 +22,7 @@ import numpy as np
 
 from runtime.address import data_address
 from runtime.errors import ArtifactError
+from runtime.errors import IndexRangeError
 from runtime.errors import RuntimeKernelError
 from runtime.plan_schema import PlanPartition
 from runtime.plan_schema import PlanSchedule
@@ -415,6 +416,8 @@ class ControlPartition:
             t0 = time.perf_counter() if timings is not None else 0.0
             try:
                 step.run(arenas, ext)
+            except IndexRangeError:  # a body's node, already named
+                raise
             except Exception as exc:
                 raise RuntimeKernelError(f"step {step.name!r} ({step.op_type}) failed: {exc}") from exc
             if timings is not None:

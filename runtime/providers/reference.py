@@ -17,6 +17,7 @@ import numpy as np
 
 from runtime.blas import single_threaded_blas
 from runtime.errors import ArtifactError
+from runtime.errors import IndexRangeError
 from runtime.errors import InputError
 from runtime.errors import RuntimeKernelError
 from runtime.kernels import get_kernel
@@ -103,6 +104,8 @@ class ReferencePartition:
             args = [v(arenas, ext) if v is not None else None for v in ins]
             try:
                 results = kernel(xp, args, attrs, specs)
+            except IndexRangeError as exc:  # the feed's fault, not the kernel's: say which node
+                raise exc.at(f"node {name!r} ({kind})") from None
             except Exception as exc:
                 raise RuntimeKernelError(f"step {name!r} ({kind}) failed: {exc}") from exc
             if self._check_shapes:

@@ -60,6 +60,7 @@ class StepCode:
     template: str | None  # None: the step needs no code (a view onto the same address)
     ctx: Any  # the frozen context rendered with ``template``
     args: tuple[Arg, ...]
+    checked: bool = False  # the function returns int and takes ``fault`` last (common.c.j2)
 
 
 class CKernel(Kernel):

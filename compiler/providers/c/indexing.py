@@ -7,9 +7,10 @@ Slice, Expand and Tile are one *strided* copy: a loop nest over the output readi
 the input at compile-time (possibly zero or negative) strides from a base offset. Split copies
 each output's slice of every row.
 
-Gather reads its indices at run time; a negative index counts from the end and an index still
-outside ``[0, n)`` after that yields a zero-filled slice (the reference kernel raises instead: a
-step function cannot report an error through ABI version 1, and must never read out of bounds).
+Gather reads its indices at run time; a negative index counts from the end, and one outside
+``[-n, n)`` is a fault the kernel returns before it copies anything (a *checked* kernel: the
+entry returns ``ONNX_AOT_FAULT_INDEX`` and the runtime raises ``IndexRangeError``, as the
+reference kernel does), so nothing is read out of bounds and no slice is silently zero.
 ConstantOfShape has a kernel only for a run-time shape (a static one is folded). Pad is in
 ``pad``; Cast, Where and the comparison / logic ops are in ``elementwise_typed``.
 """
@@ -270,6 +271,7 @@ class GatherContext:
     params: tuple[Param, ...]
     pre: int  # product of the dimensions before the axis
     n: int  # the axis' length
+    axis: int
     count: int  # number of indices
     post_bytes: int  # bytes of one gathered slice (everything after the axis)
     parallel: bool
@@ -315,6 +317,7 @@ class GatherKernel(CKernel):
             params=params(["x", "ind", "y"], args, [True] * 3) + rd.params,
             pre=pre,
             n=rd.write(xs[axis]),
+            axis=axis,
             count=count,
             post_bytes=rd.write(math.prod(xs[axis + 1 :]) * y.dtype.itemsize),
             parallel=rd.dynamic or y.size >= PARALLEL_MIN_WORK and pre * count > 1,
@@ -323,7 +326,7 @@ class GatherKernel(CKernel):
         )
         if known_zero(y.size):
             return _no_code(step, ctx)
-        return StepCode("c/gather.c.j2", ctx, (*args, *rd.args))
+        return StepCode("c/gather.c.j2", ctx, (*args, *rd.args), checked=True)
 
 
 # -- Split --------------------------------------------------------------------------------------

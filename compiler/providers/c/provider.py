@@ -14,7 +14,12 @@ The library's ABI (version 1), which ``runtime/providers/c.py`` relies on:
   partition: ``ext[k]`` is the address of the value ``partition.ext[k]``; Location("arena", off)
   is ``arena + off``, Location("weights", off) is ``weights + off``, Location("ext", k) is
   ``ext[k]``. Runs the steps in order; with ``step_seconds`` not NULL it stores the wall time of
-  step ``local`` in ``step_seconds[local]``. Returns 0 on success (1/2/3: ext/arena/weights NULL).
+  step ``local`` in ``step_seconds[local]``. Returns 0 on success (1/2/3: ext/arena/weights NULL;
+  4, ``ONNX_AOT_FAULT_INDEX``: a checked step found an index outside its axis and stopped the
+  partition there, before writing its output).
+- ``void onnx_aot_last_fault(int64_t out[4])``: the calling thread's last fault, ``{step local,
+  index value, axis size, axis}`` (thread-local: concurrent runs on other threads keep theirs).
+  Added within version 1: an older library never returns 4, so a runtime looks it up only then.
 - ``void onnx_aot_set_num_threads(int n)`` (n <= 0: back to OpenMP's default) and
   ``int onnx_aot_abi_version(void)`` (returns 1).
 """
@@ -83,7 +88,8 @@ LIBRARY_NAME = "model.so"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Names the generated file defines itself (plus C keywords an entry could plausibly be named).
 _RESERVED = re.compile(
-    r"step_\d+|k_[0-9a-f]{16}|onnx_aot_(abi_version|set_num_threads|threads)|ONNX_AOT_EXPORT|v(f|load|store|bcast)|main"
+    r"step_\d+|k_[0-9a-f]{16}|onnx_aot_(abi_version|set_num_threads|threads|last_fault|fault|fail)"
+    r"|ONNX_AOT_(EXPORT|FAULT_INDEX)|fault|v(f|load|store|bcast)|main"
     r"|auto|break|case|char|const|continue|default|do|double|else|enum|extern|float|for|goto|if|inline"
     r"|int|long|register|restrict|return|short|signed|sizeof|static|struct|switch|typedef|union"
     r"|unsigned|void|volatile|while"
@@ -97,6 +103,7 @@ class CallSite:
     comment: str
     fn: str | None  # None: the step has no code (a view onto the same bytes)
     args: tuple[Arg, ...]
+    checked: bool = False  # fn returns a fault status (StepCode.checked)
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,7 @@ class EntryContext:
     uses_ext: bool
     uses_arena: bool
     uses_weights: bool
+    checked: bool = False  # a step is checked: the entry holds a fault record
 
 
 @dataclass(frozen=True)
@@ -126,10 +134,10 @@ class CSource:
     units: tuple[str, ...]  # one per kernel function, then the entries
     entries: tuple[EntryContext, ...] = ()
 
-    def calls(self) -> list[tuple[str, list[tuple[int, int, bool, tuple[Arg, ...]]]]]:
+    def calls(self) -> list[tuple[str, list[tuple[int, int, bool, tuple[Arg, ...], bool]]]]:
         """The entries' call sequences without kernel names: what must not differ between the
         builds of one plan (entries, steps, ext slots, arena / weights / scratch offsets)."""
-        return [(e.symbol, [(c.index, c.local, c.fn is None, c.args) for c in e.steps])
+        return [(e.symbol, [(c.index, c.local, c.fn is None, c.args, c.checked) for c in e.steps])
                 for e in self.entries]
 
 
@@ -137,9 +145,9 @@ _PLACEHOLDER = "onnx_aot_kernel_fn"
 
 
 def _prototype(name: str, text: str) -> str:
-    match = re.search(rf"^void {name}\([^)]*\)", text, re.M)
+    match = re.search(rf"^(void|int) {name}\([^)]*\)", text, re.M)
     if match is None:
-        raise CompileError(f"kernel {name}: no 'void {name}(...)' definition in its rendered text")
+        raise CompileError(f"kernel {name}: no 'void|int {name}(...)' definition in its rendered text")
     return match.group(0)
 
 
@@ -196,11 +204,11 @@ class CProvider:
                         functions.setdefault(name, text.replace(_PLACEHOLDER, name))
                         names[key] = name
                     fn = names[key]
-                calls.append(CallSite(step.index, step.local, comment(step.node), fn, code.args))
+                calls.append(CallSite(step.index, step.local, comment(step.node), fn, code.args,
+                                      fn is not None and code.checked))
             spaces = {a.space for c in calls for a in c.args}
-            entries.append(
-                EntryContext(symbol, tuple(calls), "ext" in spaces, "arena" in spaces, "weights" in spaces)
-            )
+            entries.append(EntryContext(symbol, tuple(calls), "ext" in spaces, "arena" in spaces,
+                                        "weights" in spaces, any(c.checked for c in calls)))
         texts = tuple(functions.values())
         prototypes = tuple(_prototype(name, text) for name, text in functions.items())
         whole = ModelContext(ABI_VERSION, target.vector_bytes, texts, tuple(entries), (), "model")
