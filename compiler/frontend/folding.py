@@ -199,6 +199,7 @@ class Knowledge:
         # id(a run-time value) -> (the value, sample values of it): a loop step's iteration number
         # at its first iterations, and what the import computes from it (shapes only, importer.py)
         self.samples: dict[int, tuple[Value, list[np.ndarray]]] = {}
+        self.input_shapes: dict[str, tuple[Any, ...]] = {}  # graph inputs' shapes (messages name them)
 
     def fold(self, proto: onnx.NodeProto, name: str, nodes: Sequence[Node],
              outputs: Sequence[Value]) -> dict[str, np.ndarray] | None:

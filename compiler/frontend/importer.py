@@ -60,6 +60,7 @@ from compiler.frontend.sequences import refuse_sequences
 from compiler.frontend.value_symbols import ValueSymbol
 from compiler.frontend.value_symbols import symbolic_input
 from compiler.frontend.value_symbols import value_symbols
+from compiler.frontend.window_ranges import window_rule
 from compiler.frontend.window_shapes import infer_with_pool_sizes
 from compiler.ir.evaluate import concrete_shape
 from compiler.ir.graph import Graph
@@ -139,6 +140,7 @@ def graph_from_proto(proto: onnx.ModelProto,
     used = frozenset(referenced_names(g_proto))  # (subgraphs read outer values by name too)
     node_names: set[str] = set()
     knowledge = Knowledge((v.name for v in graph.inputs), graph.symbols)
+    knowledge.input_shapes = {v.name: tuple(v.shape or ()) for v in graph.inputs}
 
     def import_one(at: ControlScope, node_proto: onnx.NodeProto, used_here: frozenset[str],
                    k: int = 0) -> None:
@@ -480,7 +482,7 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dic
             if fallback is None:
                 probes = knowledge.probes
                 if probes is not None and any(v is not None and v.is_symbolic for v in inputs):
-                    fallback = _infer_symbolic(proto, inputs, opset, probes, where)
+                    fallback = _infer_symbolic(proto, inputs, opset, probes, where, knowledge.input_shapes)
                 else:
                     fallback = _infer_single(proto, inputs, opset)
             if name not in fallback and name not in used:
@@ -586,10 +588,13 @@ def _single_node_model(proto: onnx.NodeProto, inputs: list[Value | None], opset:
 
 
 def _infer_symbolic(proto: onnx.NodeProto, inputs: list[Value | None], opset: int, probes: Probes,
-                    where: str) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+                    where: str, input_shapes: Mapping[str, Sequence[Any]]
+                    ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """Shape-infer one node whose inputs have symbolic dims or values: onnx's inference of the node
     alone at the probe bindings, each output dim fitted as an expression of the input's symbolic
-    dims and values (``probing.py``); a dim that fits none is a ShapeError naming it."""
+    dims and values (``probing.py``); a dim that fits none is a ShapeError naming it. A Conv or
+    pool over symbolic spatial dims takes its size rule instead (``window_ranges.py``), checked
+    against onnx's inference at the probes."""
     atoms = atoms_of(*(v.shape for v in inputs if v is not None and v.shape is not None),
                      *(list(v.const.reshape(-1)) for v in inputs if v is not None and v.const is not None
                        and v.const.dtype == object))
@@ -609,6 +614,9 @@ def _infer_symbolic(proto: onnx.NodeProto, inputs: list[Value | None], opset: in
         return result or None
 
     found = probes.run(at)
+    windowed = window_rule(proto, inputs, found, where, probes.ranges, input_shapes)
+    if windowed is not None:
+        return windowed  # type: ignore[return-value]  # (symbolic dims: see ir.graph.Shape)
     result: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
     for name in proto.output:
         seen = [(binding, types[name]) for binding, types in found if name in types]

@@ -3,11 +3,12 @@
 The elementwise kernel's scalar loops are vectorized by gcc until the program calls libm (tanhf,
 expf, erff, ...), which stops that: Magika's GELU-tanh step spent 14 of 44 ms in scalar tanhf.
 Where every instruction has a vector form here (arithmetic, Relu / Clip / LeakyRelu / HardSigmoid /
-HardSwish with ``vselect``, and the vector math of ``templates/c/vmath.c.j2`` through
-``compiler/codegen/vmath.py``), the kernel's innermost loop runs ``vf`` statements over full
-vectors and the scalar program for the tail. Each form computes what the scalar one does lane for
-lane, NaN included (a comparison with NaN is false in both); the transcendental functions are the
-vector math's, within the bounds of docs/vector-math.md of libm's results.
+HardSwish with ``vselect``, a Where of a comparison as ``vselect`` of its mask, and the vector math
+of ``templates/c/vmath.c.j2`` through ``compiler/codegen/vmath.py``), the kernel's innermost loop
+runs ``vf`` statements over full vectors and the scalar program for the tail. Each form computes
+what the scalar one does lane for lane, NaN included (a comparison with NaN is false in both); the
+transcendental functions are the vector math's, within the bounds of docs/vector-math.md of libm's
+results.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = ["vector_program"]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ARITH = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
+_COMPARE = {"Less": "<", "Greater": ">", "Equal": "=="}
 _ZERO, _ONE = "vbcast(0.0f)", "vbcast(1.0f)"
 
 
@@ -69,18 +71,29 @@ def vector_program(program: Sequence[Instr], inputs: Sequence[str]) -> tuple[tup
     vector form here."""
     values = list(inputs)
     out: list[tuple[str, str]] = []
+    masks: dict[str, str] = {}  # a comparison's result, "v<k>": its vi expression (read by a Where)
     for n, ins in enumerate(program):
         args = []
         for r in ins.args:
             k = int(r[1:])
             args.append(values[k] if r[0] == "i" else f"v{k}")
+        cond = ""
+        if ins.op == "Where" and len(args) == 3 and args[0] in masks:
+            cond, args = masks[args[0]], args[1:]
+        elif any(a in masks for a in args):
+            return None  # (a comparison is read by a Where only: fuse_elementwise)
         # the vector math takes a variable (some forms read it twice): name a constant argument
         for j, a in enumerate(args):
             if not _IDENT.fullmatch(a):
                 out.append((f"v{n}_{j}", a))
                 args[j] = f"v{n}_{j}"
-        if ins.op in _ARITH and len(args) == 2:
-            expr: str | None = f"({args[0]} {_ARITH[ins.op]} {args[1]})"
+        if ins.op in _COMPARE and len(args) == 2:
+            masks[f"v{n}"] = f"({args[0]} {_COMPARE[ins.op]} {args[1]})"
+            continue
+        if ins.op == "Where":
+            expr: str | None = f"vselect({cond}, {args[0]}, {args[1]})" if cond else None
+        elif ins.op in _ARITH and len(args) == 2:
+            expr = f"({args[0]} {_ARITH[ins.op]} {args[1]})"
         elif ins.op == "HardSwish" and len(args) == 1:  # x * clip(x / 6 + 0.5, 0, 1), as the scalar form
             out.append((f"v{n}_u", f"({args[0]} / vbcast(6.0f) + vbcast(0.5f))"))
             expr = f"({args[0]} * {_clip(f'v{n}_u', _ZERO, _ONE)})"
