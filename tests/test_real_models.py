@@ -29,10 +29,6 @@ import numpy as np
 import onnx
 import pytest
 
-from runtime.errors import CompileError
-from runtime.errors import ModelError
-from runtime.errors import RuntimeKernelError
-from runtime.errors import ShapeError
 from scripts.fetch_models import MODELS
 from scripts.fetch_models import FetchError
 from scripts.fetch_models import RealModel
@@ -52,7 +48,6 @@ from tests.support.real_models import feeds_for
 
 # each model that does not compile yet: (the exception type it raises today, its message -- the cause)
 XFAIL: dict[str, tuple[type[Exception], str]] = {
-    "livekit-melspectrogram": (ModelError, "node 'Clip_28': its min is computed at run time"),
 }
 
 
@@ -87,12 +82,8 @@ def test_real_model_matches_onnxruntime(model: RealModel, compiled: CompileCache
 # each model whose compile over its ranges fails today: (the exception type, its message)
 RANGE_XFAIL: dict[str, tuple[type[Exception], str]] = {
     "ppocrv4-rec": (AssertionError, "at 8x3x48x2048 one softmax value of 13.6 M is off by 3.4e-4"),
-    "ppocr-mobile-v2-cls": (CompileError, "a generated kernel's unused variable 'OWHI' fails -Werror"),
-    "nudenet-320n": (RuntimeKernelError, "'ConstantOfShape' fused into a FusedElementwise step"),
-    "livekit-melspectrogram": (ShapeError, "the strided kernel-512 Conv1d takes 20 of 32 probe sizes"),
     "flan-t5-small-int8-encoder": (AssertionError, "at (10, 512) the C kernels stray 0.85 from onnxruntime "
                                                    "(its own spread 0.28, our reference kernels 0.34)"),
-    "flan-t5-small-int8-decoder": (RuntimeKernelError, "ConstantOfShape_1 fused into a FusedElementwise"),
 }
 
 
