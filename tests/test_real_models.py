@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 import pytest
 
+from scripts.fetch_models import INT8_TOLERANCE
 from scripts.fetch_models import MODELS
 from scripts.fetch_models import FetchError
 from scripts.fetch_models import RealModel
@@ -39,6 +40,7 @@ from scripts.fetch_models import fetch
 from scripts.fetch_models import model_named
 from tests.support.commands import REPO
 from tests.support.fetched import fetched_model
+from tests.support.int8_spread import self_spread
 from tests.support.range_feeds import feeds_at
 from tests.support.real_models import VAD_CHUNKS
 from tests.support.real_models import Comparison
@@ -126,14 +128,32 @@ def test_real_model_over_its_ranges(model: RealModel, ranged: Path) -> None:
         feeds = feeds_at(model, dict(at), seed=k)
         want = theirs.run(None, {**feeds, **binds})
         got = ours.run(None, feeds)
+        if model.tolerance == INT8_TOLERANCE:  # chaotic: held to onnxruntime's own spread
+            _within_spread(model, dict(at), path, feeds, got, want)
+            continue
         for spec, g, w in zip(ours.outputs, got, want, strict=True):
             result.add(f"at {dict(at)} output {spec.name!r}", g, w)
-            if model.feed == "t5-decoder":
-                same = g.argmax(-1) == w.argmax(-1)
-                assert same.all(), f"top-1 tokens differ at {int((~same).sum())} of {same.size} positions"
     assert not result.mismatches, f"{model.name}: " + "; ".join(result.mismatches[:5])
     report = ours.verify()
     assert report.ok and report.cases >= 1, report.summary()
+
+
+def _within_spread(model: RealModel, at: dict[str, tuple[int, ...]], path: Path, feeds: dict[str, np.ndarray],
+                   got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    """A dynamically quantized model's outputs: within 1.25x onnxruntime's spread around itself plus
+    the model's tolerance, and (the T5 decoder's logits) top-1 tokens agreeing with onnxruntime's
+    at least as often as its own do (tests/support/int8_spread.py)."""
+    spread = self_spread(path, feeds, want)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        err = float(np.abs(g.astype(np.float64) - w).max(initial=0.0))
+        allowed = 1.25 * spread.max_abs[k] + model.tolerance[1]
+        assert err <= allowed, (f"{model.name} at {at}: output {k} strays {err:.3g} from onnxruntime, which "
+                                f"strays {spread.max_abs[k]:.3g} from itself (allowed {allowed:.3g})")
+        if model.feed == "t5-decoder":
+            agree = float((g.argmax(-1) == w.argmax(-1)).mean())
+            assert agree >= spread.top1_agreement[k] - 0.02, (
+                f"{model.name} at {at}: top-1 tokens agree with onnxruntime's at {agree:.0%} of the "
+                f"positions, onnxruntime's own at {spread.top1_agreement[k]:.0%}")
 
 
 def test_the_table_is_the_issue_list_and_more() -> None:
