@@ -375,14 +375,16 @@ class ConvTransposeGeometry(ConvGeometry):
         return (self.c, self.mg, *self.kernel_shape)
 
     @classmethod
-    def from_node(cls, node: Node, layout: Layout) -> ConvTransposeGeometry | None:
-        win = _Window.read(node, layout, (1, 2) if layout == "NCHW" else ())
+    def from_node(cls, node: Node, layout: Layout, symbolic: bool = False) -> ConvTransposeGeometry | None:
+        """The geometry; with ``symbolic`` (a dynamic graph's node) N and the spatial sizes may be
+        expressions, channels and weights static."""
+        win = _Window.read(node, layout, (1, 2) if layout == "NCHW" else (), symbolic)
         group = node.attrs.get("group")
         padding = _ints(node.attrs.get("output_padding", [0] * win.rank), win.rank) if win else None
         if win is None or padding is None or not isinstance(group, int) or group < 1:
             return None
         (n, c, *_), (ny, m, *_) = win.x, win.y
-        if ny != n or c % group or m % group or min(n, c, m) < 1:
+        if ny != n or c % group or m % group or min(c, m) < 1 or (not isinstance(n, Expr) and n < 1):
             return None
         rows, cols = win.axes()
         for axis, op in zip((rows, cols)[2 - win.rank :], padding, strict=True):
