@@ -317,3 +317,80 @@ def test_conv_transpose_over_run_time_batch_and_sizes(case: tuple[Any, ...], tmp
     path = compile_model(model, tmp_path / "a", dims=ranges)
     assert _providers(path, "ConvTranspose") == ["c"]
     _check_runs(model, path, [{"x": _feed(dims, sizes, np.float32)} for sizes in _sizes_at(ranges)])
+
+
+# -- elementwise over dims equal by an import assumption ------------------------------------------
+
+
+def fpn_add_model() -> onnx.ModelProto:
+    """A detector's FPN merge (PP-OCR det, YOLO): a stride-4 map plus a 2x-upsampled stride-8
+    map, times a per-channel gate: the Add's dims are (h+3)//4 and 2*((h+7)//8), equal only at
+    the sizes the model takes (multiples of 8), which the import records as an assumption."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "h", "w"])
+    conv = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    inits = [_init(f"w{k}", _rand(4, 4, 3, 3)) for k in range(3)]
+    inits += [_init("scales", np.array([1, 1, 2, 2], np.float32)), _init("gate", _rand(1, 4, 1, 1))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c2"], **conv),
+             helper.make_node("Conv", ["c2", "w1"], ["c4"], **conv),
+             helper.make_node("Conv", ["c4", "w2"], ["c8"], **conv),
+             helper.make_node("Resize", ["c8", "", "scales"], ["up"], mode="nearest"),
+             helper.make_node("Mul", ["c4", "gate"], ["g"]),
+             helper.make_node("Add", ["g", "up"], ["s"]),
+             helper.make_node("Add", ["s", "c4"], ["y"])]  # fmt: skip
+    return _model(nodes, [x], ["y"], inits)
+
+
+def test_elementwise_over_dims_equal_by_an_assumption(tmp_path: Path) -> None:
+    model = fpn_add_model()
+    path = compile_model(model, tmp_path / "a", dims={"h": (32, 96), "w": (32, 96)}, opt_level=2)
+    plan = json.loads((path / "plan.json").read_text())
+    assert plan["assumptions"], "the import records the FPN Add's dims as an assumption"
+    steps = [s for s in plan["steps"] if s["op_type"] in ("Add", "Mul", "FusedElementwise")]
+    assert steps and {s["provider"] for s in steps} == {"c"}, [(s["op_type"], s["provider"]) for s in steps]
+    _check_runs(model, path, [{"x": _rand(1, 4, h, w, scale=1.0)} for h, w in ((32, 32), (96, 96), (40, 88))])
+
+
+# -- Slice of a whole run-time axis, QuantizeLinear / DequantizeLinear, window sizes ----------------
+
+
+def test_slice_of_a_whole_run_time_axis_and_quantize_pairs_run_on_c(tmp_path: Path) -> None:
+    """jax2tf's ``x[:n]`` with n = Shape(x)[0] next to a static-axis slice (Magika, Silero's STFT),
+    then a per-tensor QuantizeLinear / DequantizeLinear pair (a statically quantized export)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 12, "w"])
+    inits = [_init("zero", np.array([0], np.int64)), _init("one", np.array([1], np.int64)),
+             _init("two", np.array([2], np.int64)), _init("ten", np.array([10], np.int64)),
+             _init("scale", np.array(0.05, np.float32)), _init("zp", np.array(128, np.uint8))]  # fmt: skip
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Gather", ["s", "two"], ["w"], axis=0),
+             helper.make_node("Concat", ["n", "ten", "w"], ["ends"], axis=0),
+             helper.make_node("Concat", ["zero", "one", "zero"], ["starts"], axis=0),
+             helper.make_node("Slice", ["x", "starts", "ends"], ["sl"]),
+             helper.make_node("QuantizeLinear", ["sl", "scale", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["y"])]  # fmt: skip
+    model = _model(nodes, [x], ["y"], inits)
+    path = compile_model(model, tmp_path / "a", dims={"n": (1, 16), "w": (1, 40)})
+    for op in ("Slice", "QuantizeLinear", "DequantizeLinear"):
+        assert _providers(path, op) == ["c"], op
+    _check_runs(model, path, [{"x": _rand(n, 12, w, scale=3.0)} for n, w in ((1, 1), (16, 40), (7, 23))])
+
+
+def test_window_sizes_equal_over_the_ranges() -> None:
+    """A conv's output size the import fitted in another form than the conv rule, equal at every
+    size in range (Silero VAD's STFT: ``sequence//64-5`` for ``(sequence-192)//128+1``), or a
+    size the ranges make constant, is the rule's; a form equal only over part of a range is not."""
+    from compiler.ir.graph import Graph
+    from compiler.ir.graph import Node as IrNode
+    from compiler.providers.geometry import same_over_ranges
+    from runtime.symbolic import floordiv
+    from runtime.symbolic import sym
+
+    graph = Graph("g")
+    s = sym("sequence")
+    node = IrNode("Conv", [], [], {}, name="c")
+    node.graph = graph
+    graph.symbols = {"sequence": (512, 576)}
+    assert same_over_ranges(floordiv(s, 64) - 5, floordiv(s - 192, 128) + 1, node)
+    assert same_over_ranges(floordiv(floordiv(s, 64) - 6, 2) + 1, 2, node)
+    graph.symbols = {"sequence": (512, 700)}
+    assert not same_over_ranges(floordiv(s, 64) - 5, floordiv(s - 192, 128) + 1, node)
