@@ -371,8 +371,11 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def broadcast_strides(in_shape: Sequence[int], out_shape: Sequence[int]) -> tuple[int, ...]:
-    """Element strides of ``in_shape`` read at each index of ``out_shape`` (numpy broadcasting)."""
+def broadcast_strides(in_shape: Sequence[int], out_shape: Sequence[int],
+                      same: Callable[[Any, Any], bool] | None = None) -> tuple[int, ...]:
+    """Element strides of ``in_shape`` read at each index of ``out_shape`` (numpy broadcasting).
+    ``same(a, b)``: two different expressions of a dynamic graph's symbols that are equal at every
+    binding a run accepts (an import assumption the runtime checks before any step)."""
     if len(in_shape) > len(out_shape):
         raise ValueError(f"cannot broadcast {tuple(in_shape)} to {tuple(out_shape)}")
     own = contiguous_strides(in_shape)
@@ -380,7 +383,7 @@ def broadcast_strides(in_shape: Sequence[int], out_shape: Sequence[int]) -> tupl
     strides = [0] * len(out_shape)
     for d, size in enumerate(in_shape):
         out = as_dim(out_shape[pad + d])
-        if size == out:
+        if size == out or (same is not None and same(size, out)):
             strides[pad + d] = own[d] if size != 1 else 0
         elif size != 1:
             raise ValueError(f"cannot broadcast {tuple(in_shape)} to {tuple(out_shape)}")
@@ -498,10 +501,11 @@ def elementwise_node(
     out_shape: Sequence[int],
     dialect: Dialect = C_DIALECT,
     text: Callable[[Any], Any] | None = None,
+    same: Callable[[Any, Any], bool] | None = None,
 ) -> ElementwiseNode:
     """The loop nest and statements of an elementwise op over ``inputs`` (IR Values, broadcast to
     ``out_shape``); one-element constants become literals. Symbolic dims need ``text`` (see
-    ``loop_nest``)."""
+    ``loop_nest``); ``same`` as for ``broadcast_strides``."""
     consts: dict[int, float] = {}
     exprs: list[str] = []
     strides: list[tuple[int, ...]] = []
@@ -512,7 +516,7 @@ def elementwise_node(
             exprs.append(literal(c, dialect))
             continue
         exprs.append(f"x{k}")
-        strides.append(broadcast_strides(tuple(value.shape), out_shape))
+        strides.append(broadcast_strides(tuple(value.shape), out_shape, same))
     nest = loop_nest(out_shape, strides, text=text)
     loaded = tuple(k for k in range(len(inputs)) if k not in consts)
     loads = tuple((f"x{k}", f"in{k}", idx) for k, idx in zip(loaded, nest.in_index, strict=True))

@@ -20,6 +20,8 @@ properties here, nowhere in a provider.
 
 from __future__ import annotations
 
+import itertools
+import math
 import operator
 from dataclasses import dataclass
 from typing import Literal
@@ -42,6 +44,9 @@ from runtime.kernels.window import reach
 from runtime.kernels.window import window_counts
 from runtime.kernels.winograd import MATRICES
 from runtime.symbolic import Expr
+from runtime.symbolic import evaluate
+from runtime.symbolic import free_symbols
+from runtime.symbolic import simplify
 
 __all__ = [
     "Axis",
@@ -52,6 +57,7 @@ __all__ = [
     "PoolGeometry",
     "Spatial",
     "WinogradGeometry",
+    "same_over_ranges",
     "claimed",
 ]
 
@@ -317,9 +323,35 @@ def _conv(node: Node, layout: Layout, ranks: tuple[int, ...], symbolic: bool = F
     rows, cols = win.axes()
     for axis in (rows, cols):
         want = conv_out_size(axis.size, axis.kernel, axis.stride, axis.dilation, axis.begin, axis.end)
-        if axis.out != want:
+        if axis.out != want and not same_over_ranges(axis.out, want, node):
             return None
     return ConvGeometry(layout, win.rank, n, c, rows, cols, m, group)
+
+
+# Most bindings ``same_over_ranges`` evaluates two expressions at to compare them.
+_MAX_EQUALITY_BINDINGS = 1 << 12
+
+
+def same_over_ranges(a: Dim, b: Dim, node: Node) -> bool:
+    """Whether dims ``a`` and ``b`` (expressions of a dynamic graph's symbols) are equal at every
+    binding of the ranges: equal once what the ranges decide is folded (an output size that is 2
+    for every input size in range), or, over few enough bindings, equal at each of them (the
+    import's fit of a strided size, ``sequence//64-5``, against the rule's ``(sequence-192)//128+1``
+    for ``sequence`` in 512..576)."""
+    graph = node.graph
+    if graph is None or not (isinstance(a, Expr) or isinstance(b, Expr)):
+        return False
+    ranges = graph.symbols
+    if simplify(a, ranges) == simplify(b, ranges):
+        return True
+    names = sorted(free_symbols(a) | free_symbols(b))
+    if any(n not in ranges for n in names):
+        return False
+    spans = [range(ranges[n][0], ranges[n][1] + 1) for n in names]
+    if math.prod(len(r) for r in spans) > _MAX_EQUALITY_BINDINGS:
+        return False
+    bindings = (dict(zip(names, point, strict=True)) for point in itertools.product(*spans))
+    return all(evaluate(a, binding) == evaluate(b, binding) for binding in bindings)
 
 
 @dataclass(frozen=True)
@@ -375,20 +407,22 @@ class ConvTransposeGeometry(ConvGeometry):
         return (self.c, self.mg, *self.kernel_shape)
 
     @classmethod
-    def from_node(cls, node: Node, layout: Layout) -> ConvTransposeGeometry | None:
-        win = _Window.read(node, layout, (1, 2) if layout == "NCHW" else ())
+    def from_node(cls, node: Node, layout: Layout, symbolic: bool = False) -> ConvTransposeGeometry | None:
+        """The geometry; with ``symbolic`` (a dynamic graph's node) N and the spatial sizes may be
+        expressions, channels and weights static."""
+        win = _Window.read(node, layout, (1, 2) if layout == "NCHW" else (), symbolic)
         group = node.attrs.get("group")
         padding = _ints(node.attrs.get("output_padding", [0] * win.rank), win.rank) if win else None
         if win is None or padding is None or not isinstance(group, int) or group < 1:
             return None
         (n, c, *_), (ny, m, *_) = win.x, win.y
-        if ny != n or c % group or m % group or min(n, c, m) < 1:
+        if ny != n or c % group or m % group or min(c, m) < 1 or (not isinstance(n, Expr) and n < 1):
             return None
         rows, cols = win.axes()
         for axis, op in zip((rows, cols)[2 - win.rank :], padding, strict=True):
             want = conv_transpose_out_size(axis.size, axis.kernel, axis.stride, axis.dilation, axis.begin,
                                            axis.end, op)  # fmt: skip
-            if axis.out != want:
+            if axis.out != want and not same_over_ranges(axis.out, want, node):
                 return None
         g = cls(layout, win.rank, n, c, rows, cols, m, group)
         return g if _shape(node.input(1)) == g.weight_shape else None

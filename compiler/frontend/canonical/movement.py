@@ -136,7 +136,7 @@ def _slice(ctx: CanonContext) -> list[Node]:
 
 
 def _bounds_ints(ctx: CanonContext, values: Any) -> list[Any]:
-    """Slice starts / ends: ints, or expressions of the symbols (``x[:, :seq]`` of a constant in a
+    """Slice starts / ends, Pad pads: ints, or expressions of the symbols (``x[:, :seq]`` of a constant in a
     model with dynamic dims, runtime/symbolic.py) kept as they are."""
     return [v if is_symbolic(v) else int(v) for v in np.asarray(values).reshape(-1)]
 
@@ -169,7 +169,7 @@ def _pad(ctx: CanonContext) -> list[Node]:
         pads = ints(ctx.attr("pads", ctx.attr("paddings", [0] * 2 * rank)))
         value = float(ctx.attr("value", 0.0))
     else:
-        pads = ints(ctx.const_input(1, "pads"))  # type: ignore[arg-type]
+        pads = _bounds_ints(ctx, ctx.const_input(1, "pads"))  # expressions: pads computed from shapes
         value_c = ctx.const_input(2, "constant_value")
         value = first_float(value_c) if value_c is not None else 0.0
         axes_c = ctx.const_input(3, "axes") if len(ctx.inputs) > 3 else None

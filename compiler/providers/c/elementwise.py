@@ -9,7 +9,9 @@ which is safe because each output element is written after its own inputs are re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from compiler.codegen.cdims import kernel_dims
 from compiler.codegen.elementwise import ELEMENTWISE_OPS
@@ -34,6 +36,7 @@ from compiler.providers.c.common import arg
 from compiler.providers.c.common import dyn_arg
 from compiler.providers.c.common import output_args
 from compiler.providers.c.elementwise_vector import vector_program
+from compiler.providers.c.rundims import assumed_equal
 from compiler.providers.kit import Param
 
 __all__ = ["EltwiseContext", "EltwiseKernel"]
@@ -70,10 +73,11 @@ class EltwiseKernel(CKernel):
         if any(v is None or v.is_symbolic and v.is_const for v in node.inputs):
             return False
         out = shape_of(node.outputs[0], symbolic=True)
+        same = assumed_equal(node)
         try:
             for v in node.inputs:
                 assert v is not None
-                broadcast_strides(shape_of(v, symbolic=True), out)
+                broadcast_strides(shape_of(v, symbolic=True), out, same)
             program = node_program(node.kind, node.attrs, len(node.inputs))
         except (ValueError, KeyError, TypeError):
             return False
@@ -84,8 +88,9 @@ class EltwiseKernel(CKernel):
         inputs = [v for v in node.inputs if v is not None]
         dynamic = any(v.is_symbolic for v in (*inputs, *node.outputs))
         text = kernel_dims(step.symbols) if dynamic else None
+        same = assumed_equal(node) if dynamic else None
         plan = elementwise_node(node.kind, node.attrs, inputs, shape_of(node.outputs[0], symbolic=True),
-                                text=text)
+                                text=text, same=same)
         args = [arg(step.inputs[k], "float", True, step, f"input {k} ({inputs[k].name})")
                 for k in plan.loaded]
         args += output_args(step)
@@ -106,18 +111,19 @@ class EltwiseKernel(CKernel):
             parallel_if="" if static else f"{plan.nest.total} * {work} >= {PARALLEL_MIN_WORK}",
             chunk=_CHUNK,
             vw=target.vector_bytes // 4,
-            **_vector_path(node, inputs, plan.loads),
+            **_vector_path(node, inputs, plan.loads, same),
         )
         return StepCode("c/elementwise.c.j2", ctx, tuple(args))
 
 
-def _vector_path(node: Node, inputs: list, loads: tuple[tuple[str, str, str], ...]) -> dict:
+def _vector_path(node: Node, inputs: list, loads: tuple[tuple[str, str, str], ...],
+                 same: Callable[[Any, Any], bool] | None = None) -> dict:
     """The vector loads and statements of the innermost loop, or None for both where an operand
     is neither contiguous nor constant along it or an instruction has no vector form."""
     none = {"vloads": None, "vector": None}
     out = shape_of(node.outputs[0], symbolic=True)
     loaded = [v for v in inputs if scalar_constant(v) is None]
-    strides = [broadcast_strides(shape_of(v, symbolic=True), out) for v in loaded]
+    strides = [broadcast_strides(shape_of(v, symbolic=True), out, same) for v in loaded]
     _, cols = coalesce(out, [contiguous_strides(out), *strides])
     if cols[0][-1] != 1 or any(c[-1] not in (0, 1) for c in cols[1:]):
         return none

@@ -272,6 +272,7 @@ def _per_tensor(node: Node, x_names: frozenset[str]) -> bool:
 
 class QuantizeKernel(CKernel):
     kinds: tuple[str, ...] = ("QuantizeLinear",)
+    dynamic = True  # run-time dims of x (the scale and zero point: one element each)
 
     def supports(self, node: Node) -> bool:
         to = str(node.attrs.get("to", ""))
@@ -294,6 +295,7 @@ class QuantizeKernel(CKernel):
 
 class DequantizeKernel(CKernel):
     kinds: tuple[str, ...] = ("DequantizeLinear",)
+    dynamic = True
 
     def supports(self, node: Node) -> bool:
         zero = node.inputs[2] if len(node.inputs) > 2 else None

@@ -103,17 +103,18 @@ class StridedContext:
     parallel_if: str = ""  # run-time dims: the OpenMP if clause's condition
 
 
-def _slice_map(node: Node, shape: tuple[int, ...] | None = None
+def _slice_map(node: Node, shape: tuple[int, ...] | None = None, sliced: tuple[list, ...] | None = None
                ) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
+    """``sliced``: (starts, ends, axes, steps) to use instead of the node's attributes."""
     xs = shape_of(node.input(0)) if shape is None else shape
     own = contiguous_strides(xs)
     counts, starts, steps = list(xs), [0] * len(xs), [1] * len(xs)
-    axes = _ints(node.attrs["axes"])
+    a = node.attrs
+    lists = sliced if sliced is not None else (a["starts"], a["ends"], a["axes"], a["steps"])
+    axes = _ints(lists[2])
     if len(set(axes)) != len(axes):
         return None
-    for start, end, axis, step in zip(
-        _ints(node.attrs["starts"]), _ints(node.attrs["ends"]), axes, _ints(node.attrs["steps"]), strict=True
-    ):
+    for start, end, axis, step in zip(_ints(lists[0]), _ints(lists[1]), axes, _ints(lists[3]), strict=True):
         if not 0 <= axis < len(xs) or step == 0:
             return None
         low, high = (0, xs[axis]) if step > 0 else (-1, xs[axis] - 1)
@@ -164,24 +165,29 @@ def strided_map(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | No
 
 def _dynamic_slice(node: Node) -> tuple[tuple[int, ...], int, tuple[int, ...]] | None:
     """``strided_map`` of a Slice with run-time dims (as ints and Exprs, typed as ``shape_of``'s):
-    only static axes sliced, any others run-time."""
+    only static axes sliced (a run-time axis only whole), any others run-time."""
     xs = shape_of(node.input(0), symbolic=True)
-    axes = node.attrs["axes"]
-    if any(not isinstance(int_or_none(a), int) or not 0 <= int(a) < len(xs) for a in axes):
+    a = node.attrs
+    if any(not isinstance(int_or_none(x), int) or not 0 <= int(x) < len(xs) for x in a["axes"]):
         return None
-    if any(isinstance(xs[int(a)], Expr) for a in axes):
+    # an axis sliced whole (0 to its size by 1: jax2tf's x[:n] of a run-time n) is no slice
+    ranges = zip(a["starts"], a["ends"], a["axes"], a["steps"], strict=True)
+    kept = [k for k, (b, e, x, st) in enumerate(ranges)
+            if not (int_or_none(b) == 0 and int_or_none(st) == 1 and e == xs[int(x)])]
+    sliced = tuple([a[name][k] for k in kept] for name in ("starts", "ends", "axes", "steps"))
+    axes = sliced[2]
+    if any(isinstance(xs[int(x)], Expr) for x in axes):
         return None
-    for name in ("starts", "ends", "steps"):
-        if any(int_or_none(v) is None for v in node.attrs[name]):
-            return None
+    if any(int_or_none(v) is None for values in (sliced[0], sliced[1], sliced[3]) for v in values):
+        return None
     static = tuple(1 if isinstance(d, Expr) else d for d in xs)  # the sliced axes' canonical form
-    found = _slice_map(node, static)
+    found = _slice_map(node, static, sliced)
     if found is None or math.prod(found[0]) == 0:
         return None
     own = contiguous_strides(xs)
     counts = tuple(c if a in {int(x) for x in axes} else xs[a] for a, c in enumerate(found[0]))
-    starts = {int(a): int(v) for a, v in zip(axes, node.attrs["starts"], strict=True)}
-    steps = {int(a): int(v) for a, v in zip(axes, node.attrs["steps"], strict=True)}
+    starts = {int(x): int(v) for x, v in zip(axes, sliced[0], strict=True)}
+    steps = {int(x): int(v) for x, v in zip(axes, sliced[3], strict=True)}
     base = sum((starts.get(a, 0) * own[a] for a in range(len(xs))), 0)
     return counts, base, tuple(steps.get(a, 1) * own[a] for a in range(len(xs)))
 

@@ -6,7 +6,8 @@ an outer index reads the input through a per-axis table of offsets (-1: a paddin
 contiguous interior plus its edges from two small tables. The tables come from numpy's own
 ``pad`` of index vectors, so reflect / edge / wrap (pads longer than the axis included) mean
 exactly what the reference kernel's ``pad`` of the data does. Elements move as unsigned integers
-of their size, so every fixed-size dtype is claimed.
+of their size, so every fixed-size dtype is claimed. Run-time sizes and pads (a dynamic graph):
+``pad_runtime.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import params
 from compiler.providers.c.common import same_dtype_movable
 from compiler.providers.c.common import step_args
+from compiler.providers.c.pad_runtime import runtime_pad
+from compiler.providers.c.pad_runtime import takes_runtime_pads
+from compiler.providers.c.rundims import is_dynamic
 from compiler.providers.kit import Param
 
 __all__ = ["PadDim", "PadContext", "PadKernel", "pad_tables"]
@@ -143,10 +147,13 @@ def _interior(row: np.ndarray) -> tuple[int, int]:
 
 class PadKernel(CKernel):
     kinds: tuple[str, ...] = ("Pad",)
+    dynamic = True  # run-time sizes and pads: pad_runtime.py
 
     def supports(self, node: Node) -> bool:
         if not same_dtype_movable(node) or len(node.inputs) != 1 or len(node.outputs) != 1:
             return False
+        if is_dynamic(node):
+            return takes_runtime_pads(node)
         xs = shape_of(node.input(0))
         try:
             tables = pad_tables(xs, _ints(node.attrs["pads"]), str(node.attrs["mode"]))
@@ -159,6 +166,8 @@ class PadKernel(CKernel):
         node = step.node
         x, y = node.input(0), node.outputs[0]
         assert x is not None and x.dtype is not None
+        if is_dynamic(node):
+            return runtime_pad(step, _pad_value(float(node.attrs["value"]), x.dtype))
         xs, mode = shape_of(x), str(node.attrs["mode"])
         outer, last = _pad_layout(xs, pad_tables(xs, _ints(node.attrs["pads"]), mode))
         lo, hi = _interior(last)

@@ -78,7 +78,8 @@ __all__ = [
 # SUPPORT_MODULES (a test checks that none is left out).
 KERNEL_MODULES = (attention, conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing,
                   movement, norm, pad, pool, pool_nhwc, recurrent, reduce, spatial, winograd, winograd_nhwc)
-SUPPORT_MODULES = ("provider", "common", "dtypes", "elementwise_vector", "rundims", "resize_runtime")
+SUPPORT_MODULES = ("provider", "common", "dtypes", "elementwise_vector", "rundims", "resize_runtime",
+                   "pad_runtime")
 KERNELS: KernelTable[CKernel] = KernelTable("C", KERNEL_MODULES)
 
 ABI_VERSION = 1

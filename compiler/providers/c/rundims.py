@@ -19,7 +19,8 @@ from compiler.providers.c.common import dyn_arg
 from compiler.providers.kit import Param
 from runtime.symbolic import Expr
 
-__all__ = ["RunDims", "is_dynamic", "run_dims", "known_zero", "parallel_if", "symbolic_const", "int_or_none"]
+__all__ = ["RunDims", "is_dynamic", "run_dims", "known_zero", "parallel_if", "symbolic_const", "int_or_none",
+           "assumed_equal"]
 
 
 def is_dynamic(node: Node) -> bool:
@@ -31,6 +32,17 @@ def symbolic_const(v: Value | None) -> bool:
     """``v`` is a constant whose elements are expressions of the symbols (a shape computed from a
     run-time dim): no kernel here reads it."""
     return v is not None and v.is_const and v.is_symbolic
+
+
+def assumed_equal(node: Node) -> Callable[[Any, Any], bool] | None:
+    """Where ``node``'s graph records import assumptions (``Graph.assumptions``: two different
+    expressions of the symbols that must be equal, which the runtime checks at each binding before
+    any step runs), whether two dims are one of those pairs; None without any."""
+    graph = node.graph
+    pairs = {frozenset((a, b)) for _, a, b in graph.assumptions} if graph is not None else set()
+    if not pairs:
+        return None
+    return lambda a, b: isinstance(a, Expr) and isinstance(b, Expr) and frozenset((a, b)) in pairs
 
 
 def int_or_none(x: object) -> int | None:

@@ -14,7 +14,8 @@ columns W_g^T X_g -- one row per (output channel, kh, kw), one column per input 
 scratch (W read transposed in place), then col2im gathers them per output row: y[n, m, oh, :] adds
 column rows (m, kh, kw) at the input row ih with oh = ih * sh + kh * dh - pt, each a strided axpy
 over iw. float32 NCHW (1-D as H = 1) with groups, dilations, strides, pads and output_padding
-(the output shape).
+(the output shape). In a dynamic graph the batch and the spatial sizes are C locals read from the
+binding (channels, taps, strides and pads compile-time) and the tile's columns a run-time count.
 """
 
 from __future__ import annotations
@@ -24,21 +25,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compiler.codegen.cdims import CDim
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import StepPlan
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import all_float32
+from compiler.providers.c.common import dyn_arg
 from compiler.providers.c.common import params
-from compiler.providers.c.common import scratch_arg
 from compiler.providers.c.common import step_args
+from compiler.providers.c.conv import Decls
+from compiler.providers.c.conv import dynamic_geometry
+from compiler.providers.c.gemm import MAX_PANEL
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.c.gemm import Tiling
 from compiler.providers.c.gemm import choose_tiling
+from compiler.providers.c.gemm import run_time_columns
+from compiler.providers.c.gemm import sized_scratch
 from compiler.providers.c.resize_runtime import runtime_resize
 from compiler.providers.c.resize_runtime import runtime_resize_scratch
 from compiler.providers.c.resize_runtime import takes_runtime_scales
@@ -228,39 +236,71 @@ class ConvTransposeContext:
     bias: bool
     g: ConvTransposeGeometry
     parallel: bool
+    decls: Decls = ()  # a dynamic node's run-time sizes (NB, H, W, OH, OW, NP = H * W)
+    when: str = ""  # a dynamic node's OpenMP if clause
+
+
+def _conv_transpose_geometry(node: Node) -> ConvTransposeGeometry:
+    return claimed(ConvTransposeGeometry.from_node(node, "NCHW", symbolic=is_dynamic(node)), node)
 
 
 class ConvTransposeKernel(CKernel):
     kinds: tuple[str, ...] = ("ConvTranspose",)
+    dynamic = True  # run-time batch and spatial sizes (the tile's columns H * W at run time)
 
     def supports(self, node: Node) -> bool:
         if not all_float32(node) or len(node.inputs) > 3:
             return False
-        g = ConvTransposeGeometry.from_node(node, "NCHW")
+        g = ConvTransposeGeometry.from_node(node, "NCHW", symbolic=is_dynamic(node))
         b = node.input(2)
-        return g is not None and (b is None or shape_of(b) == (g.m,))
+        return g is not None and (b is None or (not b.is_symbolic and shape_of(b) == (g.m,)))
 
-    def scratch_nbytes(self, node: Node) -> int:
-        g = claimed(ConvTransposeGeometry.from_node(node, "NCHW"), node)
-        return 4 * g.mg * g.kh * g.kw * g.h * g.w  # one image and group's columns
+    def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
+        g = _conv_transpose_geometry(node)
+        return 4 * g.mg * g.kh * g.kw * g.h * g.w  # type: ignore[no-any-return]  # one image and group's columns
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        g = claimed(ConvTransposeGeometry.from_node(node, "NCHW"), node)
+        g = _conv_transpose_geometry(node)
         bias = node.input(2) is not None
-        scratch = scratch_arg(step, self.scratch_nbytes(node))
-        args = [*step_args(step), *scratch]
+        args = [*step_args(step), *sized_scratch(step, self.scratch_nbytes(node))]
         names = ["x", "w"] + (["bias"] if bias else []) + ["y", "scratch"]
+        step_params = params(names, args, [True] * len(names))
+        e = Epilogue("", False, "", 0, 0, False, "v")
+        if is_dynamic(node):
+            return _dynamic_conv_transpose(step, g, e, bias, args, step_params, target)
         t = choose_tiling(g.mg * g.kh * g.kw, g.h * g.w, g.cg, target)
         ctx = ConvTransposeContext(
-            params=params(names, args, [True] * len(names)),
+            params=step_params,
             t=t,
-            e=Epilogue("", False, "", 0, 0, False, "v"),
+            e=e,
             bias=bias,
             g=g,
             parallel=2 * g.batch * g.groups * g.mg * g.kh * g.kw * t.n * g.cg >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/spatial_conv_transpose.c.j2", ctx, tuple(args))
+
+
+def _dynamic_conv_transpose(step: StepPlan, g0: ConvTransposeGeometry, e: Epilogue, bias: bool,
+                            args: list[Arg], step_params: tuple[Param, ...], target: TargetInfo) -> StepCode:
+    """The same kernel over run-time sizes: C locals from the binding, the tile's N (input pixels
+    per image, NP) a run-time count (``run_time_columns``: the tail panel's B rows copied into a
+    zeroed buffer), threads when the run's work is large enough."""
+    g, decls = dynamic_geometry(g0, step.symbols)
+    decls += (("NP", str(g.h * g.w)),)
+    t = run_time_columns(choose_tiling(g.mg * g.kh * g.kw, 64 * MAX_PANEL, g.cg, target), CDim("NP"))
+    work = CDim("NP") * (g.batch * (2 * g.groups * g.mg * g.kh * g.kw * g.cg))  # type: ignore[operator]
+    ctx = ConvTransposeContext(
+        params=(*step_params, Param("dyn", "int64_t", True, True)),
+        t=t,
+        e=e,
+        bias=bias,
+        g=g,
+        parallel=True,
+        decls=decls,
+        when=f" if({work} >= {PARALLEL_MIN_WORK})",
+    )
+    return StepCode("c/spatial_conv_transpose.c.j2", ctx, (*args, dyn_arg(step)))
 
 
 KERNELS = (ResizeKernel(), ConvTransposeKernel())
