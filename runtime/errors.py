@@ -91,7 +91,12 @@ class GoldenReferenceError(CompileError):
 class ArtifactCheckError(CompileError):
     """The built artifact failed its first run on the golden inputs, or disagreed with the
     reference outputs beyond their tolerance (the message names the step or output); the compile
-    wrote nothing."""
+    wrote nothing. ``mismatches``: (case, output name, relative error) of each output off its
+    tolerance (empty when a step failed or the artifact did not load)."""
+
+    def __init__(self, message: str, mismatches: tuple[tuple[int, str, float], ...] = ()) -> None:
+        super().__init__(message)
+        self.mismatches = mismatches
 
 
 class UncheckedArtifactWarning(UserWarning):

@@ -81,7 +81,8 @@ def check_artifact(folder: Path, plan: Plan, out: Path, say: Progress) -> None:
         detail = ", ".join(f"case {c.case} output {c.output!r}: relative error {c.error:.3g} over "
                            f"tolerance {c.tolerance:.3g}" for c in bad[:4])
         raise ArtifactCheckError(f"{out}: the built artifact disagrees with the reference kernels on its "
-                                 f"golden inputs ({detail}); nothing was written")
+                                 f"golden inputs ({detail}); nothing was written",
+                                 tuple((c.case, c.output, c.error) for c in bad))
     worst = report.worst
     assert worst is not None
     say(f"checked the artifact: {report.cases} golden case(s) ran and match the reference "
