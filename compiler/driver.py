@@ -24,6 +24,7 @@ import onnx
 
 from compiler.artifact.golden import DEFAULT_CASES
 from compiler.artifact.golden import make_golden
+from compiler.artifact.writer import ModelSource
 from compiler.artifact.writer import check_out_dir
 from compiler.artifact.writer import write_artifact
 from compiler.codegen.options import BuildOptions
@@ -129,7 +130,7 @@ def compile_model(
     out = Path(out_dir)
     check_out_dir(out)  # a path that cannot be written fails before any work
     say("loading model")
-    source_name, source_sha = _source_identity(model)
+    source = _source_identity(model)
     graph = import_model(model, shapes, binds, dims, values)
     dynamic = bool(graph.symbols)
     if providers is None:
@@ -158,7 +159,7 @@ def compile_model(
                              compiled_control=compiled_control)
     return compile_graph(graph, out, providers=providers, build=build, progress=say,
                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
-                         golden_cases=golden_cases, source=(source_name, source_sha), options=options,
+                         golden_cases=golden_cases, source=source, options=options,
                          extra_files=variants)
 
 
@@ -222,7 +223,7 @@ def compile_graph(
     plan_budget_ms: float | None = None,
     max_arena_bytes: int | None = None,
     golden_cases: int = DEFAULT_CASES,
-    source: tuple[str, str] | None = None,
+    source: ModelSource | tuple[str, str] | None = None,
     options: dict[str, Any] | None = None,
     extra_files: Mapping[str, bytes] | None = None,
 ) -> Path:
@@ -240,7 +241,7 @@ def compile_graph(
     if build is None:
         build = _cpu_build_options(None, None)
     out = Path(out_dir)
-    source_name, source_sha = source or (graph.name or "graph", "")
+    source = ModelSource(*(source or (graph.name or "graph", "")))
     options = dict(options) if options is not None else {"target": "cpu", "cpu": build.isa}
     materialize_outputs(graph)
     graph.verify()
@@ -278,11 +279,11 @@ def compile_graph(
             continue
         mem_plans[space] = plan_offsets(buffers, alignment[space], budget_ms=plan_budget_ms)
         verify_plan(buffers, mem_plans[space], alignment[space])
-    check_arena_limit(source_name, mem_plans, max_arena_bytes)
+    check_arena_limit(source.file, mem_plans, max_arena_bytes)
 
     plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name, control)
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
-    final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say,
+    final = write_artifact(out, plan, providers, build, source, options, say,
                            extra_files={**golden, **(extra_files or {})})
     say(f"wrote {final}")
     return final
@@ -339,16 +340,27 @@ def materialize_outputs(graph: Graph) -> None:
     graph.sort()
 
 
-def _source_identity(model: str | os.PathLike[str] | onnx.ModelProto) -> tuple[str, str]:
+def _source_identity(model: str | os.PathLike[str] | onnx.ModelProto) -> ModelSource:
     if isinstance(model, onnx.ModelProto):
         data = model.SerializeToString(deterministic=True)
-        return (model.graph.name or "model", hashlib.sha256(data).hexdigest())
+        return ModelSource(model.graph.name or "model", hashlib.sha256(data).hexdigest(), len(data))
     path = Path(model)
     try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        data = path.read_bytes()
     except OSError:
-        digest = ""
-    return (path.name, digest)
+        return ModelSource(path.name, "")
+    return ModelSource(path.name, hashlib.sha256(data).hexdigest(), len(data) + _external_nbytes(path, data))
+
+
+def _external_nbytes(path: Path, data: bytes) -> int:
+    """The bytes of the external-data files next to the model ``data`` that it names (0: none)."""
+    try:
+        proto = onnx.load_from_string(data)
+    except Exception:  # the import reports an unreadable model with its own error
+        return 0
+    names = {e.value for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+             for e in t.external_data if e.key == "location"}
+    return sum((path.parent / n).stat().st_size for n in sorted(names) if (path.parent / n).is_file())
 
 
 def stderr_progress(message: str) -> None:

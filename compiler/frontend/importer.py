@@ -64,6 +64,7 @@ from compiler.frontend.window_shapes import infer_with_pool_sizes
 from compiler.ir.evaluate import concrete_shape
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Value
+from compiler.ir.narrow import shipped_widths
 from compiler.limits import check_tensor_size
 from runtime.errors import ModelError
 from runtime.errors import ShapeError
@@ -128,6 +129,9 @@ def graph_from_proto(proto: onnx.ModelProto,
         graph.constants[name] = value
         graph.reserve_name(name)
         env[name] = value
+    first_inputs = ((n.op_type, n.input[0] if n.input else "") for n in g_proto.node)
+    arrays = {name: v.const for name, v in graph.constants.items() if v.const is not None}
+    graph.narrowing.widths = shipped_widths(first_inputs, arrays)
     for inp in g_proto.input:
         if inp.name in initializers:
             continue  # older models list initializers as inputs too: they are constants
@@ -347,6 +351,10 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
     folded = knowledge.fold(proto, name, nodes, outputs)
     if folded is not None:
         _fold_into(graph, env, folded, name, {v.name: v.dtype for v in outputs if v.dtype is not None})
+        if len(nodes) == 1 and len(folded) == 1:  # weights kept narrow (compiler/ir/narrow.py)
+            graph.narrowing.note_fold(nodes[0].kind, nodes[0].attrs, [v.const if v is not None else None
+                                                                      for v in nodes[0].inputs],
+                                      env[next(iter(folded))].const)
         return
     for node in nodes:
         graph.add_node(node)

@@ -66,6 +66,9 @@ class PackGemmWeights(Pass):
             key = (id(b), int(node.attrs["transB"]))
             if key not in packed:
                 packed[key] = add_constant(graph, f"{b.name}_panels", pack_b_panels(np.asarray(matrix)))
+                assert b.const is not None and packed[key].const is not None
+                graph.narrowing.carry(b.const, packed[key].const,  # a dequantized B stays narrow
+                                      lambda a, t=bool(key[1]): pack_b_panels(a.T if t else a))
             attrs = {**(node.attrs if node.domain == AOT_DOMAIN else {**node.attrs, **NO_ACTIVATION}),
                      "n": int(matrix.shape[1])}
             del attrs["transB"]
