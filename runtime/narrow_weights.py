@@ -154,17 +154,15 @@ def widen_weights(constants: Any, raw: np.ndarray, image_nbytes: int, where: Whe
 
 def widen(codes: np.ndarray, zero: np.ndarray | None, scale: np.ndarray | None, out: np.ndarray) -> None:
     """``out[...] = (codes - zero) * scale`` in ``out``'s dtype (float32 when scaled), broadcasting
-    ``zero`` and ``scale``; a plain cast without them. The compiler checks its stored forms with
-    this same function, so the load gives the folded value bit for bit."""
-    if zero is None and scale is None:
-        out[...] = codes
-        return
-    shifted = codes.astype(np.int32) if codes.dtype.kind in "iu" else codes.astype(np.float32)
-    if zero is not None:
-        shifted = shifted - zero.astype(shifted.dtype)
-    np.copyto(out, shifted, casting="unsafe")
-    if scale is not None:
-        np.multiply(out, scale, out=out)
+    ``zero`` and ``scale``; a plain cast without them. Every step is exact but the one rounding
+    multiply (integer codes and their differences are floats exactly), and the compiler checks its
+    stored forms with this same function, so the load gives the folded value bit for bit."""
+    if zero is not None:  # int8 / uint8 codes and zero points: the difference fits int16 exactly
+        codes = np.subtract(codes, zero, dtype=np.int16)
+    if scale is None:
+        np.copyto(out, codes, casting="unsafe")
+    else:
+        np.multiply(codes, scale, out=out, dtype=np.float32, casting="unsafe")
 
 
 def _table(raw: np.ndarray, table: StoredTable | None, shape: tuple[int, ...],

@@ -155,6 +155,12 @@ class Narrowing:
                   for t in (affine.scale, affine.zero)]
         self.record(new, Affine(move(affine.codes), tables[0], tables[1]))
 
+    def carry_if_same(self, old: np.ndarray, new: np.ndarray) -> None:
+        """``new`` was computed from ``old`` (a Conv's weights times a channel scale that is 1, when
+        only a bias is folded in): it keeps ``old``'s form where it has every bit of it."""
+        if self.affine_of(old) is not None and _same_bits(old, new):
+            self.carry(old, new, lambda a: a)
+
     def narrow_form(self, array: np.ndarray) -> Affine | None:
         """How to store the constant ``array`` narrow (scale and zero point shrunk), or None."""
         if array.dtype.kind != "f" or array.size < MIN_NARROW_ELEMENTS:
