@@ -101,6 +101,7 @@ def compile_model(
     compiled_control: bool = True,
     opt_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
     values: Mapping[str, Any] | None = None,
+    narrow_weights: bool = True,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -122,6 +123,9 @@ def compile_model(
     each given by some inputs' shapes (``{"x": (1, 3, 48, 320)}``); each becomes a static artifact
     ``opt/<k>/`` inside this one, which a run at exactly that binding dispatches to. ``values``
     (``--value``, ``{"M": (0, 64)}``): inputs made value symbols (compiler/frontend/value_symbols.py).
+    ``narrow_weights`` False (``--wide-weights``) stores weights the model ships narrow (int8 / fp16
+    behind a Cast or a DequantizeLinear) widened, as the kernels read them (compiler/ir/narrow.py):
+    a bigger weights.bin that a C program maps as it is (kernels/cpu/model.h).
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
@@ -132,6 +136,7 @@ def compile_model(
     say("loading model")
     source = _source_identity(model)
     graph = import_model(model, shapes, binds, dims, values)
+    graph.narrowing.enabled = narrow_weights
     dynamic = bool(graph.symbols)
     if providers is None:
         providers = dynamic_providers(target, graph) if dynamic else default_providers(target)
@@ -153,10 +158,11 @@ def compile_model(
         "winograd": winograd,
         "cpu": build.isa,
         **({} if compiled_control else {"compiled_control": False}),
+        **({} if narrow_weights else {"narrow_weights": False}),
     }
     variants = _opt_variants(model, graph, opt_shapes or (), binds, say, options, opt_level=opt_level,
                              target=target, build=build, cpu=cpu, winograd=winograd,
-                             compiled_control=compiled_control)
+                             compiled_control=compiled_control, narrow_weights=narrow_weights)
     return compile_graph(graph, out, providers=providers, build=build, progress=say,
                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                          golden_cases=golden_cases, source=source, options=options,

@@ -97,6 +97,7 @@ class Narrowing:
 
     widths: tuple[np.dtype, ...] = ()
     forms: dict[int, tuple[np.ndarray, Affine]] = field(default_factory=dict)
+    enabled: bool = True  # False: store every constant as the kernels read it (--wide-weights)
 
     def record(self, array: np.ndarray, affine: Affine) -> None:
         """``array`` (a constant's array) is ``affine``, exactly."""
@@ -163,7 +164,7 @@ class Narrowing:
 
     def narrow_form(self, array: np.ndarray) -> Affine | None:
         """How to store the constant ``array`` narrow (scale and zero point shrunk), or None."""
-        if array.dtype.kind != "f" or array.size < MIN_NARROW_ELEMENTS:
+        if not self.enabled or array.dtype.kind != "f" or array.size < MIN_NARROW_ELEMENTS:
             return None
         affine = self.affine_of(array)
         if affine is not None and array.dtype == np.float32:
