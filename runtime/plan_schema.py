@@ -759,14 +759,15 @@ class Plan:
     def from_json(cls, data: Any, file: str | Path = "plan.json") -> Plan:
         """Read and check a parsed plan.json (``file`` names it in errors)."""
         f = Fields.of(data, Where(str(file)))
-        version = f.data.get("format_version")
-        if not (is_count(version) and OLDEST_FORMAT_VERSION <= version <= FORMAT_VERSION):
-            raise f.where.error(f"plan format version {version!r}; this runtime reads versions "
+        raw_version: Any = f.data.get("format_version")
+        if not (is_count(raw_version) and OLDEST_FORMAT_VERSION <= raw_version <= FORMAT_VERSION):
+            raise f.where.error(f"plan format version {raw_version!r}; this runtime reads versions "
                                 f"{OLDEST_FORMAT_VERSION}-{FORMAT_VERSION}")
+        version = int(raw_version)
         read_before = _EXPRESSIONS_READ[0]
         values = f.mapping("values", PlanValue.from_json)
         steps, partitions = _schedule(f, values)
-        plan = cls(int(version), f.text("name"), f.records("inputs", TensorSpec.from_json),
+        plan = cls(version, f.text("name"), f.records("inputs", TensorSpec.from_json),
                    f.records("outputs", PlanOutput.from_json), f.records("constants", PlanConstant.from_json),
                    f.count("weights_nbytes"), f.records("arenas", PlanArena.from_json),
                    f.records("buffers", PlanBuffer.from_json), values, steps, partitions,

@@ -351,10 +351,10 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
     folded = knowledge.fold(proto, name, nodes, outputs)
     if folded is not None:
         _fold_into(graph, env, folded, name, {v.name: v.dtype for v in outputs if v.dtype is not None})
-        if len(nodes) == 1 and len(folded) == 1:  # weights kept narrow (compiler/ir/narrow.py)
-            graph.narrowing.note_fold(nodes[0].kind, nodes[0].attrs, [v.const if v is not None else None
-                                                                      for v in nodes[0].inputs],
-                                      env[next(iter(folded))].const)
+        result = env[next(iter(folded))].const if len(folded) == 1 else None
+        if len(nodes) == 1 and result is not None:  # narrow weights (compiler/ir/narrow.py)
+            graph.narrowing.note_fold(nodes[0].kind, nodes[0].attrs,
+                                      [v.const if v is not None else None for v in nodes[0].inputs], result)
         return
     for node in nodes:
         graph.add_node(node)
