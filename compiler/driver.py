@@ -147,7 +147,26 @@ def compile_model(
     graph = optimize(graph, opt_level, target=target, winograd=winograd, dynamic=dynamic)
     if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled
         optimize_bodies(graph, _body_passes(opt_level, target, winograd))
-    options: dict[str, Any] = {
+    options = _recorded_options(opt_level=opt_level, target=target, shapes=shapes, dims=dims, values=values,
+                                binds=binds, plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
+                                golden_cases=golden_cases, winograd=winograd, cpu=build.isa,
+                                compiled_control=compiled_control, narrow_weights=narrow_weights)
+    variants = _opt_variants(model, graph, opt_shapes or (), binds, say, options, opt_level=opt_level,
+                             target=target, build=build, cpu=cpu, winograd=winograd,
+                             compiled_control=compiled_control, narrow_weights=narrow_weights)
+    return compile_graph(graph, out, providers=providers, build=build, progress=say,
+                         plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
+                         golden_cases=golden_cases, source=source, options=options,
+                         extra_files=variants)
+
+
+def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Sequence[DimSpec]] | None,
+                      dims: Mapping[str, DimSpec] | None, values: Mapping[str, Any] | None,
+                      binds: Mapping[str, Any] | None, plan_budget_ms: float | None,
+                      max_arena_bytes: int | None, golden_cases: int, winograd: bool, cpu: str,
+                      compiled_control: bool, narrow_weights: bool) -> dict[str, Any]:
+    """The compile options the manifest records (a flag that is on by default only when off)."""
+    return {
         "opt_level": opt_level,
         "target": target,
         **_range_options(shapes, dims, values),
@@ -156,17 +175,10 @@ def compile_model(
         **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),
         "golden_cases": golden_cases,
         "winograd": winograd,
-        "cpu": build.isa,
+        "cpu": cpu,
         **({} if compiled_control else {"compiled_control": False}),
         **({} if narrow_weights else {"narrow_weights": False}),
     }
-    variants = _opt_variants(model, graph, opt_shapes or (), binds, say, options, opt_level=opt_level,
-                             target=target, build=build, cpu=cpu, winograd=winograd,
-                             compiled_control=compiled_control, narrow_weights=narrow_weights)
-    return compile_graph(graph, out, providers=providers, build=build, progress=say,
-                         plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
-                         golden_cases=golden_cases, source=source, options=options,
-                         extra_files=variants)
 
 
 def _body_passes(opt_level: int, target: str, winograd: bool) -> Callable[[Graph, bool], Graph]:

@@ -129,9 +129,7 @@ def graph_from_proto(proto: onnx.ModelProto,
         graph.constants[name] = value
         graph.reserve_name(name)
         env[name] = value
-    first_inputs = ((n.op_type, n.input[0] if n.input else "") for n in g_proto.node)
-    arrays = {name: v.const for name, v in graph.constants.items() if v.const is not None}
-    graph.narrowing.widths = shipped_widths(first_inputs, arrays)
+    graph.narrowing.widths = _shipped_widths(g_proto, graph)
     for inp in g_proto.input:
         if inp.name in initializers:
             continue  # older models list initializers as inputs too: they are constants
@@ -420,6 +418,14 @@ def _must_agree_broadcast(shapes: list[tuple[Any, ...]],
         if all(bounds(d, ranges)[0] > 1 for d in dims):
             groups.append((f"dim {k}", dims))
     return groups
+
+
+def _shipped_widths(g_proto: onnx.GraphProto, graph: Graph) -> tuple[np.dtype, ...]:
+    """The narrow dtypes the model ships weights in behind a Cast or a DequantizeLinear
+    (compiler/ir/narrow.py)."""
+    first_inputs = ((n.op_type, n.input[0] if n.input else "") for n in g_proto.node)
+    arrays = {name: v.const for name, v in graph.constants.items() if v.const is not None}
+    return shipped_widths(first_inputs, arrays)
 
 
 def _fold_into(graph: Graph, env: dict[str, Value], arrays: dict[str, np.ndarray], name: str,
