@@ -198,6 +198,10 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
                    help="run 3x3 stride-1 convolutions directly, not as Winograd F(4x4/2x2, 3x3) "
                         "(which at -O2 and up is faster; a NaN or Inf input can turn the other "
                         "outputs of its tile NaN)")
+    p.add_argument("--wide-weights", dest="narrow_weights", action="store_false",
+                   help="store weights the model ships narrow (int8 / fp16 behind a Cast or a "
+                        "DequantizeLinear) widened, as the kernels read them: a bigger weights.bin, "
+                        "no widening at load, and an artifact a C program can run (kernels/cpu/model.h)")
     p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
                    help="seeded self-test cases stored for 'onnx-aot verify' and run on the built artifact "
                         "before it is written (default 2; 0: none, the artifact written unchecked)")
@@ -283,7 +287,8 @@ def _compile(args: argparse.Namespace) -> int:
                             progress=None if args.quiet else stderr_progress,
                             plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
                             golden_cases=args.golden_cases, cpu=args.cpu, winograd=args.winograd,
-                            opt_shapes=args.opt_shape or None, values=dict(args.value) or None)
+                            opt_shapes=args.opt_shape or None, values=dict(args.value) or None,
+                            narrow_weights=args.narrow_weights)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0

@@ -29,6 +29,7 @@ from compiler.artifact.conditioning import widen_for_conditioning
 from compiler.artifact.golden import DEFAULT_CASES
 from compiler.artifact.golden import make_golden
 from compiler.artifact.golden import skipped_reason
+from compiler.artifact.writer import ModelSource
 from compiler.artifact.writer import check_out_dir
 from compiler.artifact.writer import write_artifact
 from compiler.codegen.options import BuildOptions
@@ -109,6 +110,7 @@ def compile_model(
     opt_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
     values: Mapping[str, Any] | None = None,
     run_check: bool = True,
+    narrow_weights: bool = True,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -134,6 +136,9 @@ def compile_model(
     each given by some inputs' shapes (``{"x": (1, 3, 48, 320)}``); each becomes a static artifact
     ``opt/<k>/`` inside this one, which a run at exactly that binding dispatches to. ``values``
     (``--value``, ``{"M": (0, 64)}``): inputs made value symbols (compiler/frontend/value_symbols.py).
+    ``narrow_weights`` False (``--wide-weights``) stores weights the model ships narrow (int8 / fp16
+    behind a Cast or a DequantizeLinear) widened, as the kernels read them (compiler/ir/narrow.py):
+    a bigger weights.bin that a C program maps as it is (kernels/cpu/model.h).
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
@@ -142,8 +147,9 @@ def compile_model(
     out = Path(out_dir)
     check_out_dir(out)  # a path that cannot be written fails before any work
     say("loading model")
-    source_name, source_sha = _source_identity(model)
+    source = _source_identity(model)
     graph = import_model(model, shapes, binds, dims, values)
+    graph.narrowing.enabled = narrow_weights
     dynamic = bool(graph.symbols)
     if providers is None:
         providers = dynamic_providers(target, graph) if dynamic else default_providers(target)
@@ -154,7 +160,27 @@ def compile_model(
     graph = optimize(graph, opt_level, target=target, winograd=winograd, dynamic=dynamic)
     if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled
         optimize_bodies(graph, _body_passes(opt_level, target, winograd))
-    options: dict[str, Any] = {
+    options = _recorded_options(opt_level=opt_level, target=target, shapes=shapes, dims=dims, values=values,
+                                binds=binds, plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
+                                golden_cases=golden_cases, winograd=winograd, cpu=build.isa,
+                                compiled_control=compiled_control, narrow_weights=narrow_weights)
+    variants = _opt_variants(model, graph, opt_shapes or (), binds, say, options, opt_level=opt_level,
+                             target=target, build=build, cpu=cpu, winograd=winograd,
+                             compiled_control=compiled_control, narrow_weights=narrow_weights,
+                             golden_cases=golden_cases, run_check=run_check)
+    return compile_graph(graph, out, providers=providers, build=build, progress=say,
+                         plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
+                         golden_cases=golden_cases, source=source, options=options,
+                         extra_files=variants, run_check=run_check)
+
+
+def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Sequence[DimSpec]] | None,
+                      dims: Mapping[str, DimSpec] | None, values: Mapping[str, Any] | None,
+                      binds: Mapping[str, Any] | None, plan_budget_ms: float | None,
+                      max_arena_bytes: int | None, golden_cases: int, winograd: bool, cpu: str,
+                      compiled_control: bool, narrow_weights: bool) -> dict[str, Any]:
+    """The compile options the manifest records (a flag that is on by default only when off)."""
+    return {
         "opt_level": opt_level,
         "target": target,
         **_range_options(shapes, dims, values),
@@ -163,17 +189,10 @@ def compile_model(
         **({"max_arena_bytes": max_arena_bytes} if max_arena_bytes is not None else {}),
         "golden_cases": golden_cases,
         "winograd": winograd,
-        "cpu": build.isa,
+        "cpu": cpu,
         **({} if compiled_control else {"compiled_control": False}),
+        **({} if narrow_weights else {"narrow_weights": False}),
     }
-    variants = _opt_variants(model, graph, opt_shapes or (), binds, say, options, opt_level=opt_level,
-                             target=target, build=build, cpu=cpu, winograd=winograd,
-                             compiled_control=compiled_control, golden_cases=golden_cases,
-                             run_check=run_check)
-    return compile_graph(graph, out, providers=providers, build=build, progress=say,
-                         plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
-                         golden_cases=golden_cases, source=(source_name, source_sha), options=options,
-                         extra_files=variants, run_check=run_check)
 
 
 def _body_passes(opt_level: int, target: str, winograd: bool) -> Callable[[Graph, bool], Graph]:
@@ -240,7 +259,7 @@ def compile_graph(
     plan_budget_ms: float | None = None,
     max_arena_bytes: int | None = None,
     golden_cases: int = DEFAULT_CASES,
-    source: tuple[str, str] | None = None,
+    source: ModelSource | tuple[str, str] | None = None,
     options: dict[str, Any] | None = None,
     extra_files: Mapping[str, bytes] | None = None,
     run_check: bool = True,
@@ -259,7 +278,7 @@ def compile_graph(
     if build is None:
         build = _cpu_build_options(None, None)
     out = Path(out_dir)
-    source_name, source_sha = source or (graph.name or "graph", "")
+    source = ModelSource(*(source or (graph.name or "graph", "")))
     options = dict(options) if options is not None else {"target": "cpu", "cpu": build.isa}
     materialize_outputs(graph)
     graph.verify()
@@ -301,14 +320,14 @@ def compile_graph(
             continue
         mem_plans[space] = plan_offsets(buffers, alignment[space], budget_ms=plan_budget_ms)
         verify_plan(buffers, mem_plans[space], alignment[space])
-    check_arena_limit(source_name, mem_plans, max_arena_bytes)
+    check_arena_limit(source.file, mem_plans, max_arena_bytes)
 
     plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name, control)
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
     check = None if unchecked is not None or not run_check else (
         lambda folder: check_artifact(folder, plan.plan, out, say))
     try:
-        final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say,
+        final = write_artifact(out, plan, providers, build, source, options, say,
                                extra_files={**golden, **(extra_files or {})}, check=check)
     except ArtifactCheckError as exc:  # rounding on an ill-conditioned output, or a real disagreement
         widened = widen_for_conditioning(graph, attrs_of, golden, exc.mismatches)
@@ -316,7 +335,7 @@ def compile_graph(
             raise
         say("the disagreement is within the reference's own movement under a 1-ulp change of its "
             "inputs (ill-conditioned outputs): their golden tolerances widened to cover it")
-        final = write_artifact(out, plan, providers, build, source_name, source_sha, options, say,
+        final = write_artifact(out, plan, providers, build, source, options, say,
                                extra_files={**widened, **(extra_files or {})}, check=check)
     say(f"wrote {final}")
     return final
@@ -373,16 +392,27 @@ def materialize_outputs(graph: Graph) -> None:
     graph.sort()
 
 
-def _source_identity(model: str | os.PathLike[str] | onnx.ModelProto) -> tuple[str, str]:
+def _source_identity(model: str | os.PathLike[str] | onnx.ModelProto) -> ModelSource:
     if isinstance(model, onnx.ModelProto):
         data = model.SerializeToString(deterministic=True)
-        return (model.graph.name or "model", hashlib.sha256(data).hexdigest())
+        return ModelSource(model.graph.name or "model", hashlib.sha256(data).hexdigest(), len(data))
     path = Path(model)
     try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        data = path.read_bytes()
     except OSError:
-        digest = ""
-    return (path.name, digest)
+        return ModelSource(path.name, "")
+    return ModelSource(path.name, hashlib.sha256(data).hexdigest(), len(data) + _external_nbytes(path, data))
+
+
+def _external_nbytes(path: Path, data: bytes) -> int:
+    """The bytes of the external-data files next to the model ``data`` that it names (0: none)."""
+    try:
+        proto = onnx.load_from_string(data)
+    except Exception:  # the import reports an unreadable model with its own error
+        return 0
+    names = {e.value for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+             for e in t.external_data if e.key == "location"}
+    return sum((path.parent / n).stat().st_size for n in sorted(names) if (path.parent / n).is_file())
 
 
 def stderr_progress(message: str) -> None:

@@ -25,6 +25,7 @@ from compiler.dynamic import storage_at
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
+from compiler.ir.narrow import Affine
 from compiler.memory import MemoryPlan
 from compiler.memory.lifetimes import Storage
 from compiler.partition.partitioner import Partition
@@ -33,7 +34,10 @@ from compiler.providers.base import Location
 from compiler.providers.base import PartitionPlan
 from compiler.providers.base import Provider
 from compiler.providers.base import StepPlan
-from runtime.plan_schema import FORMAT_VERSION
+from runtime.narrow_weights import StoredForm
+from runtime.narrow_weights import StoredTable
+from runtime.plan_schema import NARROW_FORMAT_VERSION
+from runtime.plan_schema import OLDEST_FORMAT_VERSION
 from runtime.plan_schema import CudaModule
 from runtime.plan_schema import KernelLaunch
 from runtime.plan_schema import OnnxNodeFate
@@ -120,10 +124,23 @@ def _align(n: int, a: int) -> int:
 
 @dataclass(frozen=True)
 class _Weights:
-    """weights.bin: the constants in order of first use, each 64-byte aligned."""
+    """weights.bin: the constants in order of first use, each 64-byte aligned; the constants stored
+    narrow (compiler/ir/narrow.py) cut out of it and appended as their stored forms. ``image_nbytes``:
+    the weights image the kernels read (weights.bin's size when nothing is stored narrow)."""
 
     data: bytes
     records: tuple[PlanConstant, ...]
+    image_nbytes: int
+
+    @property
+    def format_version(self) -> int:
+        """The oldest plan format that holds these records."""
+        narrow = any(r.stored is not None for r in self.records)
+        return NARROW_FORMAT_VERSION if narrow else OLDEST_FORMAT_VERSION
+
+
+def _little_endian(array: np.ndarray) -> bytes:
+    return np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False)).tobytes()
 
 
 class _WeightsLayout:
@@ -133,8 +150,9 @@ class _WeightsLayout:
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
         self.records: list[PlanConstant] = []
-        self.offset = 0
+        self.offset = 0  # in the weights image
         self.by_array: dict[int, int] = {}  # id(array) -> offset (the graphs keep the arrays alive)
+        self.narrow: list[tuple[int, Affine]] = []  # (record index, stored form)
 
     def add(self, graph: Graph, steps: list[Node], storage: Storage) -> dict[str, int]:
         """The offsets of the constants ``steps`` read (root value name -> byte offset)."""
@@ -149,20 +167,37 @@ class _WeightsLayout:
                 if array.dtype == object:
                     continue  # a symbolic constant: plan.json holds its expressions (_Locator)
                 if id(array) not in self.by_array:
-                    self._append(root, array)
+                    self._append(root, array, graph.narrowing.narrow_form(array))
                 offsets[root] = self.by_array[id(array)]
         return offsets
 
-    def _append(self, root: str, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False)).tobytes()
+    def _append(self, root: str, array: np.ndarray, narrow: Affine | None) -> None:
         self.by_array[id(array)] = self.offset
-        self.records.append(PlanConstant(root, self.offset, len(data), array.dtype, tuple(array.shape)))
-        padded = _align(len(data), WEIGHT_ALIGNMENT)
-        self.chunks.append(data + b"\0" * (padded - len(data)))
+        padded = _align(array.nbytes, WEIGHT_ALIGNMENT)
+        if narrow is None:
+            self.chunks.append(_little_endian(array) + b"\0" * (padded - array.nbytes))
+        else:  # cut out of weights.bin (runtime/narrow_weights.py), stored narrow after the rest
+            self.narrow.append((len(self.records), narrow))
+        self.records.append(PlanConstant(root, self.offset, array.nbytes, array.dtype, tuple(array.shape)))
         self.offset += padded
 
     def finish(self) -> _Weights:
-        return _Weights(b"".join(self.chunks), tuple(self.records))
+        records = list(self.records)
+        at = sum(len(c) for c in self.chunks)
+        for index, form in self.narrow:
+            placed: list[int] = []
+            for array in (form.codes, form.scale, form.zero):
+                placed.append(at)
+                if array is not None:
+                    data = _little_endian(array)
+                    padded = _align(len(data), WEIGHT_ALIGNMENT)
+                    self.chunks.append(data + b"\0" * (padded - len(data)))
+                    at += padded
+            tables = [None if a is None else StoredTable(off, a.dtype.name, tuple(a.shape))
+                      for a, off in ((form.scale, placed[1]), (form.zero, placed[2]))]
+            stored = StoredForm(form.codes.dtype.name, placed[0], form.codes.nbytes, tables[0], tables[1])
+            records[index] = dataclasses.replace(records[index], stored=stored)
+        return _Weights(b"".join(self.chunks), tuple(records), self.offset)
 
 
 @dataclass(frozen=True)
@@ -330,9 +365,9 @@ def build_plan(
     weights = layout.finish()
     arenas, buffers = _arenas(mem_plans, storage, alignment)
     plan = Plan(
-        format_version=FORMAT_VERSION, name=graph.name, inputs=tuple(_spec(v) for v in graph.inputs),
-        outputs=_outputs(graph), constants=weights.records, weights_nbytes=len(weights.data), arenas=arenas,
-        buffers=buffers, values=values,
+        format_version=weights.format_version, name=graph.name, inputs=tuple(_spec(v) for v in graph.inputs),
+        outputs=_outputs(graph), constants=weights.records, weights_nbytes=weights.image_nbytes,
+        arenas=arenas, buffers=buffers, values=values,
         steps=tuple(step for p in parts for step in p.steps), partitions=tuple(p.record for p in parts),
         onnx_nodes=_onnx_nodes(graph, schedule), symbols=_symbols(graph), assumptions=_assumptions(graph))
     if graph.symbols:  # the report shows the runtime's placement at the max binding, and min / max

@@ -26,7 +26,10 @@ from runtime.errors import ArtifactError
 from runtime.integrity import check_format_version
 from runtime.integrity import sha256_file
 from runtime.integrity import verify_files
+from runtime.json_fields import Where
+from runtime.narrow_weights import widen_weights
 from runtime.plan_schema import FORMAT_VERSION
+from runtime.plan_schema import OLDEST_FORMAT_VERSION
 from runtime.plan_schema import Plan
 
 __all__ = [
@@ -53,7 +56,9 @@ class Artifact:
     path: Path
     manifest: dict[str, Any]
     plan: Plan
-    weights: np.ndarray  # uint8, read-only (memory-mapped when non-empty)
+    # the weights image the kernels read: uint8, read-only; weights.bin memory-mapped, or the image
+    # widened from it at load when the plan stores constants narrow (runtime/narrow_weights.py)
+    weights: np.ndarray
     cpu_build: CpuBuild | None = None  # the C build this CPU runs (runtime/cpu_builds.py)
 
     def file(self, rel: str) -> Path:
@@ -98,14 +103,15 @@ def load_artifact(path: str | os.PathLike[str], *, verify_weights: bool = False)
         raise ArtifactError(problem)
     _, manifest = read_json(root / MANIFEST, "manifest.json")
     check_format_version(manifest.get("format_version"), FORMAT_VERSION, root / MANIFEST,
-                         manifest.get("compiler"))
+                         manifest.get("compiler"), oldest=OLDEST_FORMAT_VERSION)
     verify_files(root, manifest, (PLAN, WEIGHTS), WEIGHTS, verify_weights=verify_weights)
     target = manifest.get("target")
     cpu = target.get("cpu") if isinstance(target, dict) else None
     cpu_build = select_cpu_build(_present_builds(root, cpu) if isinstance(cpu, dict) else None,
                                  where=str(root / MANIFEST))
     plan = Plan.from_json(read_json(root / PLAN, "plan.json")[1], root / PLAN)
-    weights = _map_weights(root / WEIGHTS)
+    weights = widen_weights(plan.constants, _map_weights(root / WEIGHTS), plan.weights_nbytes,
+                            Where(str(root / PLAN)).key("constants"))
     return Artifact(root, manifest, plan, weights, cpu_build)
 
 

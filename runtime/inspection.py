@@ -60,7 +60,32 @@ def inspect_artifact(path: str | os.PathLike[str], *, top: int = 10) -> Inspecti
     if not isinstance(report, dict) or not isinstance(report.get("arenas"), dict) \
             or not isinstance(report.get("steps"), list):
         raise ArtifactError(f"{report_path}: not a memory report (expected 'arenas' and 'steps')")
-    return Inspection(art.path, art.manifest, art.plan, report, memory_summary(art.plan, report, top=top))
+    summary = {**memory_summary(art.plan, report, top=top), "weights": weights_summary(art.path, art.manifest,
+                                                                                       art.plan)}
+    return Inspection(art.path, art.manifest, art.plan, report, summary)
+
+
+def weights_summary(root: Path, manifest: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """The weights' bytes: the image the kernels read, weights.bin's (smaller where constants are
+    stored narrow, runtime/narrow_weights.py) and the model file's, when the manifest has it."""
+    source = manifest.get("source")
+    model = source.get("nbytes") if isinstance(source, Mapping) else None
+    file_nbytes = (root / "weights.bin").stat().st_size
+    return {"image_nbytes": plan.weights_nbytes, "file_nbytes": file_nbytes, "constants": len(plan.constants),
+            "stored_narrow": sum(c.stored is not None for c in plan.constants),
+            "model_nbytes": model if isinstance(model, int) else None,
+            "file_to_model": round(file_nbytes / model, 4) if isinstance(model, int) and model else None}
+
+
+def _weights_line(weights: Mapping[str, Any]) -> str:
+    line = f"weights: {format_bytes(weights['image_nbytes'])} bytes in {weights['constants']} constants"
+    if weights["stored_narrow"]:
+        line += (f"; weights.bin {format_bytes(weights['file_nbytes'])} bytes ({weights['stored_narrow']} "
+                 f"stored narrow, widened at load)")
+    if weights["model_nbytes"] is not None:
+        line += (f"; the model file {format_bytes(weights['model_nbytes'])} bytes (weights.bin "
+                 f"{weights['file_to_model']:.2f}x of it)")
+    return line
 
 
 def _align(n: int, alignment: int) -> int:
@@ -222,7 +247,8 @@ def format_text(ins: Inspection, *, steps: int | None = None) -> str:
                                              + (f" (the value of input {s.input!r})" if s.input else "")
                                              for s in plan.symbols)
                      + " (a dynamic plan: buffers placed per binding at run time; arenas at the max binding)")
-    lines.append(f"weights: {format_bytes(plan.weights_nbytes)} bytes in {len(plan.constants)} constants")
+    lines.append(_weights_line(summary["weights"]) if "weights" in summary else
+                 f"weights: {format_bytes(plan.weights_nbytes)} bytes in {len(plan.constants)} constants")
     providers: dict[str, int] = {}
     ops: dict[str, int] = {}
     for step in plan.steps:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.errors import ArtifactError
+from runtime.json_fields import is_count
 
 __all__ = ["DAMAGED", "SAMPLE_BLOCKS", "SAMPLE_BLOCK_BYTES", "sha256_file", "sampled_sha256",
            "check_format_version", "verify_files"]
@@ -51,8 +52,10 @@ def sampled_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_format_version(version: Any, supported: int, where: Path, written_by: Any = None) -> None:
-    if version == supported:
+def check_format_version(version: Any, supported: int, where: Path, written_by: Any = None, *,
+                         oldest: int | None = None) -> None:
+    """``ArtifactError`` unless ``version`` is ``supported`` (or between ``oldest`` and it)."""
+    if version == supported or (oldest is not None and is_count(version) and oldest <= version <= supported):
         return
     by = ""
     if isinstance(written_by, Mapping) and written_by.get("version"):

@@ -19,7 +19,9 @@ from runtime.artifact import PLAN
 from runtime.artifact import read_json
 from runtime.dynamic import interface
 from runtime.errors import ArtifactError
+from runtime.integrity import check_format_version
 from runtime.plan_schema import FORMAT_VERSION
+from runtime.plan_schema import OLDEST_FORMAT_VERSION
 from runtime.plan_schema import Plan
 from runtime.plan_schema import TensorSpec
 
@@ -76,9 +78,8 @@ def load_plan(path: str | os.PathLike[str]) -> PlanInfo:
     if not root.is_dir():
         raise ArtifactError(f"{root}: no such artifact folder")
     _, manifest = read_json(root / MANIFEST, "manifest.json")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{root / MANIFEST}: artifact format version {manifest.get('format_version')!r}; "
-                            f"this runtime reads version {FORMAT_VERSION}")
+    check_format_version(manifest.get("format_version"), FORMAT_VERSION, root / MANIFEST,
+                         manifest.get("compiler"), oldest=OLDEST_FORMAT_VERSION)
     raw, data = read_json(root / PLAN, "plan.json")
     entry = (manifest.get("files") or {}).get(PLAN)
     if not isinstance(entry, dict) or hashlib.sha256(raw).hexdigest() != entry.get("sha256"):

@@ -46,17 +46,23 @@ import numpy as np
 from runtime.json_fields import Fields
 from runtime.json_fields import Where
 from runtime.json_fields import is_count
+from runtime.narrow_weights import StoredForm
 from runtime.plan_symbols import check_symbols
 from runtime.symbolic import parse
 from runtime.symbolic import to_json
 
 __all__ = [
-    "FORMAT_VERSION", "Dim", "Shape", "TensorSpec", "PlanOutput", "PlanConstant", "PlanArena",
+    "FORMAT_VERSION", "OLDEST_FORMAT_VERSION", "NARROW_FORMAT_VERSION", "Dim", "Shape", "TensorSpec",
+    "PlanOutput", "PlanConstant", "PlanArena",
     "PlanBuffer", "ValueLocation", "PlanValue", "StepScratch", "LaunchArg", "KernelLaunch", "PlanStep",
     "CudaModule", "PlanPartition", "OnnxNodeFate", "PlanSchedule", "PlanSymbol", "PlanAssumption", "Plan",
 ]
 
-FORMAT_VERSION = 3  # 2: control steps' nested schedules; 3: dynamic plans (symbols, expressions)
+FORMAT_VERSION = 4  # 2: control steps' nested schedules; 3: dynamic plans (symbols, expressions);
+# 4: narrow weights (``PlanConstant.stored``). A plan is written at the oldest version that holds it
+# (3 without stored constants, so those artifacts read on older runtimes as before).
+OLDEST_FORMAT_VERSION = 3
+NARROW_FORMAT_VERSION = 4
 
 # A dim: an int, or in a dynamic plan an ``Expr`` of the symbols. Typed ``Any``: every reader but
 # runtime/binding.py sees static plans (bound ones included), where a dim is always an int.
@@ -173,23 +179,28 @@ class PlanOutput:
 
 @dataclass(frozen=True)
 class PlanConstant:
-    """A constant's bytes in weights.bin."""
+    """A constant's bytes in the weights image the kernels read (``offset`` into it); ``stored``
+    when weights.bin holds it narrower (then it is widened into the image at load)."""
 
     name: str
     offset: int
     nbytes: int
     dtype: np.dtype
     shape: Shape
+    stored: StoredForm | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "offset": self.offset, "nbytes": self.nbytes, "dtype": self.dtype.name,
+        data = {"name": self.name, "offset": self.offset, "nbytes": self.nbytes, "dtype": self.dtype.name,
                 "shape": _shape_json(self.shape)}
+        if self.stored is not None:
+            data["stored"] = self.stored.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanConstant:
         f = Fields.of(data, where)
         return cls(f.text("name"), f.count("offset"), f.count("nbytes"), _dtype(f, "dtype"),
-                   _shape(f, "shape"))
+                   _shape(f, "shape"), f.record("stored", StoredForm.from_json))
 
 
 # -- memory ------------------------------------------------------------------------------------------
@@ -748,14 +759,15 @@ class Plan:
     def from_json(cls, data: Any, file: str | Path = "plan.json") -> Plan:
         """Read and check a parsed plan.json (``file`` names it in errors)."""
         f = Fields.of(data, Where(str(file)))
-        version = f.data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise f.where.error(f"plan format version {version!r}; this runtime reads version "
-                                f"{FORMAT_VERSION}")
+        raw_version: Any = f.data.get("format_version")
+        if not (is_count(raw_version) and OLDEST_FORMAT_VERSION <= raw_version <= FORMAT_VERSION):
+            raise f.where.error(f"plan format version {raw_version!r}; this runtime reads versions "
+                                f"{OLDEST_FORMAT_VERSION}-{FORMAT_VERSION}")
+        version = int(raw_version)
         read_before = _EXPRESSIONS_READ[0]
         values = f.mapping("values", PlanValue.from_json)
         steps, partitions = _schedule(f, values)
-        plan = cls(FORMAT_VERSION, f.text("name"), f.records("inputs", TensorSpec.from_json),
+        plan = cls(version, f.text("name"), f.records("inputs", TensorSpec.from_json),
                    f.records("outputs", PlanOutput.from_json), f.records("constants", PlanConstant.from_json),
                    f.count("weights_nbytes"), f.records("arenas", PlanArena.from_json),
                    f.records("buffers", PlanBuffer.from_json), values, steps, partitions,
@@ -764,4 +776,7 @@ class Plan:
                    f.records("assumptions", PlanAssumption.from_json))
         if plan.symbols or _EXPRESSIONS_READ[0] != read_before:  # (another thread's reads: checked anyway)
             check_symbols(plan, f.where)
+        if version < NARROW_FORMAT_VERSION and any(c.stored is not None for c in plan.constants):
+            raise f.where.error(f"constants stored narrow need plan format version {NARROW_FORMAT_VERSION}, "
+                                f"the plan says {version}")
         return plan

@@ -65,7 +65,7 @@ def test_inspect_summary_and_json(artifact: Path) -> None:
     import json
 
     report = json.loads(cli("inspect", str(artifact), "--json").stdout)
-    assert set(report) == {"arenas", "steps"}
+    assert set(report) == {"arenas", "steps", "weights"}  # weights: image, weights.bin, model file
 
 
 def test_user_errors_are_one_line_with_exit_1(tmp_path: Path) -> None:

@@ -55,7 +55,10 @@ def _align(n: int, a: int) -> int:
 def test_inspect_json_extends_memory_json_and_matches_plan(squeezenet: Path) -> None:
     plan, report = _load(squeezenet)
     data = json.loads(cli("inspect", str(squeezenet), "--json").stdout)
-    assert set(data) == {"arenas", "steps"}
+    assert set(data) == {"arenas", "steps", "weights"}
+    weights = data.pop("weights")  # weights.bin vs the image (tests/test_narrow_weights.py): none narrow
+    assert weights["image_nbytes"] == weights["file_nbytes"] == plan["weights_nbytes"]
+    assert weights["stored_narrow"] == 0
 
     def superset(extended: Any, stored: Any, where: str) -> None:  # fields added, none changed
         if isinstance(stored, dict):

@@ -118,6 +118,10 @@ def _not_runnable(plan: Plan) -> str:
     spaces = sorted({a.memory_space for a in plan.arenas} - {"host"})
     if spaces:
         return _c_string(f"the plan has arenas in {', '.join(spaces)}")
+    narrow = sum(c.stored is not None for c in plan.constants)
+    if narrow:
+        return _c_string(f"{narrow} constant(s) are stored narrow in weights.bin, widened at load by the "
+                         "Python runtime (compile with --wide-weights to store them as kernels read them)")
     return ""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from typing import NamedTuple
 
 from compiler.artifact.atomic import make_temp_dir
 from compiler.artifact.atomic import replace_dir
@@ -33,7 +34,6 @@ from compiler.providers.base import GeneratedC
 from compiler.providers.base import GeneratedCuda
 from compiler.providers.base import Provider
 from compiler.version import __version__
-from runtime.artifact import FORMAT_VERSION
 from runtime.artifact import MANIFEST
 from runtime.artifact import PLAN
 from runtime.artifact import WEIGHTS
@@ -45,10 +45,25 @@ from runtime.integrity import sampled_sha256
 from runtime.plan_schema import CudaModule
 from runtime.plan_schema import Plan
 
-__all__ = ["write_artifact", "dump_json", "check_out_dir", "OPTIONAL_FILES"]
+__all__ = ["ModelSource", "write_artifact", "dump_json", "check_out_dir", "OPTIONAL_FILES"]
 
 KERNEL_DIRS = {"host": "kernels/cpu", "cuda": "kernels/cuda"}
 OPTIONAL_FILES = ("golden.json", "golden.bin", "report/memory.json", "report/memory.html")
+
+
+class ModelSource(NamedTuple):
+    """The manifest's ``source``: the model's file name, sha256 and size in bytes (None: no file,
+    e.g. a graph built in memory; ``onnx-aot inspect`` compares the weights with it)."""
+
+    file: str
+    sha256: str
+    nbytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"file": self.file, "sha256": self.sha256}
+        if self.nbytes is not None:
+            data["nbytes"] = self.nbytes
+        return data
 
 
 def check_out_dir(out: Path) -> None:
@@ -68,8 +83,7 @@ def write_artifact(
     compiled: CompiledPlan,
     providers: list[Provider],
     build: BuildOptions,
-    source_name: str,
-    source_sha256: str,
+    source: ModelSource,
     options: dict[str, Any],
     say: Callable[[str], None],
     extra_files: Mapping[str, bytes] | None = None,
@@ -92,7 +106,7 @@ def write_artifact(
         for rel, data in sorted((extra_files or {}).items()):
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_bytes(data)
-        _write_into(tmp, compiled, providers, build, source_name, source_sha256, options, say)
+        _write_into(tmp, compiled, providers, build, source, options, say)
         if check is not None:
             check(tmp)
         replace_dir(tmp, out)
@@ -118,8 +132,7 @@ def _missing_parents(out: Path) -> list[Path]:
 
 
 def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], build: BuildOptions,
-                source_name: str, source_sha256: str, options: dict[str, Any],
-                say: Callable[[str], None]) -> None:
+                source: ModelSource, options: dict[str, Any], say: Callable[[str], None]) -> None:
     (tmp / WEIGHTS).write_bytes(compiled.weights)
     plan = compiled.plan
     generated: dict[str, GeneratedC | GeneratedCuda] = {}
@@ -170,9 +183,9 @@ def _write_into(tmp: Path, compiled: CompiledPlan, providers: list[Provider], bu
         if rel in optional:
             files[rel]["optional"] = True
     manifest = {
-        "format_version": FORMAT_VERSION,
+        "format_version": plan.format_version,  # the oldest that reads it (runtime/plan_schema.py)
         "compiler": {"name": "onnx-aot", "version": __version__},
-        "source": {"file": source_name, "sha256": source_sha256},
+        "source": source.to_json(),
         "options": options,
         "target": target,
         "files": files,

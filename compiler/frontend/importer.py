@@ -65,6 +65,7 @@ from compiler.frontend.window_shapes import infer_with_pool_sizes
 from compiler.ir.evaluate import concrete_shape
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Value
+from compiler.ir.narrow import shipped_widths
 from compiler.limits import check_tensor_size
 from runtime.errors import ModelError
 from runtime.errors import ShapeError
@@ -129,6 +130,7 @@ def graph_from_proto(proto: onnx.ModelProto,
         graph.constants[name] = value
         graph.reserve_name(name)
         env[name] = value
+    graph.narrowing.widths = _shipped_widths(g_proto, graph)
     for inp in g_proto.input:
         if inp.name in initializers:
             continue  # older models list initializers as inputs too: they are constants
@@ -349,6 +351,10 @@ def _import_node(graph: Graph, proto: onnx.NodeProto, index: int, env: dict[str,
     folded = knowledge.fold(proto, name, nodes, outputs)
     if folded is not None:
         _fold_into(graph, env, folded, name, {v.name: v.dtype for v in outputs if v.dtype is not None})
+        result = env[next(iter(folded))].const if len(folded) == 1 else None
+        if len(nodes) == 1 and result is not None:  # narrow weights (compiler/ir/narrow.py)
+            graph.narrowing.note_fold(nodes[0].kind, nodes[0].attrs,
+                                      [v.const if v is not None else None for v in nodes[0].inputs], result)
         return
     for node in nodes:
         graph.add_node(node)
@@ -414,6 +420,14 @@ def _must_agree_broadcast(shapes: list[tuple[Any, ...]],
         if all(bounds(d, ranges)[0] > 1 for d in dims):
             groups.append((f"dim {k}", dims))
     return groups
+
+
+def _shipped_widths(g_proto: onnx.GraphProto, graph: Graph) -> tuple[np.dtype, ...]:
+    """The narrow dtypes the model ships weights in behind a Cast or a DequantizeLinear
+    (compiler/ir/narrow.py)."""
+    first_inputs = ((n.op_type, n.input[0] if n.input else "") for n in g_proto.node)
+    arrays = {name: v.const for name, v in graph.constants.items() if v.const is not None}
+    return shipped_widths(first_inputs, arrays)
 
 
 def _fold_into(graph: Graph, env: dict[str, Value], arrays: dict[str, np.ndarray], name: str,

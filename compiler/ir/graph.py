@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.ir.narrow import Narrowing
 from runtime.errors import ModelError
 from runtime.symbolic import Dim
 from runtime.symbolic import Expr
@@ -190,6 +191,8 @@ class Graph:
         self._counter = itertools.count()
         # original ONNX node name -> what happened to it, for plan.json (e.g. "folded")
         self.eliminated: dict[str, str] = {}
+        # the weights the model ships narrow, stored so in weights.bin (compiler/ir/narrow.py)
+        self.narrowing = Narrowing()
 
     # -- reading ---------------------------------------------------------------------------
     @property

@@ -65,8 +65,12 @@ class FoldConstants(Pass):
             if any(graph.is_graph_output(v) for v in node.outputs):
                 self._copy_into_output(graph, node, arrays[0])
             else:
-                bypass(graph, node, [self._constant(graph, value, array)
-                                     for value, array in zip(node.outputs, arrays, strict=True)])
+                consts = [self._constant(graph, value, array)
+                          for value, array in zip(node.outputs, arrays, strict=True)]
+                if len(consts) == 1 and consts[0].const is not None:  # narrow weights (compiler/ir/narrow.py)
+                    graph.narrowing.note_fold(node.kind, node.attrs, [v.const if v is not None else None
+                                                                      for v in node.inputs], consts[0].const)
+                bypass(graph, node, consts)
                 removed.append(node)
         note_eliminated(graph, removed, self.name)
         if modified:

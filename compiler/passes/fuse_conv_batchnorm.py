@@ -77,6 +77,8 @@ class FuseConvBatchNorm(Pass):
         new_w = w.const.astype(np.float64) * scale.reshape((-1,) + (1,) * (w.const.ndim - 1))
         new_b = bias * scale + shift
         w_const = add_constant(graph, w.name, new_w.astype(w.dtype))
+        assert w_const.const is not None
+        graph.narrowing.carry_if_same(w.const, w_const.const)  # a folded bias only: still narrow
         b_const = add_constant(graph, b.name if b is not None else f"{conv.name}_bias", new_b.astype(w.dtype))
         fused = Node(
             conv.op_type,

@@ -315,10 +315,14 @@ class _Rewrite:
             if kind == "onnx_aot.WinogradConv":
                 op, packed = "WinogradConvNhwc", pack_winograd_weights(w.const)
             else:
-                op, packed = "ConvNhwc", pack_conv_weights(w.const, int(attrs["group"]))
+                group = int(attrs["group"])
+                op, packed = "ConvNhwc", pack_conv_weights(w.const, group)
                 if kind == "Conv":
                     attrs.update(NO_ACTIVATION)
-            inputs[1] = add_constant(self.graph, f"{w.name}_nhwc", packed)
+            panels = add_constant(self.graph, f"{w.name}_nhwc", packed)
+            if op == "ConvNhwc" and panels.const is not None:  # a dequantized weight stays narrow
+                self.graph.narrowing.carry(w.const, panels.const, lambda a: pack_conv_weights(a, group))
+            inputs[1] = panels
             domain = AOT_DOMAIN
         elif kind in POOLS:
             op, domain = POOLS[kind], AOT_DOMAIN

@@ -52,6 +52,16 @@ def _b_matrix(node: Node) -> np.ndarray | None:
     return matrix if 8 * (-(-n // B_PANEL) * B_PANEL - n) <= n else None
 
 
+def _carry(graph: Graph, b: Value, panels: Value, transposed: bool) -> None:
+    """A dequantized B's panels stay narrow too (compiler/ir/narrow.py)."""
+    assert b.const is not None and panels.const is not None
+
+    def move(array: np.ndarray) -> np.ndarray:
+        return pack_b_panels(array.T if transposed else array)
+
+    graph.narrowing.carry(b.const, panels.const, move)
+
+
 class PackGemmWeights(Pass):
     name = "pack_gemm_weights"
 
@@ -66,6 +76,7 @@ class PackGemmWeights(Pass):
             key = (id(b), int(node.attrs["transB"]))
             if key not in packed:
                 packed[key] = add_constant(graph, f"{b.name}_panels", pack_b_panels(np.asarray(matrix)))
+                _carry(graph, b, packed[key], bool(key[1]))
             attrs = {**(node.attrs if node.domain == AOT_DOMAIN else {**node.attrs, **NO_ACTIVATION}),
                      "n": int(matrix.shape[1])}
             del attrs["transB"]
