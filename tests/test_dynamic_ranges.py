@@ -28,6 +28,7 @@ from onnx import numpy_helper
 from compiler import compile_model
 from compiler.passes import FuseElementwise
 from runtime import Session
+from scripts.fetch_models import INT8_TOLERANCE
 from scripts.fetch_models import MODELS
 from scripts.fetch_models import RealModel
 from scripts.fuzz_models import seed_models
@@ -43,14 +44,8 @@ from tests.support.ranges import plan_ranges
 
 SEED_TOLERANCE = (1e-3, 1e-4)
 
-# each model whose ranged compile does not match yet: (the exception type it raises, the cause)
-_INT8_CHAOS = ("dynamically quantized (per-tensor scales over the whole batch): one float rounding flip "
-               "moves every later quantized activation; onnxruntime itself strays as far under a 1-ulp "
-               "input change (issue 29 note)")
-XFAIL: dict[str, tuple[type[Exception], str]] = {
-    "flan-t5-small-int8-encoder": (AssertionError, _INT8_CHAOS),
-    "flan-t5-small-int8-decoder": (AssertionError, _INT8_CHAOS),
-}
+# each model whose ranged compile does not work yet: (the exception type it raises, the cause)
+XFAIL: dict[str, tuple[type[Exception], str]] = {}
 
 
 def _param(name: str, value: Any) -> Any:
@@ -75,9 +70,10 @@ def _check_ranges(
         source, out, shapes=plan.shapes(), binds={k: v.tolist() for k, v in binds.items()}
     )
     ours, ort = Session(artifact), ort_session(model)
+    spread_of = Path(source) if tolerance == INT8_TOLERANCE else None  # dynamically quantized
     bad = []
     for which in ("low", "high", "odd"):
-        bad += compare_at(ours, ort, plan, which, binds, tolerance).mismatches
+        bad += compare_at(ours, ort, plan, which, binds, tolerance, spread_of).mismatches
     assert not bad, "; ".join(bad[:4])
     return plan
 

@@ -83,9 +83,6 @@ def test_real_model_matches_onnxruntime(model: RealModel, compiled: CompileCache
 
 # each model whose compile over its ranges fails today: (the exception type, its message)
 RANGE_XFAIL: dict[str, tuple[type[Exception], str]] = {
-    "ppocrv4-rec": (AssertionError, "at 8x3x48x2048 one softmax value of 13.6 M is off by 3.4e-4"),
-    "flan-t5-small-int8-encoder": (AssertionError, "at (10, 512) the C kernels stray 0.85 from onnxruntime "
-                                                   "(its own spread 0.28, our reference kernels 0.34)"),
 }
 
 
