@@ -49,6 +49,7 @@ from compiler.frontend.dims import known_size
 from compiler.frontend.importer import reject_unknown_ops
 from compiler.frontend.sequences import SEQUENCE_COMPILE_TIME_INPUTS
 from compiler.frontend.sequences import element_name
+from compiler.frontend.window_ranges import RangeTooShortError
 from runtime.errors import GoldenReferenceError
 from runtime.errors import InputError
 from runtime.errors import ModelError
@@ -64,6 +65,15 @@ _DEVICES = {"CPU": "cpu", "CUDA": "cuda"}
 # The range an unknown input dim gets in the backend's dynamic artifact (the golden self-test runs
 # at its min and its middle, so the top also bounds the compile's cost)
 DIM_RANGE = (1, 1024)
+_NARROWINGS = 8  # times a guessed range's low end is raised to what a window op takes
+
+
+def _starting_at(shapes: Shapes, name: str, axis: int, low: int) -> Shapes:
+    """``shapes`` with input ``name``'s range at ``axis`` starting at ``low``."""
+    dims = list(shapes[name])
+    lo, hi = dims[axis]  # type: ignore[misc]
+    dims[axis] = (max(int(lo), low), hi)
+    return {**shapes, name: tuple(dims)}
 Shapes = dict[str, tuple[DimSpec, ...]]
 
 
@@ -253,10 +263,11 @@ class OnnxAotRep(BackendRep):
         compile with value ``symbols`` that fails raises (``session_for`` then binds them)."""
         workdir = tempfile.mkdtemp(prefix="onnx-aot-backend-")
         self._dirs.append(workdir)
+        guessed = shapes is not None and shapes is self.ranges
         try:
             path = self._compile_guessed(f"{workdir}/model", values, shapes, symbols)
         except OnnxAotError as exc:
-            if shapes is None or shapes is not self.ranges or symbols:
+            if not guessed or symbols:
                 raise
             self.dynamic_error, self.ranges = f"{type(exc).__name__}: {exc}", None
             return None
@@ -267,14 +278,21 @@ class OnnxAotRep(BackendRep):
         """compile_model; the ranges are this backend's guess (DIM_RANGE, VALUE_RANGE), so where the
         reference cannot run the model at any golden binding of them (a height its pooling cannot
         take at the low end), the artifact is compiled unchecked (warned), as the user's run decides."""
-        options: dict[str, Any] = {"opt_level": self.opt_level, "target": self.target, "shapes": shapes,
-                                   "binds": values, "values": symbols}
-        try:
-            return compile_model(self.model, out, **options)
-        except GoldenReferenceError:
-            if shapes is not self.ranges and not symbols:
-                raise
-            return compile_model(self.model, out, golden_cases=0, **options)
+        guessed = shapes is self.ranges
+        for _ in range(_NARROWINGS):
+            options: dict[str, Any] = {"opt_level": self.opt_level, "target": self.target, "shapes": shapes,
+                                       "binds": values, "values": symbols}
+            try:
+                return compile_model(self.model, out, **options)
+            except GoldenReferenceError:
+                if not guessed and not symbols:
+                    raise
+                return compile_model(self.model, out, golden_cases=0, **options)
+            except RangeTooShortError as exc:  # a guessed range starts below what the model takes
+                if not guessed or exc.at is None or shapes is None:
+                    raise
+                shapes = self.ranges = _starting_at(shapes, *exc.at)
+        raise ModelError(f"the guessed ranges were narrowed {_NARROWINGS} times and still do not compile")
 
     def _feeds(self, inputs: Any) -> dict[str, Any]:
         """Arrays by input name (a list of arrays for a sequence input)."""

@@ -116,20 +116,17 @@ def compile_model(
 
     ``shapes`` binds input shapes (``--shape``): each dim a size or a range ``(LO, HI)``; ``dims``
     binds named dims (``dim_param``) to a size or range wherever they appear (``--dim``). A range
-    is a symbol (docs/dynamic-shapes.md): the artifact runs at every shape in range, its steps on
-    the reference kernels for now (compiler/dynamic.py). ``binds`` turns graph inputs into
-    constants with the given values (``--bind``), for inputs that carry shapes, axes or sizes.
+    is a symbol: the artifact runs at every shape in range (docs/dynamic-shapes.md). ``binds``
+    turns graph inputs into constants (``--bind``), for inputs that carry shapes, axes or sizes.
     ``max_arena_bytes`` fails the compile (``ArenaLimitError``) when an arena needs more;
     ``golden_cases`` seeded self-test cases are stored for ``Session.verify()`` and run on the built
     artifact before it is put in place (``compiler/artifact/check.py``): a reference run that fails
     (``GoldenReferenceError``) or an artifact that fails or disagrees (``ArtifactCheckError``) leaves
     ``out_dir`` as it was; 0: none, unchecked, with an ``UncheckedArtifactWarning``. ``run_check``
     False skips the run alone (for providers that build no code, e.g. the fuzzer's).
-    ``cpu`` picks the C kernels' target (``--cpu``: "native", "x86-64-v2/v3/v4"); None takes
-    ``build.isa`` when ``build`` is given, else the build machine's level (``resolve_cpu``). On
-    x86-64 a portable x86-64-v2 build is shipped too unless the target already is x86-64-v2.
-    ``winograd`` (level 2 and up, CPU target) runs 3x3 stride-1 convolutions as Winograd
-    F(4x4 or 2x2, 3x3); ``--no-winograd`` turns it off (see docs/ops.md for its numerics).
+    ``cpu`` picks the C kernels' target (``--cpu``; None: ``build.isa``, else this machine's level,
+    ``resolve_cpu``); x86-64 artifacts also ship a portable x86-64-v2 build.
+    ``winograd`` False (``--no-winograd``): 3x3 stride-1 convolutions stay direct (docs/ops.md).
     ``compiled_control`` False runs If / Loop / Scan steps the target cannot run compiled anyway:
     their programs on the reference kernels, not their nested schedules (compiler/nested.py).
     ``opt_shapes`` (``--opt-shape``, a compile with ranges only): bindings to specialize for as well,
@@ -283,14 +280,7 @@ def compile_graph(
     materialize_outputs(graph)
     graph.verify()
     say("computing golden self-test outputs with the reference kernels")
-    public = [graph.output_names[k] if k < len(graph.output_names) else v.name
-              for k, v in enumerate(graph.outputs)]
-    at = bindings(graph)
-    golden = make_golden(graph, public, cases=golden_cases,
-                         bindings=[at["min"], at["middle"]] if graph.symbols else None)
-    unchecked = skipped_reason(golden)
-    if unchecked is not None:
-        warn_unchecked(out, unchecked)
+    golden, unchecked = _golden(graph, out, golden_cases)
 
     nodes = len(graph)
     attrs_of = {id(node): dict(node.attrs) for node in graph.nodes}  # as the golden cases ran them
@@ -312,33 +302,66 @@ def compile_graph(
     alignment: dict[str, int] = {}
     for p in providers:
         alignment[p.memory_space] = max(alignment.get(p.memory_space, 1), p.alignment)
-    mem_plans: dict[str, MemoryPlan] = {}
-    for space in sorted(set(step_space)):
-        buffers = storage.buffers.get(space, [])
-        if graph.symbols:  # placed per binding by the runtime (compiler/dynamic.py)
-            mem_plans[space] = placeholder_plan(buffers, alignment[space], graph)
-            continue
-        mem_plans[space] = plan_offsets(buffers, alignment[space], budget_ms=plan_budget_ms)
-        verify_plan(buffers, mem_plans[space], alignment[space])
+    mem_plans = _plan_memory(graph, storage.buffers, sorted(set(step_space)), alignment, plan_budget_ms)
     check_arena_limit(source.file, mem_plans, max_arena_bytes)
 
     plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name, control)
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
     check = None if unchecked is not None or not run_check else (
         lambda folder: check_artifact(folder, plan.plan, out, say))
+
+    def write(golden_files: Mapping[str, bytes]) -> Path:
+        return write_artifact(out, plan, providers, build, source, options, say,
+                              extra_files={**golden_files, **(extra_files or {})}, check=check)
+
+    final = _write_checked(write, graph, attrs_of, golden, say)
+    say(f"wrote {final}")
+    return final
+
+
+def _golden(graph: Graph, out: Path, cases: int) -> tuple[dict[str, bytes], str | None]:
+    """The golden self-test files of ``graph`` (at its min and middle bindings when it has
+    symbols) and why they hold no case (warned), if they hold none."""
+    public = [graph.output_names[k] if k < len(graph.output_names) else v.name
+              for k, v in enumerate(graph.outputs)]
+    at = bindings(graph)
+    golden = make_golden(graph, public, cases=cases,
+                         bindings=[at["min"], at["middle"]] if graph.symbols else None)
+    unchecked = skipped_reason(golden)
+    if unchecked is not None:
+        warn_unchecked(out, unchecked)
+    return golden, unchecked
+
+
+def _write_checked(write: Callable[[Mapping[str, bytes]], Path], graph: Graph,
+                   attrs_of: Mapping[int, dict[str, Any]], golden: dict[str, bytes], say: Progress) -> Path:
+    """``write(golden)``; when the check finds outputs off their tolerance by no more than the
+    reference's own movement under a 1-ulp nudge (compiler/artifact/conditioning.py), again with
+    those tolerances widened; any other disagreement stands."""
     try:
-        final = write_artifact(out, plan, providers, build, source, options, say,
-                               extra_files={**golden, **(extra_files or {})}, check=check)
-    except ArtifactCheckError as exc:  # rounding on an ill-conditioned output, or a real disagreement
+        return write(golden)
+    except ArtifactCheckError as exc:
         widened = widen_for_conditioning(graph, attrs_of, golden, exc.mismatches)
         if widened is None:
             raise
         say("the disagreement is within the reference's own movement under a 1-ulp change of its "
             "inputs (ill-conditioned outputs): their golden tolerances widened to cover it")
-        final = write_artifact(out, plan, providers, build, source, options, say,
-                               extra_files={**widened, **(extra_files or {})}, check=check)
-    say(f"wrote {final}")
-    return final
+        return write(widened)
+
+
+def _plan_memory(graph: Graph, buffers: Mapping[str, list[Any]], spaces: list[str], alignment: dict[str, int],
+                 budget_ms: float | None) -> dict[str, MemoryPlan]:
+    """Each memory space's plan: offsets packed now and verified, or (a graph with symbolic dims)
+    placeholders the runtime places per binding (compiler/dynamic.py)."""
+    plans: dict[str, MemoryPlan] = {}
+    for space in spaces:
+        space_buffers = buffers.get(space, [])
+        if graph.symbols:
+            plans[space] = placeholder_plan(space_buffers, alignment[space], graph)
+            continue
+        plans[space] = plan_offsets(space_buffers, alignment[space], budget_ms=budget_ms)
+        verify_plan(space_buffers, plans[space], alignment[space])
+    return plans
 
 
 def _option_dim(dim: DimSpec) -> int | list[int]:

@@ -33,6 +33,7 @@ from compiler.providers.base import Location
 from compiler.providers.base import PartitionPlan
 from compiler.providers.base import StepPlan
 from compiler.providers.c.pad import pad_tables
+from runtime.errors import IndexRangeError
 from runtime.kernels import get_kernel
 from runtime.providers.c import CLibrary
 from runtime.session import Session
@@ -206,13 +207,19 @@ def test_gather_constant_indices(tmp_path: Path) -> None:
     check("Gather", inputs, {"axis": 1}, [((6, 2, 2), np.float32)], tmp_path)
 
 
-def test_gather_out_of_range_gives_zeros(tmp_path: Path) -> None:
-    """The reference raises; the C kernel must not read out of bounds: those slices are zeros."""
+def test_gather_out_of_range_is_an_input_error(tmp_path: Path) -> None:
+    """An index outside [-n, n) (huge ones too) is an IndexRangeError naming the first one, as the
+    reference raises; the C kernel checks them all before it copies, so it never reads past the
+    data; in-range negative indices still work."""
     x = random_array((5, 3), np.float32) + np.float32(100)
-    indices = np.array([0, 5, -6, 4, -1, 1 << 40, -(1 << 40)], np.int64)
+    indices = np.array([0, -5, 4, -1, 1 << 40, 5, -(1 << 40)], np.int64)
     graph = graph_of("Gather", [("x", x, False), ("i", indices, False)], {"axis": 0}, [((7, 3), np.float32)])
-    (y,) = build(graph, tmp_path).run({"x": x, "i": indices})
-    np.testing.assert_array_equal(y, np.stack([x[0], 0 * x[0], 0 * x[0], x[4], x[4], 0 * x[0], 0 * x[0]]))
+    session = build(graph, tmp_path)
+    with pytest.raises(IndexRangeError, match=rf"index {1 << 40} is out of range for axis 0 of size 5"):
+        session.run({"x": x, "i": indices})
+    fine = indices[:4]
+    (y,) = session.run({"x": x, "i": np.concatenate([fine, fine[:3]])})
+    np.testing.assert_array_equal(y, x[np.concatenate([fine, fine[:3]])])
 
 
 # -- Split --------------------------------------------------------------------------------------
@@ -269,9 +276,10 @@ def test_empty_values_may_share_an_address(tmp_path: Path) -> None:
     pad = graph_of("Pad", [("empty", empty, False)], attrs, [((3, 3), "f4")])
     y = run_in_arena(pad, feeds, {"empty": 0, "y0": 0}, tmp_path / "pad")
     np.testing.assert_array_equal(y, np.full((3, 3), 1.5, np.float32))
-    gather = graph_of("Gather", [("empty", empty, False), ("i", ind, False)], {"axis": 1}, [((3, 2), "f4")])
-    y = run_in_arena(gather, feeds, {"empty": 0, "i": 1024, "y0": 0}, tmp_path / "gather")
-    np.testing.assert_array_equal(y, np.zeros((3, 2), np.float32))
+    rows = random_array((0, 4), np.float32)  # gathered along its 4 columns: an empty result
+    gather = graph_of("Gather", [("rows", rows, False), ("i", ind, False)], {"axis": 1}, [((0, 2), "f4")])
+    y = run_in_arena(gather, {**feeds, "rows": rows}, {"rows": 0, "i": 1024, "y0": 0}, tmp_path / "gather")
+    assert y.shape == (0, 2)
 
 
 # -- Pad ----------------------------------------------------------------------------------------

@@ -138,20 +138,22 @@ def test_pads_from_a_graph_input_name_the_input_and_the_bind_that_fixes_it() -> 
 
 
 def test_an_input_that_must_be_constant_names_its_graph_inputs() -> None:
-    # Clip's shape does not depend on its bounds, so inference succeeds and the canonical form asks
+    # Pad's shape does not depend on its fill value, so inference succeeds and the canonical form
+    # asks (a run-time Clip bound no longer does: it becomes a Where, tests/test_clip_runtime.py)
+    pads = numpy_helper.from_array(np.array([1, 1], np.int64), "pads")
     nodes = [helper.make_node("Neg", ["lo"], ["neg"], name="neg"),
-             helper.make_node("Clip", ["x", "neg"], ["y"], name="clip")]
+             helper.make_node("Pad", ["x", "pads", "neg"], ["y"], name="pad")]
     graph = helper.make_graph(
-        nodes, "clip", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
-                        helper.make_tensor_value_info("lo", TensorProto.FLOAT, [])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+        nodes, "pad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+                       helper.make_tensor_value_info("lo", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])], initializer=[pads])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     with pytest.raises(ModelError) as info:
         import_model(model)
     message = str(info.value)
-    assert message.startswith("node 'clip' (Clip): input 1 (min, 'neg') must be a constant")
+    assert message.startswith("node 'pad' (Pad): input 2 (constant_value, 'neg') must be a constant")
     assert "it comes from graph input 'lo'" in message and "--bind lo=VALUES" in message
-    assert kinds(import_model(model, binds={"lo": 1.0})) == ["Clip"]
+    assert kinds(import_model(model, binds={"lo": 1.0})) == ["Pad"]
 
 
 def _reshape_by(shape_nodes: list[onnx.NodeProto], shape_name: str, x_shape: list[int]) -> onnx.ModelProto:

@@ -183,8 +183,9 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
             continue
         whole = sum(a.nbytes for a in outputs) <= budget
         case: dict[str, Any] = {"inputs": records, "outputs": []}
-        if binding(k) is not None:  # the symbols' values of this case (compiler/artifact/conditioning.py)
-            case["binding"] = {name: int(v) for name, v in sorted(binding(k).items())}
+        at_k = binding(k)
+        if at_k is not None:  # the symbols' values of this case (compiler/artifact/conditioning.py)
+            case["binding"] = {name: int(v) for name, v in sorted(at_k.items())}
         for k_out, array in enumerate(outputs):
             share = budget // max(len(outputs), 1) // max(array.dtype.itemsize, 1)
             record = _put_output(blob, output_names[k_out], array, None if whole else max(1, share))

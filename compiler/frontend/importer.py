@@ -120,16 +120,7 @@ def graph_from_proto(proto: onnx.ModelProto,
 
     initializers = {t.name: t for t in g_proto.initializer}
     initializers.update(large or {})
-    for name, tensor in initializers.items():
-        try:
-            array = numpy_helper.to_array(tensor)
-        except Exception as exc:
-            raise ModelError(f"initializer {name!r} cannot be read: {exc}") from None
-        np_dtype_of(tensor.data_type, f"initializer {name!r}")
-        value = Value(name, const=np.ascontiguousarray(array).reshape(array.shape))
-        graph.constants[name] = value
-        graph.reserve_name(name)
-        env[name] = value
+    _add_initializers(graph, initializers, env)
     graph.narrowing.widths = _shipped_widths(g_proto, graph)
     for inp in g_proto.input:
         if inp.name in initializers:
@@ -179,6 +170,21 @@ def graph_from_proto(proto: onnx.ModelProto,
         _simplify_symbols(graph)
     graph.verify()
     return graph
+
+
+def _add_initializers(graph: Graph, initializers: Mapping[str, onnx.TensorProto],
+                      env: dict[str, Value]) -> None:
+    """Each initializer as a constant of ``graph`` (and in ``env``, by name)."""
+    for name, tensor in initializers.items():
+        try:
+            array = numpy_helper.to_array(tensor)
+        except Exception as exc:
+            raise ModelError(f"initializer {name!r} cannot be read: {exc}") from None
+        np_dtype_of(tensor.data_type, f"initializer {name!r}")
+        value = Value(name, const=np.ascontiguousarray(array).reshape(array.shape))
+        graph.constants[name] = value
+        graph.reserve_name(name)
+        env[name] = value
 
 
 def _simplify_symbols(graph: Graph) -> None:

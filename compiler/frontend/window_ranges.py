@@ -31,7 +31,7 @@ from runtime.symbolic import Expr
 from runtime.symbolic import evaluate
 from runtime.symbolic import free_symbols
 
-__all__ = ["WINDOW_OPS", "check_low_end", "window_output_types", "window_rule"]
+__all__ = ["WINDOW_OPS", "RangeTooShortError", "check_low_end", "window_output_types", "window_rule"]
 
 WINDOW_OPS = frozenset({"Conv", "ConvInteger", "MaxPool", "AveragePool", "LpPool"})
 _POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
@@ -145,9 +145,11 @@ def check_low_end(where: str, proto: onnx.NodeProto, inputs: Sequence[Value | No
         message = (f"{where}: input {x.name!r} dim {axis} ({x.shape[axis]}) is too short for the window "
                    f"at the low end of the range: {_window_text(proto, axis - 2)} gives an output size "
                    f"of {size} at {at}")
+        error = RangeTooShortError(message)
         if symbol is not None:
-            message += _smallest_text(symbol, dim, ranges, input_shapes)
-        raise ShapeError(message + "; dynamic shapes: docs/dynamic-shapes.md")
+            text, error.at = _smallest_text(symbol, dim, ranges, input_shapes)
+            error.args = (message + text + "; dynamic shapes: docs/dynamic-shapes.md",)
+        raise error
 
 
 def _window_text(proto: onnx.NodeProto, i: int) -> str:
@@ -164,23 +166,33 @@ def _window_text(proto: onnx.NodeProto, i: int) -> str:
     return "its window (" + ", ".join(parts) + ")"
 
 
+class RangeTooShortError(ShapeError):
+    """A window op's output is empty at the low end of a range. ``at``: (graph input, dim, the
+    smallest size that works) when one graph input dim carries the symbol, else None."""
+
+    at: tuple[str, int, int] | None = None
+
+
 def _smallest_text(symbol: str, dim: Expr, ranges: Mapping[str, tuple[int, int]],
-                   input_shapes: Mapping[str, Sequence[Dim]]) -> str:
-    """Where the graph input dim of ``symbol`` must start for ``dim`` to be at least 1."""
+                   input_shapes: Mapping[str, Sequence[Dim]]) -> tuple[str, tuple[str, int, int] | None]:
+    """Where the graph input dim of ``symbol`` must start for ``dim`` to be at least 1: the text,
+    and (input, dim, smallest size) when a graph input dim is that symbol alone."""
     lo, hi = ranges[symbol]
     if evaluate(dim, {symbol: hi}) < 1:
-        return f"; no size of {symbol} in {lo}..{hi} gives an output: check the model's input sizes"
+        return f"; no size of {symbol} in {lo}..{hi} gives an output: check the model's input sizes", None
     while lo < hi:  # the smallest value that works (the size rule is nondecreasing in the symbol)
         mid = (lo + hi) // 2
         lo, hi = (mid + 1, hi) if evaluate(dim, {symbol: mid}) < 1 else (lo, mid)
     where = [(name, k) for name, shape in input_shapes.items() for k, d in enumerate(shape)
              if isinstance(d, Expr) and free_symbols(d) == {symbol}]
     text = f"; the smallest {symbol} that works is {lo}"
-    if where:
-        name, k = where[0]
-        dims = [_range_text(d, ranges, symbol, lo) for d in input_shapes[name]]
-        text += f" (graph input {name!r} dim {k}: e.g. --shape {name}={'x'.join(dims)})"
-    return text
+    if not where:
+        return text, None
+    name, k = where[0]
+    dims = [_range_text(d, ranges, symbol, lo) for d in input_shapes[name]]
+    text += f" (graph input {name!r} dim {k}: e.g. --shape {name}={'x'.join(dims)})"
+    plain = input_shapes[name][k]
+    return text, ((name, k, lo) if isinstance(plain, Expr) and str(plain) == symbol else None)
 
 
 def _range_text(d: Dim, ranges: Mapping[str, tuple[int, int]], symbol: str, start: int) -> str:
