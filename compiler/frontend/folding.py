@@ -44,15 +44,18 @@ from typing import Any
 import numpy as np
 import onnx
 
+from compiler.frontend.fit_check import verify_fits
 from compiler.frontend.probing import Probes
 from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
+from compiler.frontend.shape_arith import fold_exact
 from compiler.ir.evaluate import concrete_shape
 from compiler.ir.evaluate import run_node
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.ir.graph import is_symbolic_shape
 from compiler.passes.base import NONDETERMINISTIC
+from runtime.errors import ShapeError
 from runtime.symbolic import evaluate as sym_evaluate
 
 Binding = Mapping[str, int]
@@ -133,7 +136,8 @@ def evaluate(nodes: Sequence[Node], binding: Binding | None = None) -> dict[int,
     return results
 
 
-def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probes) -> dict[str, np.ndarray]:
+def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probes,
+                  where: str = "a shape computation") -> dict[str, np.ndarray]:
     """The results of ``nodes`` (inputs known, some symbolic) as expressions of the symbols: each
     integer element (or whole-number float element) fitted from evaluations at the probe bindings
     (``probing.py``). A result that is the same at every probe is a plain constant; one whose
@@ -169,10 +173,50 @@ def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probe
             if dim is None:
                 raise NotFolded(f"element {e} of its result fits no expression of the symbols")
             elements.append(dim)
+
+        def truth(at: list[dict[str, int]], j: int = j) -> list[list[int] | None]:
+            return [_evaluated(nodes, outputs[j], b) for b in at]
+
+        labels = [f"element {e} of {value.name!r}" for e in range(len(elements))]
+        found_j = [(b, [int(x) for x in table[i]]) for i, b in enumerate(bindings)]
+        try:
+            elements = verify_fits(where, labels, elements, found_j, atoms, truth, probes.ranges)
+        except ShapeError as exc:  # (it stays a node: what needs its value at compile time says why)
+            raise NotFolded(str(exc)) from None
         array = np.empty(len(elements), dtype=object)
         array[:] = elements
         folded[value.name] = array.reshape(arrays[0].shape)
     return folded
+
+
+def _evaluated(nodes: Sequence[Node], value: Value, binding: Binding) -> list[int] | None:
+    """``value``'s elements computed by the reference kernels at ``binding`` (None where they refuse
+    it, or where an element is not a whole number)."""
+    try:
+        array = evaluate(nodes, binding)[id(value)].reshape(-1)
+    except NotFolded:
+        return None
+    if array.dtype.kind == "f" and not np.array_equal(array, np.floor(array)):
+        return None
+    return [int(x) for x in array]
+
+
+def _agrees(nodes: Sequence[Node], outputs: Sequence[Value], exact: Mapping[str, np.ndarray],
+            probes: Probes) -> bool:
+    """The exact symbolic results ``exact`` equal the reference kernels' at the probes near the
+    range ends (where those run; at none of them: False, and the node is probed as before)."""
+    checked = 0
+    for binding in probes.varied[:6]:
+        try:
+            results = evaluate(nodes, binding)
+        except NotFolded:
+            continue
+        for value in outputs:
+            want = np.array([sym_evaluate(d, binding) for d in exact[value.name].reshape(-1)])
+            if not np.array_equal(want, np.asarray(results[id(value)]).reshape(-1)):
+                return False
+        checked += 1
+    return checked > 0
 
 
 @dataclass(frozen=True)
@@ -212,7 +256,10 @@ class Knowledge:
                 raise NotFolded("")
             _check_foldable(proto, nodes, produced)
             if self.probes is not None and _reads_symbols(nodes):
-                return fold_symbolic(nodes, produced, self.probes)
+                exact = fold_exact(nodes, produced, self.symbols)
+                if exact is not None and _agrees(nodes, produced, exact, self.probes):
+                    return exact
+                return fold_symbolic(nodes, produced, self.probes, f"node {name!r} ({proto.op_type})")
             results = evaluate(nodes)
             return {v.name: results[id(v)] for v in produced}
         except NotFolded as exc:

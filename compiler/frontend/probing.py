@@ -62,7 +62,7 @@ ALIGNED = 12
 ALIGN = 32
 MIN_SUCCESSES = 6
 MIN_POINTS = 4  # the fewest probes a fit is made from
-_DENOMINATORS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
+DENOMINATORS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
 
 
 class Probes:
@@ -172,7 +172,7 @@ def _fit_line(xs: Sequence[int], ys: Sequence[int]) -> tuple[int, int, int] | No
         return None  # one x, or one x with two ys
     (x1, y1), (x2, y2) = min(pairs.items()), max(pairs.items())
     slope = Fraction(y2 - y1, x2 - x1)
-    for r in _DENOMINATORS:
+    for r in DENOMINATORS:
         for p in sorted({math.floor(slope * r), math.ceil(slope * r)}):
             if p == 0:
                 continue
