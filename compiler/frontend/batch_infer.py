@@ -80,15 +80,23 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
 def _add_input(graph: onnx.GraphProto, name: str, value: Value | None,
                binding: Mapping[str, int] | None) -> None:
     assert value is not None and value.dtype is not None and value.shape is not None
+    elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+    shape = concrete_shape(value.shape, binding) if binding is not None else tuple(value.shape)
     const = value.const
     if const is not None and const.dtype == object and binding is not None:
         flat = [evaluate(d, binding) for d in const.reshape(-1)]
-        const = np.array(flat, dtype=value.dtype).reshape(const.shape)
-    if const is not None and const.size <= MAX_CONST:
+        if value.dtype == np.int64:  # (a shape computation's values: the common case, built fast)
+            graph.initializer.add(name=name, data_type=elem, dims=list(const.shape), int64_data=flat)
+        else:
+            array = np.array(flat, dtype=value.dtype).reshape(const.shape)
+            graph.initializer.append(numpy_helper.from_array(array, name))
+    elif const is not None and const.size <= MAX_CONST:
         graph.initializer.append(numpy_helper.from_array(const, name))
-    shape = concrete_shape(value.shape, binding) if binding is not None else value.shape
-    graph.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype),
-                                                     list(shape)))
+    info = graph.input.add(name=name)
+    info.type.tensor_type.elem_type = elem
+    dims = info.type.tensor_type.shape.dim
+    for size in shape:
+        dims.add(dim_value=int(size))
 
 
 def _static(ttype: onnx.TypeProto | None) -> tuple[np.dtype, tuple[int, ...]] | None:

@@ -10,7 +10,7 @@ sizes, one symbol at a time from a binding the node takes (:func:`check_bindings
   a new expression (not a constant nor an input's dim passed through), of a range up to
   ``EXHAUSTIVE_NEW``;
 - otherwise the sizes where a floor, ceil or mod boundary falls: the range ends and the sizes next
-  to them, the first and last sizes in range at residues ``0``, ``1`` and ``d - 1`` modulo every
+  to them, the first and the last size in range at residues ``0``, ``1`` and ``d - 1`` modulo every
   divisor ``d`` the fit family tries and every divisor in the fit, and the sizes where each floor
   of the fit steps and the size before it (an offset too small shows one size before the step,
   one too large at it);
@@ -83,14 +83,14 @@ def _floors(x: object) -> list[tuple[Dim, int]]:
 
 
 def _first_last(values: range) -> list[int]:
-    return list(values[:2]) + list(values[-2:]) if len(values) else []
+    return [values[0], values[-1]] if len(values) else []
 
 
 def _sizes(name: str, lo: int, hi: int, base: Binding, dims: Sequence[Dim], limit: int) -> list[int]:
     """The sizes of symbol ``name`` (range ``lo..hi``) at which ``dims`` are checked."""
     if hi - lo + 1 <= limit:
         return list(range(lo, hi + 1))
-    sizes = {*range(lo, min(lo + 4, hi + 1)), *range(max(hi - 3, lo), hi + 1)}
+    sizes = {lo, lo + 1, hi - 1, hi}
     for d in sorted(set(DENOMINATORS[1:]) | _divisors(dims)):
         for r in {0, 1, d - 1}:
             first = lo + (r - lo) % d
@@ -102,7 +102,7 @@ def _sizes(name: str, lo: int, hi: int, base: Binding, dims: Sequence[Dim], limi
         for v in range(lo, min(hi, lo + _SCAN) + 1):
             if evaluate(numerator, {**base, name: v}) % d in (0, d - 1):
                 steps.append(v)
-        sizes.update(steps[:3] + steps[-3:] + steps[len(steps) // 2:len(steps) // 2 + 2])
+        sizes.update(steps[:2] + steps[-2:] + steps[len(steps) // 2:len(steps) // 2 + 1])
     return sorted(sizes)
 
 
