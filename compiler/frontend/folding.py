@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from compiler.frontend.fit_check import check_bindings
 from compiler.frontend.fit_check import verify_fits
 from compiler.frontend.probing import Probes
 from compiler.frontend.probing import atoms_of
@@ -57,6 +58,7 @@ from compiler.ir.graph import is_symbolic_shape
 from compiler.passes.base import NONDETERMINISTIC
 from runtime.errors import ShapeError
 from runtime.symbolic import evaluate as sym_evaluate
+from runtime.symbolic import free_symbols
 
 Binding = Mapping[str, int]
 
@@ -160,8 +162,14 @@ def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probe
         if len({a.shape for a in arrays}) != 1:
             raise NotFolded("the shape of its result depends on the symbols")
         if all(np.array_equal(a, arrays[0]) for a in arrays):
-            folded[value.name] = arrays[0]
-            continue
+            differs = _differs_at(nodes, value, arrays[0], atoms, probes, bindings[0])
+            if differs is None:
+                folded[value.name] = arrays[0]
+                continue
+            if arrays[0].dtype.kind not in "iu":  # (an integer one is fitted and checked below)
+                at = ", ".join(f"{n}={v}" for n, v in sorted(differs.items()))
+                raise NotFolded(f"its result is the same at every probe size of the symbols but another "
+                                f"at {at}: it depends on them and is not a whole number")
         if not (arrays[0].dtype.kind in "iu" or (arrays[0].dtype.kind == "f" and all(
                 np.array_equal(a, np.floor(a)) and np.all(np.abs(a) < 2**24) for a in arrays))):
             # (a shape cast to float and scaled by whole numbers stays whole: Range(0.0, W) folds)
@@ -199,6 +207,21 @@ def _evaluated(nodes: Sequence[Node], value: Value, binding: Binding) -> list[in
     if array.dtype.kind == "f" and not np.array_equal(array, np.floor(array)):
         return None
     return [int(x) for x in array]
+
+
+def _differs_at(nodes: Sequence[Node], value: Value, array: np.ndarray, atoms: Sequence[Any],
+                probes: Probes, base: Binding) -> dict[str, int] | None:
+    """A check size (``fit_check.py``) where a result equal at every probe is not ``array`` (a
+    value that differs at one size only, ``W == 37``, is no constant); None where there is none."""
+    symbols = {n for atom in atoms for n in free_symbols(atom)}
+    for binding in check_bindings(probes.ranges, symbols, dict(base), [], new=False):
+        try:
+            result = evaluate(nodes, binding)[id(value)]
+        except NotFolded:
+            continue  # (a size the computation refuses)
+        if not np.array_equal(result, array):
+            return binding
+    return None
 
 
 def _agrees(nodes: Sequence[Node], outputs: Sequence[Value], exact: Mapping[str, np.ndarray],

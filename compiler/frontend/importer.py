@@ -54,6 +54,7 @@ from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
 from compiler.frontend.probing import may_be_equal
 from compiler.frontend.same_shape import same_shape
+from compiler.frontend.same_shape import slice_shape
 from compiler.frontend.sequences import SEQUENCE_OPS
 from compiler.frontend.sequences import OptValue
 from compiler.frontend.sequences import SeqValue
@@ -624,6 +625,10 @@ def _infer_symbolic(proto: onnx.NodeProto, inputs: list[Value | None], opset: in
         if one is not None and names[0] in one[1] and one[1][names[0]][1] == concrete_shape(same, one[0]):
             return {names[0]: (one[1][names[0]][0], same)}  # type: ignore[dict-item]  # (symbolic dims)
     found = probes.run(at)
+    sliced = slice_shape(proto, inputs, opset, probes.ranges)
+    seen_out = [(b, types[proto.output[0]]) for b, types in found if proto.output[0] in types]
+    if sliced is not None and seen_out and all(t[1] == concrete_shape(sliced, b) for b, t in seen_out):
+        return {proto.output[0]: (seen_out[0][1][0], sliced)}  # type: ignore[dict-item]  # (symbolic dims)
     windowed = window_rule(proto, inputs, found, where, probes.ranges, input_shapes)
     if windowed is not None:
         return windowed  # type: ignore[return-value]  # (symbolic dims: see ir.graph.Shape)

@@ -15,27 +15,21 @@ ONNX's semantics:
   the ranges (its negation's where it is never positive), by a constant divisor; ``Mod`` takes the
   divisor's sign (``fmod=0``) or the dividend's (``fmod=1``, where its sign is known); ``Abs``
   where the sign is known;
-- ``Cast`` between integer types keeps the value where the type holds its bounds; to a float type
-  where the float holds every integer of its bounds exactly;
-- float values are kept as exact fractions ``num / den``: a product by a constant (every float is
-  ``p / 2**k``) or a sum is exact where the result's numerator fits the mantissa; a quotient by a
-  whole constant ``d`` is rounded once by the float division, and ``Floor`` / ``Ceil`` / ``Cast``
-  to an integer of it are still exact where ``|num| + d < 2**mantissa`` (the rounded quotient
-  cannot cross an integer: its distance to one is at least ``1/d``, more than half an ulp there).
+- ``Cast`` between integer types keeps the value where the type holds its bounds; to float32 /
+  float64 where the float holds every integer of its bounds exactly (a dim cast to float and
+  scaled by whole numbers stays whole: ``Floor``, ``Ceil`` and the cast back keep it).
 
-Anything else (a comparison, ``Where``, a float op with no exact rule, a divisor that is an
-expression, a sign not known over the ranges) leaves the node to the probes, whose fit is then
-verified (``fit_check.py``).
+A float value here is always a whole number: a fraction is no symbolic constant (each ONNX node's
+results are stored as one), so a float product by 1.5 is left to the probes like anything else
+without an exact rule (a comparison, ``Where``, a divisor that is an expression, a sign not known
+over the ranges), and the fit is then checked (``fit_check.py``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
-from dataclasses import dataclass
-from fractions import Fraction
 from functools import partial
 from typing import Any
 
@@ -46,30 +40,22 @@ from compiler.ir.graph import Value
 from runtime.symbolic import Dim
 from runtime.symbolic import Expr
 from runtime.symbolic import bounds
-from runtime.symbolic import ceildiv
+from runtime.symbolic import evaluate
 from runtime.symbolic import floordiv
+from runtime.symbolic import free_symbols
 from runtime.symbolic import max_
 from runtime.symbolic import min_
 from runtime.symbolic import mod
 
-__all__ = ["fold_exact"]
+__all__ = ["fold_exact", "tight_bounds"]
 
 Ranges = Mapping[str, tuple[int, int]]
 _MANTISSA = {"float32": 24, "float64": 53}
+_ENUMERATED = 1 << 16  # the largest range of one symbol whose bounds are found by evaluating it
 
 
 class _Refuse(Exception):
     """The node has no exact rule here: the probes take it."""
-
-
-@dataclass(frozen=True)
-class _Frac:
-    """``num / den`` (``den > 1``) held by a float tensor; ``exact``: the float holds it exactly
-    (else it is one correctly rounded division, only ever rounded to an integer next)."""
-
-    num: Dim
-    den: int
-    exact: bool
 
 
 def fold_exact(nodes: Sequence[Node], outputs: Sequence[Value],
@@ -95,8 +81,6 @@ def fold_exact(nodes: Sequence[Node], outputs: Sequence[Value],
         if id(value) not in results:
             return None
         array = results[id(value)]
-        if any(isinstance(x, _Frac) for x in array.reshape(-1)):
-            return None  # (a fraction as a result: the probes decide, and folding refuses it)
         folded[value.name] = array if any(isinstance(x, Expr) for x in array.reshape(-1)) else \
             array.astype(value.dtype)
     return folded
@@ -108,8 +92,8 @@ def _each(array: np.ndarray, fn: Callable[[Any], Any]) -> np.ndarray:
 
 
 def _known(node: Node, value: Value) -> np.ndarray:
-    """A compile-time input as an object array (ints for integer and whole float elements,
-    fractions for the other floats; a Shape's input is read through its shape only)."""
+    """A compile-time input as an object array of ints (integer or whole float elements; a
+    Shape's input is read through its shape only)."""
     if node.kind == "Shape":
         return np.empty(0, object)
     if value.const is None:
@@ -117,16 +101,11 @@ def _known(node: Node, value: Value) -> np.ndarray:
     const = value.const
     if const.dtype == object:
         return const
-    if const.dtype.kind in "iu":
-        return np.array([int(x) for x in const.reshape(-1)], dtype=object).reshape(const.shape)
-    if const.dtype.kind != "f" or not np.all(np.isfinite(const)):
-        raise _Refuse("not an integer or finite float constant")
-    return np.array([_from_float(float(x)) for x in const.reshape(-1)], dtype=object).reshape(const.shape)
-
-
-def _from_float(x: float) -> Dim | _Frac:
-    f = Fraction(x)
-    return f.numerator if f.denominator == 1 else _Frac(f.numerator, f.denominator, True)
+    whole = const.dtype.kind in "iu" or (const.dtype.kind == "f" and bool(np.all(np.isfinite(const)))
+                                          and np.array_equal(const, np.floor(const)))
+    if not whole:
+        raise _Refuse("not an integer or whole float constant")
+    return np.array([int(x) for x in const.reshape(-1)], dtype=object).reshape(const.shape)
 
 
 def _check(x: Any, out: Value, ranges: Ranges) -> Any:
@@ -134,8 +113,6 @@ def _check(x: Any, out: Value, ranges: Ranges) -> Any:
     dtype = out.dtype
     assert dtype is not None
     if dtype.kind in "iu":
-        if isinstance(x, _Frac):
-            raise _Refuse("a fraction in an integer tensor")
         lo, hi = bounds(x, ranges)
         info = np.iinfo(dtype)
         if lo < info.min or hi > info.max:
@@ -144,23 +121,31 @@ def _check(x: Any, out: Value, ranges: Ranges) -> Any:
     bits = _MANTISSA.get(dtype.name)
     if bits is None:
         raise _Refuse(f"{dtype} values")
-    num = x.num if isinstance(x, _Frac) else x
-    lo, hi = bounds(num, ranges)
+    lo, hi = bounds(x, ranges)
     if max(-lo, hi) >= 2**bits:
         raise _Refuse(f"{x} may not be exact in {dtype}")
     return x
 
 
-def _mantissa(value: Value) -> int:
-    bits = _MANTISSA.get(value.dtype.name if value.dtype is not None else "")
-    if bits is None:
-        raise _Refuse("not a float32 / float64 tensor")
-    return bits
+def tight_bounds(x: Dim, ranges: Ranges) -> tuple[int, int]:
+    """``bounds(x, ranges)``, made exact by evaluating ``x`` at every size where it is of one symbol
+    with a range of at most ``_ENUMERATED`` sizes and interval arithmetic cannot decide its sign
+    (``20 - (100 - W)//8`` is canonically ``8 + W - (7*W + 4)//8``, whose intervals overlap 0)."""
+    lo, hi = bounds(x, ranges)
+    names = free_symbols(x)
+    if lo >= 0 or hi <= 0 or len(names) != 1:
+        return lo, hi
+    (name,) = names
+    first, last = ranges[name]
+    if last - first >= _ENUMERATED:
+        return lo, hi
+    values = [evaluate(x, {name: v}) for v in range(first, last + 1)]
+    return min(values), max(values)
 
 
 def _sign(x: Dim, ranges: Ranges) -> int:
     """1 where ``x >= 0`` over the ranges, -1 where ``x <= 0``; _Refuse where it can be either."""
-    lo, hi = bounds(x, ranges)
+    lo, hi = tight_bounds(x, ranges)
     if lo >= 0:
         return 1
     if hi <= 0:
@@ -168,63 +153,12 @@ def _sign(x: Dim, ranges: Ranges) -> int:
     raise _Refuse(f"the sign of {x} is not known over the ranges")
 
 
-def _as_parts(x: Any) -> tuple[Dim, int]:
-    if isinstance(x, _Frac):
-        if not x.exact:
-            raise _Refuse("a rounded quotient used other than by rounding")
-        return x.num, x.den
-    return x, 1
-
-
-def _frac(num: Dim, den: int, exact: bool = True) -> Dim | _Frac:
-    if den < 0:
-        num, den = -num, -den
-    if not isinstance(num, Expr):
-        g = math.gcd(num, den)
-        num, den = num // g, den // g
-    return num if den == 1 else _Frac(num, den, exact)
-
-
-def _add(a: Any, b: Any) -> Any:
-    (n1, d1), (n2, d2) = _as_parts(a), _as_parts(b)
-    den = d1 * d2 // math.gcd(d1, d2)
-    return _frac(n1 * (den // d1) + n2 * (den // d2), den)
-
-
-def _mul(a: Any, b: Any) -> Any:
-    (n1, d1), (n2, d2) = _as_parts(a), _as_parts(b)
-    return _frac(n1 * n2, d1 * d2)
-
-
-def _int_div(a: Any, b: Any, ranges: Ranges) -> Dim:
+def _int_div(a: Dim, b: Dim, ranges: Ranges) -> Dim:
     """ONNX's integer Div: truncation toward zero."""
-    if isinstance(b, Expr) or isinstance(a, _Frac) or isinstance(b, _Frac):
-        raise _Refuse("a division by an expression")
-    if b == 0:
-        raise _Refuse("division by zero")
+    if isinstance(b, Expr) or b == 0:
+        raise _Refuse("a division by an expression or by zero")
     sign = _sign(a, ranges)  # trunc(a / b) == sign(a) * sign(b) * (|a| // |b|)
     return floordiv(sign * a, abs(b)) * sign * (1 if b > 0 else -1)
-
-
-def _float_div(a: Any, b: Any, bits: int, ranges: Ranges) -> Any:
-    """A float quotient by a whole constant: exact where it is a power of two, else one rounding."""
-    if isinstance(b, (Expr, _Frac)) or isinstance(a, _Frac) or b == 0:
-        raise _Refuse("a float division other than of a whole value by a whole constant")
-    if abs(b) & (abs(b) - 1) == 0:  # a power of two: the quotient is exact
-        return _frac(a, b)
-    lo, hi = bounds(a, ranges)
-    if max(-lo, hi) + abs(b) >= 2**bits:
-        raise _Refuse("a rounded quotient that may cross an integer")
-    return _frac(a, b, exact=False)
-
-
-def _round(x: Any, how: str, ranges: Ranges) -> Dim:
-    """``floor`` / ``ceil`` / ``trunc`` of an element."""
-    if not isinstance(x, _Frac):
-        return x
-    if how == "trunc":
-        how = "floor" if _sign(x.num, ranges) > 0 else "ceil"
-    return floordiv(x.num, x.den) if how == "floor" else ceildiv(x.num, x.den)
 
 
 def _elementwise(fn: Callable[..., Any]) -> Callable[[Node, list[Any], Ranges], np.ndarray]:
@@ -240,11 +174,13 @@ def _is_float(node: Node) -> bool:
 
 
 def _div(node: Node, ranges: Ranges, a: Any, b: Any) -> Any:
-    return _float_div(a, b, _mantissa(node.outputs[0]), ranges) if _is_float(node) else _int_div(a, b, ranges)
+    if _is_float(node):
+        raise _Refuse("a float quotient (a fraction at some sizes)")
+    return _int_div(a, b, ranges)
 
 
 def _mod(node: Node, ranges: Ranges, a: Any, b: Any) -> Any:
-    if _is_float(node) or isinstance(b, (Expr, _Frac)) or isinstance(a, _Frac) or b == 0:
+    if _is_float(node) or isinstance(b, Expr) or b == 0:
         raise _Refuse("Mod other than of an integer by a constant")
     if node.attrs.get("fmod", 0):  # C's fmod: the dividend's sign
         return mod(a, abs(b)) if _sign(a, ranges) > 0 else -mod(-a, abs(b))
@@ -253,8 +189,6 @@ def _mod(node: Node, ranges: Ranges, a: Any, b: Any) -> Any:
 
 def _extremum(kind: str) -> Callable[..., Any]:
     def fn(node: Node, ranges: Ranges, *items: Any) -> Any:
-        if any(isinstance(x, _Frac) for x in items):
-            raise _Refuse("min / max of fractions")
         return (min_ if kind == "min" else max_)(*items)
     return fn
 
@@ -268,29 +202,15 @@ def _variadic(fn: Callable[..., Any], node: Node, args: list[Any], ranges: Range
 
 
 def _cast(node: Node, args: list[Any], ranges: Ranges) -> np.ndarray:
-    out = node.outputs[0]
-    assert out.dtype is not None
-    source = node.inputs[0].dtype if node.inputs[0] is not None else None
-    if out.dtype.kind == "b" or source is None or source.kind not in "iuf":
+    """Whole values stay themselves (``_check`` asks the type to hold them)."""
+    out, source = node.outputs[0].dtype, node.inputs[0].dtype if node.inputs[0] is not None else None
+    if out is None or out.kind == "b" or source is None or source.kind not in "iuf":
         raise _Refuse("a cast to or from bool")
-    array = np.asarray(args[0], dtype=object)
-    if out.dtype.kind in "iu":
-        return _each(array, lambda x: _round(x, "trunc", ranges))
-    _mantissa(out)
-    if any(isinstance(x, _Frac) and not x.exact for x in array.reshape(-1)):
-        raise _Refuse("a rounded quotient cast to another float type")
-    return array
-
-
-def _rounding(how: str) -> Callable[[Node, list[Any], Ranges], np.ndarray]:
-    def rule(node: Node, args: list[Any], ranges: Ranges) -> np.ndarray:
-        return _each(np.asarray(args[0], dtype=object), lambda x: _round(x, how, ranges))
-    return rule
+    return np.asarray(args[0], dtype=object)
 
 
 def _abs(node: Node, ranges: Ranges, x: Any) -> Any:
-    num, den = _as_parts(x)
-    return x if _sign(num, ranges) > 0 else _frac(-num, den)
+    return x if _sign(x, ranges) > 0 else -x
 
 
 def _shape(node: Node, args: list[Any], ranges: Ranges) -> np.ndarray:
@@ -313,7 +233,7 @@ def _slice(node: Node, args: list[Any], ranges: Ranges) -> np.ndarray:
 
 def _gather(node: Node, args: list[Any], ranges: Ranges) -> np.ndarray:
     data, indices = np.asarray(args[0], dtype=object), np.asarray(args[1], dtype=object)
-    if any(isinstance(i, (Expr, _Frac)) for i in indices.reshape(-1)):
+    if any(isinstance(i, Expr) for i in indices.reshape(-1)):
         raise _Refuse("symbolic indices")
     return np.take(data, indices.astype(np.int64), axis=node.attrs["axis"])
 
@@ -327,16 +247,16 @@ _RULES: dict[str, Callable[[Node, list[Any], Ranges], np.ndarray]] = {
     "Slice": _slice,
     "Gather": _gather,
     "Cast": _cast,
-    "Floor": _rounding("floor"),
-    "Ceil": _rounding("ceil"),
-    "Add": _elementwise(lambda node, ranges, a, b: _add(a, b)),
-    "Sub": _elementwise(lambda node, ranges, a, b: _add(a, _mul(b, -1))),
-    "Mul": _elementwise(lambda node, ranges, a, b: _mul(a, b)),
-    "Neg": _elementwise(lambda node, ranges, a: _mul(a, -1)),
+    "Floor": lambda node, args, ranges: np.asarray(args[0], dtype=object),  # (whole values)
+    "Ceil": lambda node, args, ranges: np.asarray(args[0], dtype=object),
+    "Add": _elementwise(lambda node, ranges, a, b: a + b),
+    "Sub": _elementwise(lambda node, ranges, a, b: a - b),
+    "Mul": _elementwise(lambda node, ranges, a, b: a * b),
+    "Neg": _elementwise(lambda node, ranges, a: -a),
     "Abs": _elementwise(_abs),
     "Div": _elementwise(_div),
     "Mod": _elementwise(_mod),
-    "Sum": lambda node, args, ranges: _variadic(lambda n, r, a, b: _add(a, b), node, args, ranges),
+    "Sum": lambda node, args, ranges: _variadic(lambda n, r, a, b: a + b, node, args, ranges),
     "Max": lambda node, args, ranges: _variadic(_extremum("max"), node, args, ranges),
     "Min": lambda node, args, ranges: _variadic(_extremum("min"), node, args, ranges),
 }
