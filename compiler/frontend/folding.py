@@ -44,16 +44,21 @@ from typing import Any
 import numpy as np
 import onnx
 
+from compiler.frontend.fit_check import check_bindings
+from compiler.frontend.fit_check import verify_fits
 from compiler.frontend.probing import Probes
 from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
+from compiler.frontend.shape_arith import fold_exact
 from compiler.ir.evaluate import concrete_shape
 from compiler.ir.evaluate import run_node
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.ir.graph import is_symbolic_shape
 from compiler.passes.base import NONDETERMINISTIC
+from runtime.errors import ShapeError
 from runtime.symbolic import evaluate as sym_evaluate
+from runtime.symbolic import free_symbols
 
 Binding = Mapping[str, int]
 
@@ -133,7 +138,8 @@ def evaluate(nodes: Sequence[Node], binding: Binding | None = None) -> dict[int,
     return results
 
 
-def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probes) -> dict[str, np.ndarray]:
+def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probes,
+                  where: str = "a shape computation") -> dict[str, np.ndarray]:
     """The results of ``nodes`` (inputs known, some symbolic) as expressions of the symbols: each
     integer element (or whole-number float element) fitted from evaluations at the probe bindings
     (``probing.py``). A result that is the same at every probe is a plain constant; one whose
@@ -156,8 +162,14 @@ def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probe
         if len({a.shape for a in arrays}) != 1:
             raise NotFolded("the shape of its result depends on the symbols")
         if all(np.array_equal(a, arrays[0]) for a in arrays):
-            folded[value.name] = arrays[0]
-            continue
+            differs = _differs_at(nodes, value, arrays[0], atoms, probes, bindings[0])
+            if differs is None:
+                folded[value.name] = arrays[0]
+                continue
+            if arrays[0].dtype.kind not in "iu":  # (an integer one is fitted and checked below)
+                at = ", ".join(f"{n}={v}" for n, v in sorted(differs.items()))
+                raise NotFolded(f"its result is the same at every probe size of the symbols but another "
+                                f"at {at}: it depends on them and is not a whole number")
         if not (arrays[0].dtype.kind in "iu" or (arrays[0].dtype.kind == "f" and all(
                 np.array_equal(a, np.floor(a)) and np.all(np.abs(a) < 2**24) for a in arrays))):
             # (a shape cast to float and scaled by whole numbers stays whole: Range(0.0, W) folds)
@@ -169,10 +181,65 @@ def fold_symbolic(nodes: Sequence[Node], outputs: Sequence[Value], probes: Probe
             if dim is None:
                 raise NotFolded(f"element {e} of its result fits no expression of the symbols")
             elements.append(dim)
+
+        def truth(at: list[dict[str, int]], j: int = j) -> list[list[int] | None]:
+            return [_evaluated(nodes, outputs[j], b) for b in at]
+
+        labels = [f"element {e} of {value.name!r}" for e in range(len(elements))]
+        found_j = [(b, [int(x) for x in table[i]]) for i, b in enumerate(bindings)]
+        try:
+            elements = verify_fits(where, labels, elements, found_j, atoms, truth, probes.ranges)
+        except ShapeError as exc:  # (it stays a node: what needs its value at compile time says why)
+            raise NotFolded(str(exc)) from None
         array = np.empty(len(elements), dtype=object)
         array[:] = elements
         folded[value.name] = array.reshape(arrays[0].shape)
     return folded
+
+
+def _evaluated(nodes: Sequence[Node], value: Value, binding: Binding) -> list[int] | None:
+    """``value``'s elements computed by the reference kernels at ``binding`` (None where they refuse
+    it, or where an element is not a whole number)."""
+    try:
+        array = evaluate(nodes, binding)[id(value)].reshape(-1)
+    except NotFolded:
+        return None
+    if array.dtype.kind == "f" and not np.array_equal(array, np.floor(array)):
+        return None
+    return [int(x) for x in array]
+
+
+def _differs_at(nodes: Sequence[Node], value: Value, array: np.ndarray, atoms: Sequence[Any],
+                probes: Probes, base: Binding) -> dict[str, int] | None:
+    """A check size (``fit_check.py``) where a result equal at every probe is not ``array`` (a
+    value that differs at one size only, ``W == 37``, is no constant); None where there is none."""
+    symbols = {n for atom in atoms for n in free_symbols(atom)}
+    for binding in check_bindings(probes.ranges, symbols, dict(base), [], new=False):
+        try:
+            result = evaluate(nodes, binding)[id(value)]
+        except NotFolded:
+            continue  # (a size the computation refuses)
+        if not np.array_equal(result, array):
+            return binding
+    return None
+
+
+def _agrees(nodes: Sequence[Node], outputs: Sequence[Value], exact: Mapping[str, np.ndarray],
+            probes: Probes) -> bool:
+    """The exact symbolic results ``exact`` equal the reference kernels' at the probes near the
+    range ends (where those run; at none of them: False, and the node is probed as before)."""
+    checked = 0
+    for binding in probes.varied[:6]:
+        try:
+            results = evaluate(nodes, binding)
+        except NotFolded:
+            continue
+        for value in outputs:
+            want = np.array([sym_evaluate(d, binding) for d in exact[value.name].reshape(-1)])
+            if not np.array_equal(want, np.asarray(results[id(value)]).reshape(-1)):
+                return False
+        checked += 1
+    return checked > 0
 
 
 @dataclass(frozen=True)
@@ -212,7 +279,10 @@ class Knowledge:
                 raise NotFolded("")
             _check_foldable(proto, nodes, produced)
             if self.probes is not None and _reads_symbols(nodes):
-                return fold_symbolic(nodes, produced, self.probes)
+                exact = fold_exact(nodes, produced, self.symbols)
+                if exact is not None and _agrees(nodes, produced, exact, self.probes):
+                    return exact
+                return fold_symbolic(nodes, produced, self.probes, f"node {name!r} ({proto.op_type})")
             results = evaluate(nodes)
             return {v.name: results[id(v)] for v in produced}
         except NotFolded as exc:

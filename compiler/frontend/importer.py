@@ -23,6 +23,8 @@ import onnx
 from onnx import helper
 from onnx import numpy_helper
 
+from compiler.frontend.batch_infer import OutputTypes
+from compiler.frontend.batch_infer import infer_many
 from compiler.frontend.canonical import COMPILE_TIME_INPUTS
 from compiler.frontend.canonical import CanonContext
 from compiler.frontend.canonical import canonicalize
@@ -39,6 +41,7 @@ from compiler.frontend.control import subgraphs
 from compiler.frontend.control import walk_nodes
 from compiler.frontend.dims import dim_label
 from compiler.frontend.dims import known_size
+from compiler.frontend.fit_check import verify_fits
 from compiler.frontend.folding import Knowledge
 from compiler.frontend.folding import Producer
 from compiler.frontend.loader import bind_input_dims
@@ -50,6 +53,8 @@ from compiler.frontend.probing import Probes
 from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
 from compiler.frontend.probing import may_be_equal
+from compiler.frontend.same_shape import same_shape
+from compiler.frontend.same_shape import slice_shape
 from compiler.frontend.sequences import SEQUENCE_OPS
 from compiler.frontend.sequences import OptValue
 from compiler.frontend.sequences import SeqValue
@@ -633,10 +638,28 @@ def _infer_symbolic(proto: onnx.NodeProto, inputs: list[Value | None], opset: in
                     pass
         return result or None
 
+    same = same_shape(proto, inputs)
+    if same is not None:
+        one = _first_success(at, probes)
+        names = [n for n in proto.output if n]
+        if one is not None and names[0] in one[1] and one[1][names[0]][1] == concrete_shape(same, one[0]):
+            return {names[0]: (one[1][names[0]][0], same)}  # type: ignore[dict-item]  # (symbolic dims)
     found = probes.run(at)
+    sliced = slice_shape(proto, inputs, opset, probes.ranges)
+    seen_out = [(b, types[proto.output[0]]) for b, types in found if proto.output[0] in types]
+    if sliced is not None and seen_out and all(t[1] == concrete_shape(sliced, b) for b, t in seen_out):
+        return {proto.output[0]: (seen_out[0][1][0], sliced)}  # type: ignore[dict-item]  # (symbolic dims)
     windowed = window_rule(proto, inputs, found, where, probes.ranges, input_shapes)
     if windowed is not None:
         return windowed  # type: ignore[return-value]  # (symbolic dims: see ir.graph.Shape)
+    cache: dict[tuple[tuple[str, int], ...], OutputTypes | None] = {}
+
+    def many(bindings: list[dict[str, int]]) -> list[OutputTypes | None]:
+        todo = [b for b in bindings if tuple(sorted(b.items())) not in cache]
+        for b, types in zip(todo, infer_many(proto, inputs, opset, todo), strict=True):
+            cache[tuple(sorted(b.items()))] = types
+        return [cache[tuple(sorted(b.items()))] for b in bindings]
+
     result: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
     for name in proto.output:
         seen = [(binding, types[name]) for binding, types in found if name in types]
@@ -651,8 +674,27 @@ def _infer_symbolic(proto: onnx.NodeProto, inputs: list[Value | None], opset: in
                                  f"node takes {len(seen)} of {probes.count} probe sizes: check the ranges); "
                                  f"dynamic shapes: docs/dynamic-shapes.md")
             dims.append(dim)
+
+        def truth(bindings: list[dict[str, int]], name: str = name) -> list[list[int] | None]:
+            return [None if t is None or name not in t else list(t[name][1]) for t in many(bindings)]
+
+        labels = [f"output {name!r} dim {k}" for k in range(len(dims))]
+        points = [(b, list(t[1])) for b, t in seen]
+        dims = verify_fits(where, labels, dims, points, atoms, truth, probes.ranges)
         result[name] = (seen[0][1][0], tuple(dims))  # type: ignore[arg-type]  # (symbolic dims: see ir.graph.Shape)
     return result
+
+
+def _first_success(at: Any, probes: Probes) -> tuple[dict[str, int], dict[str, Any]] | None:
+    """The first probe binding (varied, then aligned) at which ``at`` succeeds, with its result."""
+    for binding in [*probes.varied, *probes.aligned]:
+        try:
+            result = at(binding)
+        except Exception:  # (a size the node refuses)
+            continue
+        if result is not None:
+            return binding, result
+    return None
 
 
 def _at_binding(value: Value | None, binding: dict[str, int]) -> Value | None:

@@ -62,7 +62,8 @@ ALIGNED = 12
 ALIGN = 32
 MIN_SUCCESSES = 6
 MIN_POINTS = 4  # the fewest probes a fit is made from
-_DENOMINATORS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)
+DENOMINATORS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64)  # tried first, in this order
+MAX_DENOMINATOR = 128
 
 
 class Probes:
@@ -172,7 +173,12 @@ def _fit_line(xs: Sequence[int], ys: Sequence[int]) -> tuple[int, int, int] | No
         return None  # one x, or one x with two ys
     (x1, y1), (x2, y2) = min(pairs.items()), max(pairs.items())
     slope = Fraction(y2 - y1, x2 - x1)
-    for r in _DENOMINATORS:
+    # (then any stride up to 128 and the slope's own denominator: a Slice of step 40, a scale of
+    # 37/100; a fit the probes leave ambiguous is settled by fit_check.py)
+    extra = [r for r in range(9, MAX_DENOMINATOR + 1) if r not in DENOMINATORS]
+    limited = {slope.limit_denominator(m).denominator for m in (256, 1024)}
+    extra += sorted(limited - set(extra) - set(DENOMINATORS))
+    for r in (*DENOMINATORS, *extra):
         for p in sorted({math.floor(slope * r), math.ceil(slope * r)}):
             if p == 0:
                 continue

@@ -16,10 +16,10 @@ from compiler.frontend.canonical.context import ints
 from compiler.frontend.canonical.context import np_dtype_of
 from compiler.frontend.canonical.registry import register
 from compiler.frontend.probing import may_be_equal
+from compiler.frontend.shape_arith import tight_bounds
 from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Node
 from runtime.symbolic import Dim
-from runtime.symbolic import bounds
 from runtime.symbolic import is_symbolic
 from runtime.symbolic import max_
 from runtime.symbolic import min_
@@ -145,7 +145,7 @@ def _negative(ctx: CanonContext, index: Any) -> bool:
     """A Slice index counts from the end; an expression must be of one sign over the ranges."""
     if not is_symbolic(index):
         return bool(index < 0)
-    lo, hi = bounds(index, ctx.graph.symbols)
+    lo, hi = tight_bounds(index, ctx.graph.symbols)
     if lo < 0 <= hi:
         raise ctx.error(f"slice index {index} is negative for some sizes in the ranges and not for others")
     return hi < 0
