@@ -197,14 +197,17 @@ def test_portable_build_matches_the_reference(compiled: Compiled, monkeypatch: p
 
 
 def _kernel_of(compiled: Compiled, step: str) -> str:
-    """The C function that runs ``step`` (model.c calls step functions through their kernel)."""
+    """The C function that runs ``step`` (model.c calls step functions through their kernel), with
+    the parts of it that run on the worker pool (defined ahead of it)."""
     source = (compiled.art / "kernels" / "cpu" / "model.c").read_text()
     plan = json.loads((compiled.art / "plan.json").read_text())
     index = next(s["index"] for s in plan["steps"] if s["name"] == step)
     call = re.search(rf"/\* step {index}: .*?\*/\s*(k_[0-9a-f]{{16}})\(", source, re.S)
     assert call is not None, f"no call of step {index}"
-    body = source[source.index(f"void {call.group(1)}(") :]
-    return body[: body.index("\n}\n")]
+    name = call.group(1)
+    end = source.index(f"void {name}(")
+    body = source[source.index(f"void {name}") :]
+    return body[: body.index("\n}\n", end - source.index(f"void {name}"))]
 
 
 def test_padding_methods_and_scratch(compiled: Compiled) -> None:

@@ -62,4 +62,4 @@ def test_bench_busy_script_smoke() -> None:
     command = [sys.executable, "-m", "scripts.bench_busy", "--smoke"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert "| squeezenet |" in result.stdout and "default / ORT" in result.stdout
+    assert "| squeezenet | none | default |" in result.stdout and "median / ORT" in result.stdout

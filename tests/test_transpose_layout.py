@@ -98,13 +98,13 @@ def test_transpose_paths_for_each_vector_width(isa: str, tmp_path: Path) -> None
     vw = {"x86-64-v2": 4, "x86-64-v3": 8, "x86-64-v4": 16}[isa]
     art, _, _ = _compile(tmp_path / "a", isa)
     source = (art / "kernels" / "cpu" / "model.c").read_text()
-    bodies = source.split("\nvoid k_")[1:]  # one per distinct kernel
-    for path, marker in (("blocks", "_shuffle(r0, r1, "), ("planes", "for (long job = 0; ")):
+    bodies = source.split("\nstatic __attribute__((noinline)) void k_")[1:]  # each kernel's loop
+    for path, marker in (("blocks", "_shuffle(r0, r1, "), ("planes", "const long begin = job % ")):
         wanted = {(shape, perm, np.dtype(dtype).itemsize) for shape, perm, dtype, p in CASES
                   if _path_at(vw, shape, perm, dtype, p) == path}
         assert sum(marker in body for body in bodies) == len(wanted), path
     # threads from 32768 elements in two pieces or more: 3 x 128 x 352, 64 x 48 x 48, 300 x 150
-    assert source.count("#pragma omp parallel for") == 3
+    assert source.count("onnx_aot_parallel(k_") == 3  # on the worker pool
 
 
 @pytest.mark.parametrize("vw", [4, 8, 16])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,26 @@ FAULT_INDEX = 4  # ONNX_AOT_FAULT_INDEX: onnx_aot_last_fault has {step local, va
 # library: this maps each dlopen handle to the count last set in it, so every CLibrary object
 # keeps its own count (set again, only when it differs, right before its entries run).
 _THREADS_IN_LIBRARY: dict[int, int] = {}
+
+# One worker pool per process (templates/c/workers.c.j2): the first library loaded that has one
+# provides it (and stays loaded: ctypes never unloads), every later library runs its kernels on
+# it, so sessions in one process never oversubscribe the cores with a pool each.
+_POOL: list[tuple[int, ctypes.CDLL]] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _share_pool(lib: ctypes.CDLL) -> None:
+    try:
+        own, use = lib.onnx_aot_pool, lib.onnx_aot_use_pool
+    except AttributeError:
+        return  # a library without a pool of its own (built before it)
+    own.argtypes, own.restype = [], ctypes.c_void_p
+    use.argtypes, use.restype = [ctypes.c_void_p], ctypes.c_int
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append((int(own()), lib))
+        else:
+            use(_POOL[0][0])  # 0 for another pool version: that library keeps its own
 
 
 class CEntry:
@@ -107,6 +128,7 @@ class CLibrary:
             raise ArtifactError(
                 f"{self.path} has kernel ABI version {version}, this runtime needs {ABI_VERSION}"
             )
+        _share_pool(self._lib)
         self._set_threads = threads_fn
         self._handle = int(self._lib._handle)
         self._threads = 0  # OpenMP's default

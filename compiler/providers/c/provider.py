@@ -22,6 +22,11 @@ The library's ABI (version 1), which ``runtime/providers/c.py`` relies on:
   Added within version 1: an older library never returns 4, so a runtime looks it up only then.
 - ``void onnx_aot_set_num_threads(int n)`` (n <= 0: back to OpenMP's default) and
   ``int onnx_aot_abi_version(void)`` (returns 1).
+- ``const void* onnx_aot_pool(void)`` and ``int onnx_aot_use_pool(const void* pool)``: the
+  library's worker pool (templates/c/workers.c.j2), and running on another library's from now on
+  (returns 0, keeping its own, for a pool of another version). Added within version 1: the runtime
+  hands the first library's pool to every later one, one pool per process; an older library has
+  neither and keeps OpenMP's.
 """
 
 from __future__ import annotations
