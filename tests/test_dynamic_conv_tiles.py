@@ -43,8 +43,9 @@ def _stft_model(m: int, kernel: int, stride: int, pads: tuple[int, int]) -> onnx
     ]
     inits = [numpy_helper.from_array(np.array([1], np.int64), "axes"), numpy_helper.from_array(w1, "w1"),
              numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(b2, "b2")]
-    graph = helper.make_graph(nodes, "stft", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "L"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 3)], initializer=inits)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "L"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 3)
+    graph = helper.make_graph(nodes, "stft", [x], [y], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
