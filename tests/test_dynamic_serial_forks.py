@@ -70,3 +70,39 @@ def test_pad_forks_its_rows_at_run_time(tmp_path: Path, cpu: str) -> None:
     assert re.search(r"\n  if \(\(.*\) >= \d+\) \{\n#pragma omp parallel for schedule\(static\)\n", text)
     assert not SERIAL_REGION.search(text)
     _check(model, art, [(1, 576), (64, 4096), (3, 555)])
+
+
+def _small_ops_model() -> onnx.ModelProto:
+    """Silero's STFT tail in small: x [n, 4, L] -> Slice x[:, 1:] -> Cast to double and back ->
+    Sigmoid -> Gather of the three rows (the elementwise, strided, typed-map and gather kernels)."""
+    from onnx import TensorProto
+    from onnx import helper
+    from onnx import numpy_helper
+
+    consts = {"starts": [1], "ends": [1 << 62], "axes": [1], "idx": [0, 2, 1]}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items()]
+    nodes = [
+        helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["s"]),
+        helper.make_node("Cast", ["s"], ["d"], to=TensorProto.DOUBLE),
+        helper.make_node("Cast", ["d"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Sigmoid", ["f"], ["g"]),
+        helper.make_node("Gather", ["g", "idx"], ["y"], axis=1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, "L"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3, None])
+    graph = helper.make_graph(nodes, "small", [x], [y], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_small_steps_take_no_serial_region(tmp_path: Path) -> None:
+    """Every step of the small-ops model forks at run time: no OpenMP region with an if clause is
+    left in model.c (x86-64-v3), and the results match at sizes below and above the thresholds."""
+    model = _small_ops_model()
+    art = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "L": (2, 20000)}, cpu="x86-64-v3",
+                        golden_cases=0)
+    plan = json.loads((art / "plan.json").read_text())
+    off_c = [(s["name"], s["provider"]) for s in plan["steps"] if s["provider"] != "c"]
+    assert not off_c, off_c
+    source = (art / "kernels" / "cpu" / "model.c").read_text()
+    assert "#pragma omp parallel" in source and not SERIAL_REGION.search(source)
+    _check(model, art, [(1, 4, 2), (3, 4, 577), (4, 4, 20000)])
