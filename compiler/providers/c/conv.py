@@ -52,6 +52,7 @@ from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 from runtime.errors import CompileError
 from runtime.symbolic import Expr
+from runtime.symbolic import bounds
 
 __all__ = [
     "ConvContext",
@@ -248,6 +249,16 @@ def _dynamic_scratch(g: ConvGeometry, method: str) -> int | Expr:
     return 4 * g.k * MAX_PANEL if method == "direct" else 0
 
 
+def pixels_bound(g: ConvGeometry, node: Node) -> int:
+    """The most output pixels per image (the GEMM's N) over the ranges, capped at
+    ``64 * MAX_PANEL``: the register tile is the static kernel's for that N. Chosen for the widest
+    N (as before), a few-pixel conv (Silero's STFT: 3-4 columns) ran 64-column panels, mostly
+    zero padding, at 3-4x the static kernel's time; an N that reaches 64 columns somewhere in
+    the range gets that widest tile either way."""
+    ranges = node.graph.symbols if node.graph is not None else {}
+    return max(1, min(bounds(g.oh * g.ow, ranges)[1], 64 * MAX_PANEL))
+
+
 def dynamic_conv_operands(
     step: StepPlan, weights: str, scratch: int | Expr
 ) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
@@ -281,8 +292,7 @@ def _build_dynamic(step: StepPlan, target: TargetInfo) -> StepCode:
         dctx = DepthwiseContext(params=step_params, e=e, g=g, wp=wp, parallel=True,
                                 decls=decls, when=f" if({work} >= {PARALLEL_MIN_WORK})", ring=True)
         return StepCode("c/depthwise.c.j2", dctx, tuple(args))
-    # N is a run-time size: the widest register tile (as for a large N), its last panel run-time
-    t = choose_tiling(g.mg, 64 * MAX_PANEL, g.k, target)
+    t = choose_tiling(g.mg, pixels_bound(g0, node), g.k, target)
     ctx = DynamicConvContext(params=step_params, t=t, e=e, g=g, decls=decls, packed=method == "packed",
                              work=str(work), min_work=PARALLEL_MIN_WORK, rows_outer_max=ROWS_OUTER_MAX_PANELS)
     return StepCode("c/conv_dynamic.c.j2", ctx, tuple(args))

@@ -294,7 +294,8 @@ class RecurrentKernel(CKernel):
         extra: dict[str, Any]
         if is_dynamic(node):
             sizes, decls = _run_time_sizes(node, step.symbols)
-            forks: tuple[bool | str, ...] = ("DIRPAR", "PROJPAR", "STEPPAR")
+            # one direction: no direction threads (DIRPAR is 0), so no region for them either
+            forks: tuple[bool | str, ...] = ("DIRPAR" if dirs == 2 else False, "PROJPAR", "STEPPAR")
             one = _batch_one_block(target) if isinstance(batch, Expr) else None
             extra = dict(decls=decls, step_block1=one)
             step_params += (Param("dyn", "int64_t", True, True),)
