@@ -212,3 +212,23 @@ def test_an_ill_conditioned_output_widens_its_tolerance_to_the_references_own_mo
     assert all(2e-3 < r["tolerance"] <= 4 * r["conditioning"] * 1.01 for r in records), records
     report = Session(art).verify()
     assert report.ok and 2e-3 < report.worst.error <= report.worst.tolerance
+
+
+def test_an_artifact_for_a_cpu_above_this_host_is_written_unchecked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Compiled for x86-64-v4 with no portable build, on a host seen as x86-64-v3: no C build runs
+    here, so the check is skipped (said, warned) and the artifact written for the machine it is for."""
+    from compiler.codegen.options import BuildOptions
+    from compiler.driver import compile_graph
+    from compiler.frontend.importer import import_model
+    from runtime.isa import TEST_FLAGS_ENV
+    from tests.cpu_targets import features_of
+
+    monkeypatch.setenv(TEST_FLAGS_ENV, features_of("x86-64-v3"))
+    said: list[str] = []
+    with pytest.warns(UncheckedArtifactWarning, match="no C build of it runs on this CPU"):
+        art = compile_graph(import_model(_model()), tmp_path / "art", build=BuildOptions(isa="x86-64-v4"),
+                            progress=said.append)
+    assert (art / "manifest.json").is_file()
+    assert any("its first run is not checked" in s and "avx512" in s for s in said), said

@@ -12,17 +12,21 @@ run per case (measured: 2-4 ms on a small model, ~80 ms on ResNet-50, ~180 ms on
 
 It is skipped, with an ``UncheckedArtifactWarning``, where it cannot run: no golden cases (their
 reason: ``--golden-cases 0``, a graph that draws random numbers, a value over the reference run's
-cap) or a CUDA artifact on a host without a usable CUDA device. An artifact whose preferred C build
+cap), a CUDA artifact on a host without a usable CUDA device, or one none of whose C builds this CPU
+runs (``--cpu`` above this host's level without a portable build). An artifact whose preferred C build
 needs CPU features this host lacks is checked on the build this CPU runs (a progress line says so).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from runtime.artifact import MANIFEST
+from runtime.cpu_builds import select_cpu_build
 from runtime.errors import ArtifactCheckError
 from runtime.errors import ArtifactError
 from runtime.errors import CpuFallbackWarning
@@ -44,6 +48,21 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+def _no_build_for_this_cpu(folder: Path) -> str | None:
+    """Why none of the C builds in the manifest at ``folder`` runs on this CPU (None: one does, or
+    the artifact has no C build)."""
+    manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    target = manifest.get("target")
+    cpu = target.get("cpu") if isinstance(target, dict) else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CpuFallbackWarning)
+            select_cpu_build(cpu if isinstance(cpu, dict) else None, where="the artifact")
+    except ArtifactError as exc:
+        return _one_line(exc).removeprefix("the artifact: ")
+    return None
+
+
 def check_artifact(folder: Path, plan: Plan, out: Path, say: Progress) -> None:
     """Run the golden cases of the artifact written at ``folder`` (to become ``out``): return when
     every output is within its tolerance, else raise ``ArtifactCheckError``."""
@@ -57,6 +76,11 @@ def check_artifact(folder: Path, plan: Plan, out: Path, say: Progress) -> None:
             say("no usable CUDA device here (cupy and a GPU): the artifact's first run is not checked")
             warn_unchecked(out, "this host has no usable CUDA device to run it on (cupy and a GPU)")
             return
+    foreign = _no_build_for_this_cpu(folder)
+    if foreign is not None:  # compiled for another machine (--cpu above this host's, no portable build)
+        say(f"no C build of the artifact runs on this CPU: its first run is not checked ({foreign})")
+        warn_unchecked(out, f"no C build of it runs on this CPU ({foreign})")
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CpuFallbackWarning)  # said below, as a progress line
         try:
