@@ -53,10 +53,12 @@ XFAIL: dict[str, tuple[type[Exception], str]] = {
 }
 
 
-def _param(model: RealModel) -> object:
-    if model.name not in XFAIL:
+def _param(model: RealModel, xfails: dict[str, tuple[type[Exception], str]] | None = None) -> object:
+    """``model`` as a test parameter, a strict xfail where ``xfails`` (default XFAIL) names it."""
+    xfails = XFAIL if xfails is None else xfails
+    if model.name not in xfails:
         return pytest.param(model, id=model.name)
-    raises, reason = XFAIL[model.name]
+    raises, reason = xfails[model.name]
     mark = pytest.mark.xfail(strict=True, raises=raises, reason=reason)
     return pytest.param(model, id=model.name, marks=mark)
 
@@ -86,20 +88,12 @@ RANGE_XFAIL: dict[str, tuple[type[Exception], str]] = {
 }
 
 
-def _range_param(model: RealModel) -> object:
-    if model.name not in RANGE_XFAIL:
-        return pytest.param(model, id=model.name)
-    raises, reason = RANGE_XFAIL[model.name]
-    mark = pytest.mark.xfail(strict=True, raises=raises, reason=reason)
-    return pytest.param(model, id=model.name, marks=mark)
-
-
 @pytest.fixture(scope="module")
 def ranged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("real_model_ranges")
 
 
-@pytest.mark.parametrize("model", [_range_param(m) for m in MODELS if m.ranges is not None])
+@pytest.mark.parametrize("model", [_param(m, RANGE_XFAIL) for m in MODELS if m.ranges is not None])
 def test_real_model_over_its_ranges(model: RealModel, ranged: Path) -> None:
     """Compiled once over the ranges its users need (issue 29's table), the artifact runs at both
     ends of every range and at an odd size, matching onnxruntime each time, and its golden
