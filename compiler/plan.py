@@ -18,16 +18,13 @@ from typing import Any
 import numpy as np
 
 from compiler.codegen.cdims import DYN_EXT
-from compiler.dynamic import bindings
-from compiler.dynamic import dynamic_report
-from compiler.dynamic import plan_at
-from compiler.dynamic import storage_at
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.ir.narrow import Affine
 from compiler.memory import MemoryPlan
 from compiler.memory.lifetimes import Storage
+from compiler.memory_policy import MemoryPolicy
 from compiler.partition.partitioner import Partition
 from compiler.partition.partitioner import Schedule
 from compiler.providers.base import Location
@@ -57,8 +54,8 @@ from runtime.plan_schema import TensorSpec
 from runtime.plan_schema import ValueLocation
 from runtime.symbolic import Expr
 
-__all__ = ["ALIGNMENT", "Compiled", "CompiledPlan", "NestedSchedule", "build_plan", "attach_code",
-           "WEIGHT_ALIGNMENT", "jsonable"]
+__all__ = ["ALIGNMENT", "Compiled", "CompiledPlan", "NestedSchedule", "PlannedGraph", "build_plan",
+           "attach_code", "WEIGHT_ALIGNMENT", "jsonable"]
 
 WEIGHT_ALIGNMENT = 64
 ALIGNMENT = 64  # of a nested schedule's buffers and of the slots in a control step's region
@@ -83,6 +80,19 @@ class NestedSchedule:
     storage: Storage
     mem_plan: MemoryPlan
     control: dict[int, Compiled]  # the compiled control steps inside, by id(node)
+
+
+@dataclass
+class PlannedGraph:
+    """A graph through the back half (compiler/back_half.py): scheduled, stored, memory planned."""
+
+    graph: Graph
+    schedule: Schedule
+    storage: Storage
+    mem_plans: dict[str, MemoryPlan]  # memory space -> its plan
+    alignment: dict[str, int]  # memory space -> its alignment
+    control: dict[int, Compiled]  # the compiled control steps, by id(node)
+    providers: list[Provider]  # (a ControlProvider first when there are compiled control steps)
 
 
 @dataclass
@@ -347,39 +357,25 @@ def _outputs(graph: Graph) -> tuple[PlanOutput, ...]:
                  for k, v in enumerate(graph.outputs))
 
 
-def build_plan(
-    graph: Graph,
-    schedule: Schedule,
-    storage: Storage,
-    mem_plans: dict[str, MemoryPlan],
-    alignment: dict[str, int],
-    providers: dict[str, Provider],
-    control: Mapping[int, Compiled] | None = None,
-) -> CompiledPlan:
+def build_plan(planned: PlannedGraph, policy: MemoryPolicy) -> CompiledPlan:
     """The plan records, weights.bin's bytes, the partitions for code generation (the nested
-    schedules' after the model's), the memory report. ``control``: the compiled control steps."""
+    schedules' after the model's), the memory report (as ``policy`` shows it)."""
+    graph, schedule, storage, mem_plans = planned.graph, planned.schedule, planned.storage, planned.mem_plans
     layout = _WeightsLayout()
     nested_parts: list[PartitionPlan] = []
     level = _Level(graph, layout, nested_parts)
-    parts, values = level.build(graph, schedule, storage, mem_plans, control or {}, "onnx_aot_partition_")
+    parts, values = level.build(graph, schedule, storage, mem_plans, planned.control, "onnx_aot_partition_")
     weights = layout.finish()
-    arenas, buffers = _arenas(mem_plans, storage, alignment)
+    arenas, buffers = _arenas(mem_plans, storage, planned.alignment)
     plan = Plan(
         format_version=weights.format_version, name=graph.name, inputs=tuple(_spec(v) for v in graph.inputs),
         outputs=_outputs(graph), constants=weights.records, weights_nbytes=weights.image_nbytes,
         arenas=arenas, buffers=buffers, values=values,
         steps=tuple(step for p in parts for step in p.steps), partitions=tuple(p.record for p in parts),
         onnx_nodes=_onnx_nodes(graph, schedule), symbols=_symbols(graph), assumptions=_assumptions(graph))
-    if graph.symbols:  # the report shows the runtime's placement at the max binding, and min / max
-        at_max = bindings(graph)["max"]
-        concrete = storage_at(storage, at_max)
-        placed = {space: plan_at(concrete.buffers.get(space, []), alignment[space], at_max)
-                  for space in mem_plans}
-        report = {**memory_report(schedule, concrete, placed, alignment),
-                  "dynamic": dynamic_report(graph, storage, alignment)}
-    else:
-        report = memory_report(schedule, storage, mem_plans, alignment)
-    nested_report = _nested_report(schedule, control or {})
+    shown, shown_plans, sections = policy.reported(storage, mem_plans, planned.alignment)
+    report = {**memory_report(schedule, shown, shown_plans, planned.alignment), **sections}
+    nested_report = _nested_report(schedule, planned.control)
     if nested_report:
         report["nested"] = nested_report
     return CompiledPlan(plan, weights.data, [p.plan for p in parts] + nested_parts, report)

@@ -26,6 +26,7 @@ from compiler.passes.manager import PassManager
 from compiler.passes.manager import lowerings_for
 from compiler.passes.manager import optimize
 from compiler.passes.manager import passes_for_level
+from compiler.passes.materialize_outputs import MaterializeOutputs
 from compiler.passes.use_winograd import UseWinograd
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "FuseElementwise",
     "FuseMatMulAdd",
     "LayoutNhwc",
+    "MaterializeOutputs",
     "Pass",
     "PassManager",
     "PassResult",

@@ -105,7 +105,7 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
     return basic + extended
 
 
-def lowerings_for(level: int, target: str, winograd: bool = True, dynamic: bool = False) -> list[Pass]:
+def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
@@ -113,10 +113,9 @@ def lowerings_for(level: int, target: str, winograd: bool = True, dynamic: bool 
     and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
-    (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A ``dynamic``
-    graph (symbolic dims) gets the same lowerings: their C kernels all take run-time dims.
+    (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A graph of
+    symbolic dims gets the same lowerings: their C kernels all take run-time dims.
     """
-    del dynamic  # (kept in the signature: the lowerings no longer differ)
     passes: list[Pass] = [PackGemmWeights(), FuseAttention()] if level >= 2 and target == "cpu" else []
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
@@ -127,15 +126,13 @@ def lowerings_for(level: int, target: str, winograd: bool = True, dynamic: bool 
 
 def optimize(
     graph: Graph, level: int, verify: bool = True, target: str | None = None, winograd: bool = True,
-    dynamic: bool = False,
 ) -> Graph:
     """Run the passes of ``level`` over ``graph`` (changed in place) and return it.
 
-    ``target`` ("cpu", "cuda") adds that target's lowerings (``lowerings_for``; those for symbolic
-    dims when ``dynamic``); None adds none.
+    ``target`` ("cpu", "cuda") adds that target's lowerings (``lowerings_for``); None adds none.
     """
     graph = PassManager(passes_for_level(level, target), verify=verify).run(graph).graph
-    lowerings = lowerings_for(level, target, winograd, dynamic) if target is not None else []
+    lowerings = lowerings_for(level, target, winograd) if target is not None else []
     if lowerings:
         graph = PassManager(lowerings, verify=verify, max_iterations=1).run(graph).graph
     return graph

@@ -77,11 +77,6 @@ REDUCE_KINDS = {
 COL_BLOCK = 256  # outputs one "cols" work item accumulates (on the stack)
 
 
-def _axis_split(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
-    """(outer, length, inner) around ``axis``."""
-    return prod(shape[:axis]), shape[axis], prod(shape[axis + 1 :])
-
-
 def _numeric(v: Value | None) -> CType | None:
     """The C type of a numeric (not bool) value."""
     t = ctype_of(v)
