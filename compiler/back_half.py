@@ -64,7 +64,7 @@ def plan_graph(graph: Graph, providers: list[Provider], policy: MemoryPolicy, bu
     alignment = policy.alignment(providers)
     mem_plans = {space: policy.plan(storage.buffers.get(space, []), alignment[space], budget_ms)
                  for space in sorted(set(step_space))}
-    return PlannedGraph(graph, schedule, storage, mem_plans, alignment, control, providers)
+    return PlannedGraph(graph, schedule, storage, mem_plans, alignment, control, providers, policy)
 
 
 def compile_control(graph: Graph, providers: list[Provider], budget_ms: float | None,
@@ -93,7 +93,8 @@ def compile_control(graph: Graph, providers: list[Provider], budget_ms: float | 
 
 def _schedule(body: Body, providers: list[Provider], budget_ms: float | None) -> NestedSchedule:
     """A body through the back half: host memory only, its region's offsets in ALIGNMENT steps."""
-    planned = plan_graph(body.graph, providers, body_policy(body.graph, {"host": ALIGNMENT}), budget_ms)
+    policy = body_policy(body.graph, {"host": ALIGNMENT})
+    planned = plan_graph(body.graph, providers, policy, budget_ms)
     # (every body has an output, so a step: If, Loop and Scan bodies return one or more values)
     return NestedSchedule(body.graph, body.refs, planned.schedule, planned.storage,
-                          planned.mem_plans["host"], planned.control)
+                          planned.mem_plans["host"], planned.control, policy)

@@ -264,7 +264,7 @@ def compile_graph(
     planned = plan_graph(graph, providers, policy, plan_budget_ms,
                          compiled_control=options.get("compiled_control", True), say=say)
     check_arena_limit(source.file, planned.mem_plans, max_arena_bytes)
-    plan = build_plan(planned, policy)
+    plan = build_plan(planned)
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
     check = None if unchecked is not None or not run_check else (
         lambda folder: check_artifact(folder, plan.plan, out, say))

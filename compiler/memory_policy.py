@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
+from compiler.codegen.cdims import DYN_EXT
 from compiler.dynamic import Binding
 from compiler.dynamic import bindings
 from compiler.dynamic import describe_symbols
@@ -65,6 +66,15 @@ class MemoryPolicy:
         """What the progress line says about the graph's dims ("": nothing)."""
         return ""
 
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The symbols the kernels read at run time, in plan order."""
+        return tuple(sorted(self.graph.symbols))
+
+    def ext_slots(self, runner: str) -> list[str]:
+        """The ext slots a partition run by ``runner`` starts with (static shapes: none)."""
+        return []
+
     def check_providers(self, providers: Sequence[Provider]) -> None:
         """Refuse providers that cannot run the graph's shapes (any can run static ones)."""
 
@@ -105,7 +115,14 @@ class PlannedNow(MemoryPolicy):
     """Static shapes: offsets planned at compile time."""
 
 
-class PlacedPerBinding(MemoryPolicy):
+class _Symbolic(MemoryPolicy):
+    def ext_slots(self, runner: str) -> list[str]:
+        """A C partition's slot 0 is the binding's array: the symbols' values, then every buffer's
+        placed offset (compiler/codegen/cdims.py)."""
+        return [DYN_EXT] if runner == "c" else []
+
+
+class PlacedPerBinding(_Symbolic):
     """A model with symbolic dims: placeholders the runtime places per binding."""
 
     @property
@@ -141,7 +158,7 @@ class PlacedPerBinding(MemoryPolicy):
         return concrete, placed, {"dynamic": dynamic_report(self.graph, storage, alignment)}
 
 
-class PlannedAtMax(MemoryPolicy):
+class PlannedAtMax(_Symbolic):
     """A body of symbolic shapes: its storage evaluated at the max binding, then planned now."""
 
     def storage(self, storage: Storage) -> Storage:

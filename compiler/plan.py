@@ -80,6 +80,7 @@ class NestedSchedule:
     storage: Storage
     mem_plan: MemoryPlan
     control: dict[int, Compiled]  # the compiled control steps inside, by id(node)
+    policy: MemoryPolicy
 
 
 @dataclass
@@ -93,6 +94,7 @@ class PlannedGraph:
     alignment: dict[str, int]  # memory space -> its alignment
     control: dict[int, Compiled]  # the compiled control steps, by id(node)
     providers: list[Provider]  # (a ControlProvider first when there are compiled control steps)
+    policy: MemoryPolicy
 
 
 @dataclass
@@ -282,13 +284,14 @@ _Nested = Callable[[int, Node], "tuple[PlanSchedule, ...] | None"]
 
 def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_sizes: Mapping[str, int],
                referenced: dict[str, None], prefix: str, nested: _Nested,
-               symbols: tuple[str, ...] = ()) -> _PartitionOut:
+               policy: MemoryPolicy) -> _PartitionOut:
     """Locate the operands of ``part``'s steps (adding their names to ``referenced``); its entry is
-    ``prefix`` + its index, a control step's schedules come from ``nested``. In a dynamic graph
-    (``symbols``) a C partition's ext slot 0 is the binding's array (compiler/codegen/cdims.py)."""
+    ``prefix`` + its index, a control step's schedules come from ``nested``; the ``policy`` gives
+    the run-time dims and the first ext slots (a dynamic graph's C partition: the binding's array)."""
     runner = getattr(part.provider, "runner", part.provider.name)
-    ext: list[str] = [DYN_EXT] if symbols and runner == "c" else []
-    dyn = f"((const int64_t*)ext[{ext.index(DYN_EXT)}])" if ext else ""
+    ext = policy.ext_slots(runner)
+    dyn = f"((const int64_t*)ext[{ext.index(DYN_EXT)}])" if DYN_EXT in ext else ""
+    symbols = policy.dims
     space_here = part.provider.memory_space
     step_plans: list[StepPlan] = []
     records: list[PlanStep] = []
@@ -357,14 +360,15 @@ def _outputs(graph: Graph) -> tuple[PlanOutput, ...]:
                  for k, v in enumerate(graph.outputs))
 
 
-def build_plan(planned: PlannedGraph, policy: MemoryPolicy) -> CompiledPlan:
+def build_plan(planned: PlannedGraph) -> CompiledPlan:
     """The plan records, weights.bin's bytes, the partitions for code generation (the nested
-    schedules' after the model's), the memory report (as ``policy`` shows it)."""
+    schedules' after the model's), the memory report (as the memory policy shows it)."""
     graph, schedule, storage, mem_plans = planned.graph, planned.schedule, planned.storage, planned.mem_plans
     layout = _WeightsLayout()
     nested_parts: list[PartitionPlan] = []
     level = _Level(graph, layout, nested_parts)
-    parts, values = level.build(graph, schedule, storage, mem_plans, planned.control, "onnx_aot_partition_")
+    parts, values = level.build(graph, schedule, storage, mem_plans, planned.control, "onnx_aot_partition_",
+                                planned.policy)
     weights = layout.finish()
     arenas, buffers = _arenas(mem_plans, storage, planned.alignment)
     plan = Plan(
@@ -373,7 +377,7 @@ def build_plan(planned: PlannedGraph, policy: MemoryPolicy) -> CompiledPlan:
         arenas=arenas, buffers=buffers, values=values,
         steps=tuple(step for p in parts for step in p.steps), partitions=tuple(p.record for p in parts),
         onnx_nodes=_onnx_nodes(graph, schedule), symbols=_symbols(graph), assumptions=_assumptions(graph))
-    shown, shown_plans, sections = policy.reported(storage, mem_plans, planned.alignment)
+    shown, shown_plans, sections = planned.policy.reported(storage, mem_plans, planned.alignment)
     report = {**memory_report(schedule, shown, shown_plans, planned.alignment), **sections}
     nested_report = _nested_report(schedule, planned.control)
     if nested_report:
@@ -390,8 +394,8 @@ class _Level:
     nested_parts: list[PartitionPlan]  # the nested schedules' partitions, for code generation
 
     def build(self, graph: Graph, schedule: Schedule, storage: Storage, mem_plans: dict[str, MemoryPlan],
-              control: Mapping[int, Compiled],
-              prefix: str) -> tuple[list[_PartitionOut], dict[str, PlanValue]]:
+              control: Mapping[int, Compiled], prefix: str,
+              policy: MemoryPolicy) -> tuple[list[_PartitionOut], dict[str, PlanValue]]:
         locator = _Locator.build(graph, storage, self.layout.add(graph, schedule.steps, storage), mem_plans)
         scratch_sizes = {str(b.id): b.nbytes for bs in storage.buffers.values() for b in bs}
         # a nested schedule's inputs and outputs are bound by name even where no step reads them
@@ -405,14 +409,14 @@ class _Level:
             return tuple(self.schedule(body, f"{prefix}{t}_{s}_")
                          for s, body in enumerate(compiled.schedules))
 
-        symbols = tuple(sorted(graph.symbols))
-        parts = [_partition(part, schedule.steps, locator, scratch_sizes, referenced, prefix, nested, symbols)
+        parts = [_partition(part, schedule.steps, locator, scratch_sizes, referenced, prefix, nested, policy)
                  for part in schedule.partitions]
         return parts, _value_records(graph, referenced, locator)
 
     def schedule(self, body: NestedSchedule, prefix: str) -> PlanSchedule:
         mem_plans = {"host": body.mem_plan}
-        parts, values = self.build(body.graph, body.schedule, body.storage, mem_plans, body.control, prefix)
+        parts, values = self.build(body.graph, body.schedule, body.storage, mem_plans, body.control, prefix,
+                                   body.policy)
         self.nested_parts.extend(p.plan for p in parts)
         _, buffers = _arenas(mem_plans, body.storage, {"host": ALIGNMENT})
         return PlanSchedule(
