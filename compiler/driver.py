@@ -104,8 +104,8 @@ def compile_model(
     ``cpu`` picks the C kernels' target (``--cpu``; None: ``build.isa``, else this machine's level,
     ``resolve_cpu``); x86-64 artifacts also ship a portable x86-64-v2 build.
     ``winograd`` False (``--no-winograd``): 3x3 stride-1 convolutions stay direct (docs/ops.md).
-    ``compiled_control`` False runs If / Loop / Scan steps the target cannot run compiled anyway:
-    their programs on the reference kernels, not their nested schedules (compiler/nested.py).
+    ``compiled_control`` False runs If / Loop / Scan steps as on a target that cannot compile them:
+    their programs on the reference kernels, not their nested schedules (compiler/back_half.py).
     ``opt_shapes`` (``--opt-shape``, a compile with ranges only): bindings to specialize for as well,
     each given by some inputs' shapes (``{"x": (1, 3, 48, 320)}``); each becomes a static artifact
     ``opt/<k>/`` inside this one, which a run at exactly that binding dispatches to. ``values``
