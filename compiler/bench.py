@@ -16,7 +16,7 @@ What it measures (docs/performance.md explains the method and its fairness setti
   creation, creation + first run and peak RSS, each in a fresh process per repetition, engines
   alternating; medians.
 * **runtime overhead** (``--overhead``): per run, ``Session.run``'s wall time minus the time the
-  kernels themselves report (the C entry's per-step ``omp_get_wtime`` buffer, the reference
+  kernels themselves report (the C entry's per-step ``clock_gettime`` buffer, the reference
   provider's per-step ``perf_counter``), split into the Python side (outside the entry calls:
   feed checks, output allocation, run context, pointer filling) and the call boundary (ctypes and
   the entry's own dispatch).
