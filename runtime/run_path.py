@@ -6,12 +6,13 @@ those). ``Session`` runs either the same way.
 
 Every loaded partition -- reference, C, CUDA, control -- runs as ``part.run(memory, ext,
 timings=None)``: ``memory`` maps each memory space to the run's arena there and carries the host
-arena's address (``arena_addr``) and the C partitions' pointer arrays (``pointers``); ``ext``
-maps value names to the caller's arrays (graph inputs and outputs; ``DYN_EXT`` the binding a
-dynamic plan's C partitions read); ``timings`` (float64, one per step) asks for each step's wall
-time. A session's ``RunContext`` fills a C partition's pointer array from ``ext`` at each call; a
-control step's body (``runtime/providers/control.py``) gives its partitions memory whose pointer
-arrays it filled once per execution.
+arena's address (``arena_addr``) and the C partitions' pointer arrays (``pointers``, by partition
+index); ``ext`` maps value names to the caller's arrays (graph inputs and outputs; ``DYN_EXT`` the
+binding a dynamic plan's C partitions read); ``timings`` (float64, one per step) asks for each
+step's wall time. In a session's ``RunContext`` (``fill``) a C partition fills its pointer array
+from ``ext`` at each call; a control step's body (``runtime/providers/control.py``) gives its
+partitions memory whose pointer arrays it filled once per execution and rewrites only where a
+place moves.
 
 ``value_view`` is the one way a partition reads a plan value: a view of an arena, of the weights,
 of a caller's array, or a bound plan's small symbolic tensor.
@@ -63,27 +64,29 @@ def bound_of(plan: Any, partitions: list[tuple[str, Any]], key: tuple[int, ...] 
 class Memory(dict[str, Any]):
     """Space -> arena for a run of some partitions, plus what C entries read (module docstring)."""
 
-    __slots__ = ("arena_addr",)
+    __slots__ = ("arena_addr", "pointers", "fill")
     arena_addr: int  # the host arena's address (a C entry's arena argument)
+    pointers: dict[int, Any]  # partition index -> its entry's pointer array
+    fill: bool  # C partitions fill their pointer arrays from ext (else: filled by the caller)
 
-    def pointers(self, part: CPartition, ext: dict[str, Any]) -> Any:
-        """The pointer array ``part``'s entry reads, holding the addresses of its ext values."""
-        raise NotImplementedError
+    def __init__(self, arenas: dict[str, Any], arena_addr: int, pointers: dict[int, Any], fill: bool) -> None:
+        super().__init__(arenas)
+        self.arena_addr, self.pointers, self.fill = arena_addr, pointers, fill
 
 
 class RunContext(Memory):
     """A session's per-run memory: one arena per memory space, one pointer array per C partition
     (filled at each call). ``sized``: the ``Bound`` its arenas were last checked or grown for."""
 
-    __slots__ = ("_keep", "_pointers", "sized")
+    __slots__ = ("_keep", "sized")
 
     def __init__(self, arenas: dict[str, Any] | None = None) -> None:
-        super().__init__(arenas or {})
-        self._keep = np.zeros(64, np.uint8)  # a valid address when the host arena is empty
-        self._pointers: dict[int, Any] = {}
+        arenas = arenas or {}
+        keep = np.zeros(64, np.uint8)  # a valid address when the host arena is empty
+        host = arenas.get("host")
+        super().__init__(arenas, (host if host is not None and host.size else keep).ctypes.data, {}, True)
+        self._keep = keep
         self.sized: Bound | None = None
-        host = self.get("host")
-        self.arena_addr = host.ctypes.data if host is not None and host.size else self._keep.ctypes.data
 
     def fit(self, bound: Bound) -> None:
         """Grow each arena to at least ``bound``'s size (a pooled context serves every binding)."""
@@ -94,14 +97,6 @@ class RunContext(Memory):
                 if space == "host" and self[space].size:
                     self.arena_addr = self[space].ctypes.data
         self.sized = bound
-
-    def pointers(self, part: CPartition, ext: dict[str, Any]) -> Any:
-        pointers = self._pointers.get(part.index)
-        if pointers is None:  # made at the partition's first run in this context
-            pointers = self._pointers[part.index] = part.pointer_array()
-        for slot, name in enumerate(part.ext):
-            pointers[slot] = data_address(ext[name])  # ~0.2 us; .ctypes.data ~1.6 us
-        return pointers
 
 
 class CPartition:
@@ -116,7 +111,14 @@ class CPartition:
         self.pointer_array = ctypes.c_void_p * max(len(self.ext), 1)
 
     def run(self, memory: Memory, ext: dict[str, Any], timings: np.ndarray | None = None) -> None:
-        self.entry(memory.pointers(self, ext), memory.arena_addr, self.weights_addr,
+        try:
+            pointers = memory.pointers[self.index]
+        except KeyError:  # a session's context: made at the partition's first run in it
+            pointers = memory.pointers[self.index] = self.pointer_array()
+        if memory.fill:
+            for slot, name in enumerate(self.ext):
+                pointers[slot] = data_address(ext[name])  # ~0.2 us; .ctypes.data ~1.6 us
+        self.entry(pointers, memory.arena_addr, self.weights_addr,
                    0 if timings is None else data_address(timings))
 
 

@@ -90,25 +90,13 @@ class _Body:
                 found.append((part.index, slot, address))
         return found
 
-    def memory(self, arenas: dict[str, Any], region_addr: int) -> _Prebound:
+    def memory(self, arenas: dict[str, Any], region_addr: int) -> Memory:
         """Memory for one execution: ``arenas`` (the region as the host arena) and fresh pointer
-        arrays, which the caller fills."""
-        return _Prebound(arenas, region_addr, {part.index: part.pointer_array() for part in self.c_parts})
+        arrays, which the caller fills (once per execution; per iteration only where a place moves)."""
+        pointers = {part.index: part.pointer_array() for part in self.c_parts}
+        return Memory(arenas, region_addr, pointers, fill=False)
 
 
-class _Prebound(Memory):
-    """A body's memory: its C partitions' pointer arrays (by partition index) filled by the step
-    once per execution, rewritten per iteration only where a place moves."""
-
-    __slots__ = ("sets",)
-
-    def __init__(self, arenas: dict[str, Any], region_addr: int, sets: dict[int, Any]) -> None:
-        super().__init__(arenas)
-        self.arena_addr = region_addr
-        self.sets = sets
-
-    def pointers(self, part: Any, ext: dict[str, Any]) -> Any:
-        return self.sets[part.index]
 
 
 Place = tuple[Any, int]  # an array and its address
@@ -151,19 +139,21 @@ class _Bindings:
             memory = body.memory(region.arenas, region.addr)
             for name, place in p.items():
                 for index, slot in body.slots.get(name, ()):
-                    memory.sets[index][slot] = place[1]
+                    memory.pointers[index][slot] = place[1]
             self.memories.append(memory)
-        self.slots_of = [body.slots.get(name, []) for name, _ in self.moving]
+        self.moves = [(name, source, body.slots.get(name, [])) for name, source in self.moving]
+        self.parts = body.parts
 
     def run(self, t: int, parity: int) -> None:
         memory, arrays = self.memories[parity], self.arrays[parity]
-        sets = memory.sets
-        for (name, source), slots in zip(self.moving, self.slots_of, strict=True):
+        pointers = memory.pointers
+        for name, source, slots in self.moves:
             array, addr = source.at(t)
             arrays[name] = array
             for index, slot in slots:
-                sets[index][slot] = addr
-        run_all(self.body.parts, memory, arrays)
+                pointers[index][slot] = addr
+        for _, part in self.parts:  # (run_all, inlined: once per iteration)
+            part.run(memory, arrays)
         for _, source in self.moving:
             source.done(t)
 
@@ -225,9 +215,9 @@ class _Step:
             memories = self.local.memories = [b.memory({}, 0) for b in self.bodies]
         memory = memories[take]
         base = data_address(arenas["host"])
-        sets = memory.sets
+        pointers = memory.pointers
         for index, slot, address in direct:
-            sets[index][slot] = address(base, ext)
+            pointers[index][slot] = address(base, ext)
         memory.arena_addr = base + self.offset
         run_all(self.bodies[take].parts, memory, {})
 
