@@ -55,6 +55,7 @@ from runtime.run_path import RunContext
 from runtime.run_path import bound_of
 from runtime.run_path import run_all
 from runtime.threads import ThreadChoice
+from runtime.threads import available_cpus
 
 if TYPE_CHECKING:
     from runtime.profiling import Profiler
@@ -67,9 +68,9 @@ __all__ = ["Session"]
 class Session:
     """A loaded artifact, ready to run.
 
-    ``threads`` fixes the C kernels' OpenMP thread count; by default each run uses all cores or
-    one, whichever this session's recent runs measured faster (runtime/threads.py: a busy machine
-    makes one thread the faster);
+    ``threads`` fixes how many threads the C kernels' runs use (of the process's one worker pool,
+    shared by every session); by default each run uses all the CPUs the process may run on or
+    one, whichever this session's recent runs measured faster (runtime/threads.py);
     ``verify_weights`` hashes weights.bin fully at load instead of checking its size;
     ``arena`` (a writable host buffer: bytearray, numpy array) or ``arenas`` ({"host": buf,
     "cuda": cupy memory}) makes every run use memory the caller owns; ``shared_arena`` runs in a
@@ -142,7 +143,7 @@ class Session:
     # -- loading -----------------------------------------------------------------------------
     def _load(self, threads: int | None) -> None:
         plan = self.plan
-        self.threads = threads if threads is not None else (os.cpu_count() or 1)
+        self.threads = threads if threads is not None else available_cpus()
         if self.threads < 1:
             raise InputError(f"threads must be >= 1, got {self.threads}")
         # threads not given: each run's count chosen from measured run times (runtime/threads.py)

@@ -3,9 +3,9 @@
 ``PassManager`` runs a list of passes over and over until none of them changes the graph (at
 most ``max_iterations`` rounds), verifying the graph after every pass so that a pass that breaks
 the IR is named in a :class:`~runtime.errors.CompileError`. ``passes_for_level`` maps the
-``--opt-level`` option to the pass list: 0 none, 1 basic, 2 basic + fusions, 3 as 2;
-``lowerings_for`` adds a target's lowerings (for the C target: Winograd convolutions from level
-2, the NHWC layout of convolution regions at level 3).
+``--opt-level`` option to the pass list: 0 none, 1 basic (denormal weights flushed too), 2 basic
++ fusions, 3 as 2; ``lowerings_for`` adds a target's lowerings (for the C target: Winograd
+convolutions from level 2, the NHWC layout of convolution regions at level 3).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from compiler.passes.base import PassResult
 from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
 from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.eliminate_identity import EliminateIdentity
+from compiler.passes.flush_denormal_weights import FlushDenormalWeights
 from compiler.passes.fold_constants import FoldConstants
 from compiler.passes.fuse_attention import FuseAttention
 from compiler.passes.fuse_conv_activation import FuseConvActivation
@@ -90,6 +91,7 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
         FoldConstants(),
         EliminateCommonSubexpressions(),
         EliminateDeadCode(),
+        FlushDenormalWeights(),
     ]
     if level == 1:
         return basic

@@ -86,9 +86,9 @@ def _movable(v: Value) -> bool:
     )
 
 
-def _no_code(step: StepPlan, ctx: object) -> StepCode:
-    """The StepCode of a step whose outputs are all empty: nothing to compute."""
-    return StepCode(None, ctx, ())
+def _unless_empty(elements: object, code: StepCode) -> StepCode:
+    """``code``, or no code where the step's ``elements`` are known to be none: nothing to compute."""
+    return StepCode(None, code.ctx, ()) if known_zero(elements) else code
 
 
 # -- Slice / Expand / Tile: one strided copy ----------------------------------------------------
@@ -244,9 +244,7 @@ class StridedKernel(CKernel):
             base=base,
             parallel=nest.total >= 4 * PARALLEL_MIN_WORK,
         )
-        if out.size == 0:
-            return _no_code(step, ctx)
-        return StepCode("c/strided.c.j2", ctx, tuple(args))
+        return _unless_empty(out.size, StepCode("c/strided.c.j2", ctx, tuple(args)))
 
 
 def _build_dynamic_strided(step: StepPlan) -> StepCode:
@@ -330,9 +328,7 @@ class GatherKernel(CKernel):
             parallel_if=(f"{rd.write(y.size)} >= {PARALLEL_MIN_WORK} && {pre * count} > 1"
                          if rd.dynamic else ""),
         )
-        if known_zero(y.size):
-            return _no_code(step, ctx)
-        return StepCode("c/gather.c.j2", ctx, (*args, *rd.args), checked=True)
+        return _unless_empty(y.size, StepCode("c/gather.c.j2", ctx, (*args, *rd.args), checked=True))
 
 
 # -- Split --------------------------------------------------------------------------------------
@@ -393,9 +389,7 @@ class SplitKernel(CKernel):
             parallel=rd.dynamic or x.size >= 4 * PARALLEL_MIN_WORK and outer > 1,
             parallel_if=f"{rd.write(x.size)} >= {4 * PARALLEL_MIN_WORK} && {outer} > 1" if rd.dynamic else "",
         )
-        if known_zero(x.size):
-            return _no_code(step, ctx)
-        return StepCode("c/split.c.j2", ctx, (*args, *rd.args))
+        return _unless_empty(x.size, StepCode("c/split.c.j2", ctx, (*args, *rd.args)))
 
 
 # -- Range --------------------------------------------------------------------------------------
@@ -454,9 +448,7 @@ class RangeKernel(CKernel):
             floating=y.dtype.kind == "f",
             count=rd.write(y.size),
         )
-        if known_zero(y.size):
-            return _no_code(step, ctx)
-        return StepCode("c/range.c.j2", ctx, (*args, *rd.args))
+        return _unless_empty(y.size, StepCode("c/range.c.j2", ctx, (*args, *rd.args)))
 
 
 # -- ConstantOfShape of a run-time shape ----------------------------------------------------------

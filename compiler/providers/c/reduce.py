@@ -88,6 +88,14 @@ def _numeric(v: Value | None) -> CType | None:
     return t if t is not None and t.kind != "b" else None
 
 
+def _along_axis(node: Node) -> tuple[CType, tuple[int, ...], int]:
+    """An ArgMax / ArgMin / TopK node's input type, its shape (run-time dims as expressions) and
+    the axis it works along."""
+    t = _numeric(node.input(0))
+    assert t is not None, node.describe()
+    return t, shape_of(node.input(0), symbolic=True), int(node.attrs["axis"])
+
+
 # -- Reduce* ----------------------------------------------------------------------------------
 
 
@@ -285,11 +293,7 @@ class ArgKernel(CKernel):
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        x = node.input(0)
-        t = _numeric(x)
-        assert t is not None, node.describe()
-        xs = shape_of(x, symbolic=True)
-        axis = int(node.attrs["axis"])
+        t, xs, axis = _along_axis(node)
         rd = run_dims(step)
         outer, length = rd.write(math.prod(xs[:axis])), int(xs[axis])
         inner = rd.write(math.prod(xs[axis + 1 :]))
@@ -351,11 +355,7 @@ class TopKKernel(CKernel):
 
     def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
         node = step.node
-        x = node.input(0)
-        t = _numeric(x)
-        assert t is not None, node.describe()
-        xs = shape_of(x, symbolic=True)
-        axis = int(node.attrs["axis"])
+        t, xs, axis = _along_axis(node)
         rd = run_dims(step)  # a run-time outer in a dynamic graph
         outer, length, inner = rd.write(math.prod(xs[:axis])), int(xs[axis]), prod(xs[axis + 1 :])
         k = int(node.attrs["k"])
