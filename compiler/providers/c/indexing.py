@@ -100,7 +100,7 @@ class StridedContext:
     nest: LoopNest
     base: int  # element offset of the first element read (CDim with run-time dims)
     parallel: bool
-    parallel_if: str = ""  # run-time dims: the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims: the C condition for the worker pool
 
 
 def _slice_map(node: Node, shape: tuple[int, ...] | None = None, sliced: tuple[list, ...] | None = None
@@ -279,7 +279,7 @@ class GatherContext:
     count: int  # number of indices
     post_bytes: int  # bytes of one gathered slice (everything after the axis)
     parallel: bool
-    parallel_if: str = ""  # run-time dims (the sizes CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims (the sizes CDim): the C condition for the worker pool
 
 
 class GatherKernel(CKernel):
@@ -341,7 +341,7 @@ class SplitContext:
     row_bytes: int  # bytes of one input row (everything from the axis on)
     chunks: tuple[tuple[str, int, int], ...]  # (output param, bytes per row, byte offset in the row)
     parallel: bool
-    parallel_if: str = ""  # run-time dims (outer, sizes: CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims (outer, sizes: CDim): the C condition for the worker pool
 
 
 class SplitKernel(CKernel):

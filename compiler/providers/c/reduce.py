@@ -109,7 +109,7 @@ class ReduceContext:
     nblocks: int
     count: int  # elements reduced into each output (ReduceMean)
     parallel: bool
-    parallel_if: str = ""  # run-time dims (sizes CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims (sizes CDim): the C condition for the worker pool
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ class ArgContext:
     length: int
     inner: int
     parallel: bool
-    parallel_if: str = ""  # run-time dims: the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims: the C condition for the worker pool
 
 
 class ArgKernel(CKernel):
@@ -323,7 +323,7 @@ class TopKContext:
     length: int
     inner: int
     parallel: bool
-    parallel_if: str = ""  # a run-time outer (CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # a run-time outer (CDim): the C condition for the worker pool
 
 
 class TopKKernel(CKernel):
@@ -386,7 +386,7 @@ class LayerNormContext:
     eps: str
     stats: int  # 0, 1 (Mean) or 2 (Mean and InvStdDev) statistics outputs
     parallel: bool
-    parallel_if: str = ""  # a run-time row count (outer: CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # a run-time row count (outer: CDim): the C condition for the worker pool
 
 
 def _per_element_index(v: Value | None, norm: tuple[int, ...]) -> str | None:

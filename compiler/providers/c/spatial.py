@@ -133,7 +133,7 @@ class NearestContext:
     sh: int
     sw: int
     parallel: bool
-    parallel_if: str  # with run-time dims: the OpenMP if clause's condition
+    parallel_if: str  # with run-time dims: the C condition for the worker pool
 
 
 def _whole_scales(node: Node) -> tuple[int, int] | None:
