@@ -40,13 +40,15 @@ __all__ = ["CACHE_ENV", "rebuild_cache_dir", "rebuild_flags", "rebuild_library",
 CACHE_ENV = "ONNX_AOT_RUNTIME_CACHE_DIR"
 _KNOWN_FEATURES = frozenset(MACRO_FEATURES.values())
 _STDERR_LIMIT = 4000
-# An OpenMP region, a call of an OpenMP function or its header: C text that needs -fopenmp.
-_OPENMP = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+omp\b|\bomp_\w+[ \t]*\(|#[ \t]*include[ \t]*<omp\.h>", re.M)
+# An OpenMP region, a call of an OpenMP function or its header: C text that needs -fopenmp. A
+# `#pragma omp simd` is a vectorization hint, which -fopenmp-simd (every build's) honours alone.
+_OPENMP = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+omp\b(?![ \t]+(?:simd|declare[ \t]+simd)\b)"
+                     r"|\bomp_\w+[ \t]*\(|#[ \t]*include[ \t]*<omp\.h>", re.M)
 
 
 def uses_openmp(source: str) -> bool:
-    """Whether C ``source`` needs OpenMP (``-fopenmp``, libgomp): a ``#pragma omp``, an
-    ``omp_...(`` call or ``<omp.h>``. The build (compiler/codegen/toolchain.py) and a rebuild
+    """Whether C ``source`` needs OpenMP (``-fopenmp``, libgomp): a ``#pragma omp`` other than
+    ``simd``, an ``omp_...(`` call or ``<omp.h>``. The build (compiler/codegen/toolchain.py) and a rebuild
     decide with it; kernels on the worker pool need none."""
     return _OPENMP.search(source) is not None
 

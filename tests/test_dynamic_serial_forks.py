@@ -1,9 +1,9 @@
-"""A dynamic kernel's run-time thread decision (``common.c.j2: forked``): where the run's sizes
-give too little work for threads, the step runs a plain copy of its loop, not an OpenMP region
-that an if clause makes serial (libgomp still starts a team of one, about half a microsecond per
-region per run: Silero VAD's dynamic LSTM took 2.4x its static twin's time at batch 1). The C text
-of an explicit ``--cpu`` level shows the two copies; runs at sizes that take each copy, on 1 and
-2 threads, match onnxruntime.
+"""A dynamic kernel's run-time thread decision (the pool's serial condition, ``common.c.j2:
+parallel_run``): where the run's sizes give too little work for threads, the step calls its part
+directly, not a parallel region made serial at run time (libgomp started a team of one for that,
+about half a microsecond per region per run: Silero VAD's dynamic LSTM took 2.4x its static twin's
+time at batch 1). The C text of an explicit ``--cpu`` level shows both calls; runs at sizes that
+take each, on 1 and 2 threads, match onnxruntime.
 """
 
 from __future__ import annotations

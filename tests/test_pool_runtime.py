@@ -138,7 +138,11 @@ def test_openmp_is_linked_exactly_where_a_unit_uses_it(tmp_path: Path) -> None:
     plain = "void f(float* y, long n) { for (long i = 0; i < n; ++i) y[i] = 1.0f; }\n"
     omp = ("void g(float* y, long n) {\n#pragma omp parallel for\n"
            "  for (long i = 0; i < n; ++i) y[i] = 2.0f;\n}\n")
-    for name, units, want in (("plain", [plain], False), ("mixed", [plain, omp], True)):
+    simd = ("float h(const float* x, long n) {\n  float acc = 0.0f;\n#pragma omp simd reduction(+:acc)\n"
+            "  for (long i = 0; i < n; ++i) acc += x[i];\n  return acc;\n}\n")
+    assert not uses_openmp(simd) and uses_openmp(omp)  # a simd hint needs no OpenMP runtime
+    for name, units, want in (("plain", [plain], False), ("simd", [plain, simd], False),
+                              ("mixed", [plain, omp], True)):
         (tmp_path / name).mkdir()
         build = build_units(units, tmp_path / name / "model.so", options)
         assert ("-fopenmp" in build.flags) == want, name

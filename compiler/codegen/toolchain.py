@@ -45,7 +45,8 @@ LIBRARY_NAME = "model.so"
 
 # Not -ffast-math: kernels must keep NaN/Inf semantics. -ffp-contract=fast lets gcc form FMAs
 # (ISO C mode turns it off); -fno-math-errno lets sqrtf and friends inline; hidden visibility
-# keeps the step functions out of the dynamic symbol table (entries are exported explicitly).
+# keeps the step functions out of the dynamic symbol table (entries are exported explicitly);
+# -fopenmp-simd honours `#pragma omp simd` without OpenMP's runtime (libgomp).
 _BASE_FLAGS = (
     "-pthread",
     "-fPIC",
@@ -57,6 +58,7 @@ _BASE_FLAGS = (
     "-ffp-contract=fast",
     "-fno-math-errno",
     "-fvisibility=hidden",
+    "-fopenmp-simd",
 )
 
 
