@@ -13,9 +13,10 @@ Two words have one meaning each, in the plan records of both halves:
 
 - a **memory space** (``space``, ``memory_space``): whose memory a buffer is in, ``HOST`` or
   ``CUDA`` (a provider's ``memory_space``, an arena's, a Transfer's ``from`` / ``to``);
-- a location's **kind**: which part of that memory holds a value's bytes, ``ARENA`` (an offset
-  into the space's arena), ``WEIGHTS`` (an offset into weights.bin), ``EXT`` (the caller's array of
-  a graph input or output) or ``SYMBOLIC`` (a small tensor of expressions, dynamic plans only).
+- a location's **kind** (``LOCATION_KINDS``): which part of memory holds a value's bytes,
+  "arena" (an offset into the space's arena), "weights" (an offset into weights.bin), "ext" (the
+  caller's array of a graph input or output) or "symbolic" (a small tensor of expressions, dynamic
+  plans only).
 
 The plan format's names: a dynamic plan places buffer ``k`` at the placeholder ``placeholder(k)``
 (``_b<k>``) until the runtime binds it, and a C partition of a dynamic plan reads the binding
@@ -39,7 +40,7 @@ __all__ = [
     "WINOGRAD_CONV", "CONV_NHWC", "WINOGRAD_CONV_NHWC", "MAX_POOL_NHWC", "AVERAGE_POOL_NHWC",
     "GLOBAL_AVERAGE_POOL_NHWC", "LRN_NHWC", "MULTI_HEAD_ATTENTION", "FUSED_ELEMENTWISE", "IF", "LOOP",
     "SCAN", "CONTROL_KINDS", "BODIES", "NO_ACTIVATION",
-    "HOST", "CUDA", "ARENA", "WEIGHTS", "EXT", "SYMBOLIC",
+    "HOST", "CUDA", "SPACES", "LOCATION_KINDS",
     "PLACEHOLDER_PREFIX", "placeholder", "placeholder_index", "DYN_EXT", "ALIGNMENT", "WEIGHT_ALIGNMENT",
     "round_up",
 ]
@@ -170,10 +171,8 @@ def attr_problems(kind: str, attrs: Mapping[str, Any]) -> list[str]:
 # -- memory spaces and location kinds (see the module docstring) -----------------------------------
 HOST: Final = "host"
 CUDA: Final = "cuda"
-ARENA: Final = "arena"
-WEIGHTS: Final = "weights"
-EXT: Final = "ext"
-SYMBOLIC: Final = "symbolic"
+SPACES: Final = (HOST, CUDA)
+LOCATION_KINDS: Final = ("arena", "weights", "ext", "symbolic")
 
 # -- the plan format's names ------------------------------------------------------------------------
 PLACEHOLDER_PREFIX: Final = "_b"

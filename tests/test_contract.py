@@ -40,7 +40,6 @@ def test_the_literal_finder_sees_plain_and_f_strings() -> None:
     assert _op_literals(source) == [(1, "onnx_aot.Copy"), (2, "onnx_aot.")]
 
 
-@pytest.mark.xfail(strict=True, reason="the literals are replaced in the next commit")
 def test_no_op_name_literals_outside_the_contract() -> None:
     offenders = []
     for folder in ("compiler", "runtime"):

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from runtime.blas import single_threaded_blas
+from runtime.contract import TRANSFER
 from runtime.errors import ArtifactError
 from runtime.errors import IndexRangeError
 from runtime.errors import InputError
@@ -31,8 +32,6 @@ from runtime.plan_schema import PlanValue
 __all__ = ["ReferencePartition"]
 
 View = Callable[[dict[str, Any], dict[str, np.ndarray]], Any]
-
-TRANSFER = "onnx_aot.Transfer"
 
 
 def _viewer(value: PlanValue, weights: Any) -> View:

@@ -40,6 +40,7 @@ from compiler.providers.c.gemm import choose_tiling
 from compiler.providers.c.gemm import sized_scratch
 from compiler.providers.c.movement import register_transpose
 from compiler.providers.kit import Param
+from runtime.contract import MULTI_HEAD_ATTENTION
 from runtime.symbolic import Dim
 from runtime.symbolic import Expr
 from runtime.symbolic import bounds
@@ -90,7 +91,7 @@ def attention_dims(node: Node) -> tuple[Dim, Dim, Dim, int, int, int] | None:
 
 
 class AttentionKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.MultiHeadAttention",)
+    kinds: tuple[str, ...] = (MULTI_HEAD_ATTENTION,)
     dynamic = True  # run-time batch and sequence lengths (attention_dims)
 
     def supports(self, node: Node) -> bool:

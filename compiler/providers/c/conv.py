@@ -50,6 +50,8 @@ from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import Spatial
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import AOT_DOMAIN
+from runtime.contract import FUSED_CONV
 from runtime.errors import CompileError
 from runtime.symbolic import Expr
 from runtime.symbolic import bounds
@@ -170,7 +172,7 @@ def conv_operands(
 
 
 class ConvKernel(CKernel):
-    kinds: tuple[str, ...] = ("Conv", "onnx_aot.FusedConv")
+    kinds: tuple[str, ...] = ("Conv", FUSED_CONV)
     dynamic = True  # run-time batch and spatial sizes (conv_dynamic.c.j2, depthwise.c.j2)
 
     def supports(self, node: Node) -> bool:
@@ -184,9 +186,9 @@ class ConvKernel(CKernel):
         b, z = node.input(2), node.input(3)
         if b is not None and shape_of(b) != (g.m,):
             return False
-        if z is not None and (node.domain != "onnx_aot" or shape_of(z) != shape_of(node.outputs[0])):
+        if z is not None and (node.domain != AOT_DOMAIN or shape_of(z) != shape_of(node.outputs[0])):
             return False
-        return len(node.inputs) <= (4 if node.domain == "onnx_aot" else 3)
+        return len(node.inputs) <= (4 if node.domain == AOT_DOMAIN else 3)
 
     @staticmethod
     def _supports_dynamic(node: Node) -> bool:

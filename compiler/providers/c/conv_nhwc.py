@@ -74,6 +74,7 @@ from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import CONV_NHWC
 from runtime.kernels.nhwc import PANEL
 from runtime.symbolic import Expr
 from runtime.symbolic import max_
@@ -205,7 +206,7 @@ def _columns(px: int, kw: int, sw: int, dw: int) -> tuple[tuple[int, tuple[tuple
 
 
 class ConvNhwcKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.ConvNhwc",)
+    kinds: tuple[str, ...] = (CONV_NHWC,)
     dynamic = True  # run-time batch and spatial sizes: tiling and threads decided in C
 
     def supports(self, node: Node) -> bool:

@@ -38,6 +38,7 @@ from compiler.providers.c.common import output_args
 from compiler.providers.c.elementwise_vector import vector_program
 from compiler.providers.c.rundims import assumed_equal
 from compiler.providers.kit import Param
+from runtime.contract import FUSED_ELEMENTWISE
 
 __all__ = ["EltwiseContext", "EltwiseKernel"]
 
@@ -63,7 +64,7 @@ class EltwiseContext:
 
 class EltwiseKernel(CKernel):
     kinds = tuple(sorted(ELEMENTWISE_OPS - {"Equal", "Less", "Greater", "And", "Or", "Not", "Where"})) + (
-        "onnx_aot.FusedElementwise",
+        FUSED_ELEMENTWISE,
     )
     dynamic = True  # run-time dims: the nest's sizes and strides from the binding (cdims.py)
 

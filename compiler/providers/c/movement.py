@@ -48,6 +48,7 @@ from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.c.rundims import symbolic_const
 from compiler.providers.kit import Param
+from runtime.contract import COPY
 from runtime.symbolic import Expr
 from runtime.symbolic import max_
 
@@ -400,7 +401,7 @@ def _dynamic_transpose(step: StepPlan, vw: int) -> StepCode:
 
 
 class CopyKernel(CKernel):
-    kinds: tuple[str, ...] = ("Reshape", "Identity", "onnx_aot.Copy")
+    kinds: tuple[str, ...] = ("Reshape", "Identity", COPY)
     dynamic = True  # run-time dims: the byte count from the binding
 
     def supports(self, node: Node) -> bool:

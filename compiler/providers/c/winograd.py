@@ -39,6 +39,7 @@ from compiler.providers.c.gemm import run_time_columns
 from compiler.providers.geometry import WinogradGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import WINOGRAD_CONV
 from runtime.kernels.winograd import MATRICES
 from runtime.symbolic import Expr
 
@@ -84,7 +85,7 @@ def _signed(matrix: tuple[tuple[float, ...], ...]) -> tuple[tuple[tuple[int, str
 
 
 class WinogradKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.WinogradConv",)
+    kinds: tuple[str, ...] = (WINOGRAD_CONV,)
     dynamic = True  # run-time batch and spatial sizes: tile counts, rows and products' columns in C
 
     def supports(self, node: Node) -> bool:

@@ -60,6 +60,7 @@ from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import WinogradGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import WINOGRAD_CONV_NHWC
 from runtime.kernels.nhwc import PANEL
 from runtime.kernels.winograd import MATRICES
 from runtime.symbolic import Expr
@@ -267,7 +268,7 @@ def _blocks(node: Node) -> _Blocks | None:
 
 
 class WinogradNhwcKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.WinogradConvNhwc",)
+    kinds: tuple[str, ...] = (WINOGRAD_CONV_NHWC,)
     dynamic = True  # run-time batch and spatial sizes: tiles, blocks and threads decided in C
 
     def supports(self, node: Node) -> bool:

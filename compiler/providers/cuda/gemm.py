@@ -46,6 +46,8 @@ from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import MatmulProduct
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import AOT_DOMAIN
+from runtime.contract import FUSED_GEMM
 from runtime.plan_schema import LaunchArg
 
 __all__ = ["TiledContext", "GemvContext", "DirectConvContext", "GEMV_MAX_ROWS"]
@@ -153,7 +155,7 @@ class CudaConvKernel(CudaKernel):
         static bias of M."""
         if not self.operands_fit(node) or not fused_ok(node, vector_math=False) or len(node.outputs) != 1:
             return False
-        if len(node.inputs) > (4 if node.domain == "onnx_aot" else 3):
+        if len(node.inputs) > (4 if node.domain == AOT_DOMAIN else 3):
             return False
         g = ConvGeometry.from_symbolic_node(node)
         if g is None or g.groups > MAX_GRID_YZ:
@@ -291,7 +293,7 @@ class CudaGemmKernel(CudaKernel):
     def _supports_dynamic(node: Node) -> bool:
         """Gemm / FusedGemm / MatMul (not PackedGemm) with an epilogue the kernel has and a static
         bias broadcast over the output."""
-        if node.kind not in ("Gemm", "onnx_aot.FusedGemm", "MatMul") or len(node.outputs) != 1:
+        if node.kind not in ("Gemm", FUSED_GEMM, "MatMul") or len(node.outputs) != 1:
             return False
         n_in = 2 if node.op_type == "MatMul" else 3
         if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in:

@@ -51,6 +51,7 @@ from compiler.providers.cuda.common import KernelCode
 from compiler.providers.cuda.common import ranges
 from compiler.providers.kit import KernelTable
 from compiler.providers.kit import comment
+from runtime.contract import TRANSFER
 from runtime.errors import CompileError
 from runtime.plan_schema import KernelLaunch
 from runtime.symbolic import Expr
@@ -65,7 +66,6 @@ SUPPORT_MODULES = ("provider", "common")
 KERNELS: KernelTable[CudaKernel] = KernelTable("CUDA", KERNEL_MODULES)
 
 SOURCE_NAME = "model.cu"
-TRANSFER = "onnx_aot.Transfer"
 MAX_THREADS = 1024
 _ARCH_LIST = re.compile(r"\s*,\s*")
 
