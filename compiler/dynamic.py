@@ -28,6 +28,7 @@ from compiler.memory.lifetimes import Storage
 from compiler.providers.base import Provider
 from compiler.providers.c.provider import CProvider
 from compiler.providers.reference import ReferenceProvider
+from runtime.contract import placeholder as plan_placeholder
 from runtime.errors import CompileError
 from runtime.errors import ShapeError
 from runtime.placement import lower_bound
@@ -84,7 +85,7 @@ def bindings(graph: Graph) -> dict[str, Binding]:
 
 def placeholder(k: int) -> Dim:
     """The offset of buffer ``k`` (its index in plan.json's ``buffers``), bound by the runtime."""
-    return sym(f"_b{k}")
+    return sym(plan_placeholder(k))
 
 
 def _sizes(buffers: list[Buffer], binding: Mapping[str, int]) -> list[int]:

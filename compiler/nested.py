@@ -39,11 +39,12 @@ from compiler.memory import plan_offsets
 from compiler.memory import verify_plan
 from compiler.memory.lifetimes import assign_storage
 from compiler.partition.partitioner import partition_graph
-from compiler.plan import ALIGNMENT
 from compiler.plan import Compiled
 from compiler.plan import NestedSchedule
 from compiler.providers.base import PartitionPlan
 from compiler.providers.base import Provider
+from runtime.contract import ALIGNMENT
+from runtime.contract import round_up
 from runtime.symbolic import Expr
 from runtime.symbolic import evaluate
 
@@ -156,20 +157,16 @@ def _most(graph: Graph) -> dict[str, int]:
     return {name: hi for name, (_lo, hi) in graph.symbols.items()}
 
 
-def _align(n: int) -> int:
-    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-
-
 class _Slots:
     """Places after the bodies' arena in a control step's region."""
 
     def __init__(self, start: int, most: dict[str, int]) -> None:
-        self.end = _align(start)
+        self.end = round_up(start, ALIGNMENT)
         self.most = most  # (values of symbolic shapes take their size at the max binding)
 
     def take(self, value: Value) -> int:
         offset = self.end
-        self.end = _align(offset + evaluate(value.nbytes, self.most))
+        self.end = round_up(offset + evaluate(value.nbytes, self.most), ALIGNMENT)
         return offset
 
 

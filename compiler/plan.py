@@ -34,6 +34,9 @@ from compiler.providers.base import Location
 from compiler.providers.base import PartitionPlan
 from compiler.providers.base import Provider
 from compiler.providers.base import StepPlan
+from runtime.contract import ALIGNMENT
+from runtime.contract import WEIGHT_ALIGNMENT
+from runtime.contract import round_up
 from runtime.narrow_weights import StoredForm
 from runtime.narrow_weights import StoredTable
 from runtime.plan_schema import NARROW_FORMAT_VERSION
@@ -60,8 +63,6 @@ from runtime.symbolic import Expr
 __all__ = ["ALIGNMENT", "Compiled", "CompiledPlan", "NestedSchedule", "build_plan", "attach_code",
            "WEIGHT_ALIGNMENT", "jsonable"]
 
-WEIGHT_ALIGNMENT = 64
-ALIGNMENT = 64  # of a nested schedule's buffers and of the slots in a control step's region
 
 
 @dataclass
@@ -118,10 +119,6 @@ def _spec(value: Value, name: str | None = None) -> TensorSpec:
     return TensorSpec(name or value.name, value.dtype, tuple(value.shape))
 
 
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
 @dataclass(frozen=True)
 class _Weights:
     """weights.bin: the constants in order of first use, each 64-byte aligned; the constants stored
@@ -173,7 +170,7 @@ class _WeightsLayout:
 
     def _append(self, root: str, array: np.ndarray, narrow: Affine | None) -> None:
         self.by_array[id(array)] = self.offset
-        padded = _align(array.nbytes, WEIGHT_ALIGNMENT)
+        padded = round_up(array.nbytes, WEIGHT_ALIGNMENT)
         if narrow is None:
             self.chunks.append(_little_endian(array) + b"\0" * (padded - array.nbytes))
         else:  # cut out of weights.bin (runtime/narrow_weights.py), stored narrow after the rest
@@ -190,7 +187,7 @@ class _WeightsLayout:
                 placed.append(at)
                 if array is not None:
                     data = _little_endian(array)
-                    padded = _align(len(data), WEIGHT_ALIGNMENT)
+                    padded = round_up(len(data), WEIGHT_ALIGNMENT)
                     self.chunks.append(data + b"\0" * (padded - len(data)))
                     at += padded
             tables = [None if a is None else StoredTable(off, a.dtype.name, tuple(a.shape))
@@ -480,7 +477,7 @@ def memory_report(schedule: Schedule, storage: Storage, mem_plans: dict[str, Mem
         live = [0] * n
         entries = []
         for buf in storage.buffers.get(space, []):
-            size = _align(buf.nbytes, alignment[space])
+            size = round_up(buf.nbytes, alignment[space])
             for t in range(buf.first_step, buf.last_step + 1):
                 live[t] += size
             tensor = storage.tensors.get(str(buf.id)) or [str(buf.id)]
