@@ -41,7 +41,7 @@ from compiler.memory.lifetimes import assign_storage
 from compiler.partition.partitioner import partition_graph
 from compiler.plan import Compiled
 from compiler.plan import NestedSchedule
-from compiler.providers.base import PartitionPlan
+from compiler.providers.base import GenPartition
 from compiler.providers.base import Provider
 from runtime.contract import ALIGNMENT
 from runtime.contract import round_up
@@ -69,7 +69,7 @@ class ControlProvider:
     def scratch_nbytes(self, node: Node) -> int:
         return self.compiled[id(node)].region_nbytes
 
-    def generate(self, partitions: list[PartitionPlan], kernels_dir: Any, options: Any) -> None:
+    def generate(self, partitions: list[GenPartition], kernels_dir: Any, options: Any) -> None:
         return None
 
 

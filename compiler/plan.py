@@ -30,10 +30,10 @@ from compiler.memory import MemoryPlan
 from compiler.memory.lifetimes import Storage
 from compiler.partition.partitioner import Partition
 from compiler.partition.partitioner import Schedule
-from compiler.providers.base import Location
-from compiler.providers.base import PartitionPlan
+from compiler.providers.base import GenLocation
+from compiler.providers.base import GenPartition
+from compiler.providers.base import GenStep
 from compiler.providers.base import Provider
-from compiler.providers.base import StepPlan
 from runtime.contract import ALIGNMENT
 from runtime.contract import WEIGHT_ALIGNMENT
 from runtime.contract import round_up
@@ -69,7 +69,7 @@ __all__ = ["ALIGNMENT", "Compiled", "CompiledPlan", "NestedSchedule", "build_pla
 class CompiledPlan:
     plan: Plan
     weights: bytes
-    partitions: list[PartitionPlan]
+    partitions: list[GenPartition]
     memory_report: dict[str, Any]
 
 
@@ -228,33 +228,33 @@ class _Locator:
         space, off = self.arena[root]
         return ValueLocation("arena", off + self.storage.offset[name], space)
 
-    def operand(self, value: Value, ext: list[str], space_here: str) -> Location:
+    def operand(self, value: Value, ext: list[str], space_here: str) -> GenLocation:
         """The code generators' location of ``value`` in a partition whose ext slots are ``ext``
         (a new graph input or output gets the next slot)."""
         where = self.location(value.name)
         if where.kind == "ext":
             if where.ext not in ext:
                 ext.append(where.ext)
-            return Location("ext", ext.index(where.ext))
+            return GenLocation("ext", ext.index(where.ext))
         if where.kind == "weights":
-            return Location("weights", where.offset, space_here)
-        return Location("arena", where.offset, where.space)
+            return GenLocation("weights", where.offset, space_here)
+        return GenLocation("arena", where.offset, where.space)
 
-    def scratch(self, step: int) -> Location | None:
+    def scratch(self, step: int) -> GenLocation | None:
         found = self.arena.get(f"scratch/{step}")
-        return Location("arena", found[1], found[0]) if found is not None else None
+        return GenLocation("arena", found[1], found[0]) if found is not None else None
 
 
 @dataclass(frozen=True)
 class _PartitionOut:
     """One partition as the code generators see it and as plan.json records it."""
 
-    plan: PartitionPlan
+    plan: GenPartition
     record: PlanPartition
     steps: tuple[PlanStep, ...]
 
 
-def _step_record(t: int, node: Node, part: Partition, scratch: Location | None, nbytes: int,
+def _step_record(t: int, node: Node, part: Partition, scratch: GenLocation | None, nbytes: int,
                  schedules: tuple[PlanSchedule, ...] | None) -> PlanStep:
     return PlanStep(
         index=t, name=node.name, op_type=node.op_type, domain=node.domain, provider=part.provider.name,
@@ -277,7 +277,7 @@ def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_si
     ext: list[str] = [DYN_EXT] if symbols and runner == "c" else []
     dyn = f"((const int64_t*)ext[{ext.index(DYN_EXT)}])" if ext else ""
     space_here = part.provider.memory_space
-    step_plans: list[StepPlan] = []
+    step_plans: list[GenStep] = []
     records: list[PlanStep] = []
     for local, t in enumerate(part.steps):
         node = steps[t]
@@ -288,12 +288,12 @@ def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_si
         outs = tuple(locator.operand(v, ext, space_here) for v in node.outputs)
         scratch = locator.scratch(t)
         nbytes = scratch_sizes.get(f"scratch/{t}", 0)
-        step_plans.append(StepPlan(t, local, node, ins, outs, scratch, nbytes, symbols, dyn))
+        step_plans.append(GenStep(t, local, node, ins, outs, scratch, nbytes, symbols, dyn))
         records.append(_step_record(t, node, part, scratch, nbytes, nested(t, node)))
     entry = f"{prefix}{part.index}"
     record = PlanPartition(part.index, part.provider.name, runner, space_here, entry, part.steps[0],
                            part.steps[-1], tuple(ext))
-    return _PartitionOut(PartitionPlan(part.index, part.provider.name, entry, tuple(step_plans), tuple(ext)),
+    return _PartitionOut(GenPartition(part.index, part.provider.name, entry, tuple(step_plans), tuple(ext)),
                          record, tuple(records))
 
 
@@ -356,7 +356,7 @@ def build_plan(
     """The plan records, weights.bin's bytes, the partitions for code generation (the nested
     schedules' after the model's), the memory report. ``control``: the compiled control steps."""
     layout = _WeightsLayout()
-    nested_parts: list[PartitionPlan] = []
+    nested_parts: list[GenPartition] = []
     level = _Level(graph, layout, nested_parts)
     parts, values = level.build(graph, schedule, storage, mem_plans, control or {}, "onnx_aot_partition_")
     weights = layout.finish()
@@ -388,7 +388,7 @@ class _Level:
 
     top: Graph
     layout: _WeightsLayout
-    nested_parts: list[PartitionPlan]  # the nested schedules' partitions, for code generation
+    nested_parts: list[GenPartition]  # the nested schedules' partitions, for code generation
 
     def build(self, graph: Graph, schedule: Schedule, storage: Storage, mem_plans: dict[str, MemoryPlan],
               control: Mapping[int, Compiled],

@@ -94,10 +94,10 @@ def parse_launch(step: str, launch: KernelLaunch, arena_nbytes: int, weights_nby
             args.append(_SCALARS[arg.kind](arg.value))
             continue
         offset = int(arg.value)
-        limit = arena_nbytes if arg.space == "arena" else weights_nbytes
+        limit = arena_nbytes if arg.base == "arena" else weights_nbytes
         if not 0 <= offset <= limit:
-            raise ArtifactError(f"plan.json: {where}: {arg.space} offset {offset} outside 0..{limit}")
-        if arg.space == "arena":
+            raise ArtifactError(f"plan.json: {where}: {arg.base} offset {offset} outside 0..{limit}")
+        if arg.base == "arena":
             slots.append((index, offset))
             args.append(np.uint64(0))
         else:

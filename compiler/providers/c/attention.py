@@ -22,7 +22,7 @@ from compiler.codegen.elementwise import broadcast_strides
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -114,7 +114,7 @@ class AttentionKernel(CKernel):
         b, _, sk, h, d, _ = attention_dims(node) or (0, 0, 0, 0, 0, 0)
         return 4 * h * d * b * _padded(sk)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         dims = attention_dims(node)
         assert dims is not None, node.describe()

@@ -26,7 +26,7 @@ from compiler.codegen.cdims import CDim
 from compiler.codegen.cdims import kernel_dims
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
@@ -155,7 +155,7 @@ def epilogue_operands_ok(node: Node, m: int) -> bool:
 
 
 def conv_operands(
-    step: StepPlan, weights: str, scratch_nbytes: int
+    step: GenStep, weights: str, scratch_nbytes: int
 ) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
     """A (Fused)Conv-like step's epilogue, arguments and parameters: x, ``weights``, bias?, z?, y,
     scratch? (inputs X, W, B?, Z? as FusedConv has them; z may alias y, so it is not restrict)."""
@@ -204,7 +204,7 @@ class ConvKernel(CKernel):
             return _dynamic_scratch(g, _dynamic_method(g))
         return _static_scratch(node)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic(step, target)
@@ -262,7 +262,7 @@ def pixels_bound(g: ConvGeometry, node: Node) -> int:
 
 
 def dynamic_conv_operands(
-    step: StepPlan, weights: str, scratch: int | Expr
+    step: GenStep, weights: str, scratch: int | Expr
 ) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
     """``conv_operands`` of a dynamic step: x, ``weights``, bias?, z?, y, scratch? (of an
     expression's size) and the binding ``dyn``."""
@@ -279,7 +279,7 @@ def dynamic_conv_operands(
     return e, args, (*params(names, args[:-1], restrict), Param("dyn", "int64_t", True, True))
 
 
-def _build_dynamic(step: StepPlan, target: TargetInfo) -> StepCode:
+def _build_dynamic(step: GenStep, target: TargetInfo) -> StepCode:
     node = step.node
     g0 = claimed(ConvGeometry.from_symbolic_node(node), node)
     method = _dynamic_method(g0)

@@ -60,7 +60,7 @@ from dataclasses import replace
 from compiler.codegen.cdims import CDim
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
@@ -221,7 +221,7 @@ class ConvNhwcKernel(CKernel):
         xh, xw = _addressed(g, mode)
         return 4 * g.batch * xh * xw * g.c
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic(step, target, self.scratch_nbytes(node))
@@ -248,7 +248,7 @@ def inside_decls(name: str, size: object, out: object, kernel: int, stride: int,
             (f"{name}HI", f"({hi} > {name}LO ? {hi} : {name}LO)"))  # fmt: skip
 
 
-def _build_dynamic(step: StepPlan, target: TargetInfo, scratch: int | Expr) -> StepCode:
+def _build_dynamic(step: GenStep, target: TargetInfo, scratch: int | Expr) -> StepCode:
     node = step.node
     g0 = claimed(ConvGeometry.from_symbolic_node(node, "NHWC"), node)
     e, args, step_params = dynamic_conv_operands(step, "w", scratch)

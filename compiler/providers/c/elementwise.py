@@ -26,7 +26,7 @@ from compiler.codegen.elementwise import program_supported
 from compiler.codegen.elementwise import scalar_constant
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -84,7 +84,7 @@ class EltwiseKernel(CKernel):
             return False
         return program_supported(program, len(node.inputs))
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         inputs = [v for v in node.inputs if v is not None]
         dynamic = any(v.is_symbolic for v in (*inputs, *node.outputs))

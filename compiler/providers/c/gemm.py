@@ -32,7 +32,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import vector_activation_expr
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
@@ -406,7 +406,7 @@ class GemmKernel(CKernel):
         a_blocks = 4 * len(prod.a_off) * (prod.p.m + MAX_ROWS - 1) * prod.p.k if _pack_a(prod) else 0
         return a_blocks + (packed_nbytes(prod.p.k, prod.p.n) if prod.path == "packed" else 0)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         prod = claimed(_product(node), node)
         p = prod.p
@@ -470,7 +470,7 @@ def _run_time_context(prod: _Product, dims: Callable[[object], int | CDim]) -> d
     return out
 
 
-def sized_scratch(step: StepPlan, needed: Dim) -> list[Arg]:
+def sized_scratch(step: GenStep, needed: Dim) -> list[Arg]:
     """``scratch_arg``, for a size that may be an expression of the symbols (run-time rows)."""
     if not isinstance(needed, Expr):
         return scratch_arg(step, needed)

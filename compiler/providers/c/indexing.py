@@ -32,7 +32,7 @@ from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -86,7 +86,7 @@ def _movable(v: Value) -> bool:
     )
 
 
-def _no_code(step: StepPlan, ctx: object) -> StepCode:
+def _no_code(step: GenStep, ctx: object) -> StepCode:
     """The StepCode of a step whose outputs are all empty: nothing to compute."""
     return StepCode(None, ctx, ())
 
@@ -226,7 +226,7 @@ class StridedKernel(CKernel):
             return not symbolic_const(node.input(0)) and _dynamic_strided(node) is not None
         return strided_map(node) is not None
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic_strided(step)
@@ -249,7 +249,7 @@ class StridedKernel(CKernel):
         return StepCode("c/strided.c.j2", ctx, tuple(args))
 
 
-def _build_dynamic_strided(step: StepPlan) -> StepCode:
+def _build_dynamic_strided(step: GenStep) -> StepCode:
     node = step.node
     found = _dynamic_strided(node)
     assert found is not None, node.describe()
@@ -305,7 +305,7 @@ class GatherKernel(CKernel):
             return False
         return shape_of(y, symbolic=True) == xs[:axis] + shape_of(indices, symbolic=True) + xs[axis + 1 :]
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         x, indices = node.inputs
         y = node.outputs[0]
@@ -366,7 +366,7 @@ class SplitKernel(CKernel):
             for v, size in zip(node.outputs, sizes, strict=True)
         )
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         x = node.input(0)
         assert x is not None and x.dtype is not None
@@ -439,7 +439,7 @@ class RangeKernel(CKernel):
             return False
         return len(shape_of(y, symbolic=True)) == 1
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         y = node.outputs[0]
         assert y.dtype is not None
@@ -485,7 +485,7 @@ class FillKernel(CKernel):
             return False
         return np.dtype(node.attrs.get("dtype", "float32")) == y.dtype and "value" in node.attrs
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         y = node.outputs[0]
         assert y.dtype is not None

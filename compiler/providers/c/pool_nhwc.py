@@ -31,7 +31,7 @@ from compiler.codegen.cdims import kernel_dims
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -139,7 +139,7 @@ class PoolNhwcKernel(CKernel):
             return False
         return PoolGeometry.from_node(node, "NHWC", is_dynamic(node)) is not None
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic_pool(step, target)
@@ -168,7 +168,7 @@ class PoolNhwcKernel(CKernel):
         return StepCode("c/pool_nhwc.c.j2", ctx, tuple(args))
 
 
-def _build_dynamic_pool(step: StepPlan, target: TargetInfo) -> StepCode:
+def _build_dynamic_pool(step: GenStep, target: TargetInfo) -> StepCode:
     node = step.node
     g, decls = dynamic_geometry(claimed(PoolGeometry.from_node(node, "NHWC", True), node), step.symbols)
     avg = node.kind == AVERAGE_POOL_NHWC
@@ -241,7 +241,7 @@ class ChannelNhwcKernel(CKernel):
         fits = xs[3] <= MAX_LRN_CHANNELS
         return ys == xs and numbers and isinstance(size, int) and size >= 1 and fits
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         n, h, w, c = shape_of(node.input(0), symbolic=True)
         lrn = node.kind == LRN_NHWC

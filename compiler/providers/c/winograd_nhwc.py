@@ -46,7 +46,7 @@ from compiler.codegen.cdims import CDim
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
@@ -278,7 +278,7 @@ class WinogradNhwcKernel(CKernel):
     def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
         return claimed(_blocks(node), node).scratch_nbytes()
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         b = claimed(_blocks(node), node)
         if is_dynamic(node):

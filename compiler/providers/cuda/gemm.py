@@ -25,7 +25,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import loop_nest
 from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.conv import ConvKernel
 from compiler.providers.c.gemm import GemmKernel
@@ -165,14 +165,14 @@ class CudaConvKernel(CudaKernel):
             return False
         return z is None or shape_of(z, symbolic=True) == shape_of(node.outputs[0], symbolic=True)
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         rd = RunDims()
         if is_dynamic(node):
             return self._build(step, claimed(ConvGeometry.from_symbolic_node(node), node), rd)
         return self._build(step, claimed(ConvGeometry.from_node(node, "NCHW"), node), rd)
 
-    def _build(self, step: StepPlan, g: ConvGeometry, rd: RunDims) -> tuple[KernelCode, ...]:
+    def _build(self, step: GenStep, g: ConvGeometry, rd: RunDims) -> tuple[KernelCode, ...]:
         """The direct kernel (few output channels per group) or the implicit GEMM on the tile; a
         dynamic node's sizes written by ``rd`` (its tile chosen for the largest binding)."""
         node = step.node
@@ -315,7 +315,7 @@ class CudaGemmKernel(CudaKernel):
             return False
         return not c.is_symbolic
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         if is_dynamic(node):
             return self._build_dynamic(step)
@@ -354,7 +354,7 @@ class CudaGemmKernel(CudaKernel):
         return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
 
 
-    def _build_dynamic(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def _build_dynamic(self, step: GenStep) -> tuple[KernelCode, ...]:
         """The tiled kernel with run-time sizes: m, n, k, strides and batch index math as kernel
         parameters (``RunDims``), the tile chosen for the largest binding."""
         node = step.node
