@@ -16,7 +16,7 @@ What it measures (docs/performance.md explains the method and its fairness setti
   creation, creation + first run and peak RSS, each in a fresh process per repetition, engines
   alternating; medians.
 * **runtime overhead** (``--overhead``): per run, ``Session.run``'s wall time minus the time the
-  kernels themselves report (the C entry's per-step ``omp_get_wtime`` buffer, the reference
+  kernels themselves report (the C entry's per-step ``clock_gettime`` buffer, the reference
   provider's per-step ``perf_counter``), split into the Python side (outside the entry calls:
   feed checks, output allocation, run context, pointer filling) and the call boundary (ctypes and
   the entry's own dispatch).
@@ -341,6 +341,54 @@ def cold_start(artifact: Path, ort_model: Path | None, feeds_path: Path, threads
     return out
 
 
+def _setup_compare(ort: Any, session: Session, artifact: Path, compare: Path, feeds: dict[str, np.ndarray],
+                   tmp: Path, result: dict[str, Any]
+                   ) -> tuple[Path, dict[str, np.ndarray], Callable[[], object]]:
+    """``--compare``: onnxruntime's model written under ``tmp`` and loaded, its inputs and outputs
+    checked against the artifact's, the model's facts and the accuracy of one run of each engine
+    put in ``result``; returns (that model's path, onnxruntime's feeds, one onnxruntime run)."""
+    ort_path, removed, bound = _ort_model(compare, tmp, _manifest_binds(artifact))
+    ref = _ort_load(ort, ort_path, compare, session.threads)
+    _check_io(session, ref, compare, bound)
+    ort_feeds = {**feeds, **bound}
+    names = [s.name for s in session.outputs]
+    result["compare"] = {"model": str(compare), "onnxruntime": str(ort.__version__),
+                         "initializer_inputs_removed": len(removed), "bound_inputs": sorted(bound)}
+    try:
+        expected = ref.run(names, ort_feeds)
+    except Exception as exc:  # onnxruntime's own exception types
+        raise BenchError(f"--compare {compare}: onnxruntime cannot run it: "
+                         f"{_first_line(exc)}") from None
+    result["accuracy"] = error_stats(session.run(None, feeds), expected)
+
+    def ref_run() -> object:
+        return ref.run(names, ort_feeds)
+
+    return ort_path, ort_feeds, ref_run
+
+
+def _latency(a: list[float], b: list[float]) -> dict[str, Any]:
+    """The medians (and extremes) of the alternating runs' times, with the ratio where both ran."""
+    latency: dict[str, Any] = {"onnx_aot_s": statistics.median(a), "onnx_aot_min_s": min(a),
+                               "onnx_aot_max_s": max(a)}
+    if b:
+        latency.update(onnxruntime_s=statistics.median(b), onnxruntime_min_s=min(b),
+                       onnxruntime_max_s=max(b), ratio=statistics.median(a) / statistics.median(b))
+    return latency
+
+
+def _cold(artifact: Path, ort_path: Path | None, feeds: dict[str, np.ndarray],
+          ort_feeds: dict[str, np.ndarray], tmp: Path, threads: int, reps: int) -> dict[str, Any]:
+    """``cold_start`` on the feeds saved under ``tmp`` (onnxruntime's apart where they differ)."""
+    feeds_path = tmp / "feeds.npz"
+    np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
+    ort_feeds_path = feeds_path
+    if ort_feeds is not feeds:
+        ort_feeds_path = tmp / "ort_feeds.npz"
+        np.savez(ort_feeds_path, **ort_feeds)  # type: ignore[arg-type]
+    return cold_start(artifact, ort_path, feeds_path, threads, reps, ort_feeds_path=ort_feeds_path)
+
+
 def bench(artifact: str | os.PathLike[str], *, compare: str | os.PathLike[str] | None = None,
           threads: int | None = None, runs: int = 20, warmup: int = 3, cold_reps: int = 5,
           overhead: bool = False, seed: int = 0, rebuild: bool = False,
@@ -375,44 +423,16 @@ def bench(artifact: str | os.PathLike[str], *, compare: str | os.PathLike[str] |
         ref_run: Callable[[], object] | None = None
         ort_feeds = feeds
         if compare is not None:
-            compare = Path(compare)
-            ort_path, removed, bound = _ort_model(compare, tmp, _manifest_binds(artifact))
-            ref = _ort_load(ort, ort_path, compare, session.threads)
-            _check_io(session, ref, compare, bound)
-            ort_feeds = {**feeds, **bound}
-            names = [s.name for s in session.outputs]
-            result["compare"] = {"model": str(compare), "onnxruntime": str(ort.__version__),
-                                 "initializer_inputs_removed": len(removed), "bound_inputs": sorted(bound)}
-            try:
-                expected = ref.run(names, ort_feeds)
-            except Exception as exc:  # onnxruntime's own exception types
-                raise BenchError(f"--compare {compare}: onnxruntime cannot run it: "
-                                 f"{_first_line(exc)}") from None
-            result["accuracy"] = error_stats(session.run(None, feeds), expected)
-
-            def ref_run() -> object:
-                return ref.run(names, ort_feeds)
-
+            ort_path, ort_feeds, ref_run = _setup_compare(ort, session, artifact, Path(compare), feeds, tmp,
+                                                          result)
         a, b = alternate(lambda: session.run(None, feeds), ref_run, max(runs, 1), max(warmup, 0))
-        latency: dict[str, Any] = {"onnx_aot_s": statistics.median(a), "onnx_aot_min_s": min(a),
-                                   "onnx_aot_max_s": max(a)}
-        if b:
-            latency.update(onnxruntime_s=statistics.median(b), onnxruntime_min_s=min(b),
-                           onnxruntime_max_s=max(b), ratio=statistics.median(a) / statistics.median(b))
-        result["latency"] = latency
+        result["latency"] = _latency(a, b)
         if overhead:
             # at least ~1 s of runs (at most 2,000): tiny models need many for a stable median
-            n = max(runs, min(2000, int(1.0 / max(latency["onnx_aot_s"], 1e-6))))
+            n = max(runs, min(2000, int(1.0 / max(result["latency"]["onnx_aot_s"], 1e-6))))
             result["overhead"] = measure_overhead(session, feeds, n)
         if cold_reps > 0:
-            feeds_path = tmp / "feeds.npz"
-            np.savez(feeds_path, **feeds)  # type: ignore[arg-type]
-            ort_feeds_path = feeds_path
-            if ort_feeds is not feeds:
-                ort_feeds_path = tmp / "ort_feeds.npz"
-                np.savez(ort_feeds_path, **ort_feeds)  # type: ignore[arg-type]
-            result["cold"] = cold_start(artifact, ort_path, feeds_path, session.threads, cold_reps,
-                                        ort_feeds_path=ort_feeds_path)
+            result["cold"] = _cold(artifact, ort_path, feeds, ort_feeds, tmp, session.threads, cold_reps)
     return result
 
 

@@ -39,6 +39,7 @@ from runtime.cli import positive_arg as _positive
 from runtime.cli import read_input
 from runtime.cli import report_error
 from runtime.cli import run_runtime_command
+from runtime.errors import ModelQuirkWarning
 from runtime.errors import OnnxAotError
 from runtime.errors import UncheckedArtifactWarning
 
@@ -281,6 +282,7 @@ def _compile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with warnings.catch_warnings():  # restores showwarning too
         warnings.simplefilter("always", UncheckedArtifactWarning)
+        warnings.simplefilter("always", ModelQuirkWarning)
         warnings.showwarning = _one_line_warning
         out = compile_model(args.model, args.output, opt_level=args.opt_level, target=args.target,
                             shapes=shapes, dims=dict(args.dim) or None, binds=dict(args.bind),

@@ -32,29 +32,18 @@ from compiler.artifact.golden import skipped_reason
 from compiler.artifact.writer import ModelSource
 from compiler.artifact.writer import check_out_dir
 from compiler.artifact.writer import write_artifact
+from compiler.back_half import plan_graph
 from compiler.codegen.options import BuildOptions
 from compiler.dynamic import OPT_DIR
-from compiler.dynamic import bindings
-from compiler.dynamic import check_dynamic_providers
-from compiler.dynamic import describe_symbols
-from compiler.dynamic import dynamic_providers
-from compiler.dynamic import opt_binding
-from compiler.dynamic import placeholder_plan
 from compiler.frontend.dims import DimSpec
 from compiler.frontend.importer import import_model
-from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Graph
-from compiler.ir.graph import Node
 from compiler.limits import check_arena_limit
-from compiler.memory import MemoryPlan
-from compiler.memory import plan_offsets
-from compiler.memory import verify_plan
-from compiler.memory.lifetimes import assign_storage
-from compiler.nested import ControlProvider
-from compiler.nested import compile_control
+from compiler.memory_policy import MemoryPolicy
+from compiler.memory_policy import memory_policy
 from compiler.nested import optimize_bodies
-from compiler.partition.partitioner import partition_graph
 from compiler.passes import optimize
+from compiler.passes.materialize_outputs import materialize_outputs
 from compiler.plan import build_plan
 from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
@@ -90,27 +79,15 @@ def default_providers(target: str) -> list[Provider]:
 
 
 def compile_model(
-    model: str | os.PathLike[str] | onnx.ModelProto,
-    out_dir: str | os.PathLike[str],
-    *,
-    opt_level: int = 3,
-    target: str = "cpu",
-    shapes: Mapping[str, Sequence[DimSpec]] | None = None,
-    binds: Mapping[str, Any] | None = None,
-    dims: Mapping[str, DimSpec] | None = None,
-    providers: list[Provider] | None = None,
-    build: BuildOptions | None = None,
-    progress: Progress | None = None,
-    plan_budget_ms: float | None = None,
-    max_arena_bytes: int | None = None,
-    golden_cases: int = DEFAULT_CASES,
-    cpu: str | None = None,
-    winograd: bool = True,
-    compiled_control: bool = True,
+    model: str | os.PathLike[str] | onnx.ModelProto, out_dir: str | os.PathLike[str], *,
+    opt_level: int = 3, target: str = "cpu", build: BuildOptions | None = None, cpu: str | None = None,
+    shapes: Mapping[str, Sequence[DimSpec]] | None = None, dims: Mapping[str, DimSpec] | None = None,
+    binds: Mapping[str, Any] | None = None, values: Mapping[str, Any] | None = None,
     opt_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
-    values: Mapping[str, Any] | None = None,
-    run_check: bool = True,
-    narrow_weights: bool = True,
+    providers: list[Provider] | None = None, progress: Progress | None = None,
+    plan_budget_ms: float | None = None, max_arena_bytes: int | None = None,
+    golden_cases: int = DEFAULT_CASES, run_check: bool = True,
+    winograd: bool = True, compiled_control: bool = True, narrow_weights: bool = True,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -127,8 +104,8 @@ def compile_model(
     ``cpu`` picks the C kernels' target (``--cpu``; None: ``build.isa``, else this machine's level,
     ``resolve_cpu``); x86-64 artifacts also ship a portable x86-64-v2 build.
     ``winograd`` False (``--no-winograd``): 3x3 stride-1 convolutions stay direct (docs/ops.md).
-    ``compiled_control`` False runs If / Loop / Scan steps the target cannot run compiled anyway:
-    their programs on the reference kernels, not their nested schedules (compiler/nested.py).
+    ``compiled_control`` False runs If / Loop / Scan steps as on a target that cannot compile them:
+    their programs on the reference kernels, not their nested schedules (compiler/back_half.py).
     ``opt_shapes`` (``--opt-shape``, a compile with ranges only): bindings to specialize for as well,
     each given by some inputs' shapes (``{"x": (1, 3, 48, 320)}``); each becomes a static artifact
     ``opt/<k>/`` inside this one, which a run at exactly that binding dispatches to. ``values``
@@ -143,32 +120,41 @@ def compile_model(
     build = _cpu_build_options(build, cpu)
     out = Path(out_dir)
     check_out_dir(out)  # a path that cannot be written fails before any work
-    say("loading model")
+    providers = default_providers(target) if providers is None else providers
     source = _source_identity(model)
-    graph = import_model(model, shapes, binds, dims, values)
-    graph.narrowing.enabled = narrow_weights
-    dynamic = bool(graph.symbols)
-    if providers is None:
-        providers = dynamic_providers(target, graph) if dynamic else default_providers(target)
-    n_onnx = len(graph) + len(graph.eliminated)
-    say(f"optimizing (-O{opt_level}): {n_onnx} ONNX nodes"
-        + (f"; dynamic dims {describe_symbols(graph)}" if dynamic else ""))
-    # a dynamic graph: the lowerings whose kernels take run-time dims (compiler/passes/manager.py)
-    graph = optimize(graph, opt_level, target=target, winograd=winograd, dynamic=dynamic)
-    if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled
-        optimize_bodies(graph, _body_passes(opt_level, target, winograd))
+    graph, policy = _front_half(model, shapes, binds, dims, values, opt_level=opt_level, target=target,
+                                winograd=winograd, compiled_control=compiled_control,
+                                narrow_weights=narrow_weights, say=say)
     options = _recorded_options(opt_level=opt_level, target=target, shapes=shapes, dims=dims, values=values,
                                 binds=binds, plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                                 golden_cases=golden_cases, winograd=winograd, cpu=build.isa,
                                 compiled_control=compiled_control, narrow_weights=narrow_weights)
-    variants = _opt_variants(model, graph, opt_shapes or (), binds, say, options, opt_level=opt_level,
+    variants = _opt_variants(model, graph, policy, opt_shapes or (), binds, say, options, opt_level=opt_level,
                              target=target, build=build, cpu=cpu, winograd=winograd,
                              compiled_control=compiled_control, narrow_weights=narrow_weights,
                              golden_cases=golden_cases, run_check=run_check)
     return compile_graph(graph, out, providers=providers, build=build, progress=say,
                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                          golden_cases=golden_cases, source=source, options=options,
-                         extra_files=variants, run_check=run_check)
+                         extra_files=variants, run_check=run_check, policy=policy)
+
+
+def _front_half(model: str | os.PathLike[str] | onnx.ModelProto,
+                shapes: Mapping[str, Sequence[DimSpec]] | None, binds: Mapping[str, Any] | None,
+                dims: Mapping[str, DimSpec] | None, values: Mapping[str, Any] | None,
+                *, opt_level: int, target: str, winograd: bool,
+                compiled_control: bool, narrow_weights: bool, say: Progress) -> tuple[Graph, MemoryPolicy]:
+    """The model imported and optimized (the bodies of its control steps too, where the target
+    compiles them), and its memory policy (chosen once, here)."""
+    say("loading model")
+    graph = import_model(model, shapes, binds, dims, values)
+    graph.narrowing.enabled = narrow_weights
+    policy = memory_policy(graph)
+    say(f"optimizing (-O{opt_level}): {len(graph) + len(graph.eliminated)} ONNX nodes{policy.summary}")
+    graph = optimize(graph, opt_level, target=target, winograd=winograd)
+    if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled
+        optimize_bodies(graph, lambda body: optimize(body, opt_level, target=target, winograd=winograd))
+    return graph, policy
 
 
 def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Sequence[DimSpec]] | None,
@@ -192,11 +178,6 @@ def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Seque
     }
 
 
-def _body_passes(opt_level: int, target: str, winograd: bool) -> Callable[[Graph, bool], Graph]:
-    """The passes of a control step's body (those of a dynamic graph for a body of symbolic shapes)."""
-    return lambda body, dynamic: optimize(body, opt_level, target=target, winograd=winograd, dynamic=dynamic)
-
-
 def _range_options(shapes: Mapping[str, Sequence[DimSpec]] | None, dims: Mapping[str, DimSpec] | None,
                    values: Mapping[str, Any] | None) -> dict[str, Any]:
     """The manifest's record of ``--shape`` (always), ``--dim`` and ``--value`` (when given)."""
@@ -209,7 +190,7 @@ def _range_options(shapes: Mapping[str, Sequence[DimSpec]] | None, dims: Mapping
     return out
 
 
-def _opt_variants(model: str | os.PathLike[str] | onnx.ModelProto, graph: Graph,
+def _opt_variants(model: str | os.PathLike[str] | onnx.ModelProto, graph: Graph, policy: MemoryPolicy,
                   opt_shapes: Sequence[Mapping[str, Sequence[int]]], binds: Mapping[str, Any] | None,
                   say: Progress, recorded: dict[str, Any], **options: Any) -> dict[str, bytes]:
     """The files of the --opt-shape variants of the dynamic ``graph`` (each a static compile);
@@ -220,12 +201,9 @@ def _opt_variants(model: str | os.PathLike[str] | onnx.ModelProto, graph: Graph,
                               for spec in opt_shapes]
     if graph.value_symbols:
         raise CompileError("--opt-shape does not combine with value symbols (--value) yet")
-    if not graph.symbols:
-        raise CompileError("--opt-shape specializes a compile with ranges (--shape with LO..HI or --dim); "
-                           "this compile has none")
     files: dict[str, bytes] = {}
     for k, spec in enumerate(opt_shapes):
-        at = opt_binding(graph, spec)
+        at = policy.specialize(spec)
         say(f"compiling the static variant opt/{k} for " + ", ".join(f"{n} {list(s)}" for n, s in at.items()))
         files.update(_static_variant(model, k, at, binds, **options))
     return files
@@ -260,58 +238,39 @@ def compile_graph(
     options: dict[str, Any] | None = None,
     extra_files: Mapping[str, bytes] | None = None,
     run_check: bool = True,
+    policy: MemoryPolicy | None = None,
 ) -> Path:
     """Compile an already imported and optimized IR ``graph`` (changed in place) into ``out_dir``.
 
-    The back half of :func:`compile_model` (partition, memory plan, kernels, artifact), for graphs
-    built directly, e.g. tests of onnx-aot's own ops; CPU providers unless ``providers`` is given.
-    ``source`` is the (name, sha256) recorded as the model's source, ``options`` the compile
-    options recorded in the manifest; ``golden_cases`` and ``run_check`` as for compile_model.
+    The back half of :func:`compile_model` (compiler/back_half.py, then kernels and artifact), for
+    graphs built directly too, e.g. tests of onnx-aot's own ops; CPU providers unless ``providers``
+    is given. ``source`` is the (name, sha256) recorded as the model's source, ``options`` the
+    compile options recorded in the manifest; ``golden_cases`` and ``run_check`` as for
+    compile_model; ``policy`` the graph's memory policy (None: compiler/memory_policy.py's choice).
     """
     say = progress or (lambda _msg: None)
-    if providers is None:
-        providers = dynamic_providers("cpu", graph) if graph.symbols else default_providers("cpu")
-    check_dynamic_providers(graph, providers)
-    if build is None:
-        build = _cpu_build_options(None, None)
+    policy = memory_policy(graph) if policy is None else policy
+    providers = default_providers("cpu") if providers is None else providers
+    policy.check_providers(providers)
+    build = _cpu_build_options(None, None) if build is None else build
     out = Path(out_dir)
     source = ModelSource(*(source or (graph.name or "graph", "")))
     options = dict(options) if options is not None else {"target": "cpu", "cpu": build.isa}
-    materialize_outputs(graph)
+    materialize_outputs(graph)  # (plan_graph's first steps, before the golden cases run the graph)
     graph.verify()
     say("computing golden self-test outputs with the reference kernels")
-    golden, unchecked = _golden(graph, out, golden_cases)
-
-    nodes = len(graph)
+    golden, unchecked = _golden(graph, out, golden_cases, policy)
     attrs_of = {id(node): dict(node.attrs) for node in graph.nodes}  # as the golden cases ran them
-    control = compile_control(graph, providers, materialize_outputs, plan_budget_ms,
-                              enabled=options.get("compiled_control", True))
-    if control:
-        say(f"compiled {len(control)} control step(s) into nested schedules")
-        providers = [ControlProvider(control), *providers]
-    schedule = partition_graph(graph, providers)
-    placed = [(p.name, schedule.provider_of_step.count(p.name)) for p in providers]
-    say(f"partitioning {nodes} nodes: " + ", ".join(f"{n} on {name}" for name, n in placed if n))
-    provider_by_name = {p.name: p for p in providers}
-    step_space = [provider_by_name[name].memory_space for name in schedule.provider_of_step]
-    scratch = [provider_by_name[name].scratch_nbytes(node)
-               for name, node in zip(schedule.provider_of_step, schedule.steps, strict=True)]
-
-    say("planning memory")
-    storage = assign_storage(graph, schedule.steps, step_space, scratch)
-    alignment: dict[str, int] = {}
-    for p in providers:
-        alignment[p.memory_space] = max(alignment.get(p.memory_space, 1), p.alignment)
-    mem_plans = _plan_memory(graph, storage.buffers, sorted(set(step_space)), alignment, plan_budget_ms)
-    check_arena_limit(source.file, mem_plans, max_arena_bytes)
-
-    plan = build_plan(graph, schedule, storage, mem_plans, alignment, provider_by_name, control)
+    planned = plan_graph(graph, providers, policy, plan_budget_ms,
+                         compiled_control=options.get("compiled_control", True), say=say)
+    check_arena_limit(source.file, planned.mem_plans, max_arena_bytes)
+    plan = build_plan(planned)
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
     check = None if unchecked is not None or not run_check else (
         lambda folder: check_artifact(folder, plan.plan, out, say))
 
     def write(golden_files: Mapping[str, bytes]) -> Path:
-        return write_artifact(out, plan, providers, build, source, options, say,
+        return write_artifact(out, plan, planned.providers, build, source, options, say,
                               extra_files={**golden_files, **(extra_files or {})}, check=check)
 
     final = _write_checked(write, graph, attrs_of, golden, say)
@@ -319,14 +278,12 @@ def compile_graph(
     return final
 
 
-def _golden(graph: Graph, out: Path, cases: int) -> tuple[dict[str, bytes], str | None]:
-    """The golden self-test files of ``graph`` (at its min and middle bindings when it has
+def _golden(graph: Graph, out: Path, cases: int, policy: MemoryPolicy) -> tuple[dict[str, bytes], str | None]:
+    """The golden self-test files of ``graph`` (at the bindings ``policy`` names, when it has
     symbols) and why they hold no case (warned), if they hold none."""
     public = [graph.output_names[k] if k < len(graph.output_names) else v.name
               for k, v in enumerate(graph.outputs)]
-    at = bindings(graph)
-    golden = make_golden(graph, public, cases=cases,
-                         bindings=[at["min"], at["middle"]] if graph.symbols else None)
+    golden = make_golden(graph, public, cases=cases, bindings=policy.golden_bindings())
     unchecked = skipped_reason(golden)
     if unchecked is not None:
         warn_unchecked(out, unchecked)
@@ -347,21 +304,6 @@ def _write_checked(write: Callable[[Mapping[str, bytes]], Path], graph: Graph,
         say("the disagreement is within the reference's own movement under a 1-ulp change of its "
             "inputs (ill-conditioned outputs): their golden tolerances widened to cover it")
         return write(widened)
-
-
-def _plan_memory(graph: Graph, buffers: Mapping[str, list[Any]], spaces: list[str], alignment: dict[str, int],
-                 budget_ms: float | None) -> dict[str, MemoryPlan]:
-    """Each memory space's plan: offsets packed now and verified, or (a graph with symbolic dims)
-    placeholders the runtime places per binding (compiler/dynamic.py)."""
-    plans: dict[str, MemoryPlan] = {}
-    for space in spaces:
-        space_buffers = buffers.get(space, [])
-        if graph.symbols:
-            plans[space] = placeholder_plan(space_buffers, alignment[space], graph)
-            continue
-        plans[space] = plan_offsets(space_buffers, alignment[space], budget_ms=budget_ms)
-        verify_plan(space_buffers, plans[space], alignment[space])
-    return plans
 
 
 def _option_dim(dim: DimSpec) -> int | list[int]:
@@ -388,31 +330,6 @@ def _cpu_build_options(build: BuildOptions | None, cpu: str | None) -> BuildOpti
     if build.isa != PORTABLE_CPU and platform.machine().lower() in ("x86_64", "amd64"):
         portable = PORTABLE_CPU
     return dataclasses.replace(build, portable_isa=portable)
-
-
-def materialize_outputs(graph: Graph) -> None:
-    """Give every graph output its own producing step.
-
-    An output that is a constant, a graph input, or the same value as an earlier output gets an
-    onnx_aot.Copy step, so each output has exactly one writer into the caller's array.
-    """
-    seen: set[int] = set()
-    for k, value in enumerate(list(graph.outputs)):
-        needs_copy = (
-            value.const is not None
-            or value.producer is None
-            or graph.is_graph_input(value)
-            or id(value) in seen
-        )
-        seen.add(id(value))
-        if not needs_copy:
-            continue
-        public = graph.output_names[k] if k < len(graph.output_names) else value.name
-        out = graph.make_value(public + "/copy", value.dtype, value.shape)
-        graph.add_node(Node("Copy", [value], [out], {}, domain=AOT_DOMAIN,
-                            name=graph.unique_name(f"copy_output_{k}"), origin=[]))
-        graph.set_output(k, out)
-    graph.sort()
 
 
 def _source_identity(model: str | os.PathLike[str] | onnx.ModelProto) -> ModelSource:

@@ -1,17 +1,14 @@
-"""What a compile does differently when the graph has symbolic dims (issue 17; docs/dynamic-shapes.md).
+"""What a compile does with symbolic dims (issue 17; docs/dynamic-shapes.md): the helpers the
+memory policies of compiler/memory_policy.py use.
 
-The import keeps ranged dims as symbols (``Graph.symbols``). The back half then differs in three
-places, all decided here:
-
-- **Providers.** The C kernels (and, for target cuda, the CUDA kernels) that take run-time dims,
-  the static nodes' kernels, the reference kernels for the rest (``dynamic_providers``).
-- **Memory.** Lifetimes and aliasing are the static ones (``assign_storage`` works on expressions);
-  a buffer's size is an ``Expr`` of the symbols, and its offset is placed *by the runtime* at each
-  binding (``runtime/placement.py``): plan.json names it with the placeholder ``_b<k>`` (``k`` its
-  index in ``buffers``), and every arena value's offset is that placeholder plus its offset in the
-  buffer. The arena figures plan.json records are those at the max binding; the memory report
-  shows the placement at the min and the max bindings.
-- **Golden cases** run at the min binding and at a middle one (``bindings``).
+The import keeps ranged dims as symbols (``Graph.symbols``). The providers are those of a static
+compile, their kernels taking the dims at run time where a shape has symbols. Lifetimes and aliasing
+are the static ones (``assign_storage`` works on expressions); a buffer's size is an ``Expr`` of the
+symbols, and its offset is placed *by the runtime* at each binding (``runtime/placement.py``):
+plan.json names it with the placeholder ``_b<k>`` (``k`` its index in ``buffers``), and every arena
+value's offset is that placeholder plus its offset in the buffer. The arena figures plan.json
+records are those at the max binding; the memory report shows the placement at the min and the max
+bindings. Golden cases run at the min binding and at a middle one (``bindings``).
 """
 
 from __future__ import annotations
@@ -25,11 +22,7 @@ from compiler.ir.graph import Graph
 from compiler.memory import Buffer
 from compiler.memory import MemoryPlan
 from compiler.memory.lifetimes import Storage
-from compiler.providers.base import Provider
-from compiler.providers.c.provider import CProvider
-from compiler.providers.reference import ReferenceProvider
 from runtime.contract import placeholder as plan_placeholder
-from runtime.errors import CompileError
 from runtime.errors import ShapeError
 from runtime.placement import lower_bound
 from runtime.placement import place
@@ -37,34 +30,11 @@ from runtime.symbolic import Dim
 from runtime.symbolic import evaluate
 from runtime.symbolic import sym
 
-__all__ = ["STRATEGY", "bindings", "check_dynamic_providers", "describe_symbols", "dynamic_providers",
-           "dynamic_report", "OPT_DIR", "opt_binding", "placeholder", "placeholder_plan", "plan_at",
-           "storage_at"]
+__all__ = ["STRATEGY", "Binding", "bindings", "describe_symbols", "dynamic_report", "OPT_DIR", "opt_binding",
+           "placeholder", "placeholder_plan", "plan_at", "storage_at"]
 
 STRATEGY = "runtime"  # plan.json's arena strategy: the runtime places the buffers per binding
 Binding = dict[str, int]
-
-
-def dynamic_providers(target: str, graph: Graph) -> list[Provider]:
-    """The providers of a dynamic graph: the kernels that take run-time dims (C; CUDA for target
-    cuda, its launches evaluated per binding) and every static node, the reference kernels for the
-    rest."""
-    if target == "cuda":
-        from compiler.providers.cuda.provider import CudaProvider
-
-        return [CudaProvider(), ReferenceProvider("cuda"), CProvider(), ReferenceProvider()]
-    if target != "cpu":
-        raise CompileError(f"dynamic dims ({describe_symbols(graph)}): unknown target {target!r}")
-    return [CProvider(), ReferenceProvider()]
-
-
-def check_dynamic_providers(graph: Graph, providers: list[Provider]) -> None:
-    """A dynamic graph compiles with the C, CUDA and reference providers (``dynamic_providers``)."""
-    others = [p.name for p in providers
-              if not (isinstance(p, ReferenceProvider | CProvider) or p.name == "cuda")]
-    if graph.symbols and others:
-        raise CompileError(f"dynamic dims ({describe_symbols(graph)}) run on the C, CUDA and reference "
-                           f"kernels only; provider(s) {', '.join(others)} take static shapes")
 
 
 def describe_symbols(graph: Graph) -> str:

@@ -1,12 +1,14 @@
 """Control steps compiled into nested schedules: each If branch and each Loop / Scan body goes
-through the same back half as the model (partition, storage, memory plan; its C kernels are built
-into the model's library with the rest), and the control step runs them between partitions.
+through the same back half as the model (compiler/back_half.py: partition, storage, memory plan;
+its C kernels are built into the model's library with the rest), and the control step runs them
+between partitions.
 
 The frontend keeps every subgraph of an ``onnx_aot.If`` / ``Loop`` / ``Scan`` step as an IR graph
 (``Body``, in the ``bodies`` attribute) beside its program. :func:`optimize_bodies` runs the model's
-passes over them; :func:`compile_control` compiles them (nested control steps inside first) on the
-host target; on any other target (or when told not to) it drops them, and the step keeps its
-programs and runs them with the reference kernels (the fallback).
+passes over them; ``back_half.compile_control`` compiles them (nested control steps inside first)
+on the host target; on any other target (or when told not to) it drops them, and the step keeps
+its programs and runs them with the reference kernels (the fallback). Here: the provider that
+claims the compiled steps, and the :func:`layout` of a step's region.
 
 A compiled step's memory is its *region*: kernel scratch of the step in the outer arena, live for
 that step only. The body's own arena plan (offsets relative to the region) comes first; both
@@ -18,10 +20,10 @@ where the outer plan put them; an If's outputs, a Loop's scan outputs and a Scan
 slices and elements are written where the outer plan put the step's outputs.
 
 In a dynamic graph (docs/dynamic-shapes.md) a body of static shapes compiles as above; a body of
-symbolic shapes too, its region planned at the max binding (every binding's values fit the max
-binding's places; its shapes, attributes and symbolic constants are bound per binding by the
-runtime), its C kernels those that take run-time dims. A body placing a value at an in-buffer
-offset that follows the symbols (a Concat slice) keeps its program.
+symbolic shapes too, its region planned at the max binding (compiler/memory_policy.py: every
+binding's values fit the max binding's places; its shapes, attributes and symbolic constants are
+bound per binding by the runtime), its C kernels those that take run-time dims. A body placing a
+value at an in-buffer offset that follows the symbols (a Concat slice) keeps its program.
 """
 
 from __future__ import annotations
@@ -29,26 +31,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from compiler.dynamic import storage_at
+from compiler.dynamic import bindings
 from compiler.frontend.control.program import BODIES
-from compiler.frontend.control.program import Body
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.memory import plan_offsets
-from compiler.memory import verify_plan
-from compiler.memory.lifetimes import assign_storage
-from compiler.partition.partitioner import partition_graph
 from compiler.plan import Compiled
 from compiler.plan import NestedSchedule
 from compiler.providers.base import GenPartition
-from compiler.providers.base import Provider
 from runtime.contract import ALIGNMENT
 from runtime.contract import round_up
 from runtime.symbolic import Expr
 from runtime.symbolic import evaluate
 
-__all__ = ["ControlProvider", "compile_control", "optimize_bodies", "static_body"]
+__all__ = ["ControlProvider", "layout", "optimize_bodies", "static_body"]
 
 
 class ControlProvider:
@@ -91,70 +87,14 @@ def _has_expr(item: Any) -> bool:
     return False
 
 
-def optimize_bodies(graph: Graph, optimize: Callable[[Graph, bool], Graph]) -> None:
-    """Run ``optimize(body, dynamic)`` (the model's passes and lowerings; those of a dynamic graph
-    for a body of symbolic shapes) over the bodies of ``graph``'s control steps, nested ones first.
-    Only the compiled path sees the result: the programs (the fallback) were written at import."""
+def optimize_bodies(graph: Graph, optimize: Callable[[Graph], Graph]) -> None:
+    """Run ``optimize`` (the model's passes and lowerings) over the bodies of ``graph``'s control
+    steps, nested ones first. Only the compiled path sees the result: the programs (the fallback)
+    were written at import."""
     for node in graph.nodes:
         for body in node.attrs.get(BODIES, ()):
             optimize_bodies(body.graph, optimize)
-            body.graph = optimize(body.graph, bool(body.graph.symbols) and not static_body(body.graph))
-
-
-def compile_control(
-    graph: Graph, providers: list[Provider], prepare: Callable[[Graph], None], budget_ms: float | None,
-    *, enabled: bool = True,
-) -> dict[int, Compiled]:
-    """Compile the bodies of ``graph``'s control steps (by id(node)); ``prepare`` readies a body's
-    graph for planning (``materialize_outputs``). Every step loses its ``bodies`` attribute; those
-    not compiled (a target other than the host's, or not ``enabled``) keep their programs."""
-    host_only = enabled and all(p.memory_space == "host" for p in providers)
-    compiled: dict[int, Compiled] = {}
-    for node in graph.nodes:
-        bodies: list[Body] | None = node.attrs.pop(BODIES, None)
-        if bodies is None or not host_only:
-            continue
-        for body in bodies:  # (static: the outer graph's symbols, if any, are not the body's)
-            if static_body(body.graph):
-                body.graph.symbols, body.graph.value_symbols = {}, {}
-        try:
-            schedules = [_compile_body(body, providers, prepare, budget_ms) for body in bodies]
-        except _Placed:  # values placed at offsets that follow the symbols: the programs run
-            continue
-        compiled[id(node)] = _layout(node, schedules)
-        node.attrs = dict(compiled[id(node)].attrs)  # the programs are not needed any more
-    return compiled
-
-
-def _compile_body(
-    body: Body, providers: list[Provider], prepare: Callable[[Graph], None], budget_ms: float | None
-) -> NestedSchedule:
-    graph = body.graph
-    prepare(graph)
-    graph.verify()
-    inner = compile_control(graph, providers, prepare, budget_ms)
-    everyone: list[Provider] = [ControlProvider(inner), *providers]
-    schedule = partition_graph(graph, everyone)
-    by_name = {p.name: p for p in everyone}
-    scratch = [by_name[name].scratch_nbytes(node)
-               for name, node in zip(schedule.provider_of_step, schedule.steps, strict=True)]
-    storage = assign_storage(graph, schedule.steps, ["host"] * len(schedule.steps), scratch)
-    if graph.symbols:  # a body of symbolic shapes: its region is planned at the max binding
-        if any(type(offset) is not int for offset in storage.offset.values()):
-            raise _Placed
-        storage = storage_at(storage, _most(graph))
-    buffers = storage.buffers.get("host", [])
-    mem_plan = plan_offsets(buffers, ALIGNMENT, budget_ms=budget_ms)
-    verify_plan(buffers, mem_plan, ALIGNMENT)
-    return NestedSchedule(graph, body.refs, schedule, storage, mem_plan, inner)
-
-
-class _Placed(Exception):
-    """A body value lies at an offset in its buffer that follows the symbols (a Concat's slice)."""
-
-
-def _most(graph: Graph) -> dict[str, int]:
-    return {name: hi for name, (_lo, hi) in graph.symbols.items()}
+            body.graph = optimize(body.graph)
 
 
 class _Slots:
@@ -170,9 +110,9 @@ class _Slots:
         return offset
 
 
-def _layout(node: Node, schedules: list[NestedSchedule]) -> Compiled:
+def layout(node: Node, schedules: list[NestedSchedule]) -> Compiled:
     """The region of control step ``node`` and the plan attributes saying where its slots are."""
-    slots = _Slots(max(s.mem_plan.arena_nbytes for s in schedules), _most(schedules[0].graph))
+    slots = _Slots(max(s.mem_plan.arena_nbytes for s in schedules), bindings(schedules[0].graph)["max"])
     attrs = dict(node.attrs)
     if node.op_type == "If":
         return Compiled(schedules, slots.end, {})

@@ -18,16 +18,13 @@ from typing import Any
 import numpy as np
 
 from compiler.codegen.cdims import DYN_EXT
-from compiler.dynamic import bindings
-from compiler.dynamic import dynamic_report
-from compiler.dynamic import plan_at
-from compiler.dynamic import storage_at
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.ir.narrow import Affine
 from compiler.memory import MemoryPlan
 from compiler.memory.lifetimes import Storage
+from compiler.memory_policy import MemoryPolicy
 from compiler.partition.partitioner import Partition
 from compiler.partition.partitioner import Schedule
 from compiler.providers.base import GenLocation
@@ -60,8 +57,8 @@ from runtime.plan_schema import TensorSpec
 from runtime.plan_schema import ValueLocation
 from runtime.symbolic import Expr
 
-__all__ = ["ALIGNMENT", "Compiled", "CompiledPlan", "NestedSchedule", "build_plan", "attach_code",
-           "WEIGHT_ALIGNMENT", "jsonable"]
+__all__ = ["ALIGNMENT", "Compiled", "CompiledPlan", "NestedSchedule", "PlannedGraph", "build_plan",
+           "attach_code", "WEIGHT_ALIGNMENT", "jsonable"]
 
 
 
@@ -84,6 +81,21 @@ class NestedSchedule:
     storage: Storage
     mem_plan: MemoryPlan
     control: dict[int, Compiled]  # the compiled control steps inside, by id(node)
+    policy: MemoryPolicy
+
+
+@dataclass
+class PlannedGraph:
+    """A graph through the back half (compiler/back_half.py): scheduled, stored, memory planned."""
+
+    graph: Graph
+    schedule: Schedule
+    storage: Storage
+    mem_plans: dict[str, MemoryPlan]  # memory space -> its plan
+    alignment: dict[str, int]  # memory space -> its alignment
+    control: dict[int, Compiled]  # the compiled control steps, by id(node)
+    providers: list[Provider]  # (a ControlProvider first when there are compiled control steps)
+    policy: MemoryPolicy
 
 
 @dataclass
@@ -269,13 +281,14 @@ _Nested = Callable[[int, Node], "tuple[PlanSchedule, ...] | None"]
 
 def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_sizes: Mapping[str, int],
                referenced: dict[str, None], prefix: str, nested: _Nested,
-               symbols: tuple[str, ...] = ()) -> _PartitionOut:
+               policy: MemoryPolicy) -> _PartitionOut:
     """Locate the operands of ``part``'s steps (adding their names to ``referenced``); its entry is
-    ``prefix`` + its index, a control step's schedules come from ``nested``. In a dynamic graph
-    (``symbols``) a C partition's ext slot 0 is the binding's array (compiler/codegen/cdims.py)."""
+    ``prefix`` + its index, a control step's schedules come from ``nested``; the ``policy`` gives
+    the run-time dims and the first ext slots (a dynamic graph's C partition: the binding's array)."""
     runner = getattr(part.provider, "runner", part.provider.name)
-    ext: list[str] = [DYN_EXT] if symbols and runner == "c" else []
-    dyn = f"((const int64_t*)ext[{ext.index(DYN_EXT)}])" if ext else ""
+    ext = policy.ext_slots(runner)
+    dyn = f"((const int64_t*)ext[{ext.index(DYN_EXT)}])" if DYN_EXT in ext else ""
+    symbols = policy.dims
     space_here = part.provider.memory_space
     step_plans: list[GenStep] = []
     records: list[PlanStep] = []
@@ -344,39 +357,26 @@ def _outputs(graph: Graph) -> tuple[PlanOutput, ...]:
                  for k, v in enumerate(graph.outputs))
 
 
-def build_plan(
-    graph: Graph,
-    schedule: Schedule,
-    storage: Storage,
-    mem_plans: dict[str, MemoryPlan],
-    alignment: dict[str, int],
-    providers: dict[str, Provider],
-    control: Mapping[int, Compiled] | None = None,
-) -> CompiledPlan:
+def build_plan(planned: PlannedGraph) -> CompiledPlan:
     """The plan records, weights.bin's bytes, the partitions for code generation (the nested
-    schedules' after the model's), the memory report. ``control``: the compiled control steps."""
+    schedules' after the model's), the memory report (as the memory policy shows it)."""
+    graph, schedule, storage, mem_plans = planned.graph, planned.schedule, planned.storage, planned.mem_plans
     layout = _WeightsLayout()
     nested_parts: list[GenPartition] = []
     level = _Level(graph, layout, nested_parts)
-    parts, values = level.build(graph, schedule, storage, mem_plans, control or {}, "onnx_aot_partition_")
+    parts, values = level.build(graph, schedule, storage, mem_plans, planned.control, "onnx_aot_partition_",
+                                planned.policy)
     weights = layout.finish()
-    arenas, buffers = _arenas(mem_plans, storage, alignment)
+    arenas, buffers = _arenas(mem_plans, storage, planned.alignment)
     plan = Plan(
         format_version=weights.format_version, name=graph.name, inputs=tuple(_spec(v) for v in graph.inputs),
         outputs=_outputs(graph), constants=weights.records, weights_nbytes=weights.image_nbytes,
         arenas=arenas, buffers=buffers, values=values,
         steps=tuple(step for p in parts for step in p.steps), partitions=tuple(p.record for p in parts),
         onnx_nodes=_onnx_nodes(graph, schedule), symbols=_symbols(graph), assumptions=_assumptions(graph))
-    if graph.symbols:  # the report shows the runtime's placement at the max binding, and min / max
-        at_max = bindings(graph)["max"]
-        concrete = storage_at(storage, at_max)
-        placed = {space: plan_at(concrete.buffers.get(space, []), alignment[space], at_max)
-                  for space in mem_plans}
-        report = {**memory_report(schedule, concrete, placed, alignment),
-                  "dynamic": dynamic_report(graph, storage, alignment)}
-    else:
-        report = memory_report(schedule, storage, mem_plans, alignment)
-    nested_report = _nested_report(schedule, control or {})
+    shown, shown_plans, sections = planned.policy.reported(storage, mem_plans, planned.alignment)
+    report = {**memory_report(schedule, shown, shown_plans, planned.alignment), **sections}
+    nested_report = _nested_report(schedule, planned.control)
     if nested_report:
         report["nested"] = nested_report
     return CompiledPlan(plan, weights.data, [p.plan for p in parts] + nested_parts, report)
@@ -391,8 +391,8 @@ class _Level:
     nested_parts: list[GenPartition]  # the nested schedules' partitions, for code generation
 
     def build(self, graph: Graph, schedule: Schedule, storage: Storage, mem_plans: dict[str, MemoryPlan],
-              control: Mapping[int, Compiled],
-              prefix: str) -> tuple[list[_PartitionOut], dict[str, PlanValue]]:
+              control: Mapping[int, Compiled], prefix: str,
+              policy: MemoryPolicy) -> tuple[list[_PartitionOut], dict[str, PlanValue]]:
         locator = _Locator.build(graph, storage, self.layout.add(graph, schedule.steps, storage), mem_plans)
         scratch_sizes = {str(b.id): b.nbytes for bs in storage.buffers.values() for b in bs}
         # a nested schedule's inputs and outputs are bound by name even where no step reads them
@@ -406,14 +406,14 @@ class _Level:
             return tuple(self.schedule(body, f"{prefix}{t}_{s}_")
                          for s, body in enumerate(compiled.schedules))
 
-        symbols = tuple(sorted(graph.symbols))
-        parts = [_partition(part, schedule.steps, locator, scratch_sizes, referenced, prefix, nested, symbols)
+        parts = [_partition(part, schedule.steps, locator, scratch_sizes, referenced, prefix, nested, policy)
                  for part in schedule.partitions]
         return parts, _value_records(graph, referenced, locator)
 
     def schedule(self, body: NestedSchedule, prefix: str) -> PlanSchedule:
         mem_plans = {"host": body.mem_plan}
-        parts, values = self.build(body.graph, body.schedule, body.storage, mem_plans, body.control, prefix)
+        parts, values = self.build(body.graph, body.schedule, body.storage, mem_plans, body.control, prefix,
+                                   body.policy)
         self.nested_parts.extend(p.plan for p in parts)
         _, buffers = _arenas(mem_plans, body.storage, {"host": ALIGNMENT})
         return PlanSchedule(

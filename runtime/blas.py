@@ -1,11 +1,14 @@
 """numpy's BLAS thread count, held at one while a session's reference steps run beside C kernels.
 
-A session whose plan has C partitions runs their kernels on the OpenMP threads of its library.
+A session whose plan has C partitions runs their kernels on the process's worker pool.
 Reference steps call numpy, whose BLAS (OpenBLAS in numpy's wheels) keeps a thread pool of its own:
 with both pools at full size the two fight for the same cores (a CRNN's numpy LSTM ran 5-6x
 onnxruntime's time that way, 2.3-3.2x without the fight; issue 21), and OpenBLAS's threads keep
 spinning after a call, into the C kernels that follow. So such a session sets BLAS to one thread
-for the length of each reference partition and restores the count after it.
+for the length of each reference partition and restores the count after it. The count is the
+process's: while the guards of several runs overlap (sessions run from several threads), the
+first one in sets it to one and the last one out restores it, so no run's reference steps get
+BLAS threads back while another's are still inside.
 
 The library is found among the shared objects this process has loaded (``/proc/self/maps``) by its
 ``openblas_set_num_threads`` / ``openblas_get_num_threads`` functions (also their 64-bit-index
@@ -18,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 from collections.abc import Callable
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +30,8 @@ __all__ = ["blas_threads", "set_blas_threads", "single_threaded_blas"]
 
 _PREFIXES = ("scipy_openblas", "openblas")
 _SUFFIXES = ("64_", "")
+_GUARD = threading.Lock()
+_held = [0, 0]  # [guards inside now, the count the first of them found]
 
 
 @functools.cache
@@ -70,18 +76,23 @@ def set_blas_threads(n: int) -> bool:
 
 @contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    """numpy's BLAS on one thread inside the block, its previous count restored after it."""
+    """numpy's BLAS on one thread inside the block, its previous count restored when the last of
+    the blocks open at the same time (in any thread) ends."""
     found = _functions()
     if found is None:
         yield
         return
     setter, getter = found
-    before = int(getter())
-    if before <= 1:
-        yield
-        return
-    setter(1)
+    with _GUARD:
+        if _held[0] == 0:
+            _held[1] = int(getter())
+            if _held[1] > 1:
+                setter(1)
+        _held[0] += 1
     try:
         yield
     finally:
-        setter(before)
+        with _GUARD:
+            _held[0] -= 1
+            if _held[0] == 0 and _held[1] > 1:
+                setter(_held[1])

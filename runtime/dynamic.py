@@ -3,10 +3,10 @@
 ``Session`` makes one ``DynamicRuns`` for a plan with symbols. For each run it reads the binding
 off the feeds' shapes (every symbol is a dim of some graph input; a symbol in several inputs must
 agree), checks each dim against its range (``InputError`` naming the input, the dim and its
-range), and takes the ``Bound`` of that binding from a small LRU cache (``CACHE_SIZE`` bindings,
-thread-safe) or makes it: ``runtime/binding.py`` binds and places the plan (assumptions checked),
-and the session's loader loads its (reference) partitions for the bound plan. A ``Bound`` holds
-the bound plan, its partitions, its output shapes and each arena's size at that binding.
+range), and takes the ``Bound`` of that binding (``runtime/run_path.py``: the bound plan, its
+partitions, its output shapes and each arena's size at that binding) from a small LRU cache
+(``CACHE_SIZE`` bindings, thread-safe) or makes it: ``runtime/binding.py`` binds and places the
+plan (assumptions checked), and the session's loader loads its partitions for the bound plan.
 
 ``interface(plan)`` gives the ``TensorSpec`` records a session and ``load_plan`` report: ``None``
 for a dynamic dim in ``shape``, ``ranges`` per dim (an output's from ``runtime.symbolic.bounds``)
@@ -21,7 +21,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Mapping
-from dataclasses import dataclass
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,8 @@ import numpy as np
 from runtime.binding import Binder
 from runtime.errors import ArtifactError
 from runtime.errors import InputError
+from runtime.run_path import Bound
+from runtime.run_path import bound_of
 from runtime.symbolic import bounds
 
 __all__ = ["DynamicRuns", "Bound", "Variants", "interface", "describe_spec", "CACHE_SIZE"]
@@ -62,20 +63,6 @@ def describe_spec(spec: Any) -> str:
     parts = [str(d) if type(d) is int else f"{d} in {lo}..{hi}"
              for d, (lo, hi) in zip(spec.dims, spec.ranges, strict=True)]
     return f"{spec.dtype.name} [{', '.join(parts)}]"
-
-
-@dataclass
-class Bound:
-    """One binding's plan, loaded: what a run at that binding uses."""
-
-    key: tuple[int, ...]
-    text: str  # the binding as "W=320, n=2"
-    plan: Any
-    partitions: list[tuple[str, Any]]
-    output_shapes: list[tuple[int, ...]]
-    arenas: dict[str, tuple[int, int]]  # space -> (nbytes, alignment) at this binding
-    dyn: np.ndarray  # what C partitions read through their ext slot DYN_EXT (runtime/binding.py)
-    choice: Any = None  # this binding's ThreadChoice (runtime/threads.py), made at its first run
 
 
 Loader = Callable[[Any, Any], tuple[str, Any]]
@@ -198,11 +185,9 @@ class DynamicRuns:
     def _make(self, key: tuple[int, ...], shapes: Mapping[str, tuple[int, ...]]) -> Bound:
         context = "; input shapes " + ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
         made = self.binder.bind(dict(zip(self.names, key, strict=True)), context)
-        bound = made.plan
-        partitions = [self._load(bound, record) for record in bound.partitions]
-        arenas = {a.memory_space: (a.nbytes, max(64, a.alignment)) for a in bound.arenas}
+        partitions = [self._load(made.plan, record) for record in made.plan.partitions]
         text = ", ".join(f"{n}={v}" for n, v in zip(self.names, key, strict=True))
-        return Bound(key, text, bound, partitions, [s.shape for s in bound.output_specs], arenas, made.dyn)
+        return bound_of(made.plan, partitions, key, text, made.dyn)
 
     def cached(self) -> list[tuple[int, ...]]:
         """The bindings cached now, least recently used first."""

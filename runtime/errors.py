@@ -112,5 +112,11 @@ class UncheckedArtifactWarning(UserWarning):
     draws random numbers, a value too large for the reference run, a target this host cannot run)."""
 
 
+class ModelQuirkWarning(UserWarning):
+    """The model breaks a rule of the ONNX version it declares in a way whose meaning is clear
+    (what onnxruntime runs); it was read as the later version that allows it (the message names
+    the rule and the node or initializer)."""
+
+
 class CpuFallbackWarning(RuntimeWarning):
     """This CPU lacks features the artifact's preferred C build needs; a slower build runs."""

@@ -124,26 +124,7 @@ def memory_summary(plan: Plan, report: dict[str, Any], *, top: int = 10) -> dict
                 live_count[t] += 1
         for t in range(n):
             live_by_arena[t][space] = live[t]
-        peak = arena["peak_step"]
-        at_peak = sorted((b for b in buffers if b["first_step"] <= peak <= b["last_step"]),
-                         key=lambda b: (b["offset"], b["id"]))
-        largest = sorted(buffers, key=lambda b: (-b["nbytes"], b["first_step"], b["id"]))[:max(top, 0)]
-        size, lb, naive = arena["arena_nbytes"], arena["lower_bound_nbytes"], arena["naive_nbytes"]
-        entry = dict(arena)
-        entry["buffers"] = buffers
-        entry.update({
-            "strategy": strategy[space],
-            "buffer_count": len(buffers),
-            "scratch_count": sum(1 for b in buffers if b["kind"] == "scratch"),
-            "saving_nbytes": naive - size,
-            "saving_fraction": round((naive - size) / naive, 6) if naive else 0.0,
-            "naive_over_arena": round(naive / size, 6) if size else 1.0,
-            "arena_over_lower_bound": round(size / lb, 6) if lb else 1.0,
-            "peak_live_nbytes": live[peak] if n else 0,
-            "peak_buffers": [b["id"] for b in at_peak],
-            "largest_buffers": [b["id"] for b in largest],
-        })
-        arenas[space] = entry
+        arenas[space] = _arena_entry(arena, buffers, live, strategy[space], top)
 
     out_steps = []
     for t, step in enumerate(report["steps"]):
@@ -153,6 +134,32 @@ def memory_summary(plan: Plan, report: dict[str, Any], *, top: int = 10) -> dict
                       "scratch_nbytes": scratch.nbytes if scratch is not None else 0})
         out_steps.append(entry)
     return {"arenas": arenas, "steps": out_steps}
+
+
+def _arena_entry(arena: dict[str, Any], buffers: list[dict[str, Any]], live: list[int], strategy: str,
+                 top: int) -> dict[str, Any]:
+    """memory.json's arena record with its ``buffers`` summarized and the figures of
+    :func:`memory_summary` added (``live``: its live bytes per step)."""
+    peak = arena["peak_step"]
+    at_peak = sorted((b for b in buffers if b["first_step"] <= peak <= b["last_step"]),
+                     key=lambda b: (b["offset"], b["id"]))
+    largest = sorted(buffers, key=lambda b: (-b["nbytes"], b["first_step"], b["id"]))[:max(top, 0)]
+    size, lb, naive = arena["arena_nbytes"], arena["lower_bound_nbytes"], arena["naive_nbytes"]
+    entry = dict(arena)
+    entry["buffers"] = buffers
+    entry.update({
+        "strategy": strategy,
+        "buffer_count": len(buffers),
+        "scratch_count": sum(1 for b in buffers if b["kind"] == "scratch"),
+        "saving_nbytes": naive - size,
+        "saving_fraction": round((naive - size) / naive, 6) if naive else 0.0,
+        "naive_over_arena": round(naive / size, 6) if size else 1.0,
+        "arena_over_lower_bound": round(size / lb, 6) if lb else 1.0,
+        "peak_live_nbytes": live[peak] if live else 0,
+        "peak_buffers": [b["id"] for b in at_peak],
+        "largest_buffers": [b["id"] for b in largest],
+    })
+    return entry
 
 
 def _buffer_entry(buf: dict[str, Any], plan_buffers: Mapping[str, PlanBuffer],

@@ -1,7 +1,7 @@
 """Per-step profiling: ``Session(path, profile=True)`` and ``end_profiling()`` -> Chrome-trace JSON.
 
 Every provider reports step wall times into a float64 buffer indexed by the step's position in
-its partition: the C entry fills it itself (``omp_get_wtime`` around each step, one NULL test per
+its partition: the C entry fills it itself (``clock_gettime`` around each step, one NULL test per
 step when not profiling), the reference provider times each kernel call with ``perf_counter``,
 the CUDA provider records an event pair per launch. A step's start time is its partition's start
 (taken on the host) plus the durations of the steps before it.

@@ -3,9 +3,11 @@
 The artifact ships the C source of every build (listed in the manifest with its sha256). A
 rebuild takes the source of the build this CPU runs (``runtime/cpu_builds.py``), checks its
 bytes against the manifest's sha256, and compiles it with ``$CC`` (default ``cc``) and the
-preferred build's recorded flags (its ``-O`` level), ``-march=...`` replaced by ``-march=native``
-and without ``-Werror`` (a different compiler version may warn where the build machine's did
-not; a warning must not stop a deploy). The library goes into a cache --
+preferred build's recorded flags (its ``-O`` level), ``-march=...`` replaced by ``-march=native``,
+``-fopenmp`` exactly when the source still uses OpenMP (``uses_openmp``: kernels on the worker
+pool need none, and a library built without it does not depend on libgomp), and without
+``-Werror`` (a different compiler version may warn where the build machine's did not; a warning
+must not stop a deploy). The library goes into a cache --
 ``$ONNX_AOT_RUNTIME_CACHE_DIR``, default ``~/.cache/onnx-aot/runtime`` -- never into the
 artifact folder, named by sha256(source) and a hash of the host's identity (machine, ISA
 flags, compiler version, flags), written atomically (temporary file + rename); the next load
@@ -21,6 +23,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -32,11 +35,20 @@ from runtime.errors import ArtifactError
 from runtime.isa import MACRO_FEATURES
 from runtime.isa import host_cpu_flags
 
-__all__ = ["CACHE_ENV", "rebuild_cache_dir", "rebuild_flags", "rebuild_library"]
+__all__ = ["CACHE_ENV", "rebuild_cache_dir", "rebuild_flags", "rebuild_library", "uses_openmp"]
 
 CACHE_ENV = "ONNX_AOT_RUNTIME_CACHE_DIR"
 _KNOWN_FEATURES = frozenset(MACRO_FEATURES.values())
 _STDERR_LIMIT = 4000
+# An OpenMP region, a call of an OpenMP function or its header: C text that needs -fopenmp.
+_OPENMP = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+omp\b|\bomp_\w+[ \t]*\(|#[ \t]*include[ \t]*<omp\.h>", re.M)
+
+
+def uses_openmp(source: str) -> bool:
+    """Whether C ``source`` needs OpenMP (``-fopenmp``, libgomp): a ``#pragma omp``, an
+    ``omp_...(`` call or ``<omp.h>``. The build (compiler/codegen/toolchain.py) and a rebuild
+    decide with it; kernels on the worker pool need none."""
+    return _OPENMP.search(source) is not None
 
 
 def rebuild_cache_dir() -> Path:
@@ -45,9 +57,12 @@ def rebuild_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "onnx-aot" / "runtime"
 
 
-def rebuild_flags(recorded: tuple[str, ...] | list[str]) -> list[str]:
-    """The recorded build flags with ``-march=native`` (and no ``-Werror``)."""
+def rebuild_flags(recorded: tuple[str, ...] | list[str], openmp: bool | None = None) -> list[str]:
+    """The recorded build flags with ``-march=native`` (and no ``-Werror``); ``openmp`` (whether
+    the source uses it) adds or drops ``-fopenmp``, None keeps what was recorded."""
     flags = [f for f in recorded if not f.startswith(("-march=", "-mtune=")) and f != "-Werror"]
+    if openmp is not None:
+        flags = [f for f in flags if f != "-fopenmp"] + (["-fopenmp"] if openmp else [])
     if "-shared" not in flags:
         flags.append("-shared")
     return [*flags, "-march=native"]
@@ -103,7 +118,8 @@ def rebuild_library(root: Path, manifest: dict[str, Any], build: CpuBuild, *,
                             f"was modified); not compiling it")
     cc = cc or os.environ.get("CC") or "cc"
     version = _cc_version(cc, where)
-    flags = rebuild_flags(_preferred_flags(manifest) or build.flags)
+    flags = rebuild_flags(_preferred_flags(manifest) or build.flags,
+                          uses_openmp(source.decode("utf-8", errors="replace")))
     cache = cache if cache is not None else rebuild_cache_dir()
     target = cache / f"{source_sha[:32]}-{_host_identity(version, flags)[:16]}.so"
     if target.is_file():

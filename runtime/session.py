@@ -2,30 +2,30 @@
 
 Load verifies the manifest, maps weights.bin, loads the kernel libraries and prepares every
 partition's call once. A run checks the feeds (names, dtypes, shapes) before any kernel runs,
-allocates the outputs, takes a run context (an arena plus the partitions' pointer arrays) and
-calls each partition in order.
+takes the bound plan it runs (``runtime/run_path.py``'s ``Bound``), allocates the outputs of
+its shapes, takes a run context (an arena per memory space, sized for that bound plan) and calls
+each partition in order, every runner through the same ``part.run(memory, ext, timings)``.
+
+A static plan's bound plan is made once, at load. A dynamic plan (symbols with ranges;
+docs/dynamic-shapes.md) has one per binding: ``runtime/dynamic.py`` reads the binding off the
+feeds' shapes and takes its bound plan from a small cache (binding the plan and loading its
+partitions at a new binding); an ``--opt-shape`` binding runs its static variant's session.
 
 Where the arena comes from: by default from a small pool, so concurrent runs never share scratch
-memory; with ``arena=`` / ``arenas=`` from memory the caller owns; with ``shared_arena=`` from a
-``SharedArena`` several sessions run in one after another. Sessions on caller-owned or shared
-memory have one fixed run context and run one call at a time (``ConcurrentRunError`` otherwise).
-``io_binding()`` / ``run_with_iobinding`` run on arrays bound once; ``profile=True`` records
-every step's wall time (``end_profiling()`` writes Chrome-trace JSON).
-
-A dynamic plan (symbols with ranges; docs/dynamic-shapes.md) runs through ``runtime/dynamic.py``:
-each run reads the binding off the feeds' shapes, takes that binding's bound plan and partitions
-from a small cache (binding and loading them at a new binding), allocates outputs of the bound
-shapes, and runs in a pooled context whose arenas grow to the binding's sizes (caller-owned and
-shared arenas are checked against each binding's sizes). The static path is unchanged.
+memory (a pooled context's arenas grow to the largest binding run in it); with ``arena=`` /
+``arenas=`` from memory the caller owns; with ``shared_arena=`` from a ``SharedArena`` several
+sessions run in one after another. Sessions on caller-owned or shared memory have one fixed run
+context (checked against each binding's sizes) and run one call at a time
+(``ConcurrentRunError`` otherwise). ``io_binding()`` / ``run_with_iobinding`` run on arrays bound
+once; ``profile=True`` records every step's wall time (``end_profiling()`` writes Chrome-trace
+JSON).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import time
-from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,12 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from runtime.address import data_address
 from runtime.artifact import Artifact
 from runtime.artifact import load_artifact
 from runtime.caller_memory import ExclusiveUse
 from runtime.caller_memory import arena_for_space
-from runtime.dynamic import Bound
 from runtime.dynamic import DynamicRuns
 from runtime.dynamic import Variants
 from runtime.errors import ArtifactError
@@ -51,7 +49,13 @@ from runtime.plan_schema import PlanPartition
 from runtime.plan_schema import PlanSchedule
 from runtime.plan_schema import TensorSpec
 from runtime.plan_symbols import DYN_EXT
+from runtime.run_path import Bound
+from runtime.run_path import CPartition
+from runtime.run_path import RunContext
+from runtime.run_path import bound_of
+from runtime.run_path import run_all
 from runtime.threads import ThreadChoice
+from runtime.threads import available_cpus
 
 if TYPE_CHECKING:
     from runtime.profiling import Profiler
@@ -61,44 +65,12 @@ if TYPE_CHECKING:
 __all__ = ["Session"]
 
 
-class _CPartition:
-    """A C partition: its entry and the values its ext pointer slots take, in slot order."""
-
-    def __init__(self, entry: Any, ext: tuple[str, ...]) -> None:
-        self.entry = entry
-        self.ext = ext
-
-
-class _RunContext:
-    """Per-run memory: one arena per memory space and one pointer array per C partition."""
-
-    def __init__(self, arenas: dict[str, Any], c_parts: list[tuple[int, int]]) -> None:
-        self.arenas = arenas
-        host = self.arenas.get("host")
-        self._keep = np.zeros(64, np.uint8)  # a valid address when the host arena is empty
-        self.arena_addr = host.ctypes.data if host is not None and host.size else self._keep.ctypes.data
-        self.ext_arrays = {index: (ctypes.c_void_p * max(n, 1))() for index, n in c_parts}
-
-    def grow(self, space: str, nbytes: int, alignment: int) -> None:
-        """Make the ``space`` arena at least ``nbytes`` (a dynamic plan's, per binding)."""
-        have = self.arenas.get(space)
-        if have is None or have.size < nbytes:
-            self.arenas[space] = memory_space(space).allocate(nbytes, alignment)
-            if space == "host" and self.arenas[space].size:
-                self.arena_addr = self.arenas[space].ctypes.data
-
-    @classmethod
-    def allocate(cls, arenas: dict[str, tuple[int, int]], c_parts: list[tuple[int, int]]) -> _RunContext:
-        return cls({space: memory_space(space).allocate(nbytes, alignment)
-                    for space, (nbytes, alignment) in arenas.items()}, c_parts)
-
-
 class Session:
     """A loaded artifact, ready to run.
 
-    ``threads`` fixes the C kernels' OpenMP thread count; by default each run uses all cores or
-    one, whichever this session's recent runs measured faster (runtime/threads.py: a busy machine
-    makes one thread the faster);
+    ``threads`` fixes how many threads the C kernels' runs use (of the process's one worker pool,
+    shared by every session); by default each run uses all the CPUs the process may run on or
+    one, whichever this session's recent runs measured faster (runtime/threads.py);
     ``verify_weights`` hashes weights.bin fully at load instead of checking its size;
     ``arena`` (a writable host buffer: bytearray, numpy array) or ``arenas`` ({"host": buf,
     "cuda": cupy memory}) makes every run use memory the caller owns; ``shared_arena`` runs in a
@@ -137,6 +109,7 @@ class Session:
             self._dyn = DynamicRuns(plan, str(self.path),
                                     lambda bound, record: self._load_partition(record, bound))
             self.inputs, self.outputs = list(self._dyn.inputs), list(self._dyn.outputs)
+        self._names = [s.name for s in self.outputs]
         # --opt-shape variants: static artifacts run at exactly their binding (runtime/dynamic.py)
         self._variants: Variants | None = None if self._dyn is None else Variants(
             self.path, self._artifact.manifest, self._dyn,
@@ -155,31 +128,26 @@ class Session:
                 self._load(threads)
         else:
             self._load(threads)
-        self._c_parts = [(i, len(p.ext)) for i, (kind, p) in enumerate(self._partitions) if kind == "c"]
         self.io = SessionIO(str(self.path), tuple(self.inputs), tuple(self.outputs),
                             tuple(o.value for o in plan.outputs), _values_only_on(plan, "cuda"))
-        self._pool: list[_RunContext] = []
+        self._pool: list[RunContext] = []
         self._lock = threading.Lock()
         # caller-owned or shared memory: one fixed context, one run at a time
-        self._fixed: _RunContext | None = None
+        self._fixed: RunContext | None = None
         self._guard: ExclusiveUse | None = None
         self._setup_caller_memory(arena, arenas, shared_arena)
         self._profiler: Profiler | None = None
-        self._call: Callable[[_RunContext, dict[str, Any]], None] = self._call_partitions
         if profile:
             self._start_profiling()
-        self._dispatch: Callable[[_RunContext, dict[str, Any]], None] = (
-            self._call if self._device is None else self._call_on_device)
 
     # -- loading -----------------------------------------------------------------------------
     def _load(self, threads: int | None) -> None:
         plan = self.plan
-        self.threads = threads if threads is not None else (os.cpu_count() or 1)
+        self.threads = threads if threads is not None else available_cpus()
         if self.threads < 1:
             raise InputError(f"threads must be >= 1, got {self.threads}")
         # threads not given: each run's count chosen from measured run times (runtime/threads.py)
         self._adaptive = threads is None and any(p.runner in ("c", "control") for p in plan.partitions)
-        self._choice: ThreadChoice | None = ThreadChoice(self.threads) if self._adaptive else None
         self._threads_now = self.threads
         weights = self._artifact.weights
         self._weights = {"host": weights}
@@ -190,9 +158,12 @@ class Session:
         self._no_weights = np.zeros(64, np.uint8)
         self._weights_addr = weights.ctypes.data if weights.size else self._no_weights.ctypes.data
         self._libraries: dict[str, Any] = {}
+        # a static plan: the one bound plan, made here (a dynamic one's: per binding, runtime/dynamic.py)
         self._partitions: list[tuple[str, Any]] = []
-        for record in plan.partitions if self._dyn is None else ():  # dynamic: loaded per binding
-            self._partitions.append(self._load_partition(record))
+        self._static: Bound | None = None
+        if self._dyn is None:
+            self._partitions += [self._load_partition(record) for record in plan.partitions]
+            self._static = bound_of(plan, self._partitions)
 
     def _check_device_options(self, spaces: set[str], device_id: int | None, memory_limit: int | None,
                               caller_memory: bool) -> None:
@@ -246,7 +217,8 @@ class Session:
                 self._libraries[rel] = CLibrary(self._artifact.library_file(rel))
                 self._libraries[rel].set_threads(self._threads_now)
             steps = tuple(f"node {s.name!r} ({s.kind})" for s in owner.partition_steps(record))
-            return ("c", _CPartition(self._libraries[rel].entry(record.entry, steps), record.ext))
+            return ("c", CPartition(self._libraries[rel].entry(record.entry, steps), record.ext, record.index,
+                                    self._weights_addr))
         if runner == "cuda":
             from runtime.providers.cuda import CudaPartition
 
@@ -290,7 +262,8 @@ class Session:
                 views[space] = arena_for_space(space, arenas[space], nbytes if self._dyn is None else None,
                                                alignment, f"{self.path}: {space!r} arena")
             self._guard = ExclusiveUse(f"the caller-owned arena of {self.path}")
-        self._fixed = _RunContext(views, self._c_parts)
+        self._fixed = RunContext(views)
+        self._fixed.sized = self._static  # checked above; a dynamic plan's: per binding, by _execute
 
     # -- running -----------------------------------------------------------------------------
     def _check_feeds(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -317,55 +290,76 @@ class Session:
             arrays[spec.name] = value
         return arrays
 
-    def _acquire(self) -> _RunContext:
+    def _acquire(self) -> RunContext:
         if self._slots is not None:
             self._slots.acquire()
         with self._lock:
             if self._pool:
                 return self._pool.pop()
-        try:
-            # a dynamic plan's arenas are sized per binding, by _execute_bound
-            return _RunContext.allocate(self._arenas if self._dyn is None else {}, self._c_parts)
-        except BaseException:
-            if self._slots is not None:
-                self._slots.release()
-            raise
+        return RunContext()  # its arenas allocated by _execute, at the first bound plan it runs
 
-    def _release(self, ctx: _RunContext) -> None:
+    def _release(self, ctx: RunContext) -> None:
         with self._lock:
             if len(self._pool) < 4:
                 self._pool.append(ctx)
         if self._slots is not None:
             self._slots.release()
 
-    def _execute(self, ext: dict[str, Any]) -> None:
-        """Run every partition on ``ext`` (value name -> the caller's array) in a run context."""
+    def _execute(self, bound: Bound, ext: dict[str, Any]) -> None:
+        """Run ``bound``'s partitions on ``ext`` (value name -> the caller's array) in a run context
+        whose arenas hold ``bound``'s: a pooled one (its arenas grown to the largest binding run in
+        it), or the caller-owned / shared one (checked against a dynamic plan's binding)."""
         guard = self._guard
         if guard is None:
             ctx = self._acquire()
             try:
-                self._go(ctx, ext)
+                if ctx.sized is not bound:
+                    ctx.fit(bound)
+                self._go(bound, ctx, ext)
             finally:
                 self._release(ctx)
             return
+        fixed = self._fixed
+        assert fixed is not None
+        if fixed.sized is not bound:
+            self._check_fixed(fixed, bound)
         guard.enter()
         try:
-            assert self._fixed is not None
-            self._go(self._fixed, ext)
+            self._go(bound, fixed, ext)
         finally:
             guard.exit()
 
-    def _go(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
-        """Dispatch one run; with adaptive threads, on the count chosen for it, and timed."""
-        choice = self._choice
-        if choice is None:
-            self._dispatch(ctx, ext)
-            return
-        n = choice.choose()
-        self._use_threads(n)
-        t0 = time.perf_counter()
-        self._dispatch(ctx, ext)
-        choice.record(n, time.perf_counter() - t0)
+    def _check_fixed(self, fixed: RunContext, bound: Bound) -> None:
+        for space, (nbytes, _) in bound.arenas.items():
+            have = fixed[space].size
+            if have < nbytes:
+                raise InputError(f"{self.path}: the {space!r} arena given to this session has {have} "
+                                 f"bytes; the run at {bound.text} needs {nbytes} (give at least the "
+                                 f"plan's {self._arenas[space][0]} bytes: its size at the max shapes)")
+        fixed.sized = bound
+
+    def _go(self, bound: Bound, ctx: RunContext, ext: dict[str, Any]) -> None:
+        """Call ``bound``'s partitions: with adaptive threads on the count chosen for this run (and
+        timed), on the session's device, profiled while profiling."""
+        ext[DYN_EXT] = bound.dyn  # the binding a dynamic plan's C partitions read (runtime/binding.py)
+        choice = None
+        if self._adaptive:
+            choice = bound.choice
+            if choice is None:  # each binding's own (its run times are its own), starting from the
+                choice = bound.choice = ThreadChoice(self.threads, self._threads_now)  # last one's count
+            n = choice.choose()
+            self._use_threads(n)
+            t0 = time.perf_counter()
+        if self._device is None and self._profiler is None:
+            for _, part in bound.partitions:
+                part.run(ctx, ext)
+        elif self._device is None:
+            self._profiled(bound.partitions, ctx, ext)
+        else:
+            with self._device:
+                self._profiled(bound.partitions, ctx, ext)
+        if choice is not None:
+            choice.record(n, time.perf_counter() - t0)
 
     def _use_threads(self, n: int) -> None:
         if n != self._threads_now:
@@ -373,61 +367,43 @@ class Session:
                 library.set_threads(n)
             self._threads_now = n
 
-    def _call_c(self, index: int, part: _CPartition, ctx: _RunContext, ext: dict[str, Any],
-                timings_addr: int) -> None:
-        pointers = ctx.ext_arrays.get(index)
-        if pointers is None:  # a bound dynamic plan's partition: its array made at its first run
-            pointers = ctx.ext_arrays[index] = (ctypes.c_void_p * max(len(part.ext), 1))()
-        for slot, name in enumerate(part.ext):
-            pointers[slot] = data_address(ext[name])  # ~0.2 us; .ctypes.data ~1.6 us
-        part.entry(pointers, ctx.arena_addr, self._weights_addr, timings_addr)
-
-    def _call_partitions(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
-        for index, (kind, part) in enumerate(self._partitions):
-            if kind == "c":
-                self._call_c(index, part, ctx, ext, 0)
-            else:
-                part.run(ctx.arenas, ext)
-
-    def _call_on_device(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
-        with self._device:
-            self._call(ctx, ext)
-
     def run(self, output_names: list[str] | str | None, feeds: dict[str, Any]) -> list[np.ndarray]:
         """Run once; return the requested outputs (all when ``output_names`` is None) in order.
 
         A single name given as a str (``run("probs", feeds)``) is taken as ``["probs"]``.
         """
-        names = [s.name for s in self.outputs]
         if output_names is not None:
-            if isinstance(output_names, str):
-                output_names = [output_names]
-            unknown = [n for n in output_names if n not in names]
-            if unknown:
-                raise InputError(f"unknown output(s) {', '.join(map(repr, unknown))}; the model's "
-                                 f"outputs are {', '.join(map(repr, names))}")
-        if self._dyn is not None:
-            results = self._run_dynamic(feeds)
-            return results if output_names is None else [results[names.index(n)] for n in output_names]
-        arrays = self._check_feeds(feeds)
-        results = [np.empty(s.shape, s.dtype) for s in self.outputs]
-        ext: dict[str, Any] = dict(arrays)
-        for value_name, array in zip(self.io.output_values, results, strict=True):
-            ext[value_name] = array
-        if self._guard is None:  # the default path, inlined: a pooled context
-            ctx = self._acquire()
-            try:
-                self._go(ctx, ext)
-            finally:
-                self._release(ctx)
+            output_names = self._output_names(output_names)
+        if self._static is not None:
+            arrays, bound = self._check_feeds(feeds), self._static
         else:
-            self._execute(ext)
+            arrays, found = self._bind(feeds)
+            if isinstance(found, list):  # an --opt-shape variant's results
+                return self._select(found, output_names)
+            bound = found
+        results = [np.empty(shape, dtype) for shape, dtype in bound.outputs]
+        ext: dict[str, Any] = dict(arrays)
+        ext.update(zip(self.io.output_values, results, strict=False))  # (as long; strict: +0.1 us)
+        self._execute(bound, ext)
+        return self._select(results, output_names)
+
+    def _output_names(self, output_names: list[str] | str) -> list[str]:
+        if isinstance(output_names, str):
+            output_names = [output_names]
+        unknown = [n for n in output_names if n not in self._names]
+        if unknown:
+            raise InputError(f"unknown output(s) {', '.join(map(repr, unknown))}; the model's "
+                             f"outputs are {', '.join(map(repr, self._names))}")
+        return output_names
+
+    def _select(self, results: list[np.ndarray], output_names: list[str] | None) -> list[np.ndarray]:
         if output_names is None:
             return results
-        return [results[names.index(n)] for n in output_names]
+        return [results[self._names.index(n)] for n in output_names]
 
-    # -- dynamic plans -------------------------------------------------------------------------
-    def _run_dynamic(self, feeds: dict[str, Any]) -> list[np.ndarray]:
+    def _bind(self, feeds: dict[str, Any]) -> tuple[dict[str, np.ndarray], Bound | list[np.ndarray]]:
+        """A dynamic plan's feeds, checked, and the bound plan of their binding -- or, where an
+        ``--opt-shape`` variant has that binding, the results of the variant's run."""
         dyn = self._dyn
         assert dyn is not None
         arrays = dyn.check_feeds(feeds)
@@ -436,74 +412,9 @@ class Session:
             key = dyn.key(shapes, arrays)
             variant = self._variants.session(key)  # an --opt-shape binding: its static artifact
             if variant is not None:
-                results: list[np.ndarray] = variant.run(None, arrays)
-                return results
-            bound = dyn.bound(shapes, key)
-        else:
-            bound = dyn.bound(shapes, feeds=arrays)
-        results = [np.empty(shape, spec.dtype)
-                   for shape, spec in zip(bound.output_shapes, self.outputs, strict=True)]
-        ext: dict[str, Any] = dict(arrays)
-        for value_name, array in zip(self.io.output_values, results, strict=True):
-            ext[value_name] = array
-        self._execute_bound(bound, ext)
-        return results
-
-    def _execute_bound(self, bound: Bound, ext: dict[str, Any]) -> None:
-        """Run a bound plan's partitions in a context whose arenas hold this binding's."""
-        if self._guard is not None:
-            self._execute_bound_fixed(bound, ext, self._guard)
-            return
-        ctx = self._acquire()
-        try:
-            for space, (nbytes, alignment) in bound.arenas.items():
-                ctx.grow(space, nbytes, alignment)  # the pool's arenas grow to the largest binding
-            self._run_bound(bound, ctx, ext)
-        finally:
-            self._release(ctx)
-
-    def _execute_bound_fixed(self, bound: Bound, ext: dict[str, Any], guard: ExclusiveUse) -> None:
-        """In caller-owned or shared memory: checked against this binding's arena sizes first."""
-        fixed = self._fixed
-        assert fixed is not None
-        for space, (nbytes, _) in bound.arenas.items():
-            have = fixed.arenas[space].size
-            if have < nbytes:
-                raise InputError(f"{self.path}: the {space!r} arena given to this session has {have} "
-                                 f"bytes; the run at {bound.text} needs {nbytes} (give at least the "
-                                 f"plan's {self._arenas[space][0]} bytes: its size at the max shapes)")
-        guard.enter()
-        try:
-            self._run_bound(bound, fixed, ext)
-        finally:
-            guard.exit()
-
-    def _run_bound(self, bound: Bound, ctx: _RunContext, ext: dict[str, Any]) -> None:
-        if self._device is not None:
-            with self._device:
-                self._call_bound(bound, ctx, ext)
-            return
-        if not self._adaptive:
-            self._call_bound(bound, ctx, ext)
-            return
-        if bound.choice is None:  # each binding's own (its run times are its own), starting from
-            bound.choice = ThreadChoice(self.threads, self._threads_now)  # the last binding's count
-        n = bound.choice.choose()
-        self._use_threads(n)
-        t0 = time.perf_counter()
-        self._call_bound(bound, ctx, ext)
-        bound.choice.record(n, time.perf_counter() - t0)
-
-    def _call_bound(self, bound: Bound, ctx: _RunContext, ext: dict[str, Any]) -> None:
-        ext[DYN_EXT] = bound.dyn  # the binding C partitions read (runtime/binding.py)
-        if self._profiler is not None:
-            self._profiled(ctx, ext, bound.partitions)
-            return
-        for index, (kind, part) in enumerate(bound.partitions):
-            if kind == "c":
-                self._call_c(index, part, ctx, ext, 0)
-            else:
-                part.run(ctx.arenas, ext)
+                return arrays, variant.run(None, arrays)
+            return arrays, dyn.bound(shapes, key)
+        return arrays, dyn.bound(shapes, feeds=arrays)
 
     # -- I/O binding ---------------------------------------------------------------------------
     def io_binding(self) -> IOBinding:
@@ -513,44 +424,30 @@ class Session:
     def run_with_iobinding(self, binding: IOBinding) -> None:
         """Run on the bound arrays: kernels read the bound inputs and write the bound outputs in
         place (an output not bound is allocated by the binding once; ``binding.get_outputs()``)."""
-        if self._dyn is not None:
-            inputs = binding._input_arrays(self.io)
-            bound = self._dyn.bound({name: a.shape for name, a in inputs.items()}, feeds=inputs)
-            self._execute_bound(bound, binding._ext_for(self.io, bound.output_shapes))
+        if self._static is not None:
+            self._execute(self._static, binding._ext_for(self.io))
             return
-        self._execute(binding._ext_for(self.io))
+        assert self._dyn is not None
+        inputs = binding._input_arrays(self.io)
+        bound = self._dyn.bound({name: a.shape for name, a in inputs.items()}, feeds=inputs)
+        self._execute(bound, binding._ext_for(self.io, [shape for shape, _ in bound.outputs]))
 
     # -- profiling -----------------------------------------------------------------------------
     def _start_profiling(self) -> None:
         from runtime.profiling import Profiler
 
         self._profiler = Profiler(self.plan, self.path)
-        self._call = self._call_profiled
-        self._dispatch = self._call if self._device is None else self._call_on_device
 
-    def _call_profiled(self, ctx: _RunContext, ext: dict[str, Any]) -> None:
-        self._profiled(ctx, ext, self._partitions)
-
-    def _profiled(self, ctx: _RunContext, ext: dict[str, Any], partitions: list[tuple[str, Any]]) -> None:
+    def _profiled(self, partitions: list[tuple[str, Any]], ctx: RunContext, ext: dict[str, Any]) -> None:
         profiler = self._profiler
-        if profiler is None:  # end_profiling() ran concurrently
-            if partitions is self._partitions:
-                self._call_partitions(ctx, ext)
-            else:  # a bound dynamic plan's
-                for index, (kind, part) in enumerate(partitions):
-                    if kind == "c":
-                        self._call_c(index, part, ctx, ext, 0)
-                    else:
-                        part.run(ctx.arenas, ext)
+        if profiler is None:  # not profiling (or end_profiling() ran concurrently)
+            run_all(partitions, ctx, ext)
             return
         record = profiler.begin_run()
-        for index, (kind, part) in enumerate(partitions):
+        for index, (_, part) in enumerate(partitions):
             timings = profiler.timings(index)
             start = profiler.now()
-            if kind == "c":
-                self._call_c(index, part, ctx, ext, timings.ctypes.data)
-            else:
-                part.run(ctx.arenas, ext, timings)
+            part.run(ctx, ext, timings)
             record.partition(index, start, timings)
         profiler.end_run(record)
 
@@ -561,8 +458,6 @@ class Session:
         if profiler is None:
             raise InputError("this session is not profiling (create it with profile=True)")
         self._profiler = None
-        self._call = self._call_partitions
-        self._dispatch = self._call if self._device is None else self._call_on_device
         return str(profiler.write(path))
 
     def verify(self, *, raise_on_mismatch: bool = True) -> VerifyReport:

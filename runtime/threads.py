@@ -1,26 +1,42 @@
 """How many threads a run uses when the caller does not say: measured, not assumed (issue 22).
 
-On an idle machine a run is fastest on every core. On a busy one it is not: an OpenMP parallel
-region ends in a barrier, and a thread that lost its core to another process holds the whole team
-for a scheduler time slice at every step (measured on a 2-core machine with one other process
-busy: SqueezeNet 4.9 ms on one thread, 31 ms on two). ``ThreadChoice`` picks the thread count per
-run from the run times it sees: it measures every candidate (all cores, and one) a few times, then
-runs the fastest by the median of its recent runs, and keeps re-measuring each other candidate
-once every ``EXPLORE_EVERY`` runs, so it follows the machine when its load changes (within a few
-dozen runs). A run's results do not depend on the thread count: the kernels split their work by
-output elements, never an accumulation across threads.
+On an idle machine a run is fastest on every core the process may run on (``available_cpus``: its
+affinity mask, what the C library's default team counts too). On a busy one that is not always
+so: the kernels run on the process's worker pool (templates/c/workers.c.j2), where a worker that
+lost its core claims fewer chunks instead of holding the step, but the calling thread still waits
+for a chunk a descheduled worker had claimed, and OpenMP regions left in older artifacts end in a
+barrier (measured on a 2-core machine with one other process busy, OpenMP: SqueezeNet 4.9 ms on
+one thread, 31 ms on two). ``ThreadChoice`` picks the thread count per run from the run times it
+sees: it measures every candidate (all cores, and one) a few times, then runs the fastest by the
+median of its recent runs, and keeps re-measuring each other candidate once every
+``EXPLORE_EVERY`` runs, so it follows the machine when its load changes (within a few dozen
+runs): never slower than the better of the two by more than its exploring costs. A run's results
+do not depend on the thread count: the kernels split their work by output elements, never an
+accumulation across threads.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 
-__all__ = ["ThreadChoice", "EXPLORE_EVERY", "WINDOW"]
+__all__ = ["ThreadChoice", "EXPLORE_EVERY", "WINDOW", "available_cpus"]
 
 EXPLORE_EVERY = 16  # runs between two re-measurements of a candidate not in use
 WINDOW = 5  # recent run times kept per candidate (their median is its estimate)
 FIRST = 2  # runs of each candidate at the start (the very first run of all is not counted: cold)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, else all)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        try:
+            return max(1, len(affinity(0)))
+        except OSError:
+            pass
+    return os.cpu_count() or 1
 
 
 class ThreadChoice:

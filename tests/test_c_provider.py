@@ -386,11 +386,13 @@ KERNEL_DEF = re.compile(r"^void (k_[0-9a-f]{16})\(", re.M)
 
 
 def step_function(source: str, fn: str | None = None) -> str:
-    """The text of kernel function ``fn`` (the only one when None)."""
+    """The text of kernel function ``fn`` (the only one when None), from its first worker-pool
+    part (``<fn>_<name>``, defined ahead of it) on."""
     if fn is None:
         (fn,) = KERNEL_DEF.findall(source)
-    start = source.index(f"void {fn}(")
-    end = source.index("\n}\n", start)
+    end = source.index("\n}\n", source.index(f"void {fn}("))
+    part = source.find(f"void {fn}_")
+    start = part if 0 <= part < end else source.index(f"void {fn}(")
     return source[start : end + 3]
 
 

@@ -259,8 +259,10 @@ def test_conv_transpose_kernel_is_gemm_tile_then_col2im(tmp_path: Path) -> None:
     model, feeds, _ = conv_t_model((1, 3, 5, 6), (3, 4, 3, 3), True, {"strides": [2, 2]})
     compile_run(model, feeds, tmp_path)
     source = (tmp_path / "artifact" / "kernels" / "cpu" / "model.c").read_text()
-    (fn,) = [f for f in source.split("\nvoid ")[1:] if "scratch" in f.split(")")[0]]
-    assert "vbcast(" in fn and fn.index("vbcast(") < fn.index("yr[iw * 2 - off] += cr[iw]")
+    # the kernel's two parts on the worker pool, defined ahead of it: the GEMM tile, then col2im
+    parts = [f for f in source.split(" __attribute__((noinline)) void ")[1:] if "scratch" in f.split(")")[0]]
+    assert [f.split("(")[0].rsplit("_", 1)[1] for f in parts] == ["tiles", "rows"]
+    assert "vbcast(" in parts[0] and "yr[iw * 2 - off] += cr[iw]" in parts[1] and "vbcast(" not in parts[1]
 
 
 def test_conv_transpose_3d_runs_on_reference(tmp_path: Path) -> None:

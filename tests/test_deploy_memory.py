@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-import runtime.session as session_module
 from compiler import compile_model
 from runtime import ConcurrentRunError
 from runtime import InputError
@@ -20,6 +19,7 @@ from runtime import SharedArena
 from runtime import load_plan
 from runtime.errors import ArtifactError
 from runtime.memory import HostSpace
+from runtime.run_path import RunContext
 from tests.support.models import small_model
 
 PIPELINE = ("squeezenet", "shufflenet", "bvlc_alexnet")
@@ -85,7 +85,7 @@ def test_caller_owned_buffer_is_bit_identical_and_really_used(
         raise AssertionError("a run allocated an arena")
 
     monkeypatch.setattr(HostSpace, "allocate", no_allocation)
-    monkeypatch.setattr(session_module._RunContext, "allocate", no_allocation)
+    monkeypatch.setattr(RunContext, "fit", no_allocation)  # a pooled context's arenas
     for _ in range(2):
         got = session.run(None, feeds)
         for g, e in zip(got, expected, strict=True):
@@ -131,8 +131,8 @@ def _concurrent_call_raises(first: Session, second: Session, feeds: dict[str, np
                             second_feeds: dict[str, np.ndarray] | None = None) -> None:
     second_feeds = feeds if second_feeds is None else second_feeds
     blocker = Blocking()
-    saved = first._partitions
-    first._partitions = [("reference", blocker)]
+    saved = list(first._partitions)
+    first._partitions[:] = [("reference", blocker)]  # (the static bound plan's list)
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -150,7 +150,7 @@ def _concurrent_call_raises(first: Session, second: Session, feeds: dict[str, np
     finally:
         blocker.release.set()
         thread.join(30)
-        first._partitions = saved
+        first._partitions[:] = saved
     assert not errors, errors
     second.run(None, second_feeds)  # free again once the first run is over
 

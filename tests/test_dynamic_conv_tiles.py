@@ -50,14 +50,14 @@ def _stft_model(m: int, kernel: int, stride: int, pads: tuple[int, int]) -> onnx
 
 
 def _kernel_of(art: Path, step: str) -> str:
-    """The C function that runs ``step``."""
+    """The C function that runs ``step``, from its first part on the worker pool (defined ahead of it)."""
     source = (art / "kernels" / "cpu" / "model.c").read_text()
     plan = json.loads((art / "plan.json").read_text())
     index = next(s["index"] for s in plan["steps"] if s["name"] == step)
     call = re.search(rf"/\* step {index}: .*?\*/\s*(k_[0-9a-f]{{16}})\(", source, re.S)
     assert call is not None, f"no call of step {index}"
-    body = source[source.index(f"void {call.group(1)}(") :]
-    return body[: body.index("\n}\n")]
+    body = source[source.index(f"void {call.group(1)}_") :]
+    return body[: body.index("\n}\n", body.index(f"void {call.group(1)}("))]
 
 
 def _check_runs(model: onnx.ModelProto, art: Path, cpu: str, sizes: list[tuple[int, int]]) -> None:

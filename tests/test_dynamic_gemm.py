@@ -171,7 +171,7 @@ def test_lowerings_run_on_the_symbolic_graph() -> None:
     batch * seq and the attention one step, its dims still expressions."""
     graph = import_model(encoder_model(layers=2, hidden=64, heads=4, ffn=128, dynamic=True), None, None,
                          {"batch": (1, 8), "seq": (1, 512)})
-    graph = optimize(graph, 3, target="cpu", dynamic=True)
+    graph = optimize(graph, 3, target="cpu")
     kinds = [node.kind for node in graph]
     assert kinds.count("onnx_aot.PackedGemm") == 12 and kinds.count("onnx_aot.MultiHeadAttention") == 2
     assert "MatMul" not in kinds and "Softmax" not in kinds and "onnx_aot.WinogradConv" not in kinds

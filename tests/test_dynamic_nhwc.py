@@ -163,7 +163,7 @@ def test_winograd_tiles_fit_the_smallest_output_in_range() -> None:
     range's low end (here 2x2 at 1x1 outputs, 4x4 from 16 tiles of 4x4 at the low end)."""
     for lo, tile in ((1, 2), (16, 4)):
         graph = import_model(_nhwc_model(), None, None, {"n": (1, 4), "h": (lo, 40), "w": (lo, 300)})
-        graph = optimize(graph, 3, target="cpu", dynamic=True)
+        graph = optimize(graph, 3, target="cpu")
         convs = [node for node in graph if node.kind == "onnx_aot.WinogradConvNhwc"]
         assert len(convs) == 3, [node.kind for node in graph]
         first = convs[0].input(1)

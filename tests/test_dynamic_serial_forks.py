@@ -63,12 +63,12 @@ def test_lstm_forks_its_products_at_run_time(tmp_path: Path, cpu: str) -> None:
 @pytest.mark.parametrize("cpu", ["x86-64-v2", "x86-64-v3"])
 def test_pad_forks_its_rows_at_run_time(tmp_path: Path, cpu: str) -> None:
     """A reflect Pad of [n, L] by 64 at the end (Silero's STFT padding): serial for one short row,
-    threads for many long ones."""
+    on the worker pool for many long ones."""
     model = pad_model(["n", "L"], [0, 0, 0, 64], "reflect")
     art = compile_model(model, tmp_path / "a", dims={"n": (1, 64), "L": (65, 4096)}, cpu=cpu, golden_cases=0)
     text = _kernel_of(art, "Pad")
-    assert re.search(r"\n  if \(\(.*\) >= \d+\) \{\n#pragma omp parallel for schedule\(static\)\n", text)
-    assert not SERIAL_REGION.search(text)
+    assert re.search(r"\n    if \(\(.*\) >= \d+\) \{\n      onnx_aot_parallel\(k_\w+_rows_task, ", text)
+    assert "#pragma omp" not in text
     _check(model, art, [(1, 576), (64, 4096), (3, 555)])
 
 
@@ -95,8 +95,9 @@ def _small_ops_model() -> onnx.ModelProto:
 
 
 def test_small_steps_take_no_serial_region(tmp_path: Path) -> None:
-    """Every step of the small-ops model forks at run time: no OpenMP region with an if clause is
-    left in model.c (x86-64-v3), and the results match at sizes below and above the thresholds."""
+    """Every step of the small-ops model decides at run time: each runs on the worker pool or
+    serially, no OpenMP region is left in model.c (x86-64-v3), and the results match at sizes
+    below and above the thresholds."""
     model = _small_ops_model()
     art = compile_model(model, tmp_path / "a", dims={"n": (1, 4), "L": (2, 20000)}, cpu="x86-64-v3",
                         golden_cases=0)
@@ -104,5 +105,5 @@ def test_small_steps_take_no_serial_region(tmp_path: Path) -> None:
     off_c = [(s["name"], s["provider"]) for s in plan["steps"] if s["provider"] != "c"]
     assert not off_c, off_c
     source = (art / "kernels" / "cpu" / "model.c").read_text()
-    assert "#pragma omp parallel" in source and not SERIAL_REGION.search(source)
+    assert "onnx_aot_parallel(k_" in source and "#pragma omp" not in source
     _check(model, art, [(1, 4, 2), (3, 4, 577), (4, 4, 20000)])

@@ -1,4 +1,4 @@
-"""Tests of storage assignment (compiler/memory/lifetimes.py) and of driver.materialize_outputs.
+"""Tests of storage assignment (compiler/memory/lifetimes.py) and of passes/materialize_outputs.py.
 
 Hand-built graphs show each aliasing rule (views, in-place) and each exclusion; random graphs are
 then run through partitioning, storage assignment and offset packing, and executed on a simulated
@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compiler.driver import materialize_outputs
 from compiler.ir.evaluate import Interpreter
 from compiler.ir.evaluate import evaluate
 from compiler.ir.graph import AOT_DOMAIN
@@ -27,6 +26,7 @@ from compiler.memory import verify_plan
 from compiler.memory.lifetimes import Storage
 from compiler.memory.lifetimes import assign_storage
 from compiler.partition.partitioner import partition_graph
+from compiler.passes.materialize_outputs import materialize_outputs
 from compiler.providers.reference import ReferenceProvider
 
 F32 = np.float32

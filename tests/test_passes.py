@@ -589,7 +589,8 @@ def test_pass_manager_repeats_until_nothing_changes_and_caps_the_rounds() -> Non
 
 def test_levels() -> None:
     names = [[p.name for p in passes_for_level(level)] for level in range(4)]
-    basic = ["eliminate_identity", "fold_constants", "eliminate_common_subexpressions", "eliminate_dead_code"]
+    basic = ["eliminate_identity", "fold_constants", "eliminate_common_subexpressions", "eliminate_dead_code",
+             "flush_denormal_weights"]
     fusions = ["fuse_conv_batchnorm", "fuse_matmul_add", "fuse_conv_activation", "fuse_elementwise"]
     assert names == [[], basic, basic + fusions, basic + fusions]
     with pytest.raises(CompileError, match="optimization level"):

@@ -55,7 +55,8 @@ def test_results_do_not_depend_on_the_thread_count(tmp_path: Path, name: str) ->
     session = Session(out)  # adaptive: both counts get measured within the first runs
     for _ in range(6):
         assert np.array_equal(session.run(None, feeds)[0], one[0])
-    assert all(t is not None for t in session._choice.estimates().values())  # type: ignore[union-attr]
+    choice = session._static.choice  # type: ignore[union-attr]  # the static plan's bound plan's
+    assert all(t is not None for t in choice.estimates().values())
 
 
 def test_bench_busy_script_smoke() -> None:

@@ -207,8 +207,8 @@ def test_lowered_conv_is_one_kernel_with_products_on_the_tile(tmp_path: Path) ->
     art = compile_model(model, tmp_path / "a", opt_level=2)
     source = (art / "kernels" / "cpu" / "model.c").read_text()
     (name,) = set(re.findall(r"^void (k_[0-9a-f]{16})\(", source, re.M))
-    body = source[source.index(f"void {name}(") :]
-    body = body[: body.index("\n}\n")]
+    body = source[source.index(f"void {name}_") :]  # its parts on the worker pool, then the kernel
+    body = body[: body.index("\n}\n", body.index(f"void {name}("))]
     assert "for (int k = 0; k < 24; ++k)" in body  # the tile's loop over the C = 24 channels
     assert "const float* Ap = u + (long)k *" in body  # the products read the transformed weights
     epilogue = body[body.index("float out[") :]  # the output transform

@@ -9,8 +9,10 @@ moves as much when its own inputs move by one unit in the last place. Such a dis
 kernel bug, and refusing the artifact for it would refuse correct code.
 
 ``widen_for_conditioning`` measures that: for each output the check found off its tolerance it
-reruns the reference on the case's inputs with every float input nudged one ulp away from zero,
-and takes the relative distance between the two reference outputs (the output's *conditioning*).
+reruns the reference on the case's inputs with every float input nudged one ulp away from zero
+(and, in a quantized graph, the input of every QuantizeLinear moved by 1e-5 of itself: there
+rounding flips between kernels are integer steps that compound), and takes the relative
+distance between the two reference outputs (the output's *conditioning*).
 When the artifact's error is within ``FACTOR`` times that distance for every such output, the
 golden files are returned with those tolerances raised to ``FACTOR`` times the conditioning (each
 recorded as ``"conditioning"`` beside it, so ``verify`` holds the artifact to the same bound on the
@@ -40,6 +42,8 @@ from runtime.selftest import relative_error
 __all__ = ["FACTOR", "widen_for_conditioning"]
 
 FACTOR = 4.0  # an error up to this many times the reference's own 1-ulp movement is rounding
+JITTER = 1e-5  # relative move of a quantizing node's input (float sums of ~100 terms differ so)
+QUANTIZING = frozenset({"QuantizeLinear", "DynamicQuantizeLinear"})
 Mismatch = tuple[int, str, float]  # (case, output name, relative error) as ArtifactCheckError has them
 
 
@@ -63,13 +67,23 @@ def _nudged(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
 class _AsImported(Interpreter):
     """The reference run of a graph whose control steps were compiled since the golden cases were
     made: each node runs with the attributes it had then (``attrs_of``: id(node) -> attributes;
-    a compiled step's programs are gone from its own)."""
+    a compiled step's programs are gone from its own). With ``jitter``, the float input of every
+    quantizing node moves by ``JITTER`` of itself, up or down at random (seeded): the size of the
+    differences between two correct float kernels that sum in different orders, which flip the
+    values lying that near a rounding boundary to the next integer step."""
 
-    def __init__(self, graph: Graph, attrs_of: Mapping[int, dict[str, Any]], binding: Any) -> None:
+    def __init__(self, graph: Graph, attrs_of: Mapping[int, dict[str, Any]], binding: Any,
+                 jitter: bool = False) -> None:
         super().__init__(graph, binding=binding)
         self.attrs_of = attrs_of
+        self.rng = np.random.default_rng(0) if jitter else None
 
     def run_node(self, node: Node, args: list[Any]) -> list[Any]:
+        if self.rng is not None and node.kind in QUANTIZING and args and args[0] is not None:
+            x = np.asarray(args[0])
+            if x.dtype.kind == "f":
+                signs = self.rng.choice(np.array([-JITTER, JITTER], x.dtype), x.shape)
+                args = [x + x * signs, *args[1:]]
         now = node.attrs
         node.attrs = self.attrs_of.get(id(node), now)
         try:
@@ -86,9 +100,10 @@ def _conditioning(graph: Graph, attrs_of: Mapping[int, dict[str, Any]],
     if nudged is None:
         return None
     binding = case.get("binding")
+    jitter = any(node.kind in QUANTIZING for node in graph.nodes)
     try:
         base = _AsImported(graph, attrs_of, binding).run(feeds)
-        moved = _AsImported(graph, attrs_of, binding).run(nudged)
+        moved = _AsImported(graph, attrs_of, binding, jitter).run(nudged)
     except (OnnxAotError, ArithmeticError, ValueError, TypeError, IndexError, KeyError, MemoryError):
         return None
     return [relative_error(np.asarray(m), np.asarray(b)) for m, b in zip(moved, base, strict=True)]

@@ -267,43 +267,48 @@ def emit_program(
         return table[k]
 
     for n, ins in enumerate(program):
-        op = ins.op
-        if op not in ELEMENTWISE_OPS or not _arity_ok(op, len(ins.args)):
-            raise KeyError(f"elementwise op {op} with {len(ins.args)} args not supported")
-        for key in _REQUIRED_ATTRS.get(op, ()):
-            if key not in ins.attrs:
-                raise KeyError(f"{op} lacks attribute {key!r}")
-        args = [ref(r) for r in ins.args]
-        types = [t for t, _ in args]
-        vals = [e for _, e in args]
-        if op in _LOGIC or op == "Not":
-            if any(t != "int" for t in types):
-                raise TypeError(f"{op} takes boolean operands")
-            out_type = "int"
-            expr = f"(!{vals[0]})" if op == "Not" else f"({vals[0]} {_LOGIC[op]} {vals[1]})"
-        elif op == "Where":
-            if types != ["int", "float", "float"]:
-                raise TypeError("Where takes (bool, float, float)")
-            out_type, expr = "float", f"({vals[0]} ? {vals[1]} : {vals[2]})"
-        else:
-            if any(t != "float" for t in types):
-                raise TypeError(f"{op} takes float operands")
-            if op in _COMPARE:
-                out_type, expr = "int", f"({vals[0]} {_COMPARE[op]} {vals[1]})"
-            elif op in _UNARY:
-                out_type, expr = "float", _UNARY[op](vals[0], ins.attrs)
-            elif op == "Pow" and ins.args[1][0] == "i" and known.get(int(ins.args[1][1:])) == 2.0:
-                out_type, expr = "float", f"({vals[0]} * {vals[0]})"
-            elif op in _VARIADIC:
-                out_type, expr = "float", _variadic(op, vals)
-            else:
-                out_type, expr = "float", _BINARY[op](vals[0], vals[1])
+        out_type, expr = _instr_expr(ins, ref, known)
         name = f"{prefix}{n}"
         temps.append((out_type, name, expr))
         results.append((out_type, name))
     if results[-1][0] != "float":
         raise TypeError("elementwise program must produce a float")
     return Emitted(tuple(temps), results[-1][1])
+
+
+def _instr_expr(ins: Instr, ref: Callable[[str], tuple[str, str]],
+                known: Mapping[int, float]) -> tuple[str, str]:
+    """(C type, expression) of one instruction, ``ref`` giving an operand's (type, expression);
+    raises for an op, arity, attribute or operand type the emitter does not handle (see
+    ``emit_program``)."""
+    op = ins.op
+    if op not in ELEMENTWISE_OPS or not _arity_ok(op, len(ins.args)):
+        raise KeyError(f"elementwise op {op} with {len(ins.args)} args not supported")
+    for key in _REQUIRED_ATTRS.get(op, ()):
+        if key not in ins.attrs:
+            raise KeyError(f"{op} lacks attribute {key!r}")
+    args = [ref(r) for r in ins.args]
+    types = [t for t, _ in args]
+    vals = [e for _, e in args]
+    if op in _LOGIC or op == "Not":
+        if any(t != "int" for t in types):
+            raise TypeError(f"{op} takes boolean operands")
+        return "int", f"(!{vals[0]})" if op == "Not" else f"({vals[0]} {_LOGIC[op]} {vals[1]})"
+    if op == "Where":
+        if types != ["int", "float", "float"]:
+            raise TypeError("Where takes (bool, float, float)")
+        return "float", f"({vals[0]} ? {vals[1]} : {vals[2]})"
+    if any(t != "float" for t in types):
+        raise TypeError(f"{op} takes float operands")
+    if op in _COMPARE:
+        return "int", f"({vals[0]} {_COMPARE[op]} {vals[1]})"
+    if op in _UNARY:
+        return "float", _UNARY[op](vals[0], ins.attrs)
+    if op == "Pow" and ins.args[1][0] == "i" and known.get(int(ins.args[1][1:])) == 2.0:
+        return "float", f"({vals[0]} * {vals[0]})"
+    if op in _VARIADIC:
+        return "float", _variadic(op, vals)
+    return "float", _BINARY[op](vals[0], vals[1])
 
 
 def _variadic(op: str, vals: list[str]) -> str:

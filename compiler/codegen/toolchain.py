@@ -6,6 +6,9 @@ its hash in a fresh temporary folder, so neither the folder's path nor a timesta
 binary: two builds of one source are byte-identical (the GNU build-id is a hash of the content).
 Objects and libraries are cached by sha256(text, flags, compiler identity, resolved ``-march``) in
 the build cache (``compiler.codegen.build_cache``), so an identical kernel is never compiled twice.
+A unit is compiled with ``-fopenmp`` only when its text uses OpenMP (``runtime.rebuild.uses_openmp``),
+and the library linked against libgomp only when one of them does: kernels on the worker pool
+(templates/c/workers.c.j2) need plain pthreads.
 ``target_info`` tells code generators what the chosen ``-march`` provides (vector width,
 register count) so they can size register tiles.
 """
@@ -31,6 +34,7 @@ from compiler.codegen.build_cache import copy_atomic
 from compiler.codegen.build_cache import trim_output
 from compiler.codegen.options import BuildOptions
 from runtime.errors import CompileError
+from runtime.rebuild import uses_openmp
 
 __all__ = [
     "TargetInfo", "CBuild", "build_units", "compile_flags", "compiler_version", "target_info",
@@ -43,7 +47,7 @@ LIBRARY_NAME = "model.so"
 # (ISO C mode turns it off); -fno-math-errno lets sqrtf and friends inline; hidden visibility
 # keeps the step functions out of the dynamic symbol table (entries are exported explicitly).
 _BASE_FLAGS = (
-    "-fopenmp",
+    "-pthread",
     "-fPIC",
     "-shared",
     "-std=c11",
@@ -118,9 +122,10 @@ def target_info(options: BuildOptions) -> TargetInfo:
     return TargetInfo(_resolved_march(options.cc, options.isa), vector_bytes, registers)
 
 
-def compile_flags(options: BuildOptions) -> list[str]:
-    """The full, ordered flag list (recorded in the manifest and part of the cache key)."""
-    flags = [*options.opt_flags, f"-march={options.isa}", *_BASE_FLAGS]
+def compile_flags(options: BuildOptions, openmp: bool = True) -> list[str]:
+    """The full, ordered flag list (recorded in the manifest and part of the cache key); with
+    ``-fopenmp`` where ``openmp`` (the code uses OpenMP: ``uses_openmp``)."""
+    flags = [*options.opt_flags, f"-march={options.isa}", *(["-fopenmp"] if openmp else []), *_BASE_FLAGS]
     if "cflags" in options.extra:
         flags.extend(shlex.split(options.extra["cflags"]))
     return flags
@@ -139,9 +144,10 @@ class CBuild:
     units_compiled: int = 0  # of those, compiled by this build (the rest came from the cache)
 
 
-def _identity(options: BuildOptions) -> tuple[list[str], str, str]:
+def _identity(options: BuildOptions, openmp: bool) -> tuple[list[str], str, str]:
     """(flags, compiler version, resolved -march): what every cache key of a build holds."""
-    return compile_flags(options), compiler_version(options.cc), _resolved_march(options.cc, options.isa)
+    march = _resolved_march(options.cc, options.isa)
+    return compile_flags(options, openmp), compiler_version(options.cc), march
 
 
 def _unit_key(text: str, flags: list[str], version: str, march: str) -> str:
@@ -160,8 +166,10 @@ def build_units(units: Sequence[str], out_path: Path, options: BuildOptions,
     ``out_path``) is what a CompileError names.
     """
     out_path = Path(out_path)
-    flags, version, march = _identity(options)
-    keys = [_unit_key(unit, flags, version, march) for unit in units]
+    openmp = [uses_openmp(unit) for unit in units]
+    flags, version, march = _identity(options, any(openmp))  # the library's, as recorded
+    unit_flags = {False: compile_flags(options, False), True: compile_flags(options, True)}
+    keys = [_unit_key(unit, unit_flags[omp], version, march) for unit, omp in zip(units, openmp, strict=True)]
     cache = BuildCache(c_cache_dir())
     build = CBuild(options.cc, version, tuple(flags), march, cached=True, units=len(units))
     library_key = content_key(units=keys)
@@ -169,17 +177,17 @@ def build_units(units: Sequence[str], out_path: Path, options: BuildOptions,
         return build
     with tempfile.TemporaryDirectory(prefix="onnx-aot-cc-") as tmp:
         work = Path(tmp)
-        todo = []
-        for unit, key in dict(zip(units, keys, strict=True)).items():
-            if not cache.fetch(key, ".o", work / f"u_{key[:24]}.o"):
+        todo: dict[str, list[str]] = {}  # unit key -> its compile flags
+        for unit, key, omp in zip(units, keys, openmp, strict=True):
+            if key not in todo and not cache.fetch(key, ".o", work / f"u_{key[:24]}.o"):
                 (work / f"u_{key[:24]}.c").write_text(unit)
-                todo.append(key)
-        _compile_objects(todo, work, [f for f in flags if f != "-shared"], options.cc,
-                         out_path.parent / source_name)
+                todo[key] = [f for f in unit_flags[omp] if f != "-shared"]
+        _compile_objects(todo, work, options.cc, out_path.parent / source_name)
         for key in todo:
             cache.store(work / f"u_{key[:24]}.o", key, ".o")
         objects = [f"u_{key[:24]}.o" for key in dict.fromkeys(keys)]
-        argv = [options.cc, "-shared", "-fopenmp", "-fPIC", *objects, "-o", LIBRARY_NAME, "-lm"]
+        argv = [options.cc, "-shared", *(["-fopenmp"] if any(openmp) else []), "-pthread", "-fPIC",
+                *objects, "-o", LIBRARY_NAME, "-lm"]
         proc = _run_in(argv, work)
         if proc.returncode != 0:
             raise CompileError(f"linking {out_path} failed ({shlex.join(argv)}):\n"
@@ -189,11 +197,13 @@ def build_units(units: Sequence[str], out_path: Path, options: BuildOptions,
     return dataclasses.replace(build, cached=False, units_compiled=len(todo))
 
 
-def _compile_objects(keys: list[str], work: Path, flags: list[str], cc: str, source: Path) -> None:
-    """Compile ``u_<key>.c`` to ``u_<key>.o`` in ``work`` for each key, one ``cc`` per core."""
+def _compile_objects(todo: dict[str, list[str]], work: Path, cc: str, source: Path) -> None:
+    """Compile ``u_<key>.c`` to ``u_<key>.o`` in ``work`` with its flags (``todo``: key -> flags),
+    one ``cc`` per core."""
+    keys = list(todo)
     workers = max(1, min(len(keys), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        results = list(pool.map(lambda key: _compile_object(cc, flags, work, key), keys))
+        results = list(pool.map(lambda key: _compile_object(cc, todo[key], work, key), keys))
     failed = [(key, proc) for key, proc in zip(keys, results, strict=True) if proc.returncode != 0]
     if failed:
         key, proc = failed[0]

@@ -127,13 +127,7 @@ def graph_from_proto(proto: onnx.ModelProto,
     initializers.update(large or {})
     _add_initializers(graph, initializers, env)
     graph.narrowing.widths = _shipped_widths(g_proto, graph)
-    for inp in g_proto.input:
-        if inp.name in initializers:
-            continue  # older models list initializers as inputs too: they are constants
-        dtype, shape = _static_type(types, inp.name, f"graph input {inp.name!r}", graph.symbols)
-        env[inp.name] = graph.add_input(Value(inp.name, dtype, shape))
-        if inp.name in values:  # the nodes read the symbol (the runtime reads it off the feed)
-            env[inp.name] = symbolic_input(graph, env[inp.name], values[inp.name][0])
+    _add_inputs(graph, g_proto, types, initializers, values, env)
 
     used = frozenset(referenced_names(g_proto))  # (subgraphs read outer values by name too)
     node_names: set[str] = set()
@@ -159,22 +153,41 @@ def graph_from_proto(proto: onnx.ModelProto,
     for k, node_proto in enumerate(_ordered(g_proto, env)):
         import_one(scope, node_proto, used, k)
 
+    _add_outputs(graph, g_proto, env)
+    graph.prune_constants()
+    if graph.symbols:
+        _simplify_symbols(graph)
+    graph.verify()
+    return graph
+
+
+def _add_inputs(graph: Graph, g_proto: onnx.GraphProto, types: dict[str, onnx.TypeProto],
+                initializers: Mapping[str, onnx.TensorProto], values: Mapping[str, ValueSymbol],
+                env: dict[str, Value]) -> None:
+    """The graph inputs that are not initializers, as inputs of ``graph`` (and in ``env``); a value
+    symbol's input is read by the nodes as its symbol."""
+    for inp in g_proto.input:
+        if inp.name in initializers:
+            continue  # older models list initializers as inputs too: they are constants
+        dtype, shape = _static_type(types, inp.name, f"graph input {inp.name!r}", graph.symbols)
+        env[inp.name] = graph.add_input(Value(inp.name, dtype, shape))
+        if inp.name in values:  # the nodes read the symbol (the runtime reads it off the feed)
+            env[inp.name] = symbolic_input(graph, env[inp.name], values[inp.name][0])
+
+
+def _add_outputs(graph: Graph, g_proto: onnx.GraphProto, env: Mapping[str, Value]) -> None:
+    """The graph outputs as outputs of ``graph``; a sequence's elements as outputs NAME.0, ..."""
     for out in g_proto.output:
         if out.name not in env:
             raise ModelError(f"graph output {out.name!r} is produced by no node")
         value = env[out.name]
-        if isinstance(value, (SeqValue, OptValue)):  # a sequence's elements, as outputs NAME.0, ...
+        if isinstance(value, (SeqValue, OptValue)):
             for public, item in graph_outputs(out.name, value):
                 graph.add_output(item, public)
             continue
         if value.shape is None:
             raise ShapeError(f"graph output {out.name!r} has no static shape")
         graph.add_output(value, out.name)
-    graph.prune_constants()
-    if graph.symbols:
-        _simplify_symbols(graph)
-    graph.verify()
-    return graph
 
 
 def _add_initializers(graph: Graph, initializers: Mapping[str, onnx.TensorProto],
@@ -652,6 +665,15 @@ def _infer_symbolic(proto: onnx.NodeProto, inputs: list[Value | None], opset: in
     windowed = window_rule(proto, inputs, found, where, probes.ranges, input_shapes)
     if windowed is not None:
         return windowed  # type: ignore[return-value]  # (symbolic dims: see ir.graph.Shape)
+    return _fit_outputs(proto, inputs, opset, probes, where, found, atoms)
+
+
+def _fit_outputs(proto: onnx.NodeProto, inputs: list[Value | None], opset: int, probes: Probes, where: str,
+                 found: list[tuple[dict[str, int], OutputTypes]], atoms: Sequence[Expr]
+                 ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Each output's dims fitted as expressions of ``atoms`` to onnx's inference at the probe
+    bindings (``found``), the fits then checked at more bindings (``verify_fits``); an output whose
+    dtype or rank varies across the probes is left out, a dim that fits none is a ShapeError."""
     cache: dict[tuple[tuple[str, int], ...], OutputTypes | None] = {}
 
     def many(bindings: list[dict[str, int]]) -> list[OutputTypes | None]:

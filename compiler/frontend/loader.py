@@ -30,6 +30,7 @@ from compiler.frontend.dims import known_size
 from compiler.frontend.dims import placeholders
 from compiler.frontend.dims import shape_arg
 from compiler.frontend.dims import symbol_name
+from compiler.frontend.quirks import tolerate_quirks
 from compiler.frontend.window_shapes import infer_with_pool_sizes
 from runtime.errors import ModelError
 from runtime.errors import ShapeError
@@ -71,6 +72,7 @@ def load_model(
     _check_names(proto.graph, where)
     if large_out is not None:
         proto = _split_large_initializers(proto, large_out)
+    proto = tolerate_quirks(proto, where)
     try:
         onnx.checker.check_model(proto)
     except Exception as exc:

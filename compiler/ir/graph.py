@@ -32,8 +32,8 @@ from runtime.symbolic import Expr
 __all__ = ["Value", "Node", "Graph", "Use", "ONNX_DOMAIN", "AOT_DOMAIN", "Shape", "is_symbolic_shape"]
 
 # A shape: ints, and expressions of symbols where a dim is dynamic. ``Value.shape`` is annotated
-# ``tuple[int, ...]`` still: only the frontend builds symbolic dims yet, and compile_model stops
-# right after the import when any remains (issue 17's next steps type the later stages).
+# ``tuple[int, ...]`` still, though every stage after the import sees symbolic dims too (passes,
+# providers and the memory policies, compiler/memory_policy.py): typing them with ``Shape`` is left.
 Shape = tuple[Dim, ...]
 
 

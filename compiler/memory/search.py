@@ -291,6 +291,37 @@ class _OrderState:
         self.budget.spend(len(conflicts[t]) + abs(a - b))
 
 
+def _perturb(state: _OrderState, conflicts: list[list[int]], t: int, beneath: list[int],
+             rng: random.Random) -> tuple[int, tuple[int, int]] | None:
+    """One random change of the order that may lower ``t``, a buffer at the top (``beneath``: those
+    it conflicts with placed before it): ``t`` moved to an earlier place, or two buffers swapped --
+    one of ``beneath`` and a neighbour of a neighbour of ``t`` placed before that neighbour, or a
+    second one of ``beneath``. Returns (the first place changed, the swapped places or (-1, -1)
+    for a move); None where it changed nothing."""
+    pos = state.pos
+    pt = pos[t]
+    if rng.random() < 0.3:
+        q = rng.randrange(pt)
+        state.move(pt, q)
+        return q, (-1, -1)
+    u = beneath[rng.randrange(len(beneath))]
+    v = u
+    if rng.random() < 0.75:  # a neighbour of a neighbour that comes before it
+        for _ in range(4):
+            c1 = conflicts[t][rng.randrange(len(conflicts[t]))]
+            c2 = conflicts[c1][rng.randrange(len(conflicts[c1]))]
+            if pos[c2] < pos[c1] and c2 != u:
+                v = c2
+                break
+    if v == u:
+        v = beneath[rng.randrange(len(beneath))]
+        if v == u:
+            return None
+    a, b = sorted((pos[u], pos[v]))
+    state.swap(a, b)
+    return a, (a, b)
+
+
 def _local_search(p: Problem, order: list[int], target: int, budget: Budget, rng: random.Random,
                   patience: int = 1 << 62) -> Solution | None:
     """Improve ``order`` until the budget runs out; the best plan found below ``target``, if any.
@@ -315,29 +346,10 @@ def _local_search(p: Problem, order: list[int], target: int, budget: Budget, rng
         pt = pos[t]
         beneath = [j for j in conflicts[t] if pos[j] < pt]
         budget.spend(len(nonempty) // 4 + len(conflicts[t]))
-        if not beneath:
+        moved = _perturb(state, conflicts, t, beneath, rng) if beneath else None
+        if moved is None:
             continue
-        if rng.random() < 0.3:
-            q = rng.randrange(pt)
-            state.move(pt, q)
-            start_at, swapped = q, (-1, -1)
-        else:
-            u = beneath[rng.randrange(len(beneath))]
-            v = u
-            if rng.random() < 0.75:  # a neighbour of a neighbour that comes before it
-                for _ in range(4):
-                    c1 = conflicts[t][rng.randrange(len(conflicts[t]))]
-                    c2 = conflicts[c1][rng.randrange(len(conflicts[c1]))]
-                    if pos[c2] < pos[c1] and c2 != u:
-                        v = c2
-                        break
-            if v == u:
-                v = beneath[rng.randrange(len(beneath))]
-                if v == u:
-                    continue
-            a, b = sorted((pos[u], pos[v]))
-            state.swap(a, b)
-            start_at, swapped = a, (a, b)
+        start_at, swapped = moved
         new_arena = state.update(arena)
         new_top = ends.count(new_arena) if new_arena >= 0 else 0
         if new_arena >= 0 and (new_arena < arena or new_top <= n_top):

@@ -43,26 +43,13 @@ class Schedule:
 
 
 def partition_graph(graph: Graph, providers: list[Provider]) -> Schedule:
-    nodes = list(graph.nodes)
-    order = {id(n): k for k, n in enumerate(nodes)}
-    owner: dict[int, int] = {}
-    for p_index, provider in enumerate(providers):
-        claimed = provider.claims(graph)
-        for node in nodes:
-            if id(node) not in owner and node in claimed:
-                owner[id(node)] = p_index
-    missing = [n for n in nodes if id(n) not in owner]
-    if missing:
-        listed = "\n  ".join(f"{n.name} ({n.kind})" for n in missing)
-        raise UnsupportedOpError(
-            f"{len(missing)} node(s) use ops no provider supports:\n  {listed}",
-            [(n.name, n.kind) for n in missing],
-        )
-
+    """The schedule of ``graph``'s nodes on ``providers`` (in priority order), transfers inserted
+    where a value crosses memory spaces."""
+    owner = _owners(graph, providers)
     if any(p.memory_space != "host" for p in providers):
         insert_transfers(graph, owner, providers)
-        nodes = list(graph.nodes)
-        order = {id(n): k for k, n in enumerate(nodes)}
+    nodes = list(graph.nodes)
+    order = {id(n): k for k, n in enumerate(nodes)}
 
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(nodes)))
@@ -100,22 +87,45 @@ def partition_graph(graph: Graph, providers: list[Provider]) -> Schedule:
     if not nx.is_directed_acyclic_graph(quotient):  # pragma: no cover - merges keep it acyclic
         raise CompileError("internal error: partition graph has a cycle after merging")
     group_order = list(nx.lexicographical_topological_sort(quotient, key=lambda g: groups[g][0]))
+    return _schedule([[nodes[k] for k in groups[g]] for g in group_order],
+                     [providers[owner[id(nodes[groups[g][0]])]] for g in group_order])
 
+
+def _owners(graph: Graph, providers: list[Provider]) -> dict[int, int]:
+    """id(node) -> the index of the first provider claiming it; UnsupportedOpError naming the nodes
+    none claims."""
+    owner: dict[int, int] = {}
+    for p_index, provider in enumerate(providers):
+        claimed = provider.claims(graph)
+        for node in graph.nodes:
+            if id(node) not in owner and node in claimed:
+                owner[id(node)] = p_index
+    missing = [n for n in graph.nodes if id(n) not in owner]
+    if missing:
+        listed = "\n  ".join(f"{n.name} ({n.kind})" for n in missing)
+        raise UnsupportedOpError(
+            f"{len(missing)} node(s) use ops no provider supports:\n  {listed}",
+            [(n.name, n.kind) for n in missing],
+        )
+    return owner
+
+
+def _schedule(groups: list[list[Node]], providers: list[Provider]) -> Schedule:
+    """The steps of ``groups`` (in schedule order, each on its provider), consecutive groups of one
+    provider in one partition."""
     steps: list[Node] = []
     partitions: list[Partition] = []
     provider_of_step: list[str] = []
     partition_of_step: list[int] = []
-    for g in group_order:
-        p_index = owner[id(nodes[groups[g][0]])]
-        provider = providers[p_index]
+    for group, provider in zip(groups, providers, strict=True):
         if not partitions or partitions[-1].provider is not provider:
             partitions.append(Partition(len(partitions), provider, []))
         part = partitions[-1]
-        for k in groups[g]:
+        for node in group:
             part.steps.append(len(steps))
             partition_of_step.append(part.index)
             provider_of_step.append(provider.name)
-            steps.append(nodes[k])
+            steps.append(node)
     return Schedule(steps, partitions, provider_of_step, partition_of_step)
 
 

@@ -3,9 +3,9 @@
 ``PassManager`` runs a list of passes over and over until none of them changes the graph (at
 most ``max_iterations`` rounds), verifying the graph after every pass so that a pass that breaks
 the IR is named in a :class:`~runtime.errors.InternalError`. ``passes_for_level`` maps the
-``--opt-level`` option to the pass list: 0 none, 1 basic, 2 basic + fusions, 3 as 2;
-``lowerings_for`` adds a target's lowerings (for the C target: Winograd convolutions from level
-2, the NHWC layout of convolution regions at level 3).
+``--opt-level`` option to the pass list: 0 none, 1 basic (denormal weights flushed too), 2 basic
++ fusions, 3 as 2; ``lowerings_for`` adds a target's lowerings (for the C target: Winograd
+convolutions from level 2, the NHWC layout of convolution regions at level 3).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from compiler.passes.base import PassResult
 from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
 from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.eliminate_identity import EliminateIdentity
+from compiler.passes.flush_denormal_weights import FlushDenormalWeights
 from compiler.passes.fold_constants import FoldConstants
 from compiler.passes.fuse_attention import FuseAttention
 from compiler.passes.fuse_conv_activation import FuseConvActivation
@@ -90,6 +91,7 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
         FoldConstants(),
         EliminateCommonSubexpressions(),
         EliminateDeadCode(),
+        FlushDenormalWeights(),
     ]
     if level == 1:
         return basic
@@ -105,7 +107,7 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
     return basic + extended
 
 
-def lowerings_for(level: int, target: str, winograd: bool = True, dynamic: bool = False) -> list[Pass]:
+def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
@@ -113,10 +115,9 @@ def lowerings_for(level: int, target: str, winograd: bool = True, dynamic: bool 
     and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
-    (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A ``dynamic``
-    graph (symbolic dims) gets the same lowerings: their C kernels all take run-time dims.
+    (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A graph of
+    symbolic dims gets the same lowerings: their C kernels all take run-time dims.
     """
-    del dynamic  # (kept in the signature: the lowerings no longer differ)
     passes: list[Pass] = [PackGemmWeights(), FuseAttention()] if level >= 2 and target == "cpu" else []
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
@@ -127,15 +128,13 @@ def lowerings_for(level: int, target: str, winograd: bool = True, dynamic: bool 
 
 def optimize(
     graph: Graph, level: int, verify: bool = True, target: str | None = None, winograd: bool = True,
-    dynamic: bool = False,
 ) -> Graph:
     """Run the passes of ``level`` over ``graph`` (changed in place) and return it.
 
-    ``target`` ("cpu", "cuda") adds that target's lowerings (``lowerings_for``; those for symbolic
-    dims when ``dynamic``); None adds none.
+    ``target`` ("cpu", "cuda") adds that target's lowerings (``lowerings_for``); None adds none.
     """
     graph = PassManager(passes_for_level(level, target), verify=verify).run(graph).graph
-    lowerings = lowerings_for(level, target, winograd, dynamic) if target is not None else []
+    lowerings = lowerings_for(level, target, winograd) if target is not None else []
     if lowerings:
         graph = PassManager(lowerings, verify=verify, max_iterations=1).run(graph).graph
     return graph

@@ -12,6 +12,7 @@ caches, with a ``(c_void_p * n)`` array it fills.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -22,7 +23,7 @@ from runtime.errors import ArtifactError
 from runtime.errors import IndexRangeError
 from runtime.errors import RuntimeKernelError
 
-__all__ = ["ABI_VERSION", "CLibrary", "CEntry"]
+__all__ = ["ABI_VERSION", "CLibrary", "CEntry", "PoolStats", "pool_stats"]
 
 ABI_VERSION = 1
 
@@ -56,6 +57,7 @@ _THREADS_IN_LIBRARY: dict[int, int] = {}
 # it, so sessions in one process never oversubscribe the cores with a pool each.
 _POOL: list[tuple[int, ctypes.CDLL]] = []
 _POOL_LOCK = threading.Lock()
+_POOL_SLOTS = 256  # ONNX_AOT_POOL_MAX: workers at most
 
 
 def _share_pool(lib: ctypes.CDLL) -> None:
@@ -70,6 +72,36 @@ def _share_pool(lib: ctypes.CDLL) -> None:
             _POOL.append((int(own()), lib))
         else:
             use(_POOL[0][0])  # 0 for another pool version: that library keeps its own
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolStats:
+    """The shared pool's counts since it started: ``chunks[w]`` the chunks thread ``w`` claimed
+    (0: the threads that submit jobs, w >= 1: worker w), ``busy`` the jobs that found the pool
+    running another thread's job and ran on their caller alone, ``workers`` the workers started."""
+
+    chunks: tuple[int, ...]
+    busy: int
+    workers: int
+
+
+def pool_stats() -> PoolStats | None:
+    """The process's shared worker pool's counts; None before a library with a pool is loaded, or
+    when the library that owns it predates the counts."""
+    with _POOL_LOCK:
+        if not _POOL:
+            return None
+        lib = _POOL[0][1]
+    try:
+        fn = lib.onnx_aot_pool_stats
+    except AttributeError:
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    slots = _POOL_SLOTS + 1
+    chunks, busy = (ctypes.c_long * slots)(), ctypes.c_long()
+    workers = int(fn(chunks, slots, ctypes.byref(busy)))
+    return PoolStats(tuple(int(c) for c in chunks[: workers + 1]), int(busy.value), workers)
 
 
 class CEntry:

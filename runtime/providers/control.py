@@ -12,7 +12,6 @@ rebinds what changes (the carried buffers swap, scan slices move) and calls the 
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from collections.abc import Callable
@@ -29,29 +28,16 @@ from runtime.plan_schema import PlanSchedule
 from runtime.plan_schema import PlanStep
 from runtime.plan_schema import PlanValue
 from runtime.plan_symbols import DYN_EXT
+from runtime.run_path import Memory
+from runtime.run_path import run_all
+from runtime.run_path import value_view
 
 __all__ = ["ControlPartition", "Loader"]
 
 # (plan or schedule, partition record) -> (runner, loaded partition): the session's loader
 Loader = Callable[[Any, PlanPartition], tuple[str, Any]]
-View = Callable[[dict[str, Any], dict[str, Any]], Any]
 Address = Callable[[int, dict[str, Any]], int]  # (host arena's address, ext) -> a value's address
 _COUNTS = {"If": 2, "Loop": 1, "Scan": 1}
-
-
-def _viewer(value: PlanValue, weights: np.ndarray) -> View:
-    dtype, shape, nbytes, where = value.dtype, value.shape, value.nbytes, value.location
-    off, name = where.offset, where.ext
-    if where.kind == "arena":
-        return lambda arenas, ext: arenas["host"][off:off + nbytes].view(dtype).reshape(shape)
-    if where.kind == "weights":
-        const = weights[off:off + nbytes].view(dtype).reshape(shape)
-        return lambda arenas, ext: const
-    if where.kind == "symbolic":  # a bound dynamic plan's small tensor (a value symbol's trip count)
-        held = np.array(where.elements, dtype).reshape(shape)
-        held.flags.writeable = False
-        return lambda arenas, ext: held
-    return lambda arenas, ext: ext[name].reshape(shape)
 
 
 def _addresser(value: PlanValue, weights_addr: int) -> Address:
@@ -70,16 +56,14 @@ def _addresser(value: PlanValue, weights_addr: int) -> Address:
 class _Body:
     """One nested schedule, loaded: its partitions and the names it binds."""
 
-    def __init__(self, schedule: PlanSchedule, load: Loader, weights_addr: int) -> None:
+    def __init__(self, schedule: PlanSchedule, load: Loader) -> None:
         self.parts = [load(schedule, record) for record in schedule.partitions]
-        self.c_ext = [part.ext for kind, part in self.parts if kind == "c"]
-        self.pointer_types = [ctypes.c_void_p * max(len(ext), 1) for ext in self.c_ext]
-        self.slots: dict[str, list[tuple[int, int]]] = {}  # name -> its (C partition, slot) pairs
-        for c, ext in enumerate(self.c_ext):
-            for slot, name in enumerate(ext):
-                self.slots.setdefault(name, []).append((c, slot))
+        self.c_parts = [part for kind, part in self.parts if kind == "c"]
+        self.slots: dict[str, list[tuple[int, int]]] = {}  # name -> its (C partition's index, slot)s
+        for part in self.c_parts:
+            for slot, name in enumerate(part.ext):
+                self.slots.setdefault(name, []).append((part.index, slot))
         self.needs_arrays = any(kind != "c" for kind, _ in self.parts)  # reference / control parts
-        self.weights_addr = weights_addr
         self.outputs = schedule.outputs
         self.specs = {name: (schedule.values[name].dtype, schedule.values[name].shape)
                       for name in (*schedule.inputs, *schedule.outputs)}
@@ -98,25 +82,21 @@ class _Body:
         by_name.update(zip(self.outputs, outs, strict=True))
         by_name[DYN_EXT] = lambda base, ext: data_address(ext[DYN_EXT])  # (a body of symbolic shapes)
         found = []
-        for c, ext in enumerate(self.c_ext):
-            for slot, name in enumerate(ext):
+        for part in self.c_parts:
+            for slot, name in enumerate(part.ext):
                 address = by_name.get(name)
                 if address is None:
                     raise ArtifactError(f"a partition reads {name!r}, which the schedule does not bind")
-                found.append((c, slot, address))
+                found.append((part.index, slot, address))
         return found
 
-    def call(self, arenas: dict[str, Any], region_addr: int, arrays: dict[str, Any],
-             pointers: list[Any]) -> None:
-        """Call the partitions: C entries with their pointer arrays and the region's address, the
-        others with ``arenas`` (the region as the host arena) and the bound ``arrays``."""
-        c = 0
-        for kind, part in self.parts:
-            if kind == "c":
-                part.entry(pointers[c], region_addr, self.weights_addr, None)
-                c += 1
-            else:
-                part.run(arenas, arrays)
+    def memory(self, arenas: dict[str, Any], region_addr: int) -> Memory:
+        """Memory for one execution: ``arenas`` (the region as the host arena) and fresh pointer
+        arrays, which the caller fills (once per execution; per iteration only where a place moves)."""
+        pointers = {part.index: part.pointer_array() for part in self.c_parts}
+        return Memory(arenas, region_addr, pointers, fill=False)
+
+
 
 
 Place = tuple[Any, int]  # an array and its address
@@ -147,30 +127,33 @@ class _Bindings:
     def move(self, name: str, source: Any) -> None:
         self.moving.append((name, source))
 
-    def ready(self, parities: int = 2) -> None:
+    def ready(self, region: _Region, parities: int = 2) -> None:
         """Fill the pointer arrays of ``parities`` parities (fresh ones per execution: runs may
         overlap); the arrays by name only where a partition other than C reads them."""
         body = self.body
         places = self.places[:parities]
         self.arrays = [{name: place[0] for name, place in p.items()} if body.needs_arrays else {}
                        for p in places]
-        self.pointers = []
+        self.memories = []
         for p in places:
-            sets = [make() for make in body.pointer_types]
+            memory = body.memory(region.arenas, region.addr)
             for name, place in p.items():
-                for c, slot in body.slots.get(name, ()):
-                    sets[c][slot] = place[1]
-            self.pointers.append(sets)
-        self.slots_of = [body.slots.get(name, []) for name, _ in self.moving]
+                for index, slot in body.slots.get(name, ()):
+                    memory.pointers[index][slot] = place[1]
+            self.memories.append(memory)
+        self.moves = [(name, source, body.slots.get(name, [])) for name, source in self.moving]
+        self.parts = body.parts
 
-    def run(self, t: int, parity: int, arenas: dict[str, Any], region_addr: int) -> None:
-        pointers, arrays = self.pointers[parity], self.arrays[parity]
-        for (name, source), slots in zip(self.moving, self.slots_of, strict=True):
+    def run(self, t: int, parity: int) -> None:
+        memory, arrays = self.memories[parity], self.arrays[parity]
+        pointers = memory.pointers
+        for name, source, slots in self.moves:
             array, addr = source.at(t)
             arrays[name] = array
-            for c, slot in slots:
-                pointers[c][slot] = addr
-        self.body.call(arenas, region_addr, arrays, pointers)
+            for index, slot in slots:
+                pointers[index][slot] = addr
+        for _, part in self.parts:  # (run_all, inlined: once per iteration)
+            part.run(memory, arrays)
         for _, source in self.moving:
             source.done(t)
 
@@ -190,9 +173,9 @@ class _Step:
             raise ArtifactError(f"plan.json step {step.name!r}: {len(schedules)} schedule(s) for a "
                                 f"{step.op_type} control step")
         self.name, self.op_type, self.attrs = step.name, step.op_type, step.attrs
-        self.ins = [_viewer(values[n], weights) if n is not None else None for n in step.inputs]
-        self.outs = [_viewer(values[n], weights) for n in step.outputs]
-        self.bodies = [_Body(s, load, weights_addr) for s in schedules]
+        self.ins = [value_view(values[n], weights) if n is not None else None for n in step.inputs]
+        self.outs = [value_view(values[n], weights) for n in step.outputs]
+        self.bodies = [_Body(s, load) for s in schedules]
         self.offset = step.scratch.offset if step.scratch is not None else 0
         self.nbytes = step.scratch.nbytes if step.scratch is not None else 0
         if max(b.arena_nbytes for b in self.bodies) > self.nbytes:
@@ -227,13 +210,16 @@ class _Step:
         if direct is None:
             self._if_bound(arenas, ext, take)
             return
-        pointers = getattr(self.local, "pointers", None)
-        if pointers is None:
-            pointers = self.local.pointers = [[make() for make in b.pointer_types] for b in self.bodies]
+        memories = getattr(self.local, "memories", None)
+        if memories is None:  # (the branch's C partitions read no arena but the region)
+            memories = self.local.memories = [b.memory({}, 0) for b in self.bodies]
+        memory = memories[take]
         base = data_address(arenas["host"])
-        for c, slot, address in direct:
-            pointers[take][c][slot] = address(base, ext)
-        self.bodies[take].call(arenas, base + self.offset, {}, pointers[take])
+        pointers = memory.pointers
+        for index, slot, address in direct:
+            pointers[index][slot] = address(base, ext)
+        memory.arena_addr = base + self.offset
+        run_all(self.bodies[take].parts, memory, {})
 
     def _if_bound(self, arenas: dict[str, Any], ext: dict[str, Any], take: int) -> None:
         ins, outs, region = self._enter(arenas, ext)
@@ -241,8 +227,8 @@ class _Step:
         bound = _Bindings(body, ins, ext)
         for name, out in zip(body.outputs, outs, strict=True):
             bound.fix(name, out)
-        bound.ready(1)
-        bound.run(0, 0, region.arenas, region.addr)
+        bound.ready(region, 1)
+        bound.run(0, 0)
 
     def _loop(self, arenas: dict[str, Any], ext: dict[str, Any]) -> None:
         ins, outs, region = self._enter(arenas, ext)
@@ -262,12 +248,12 @@ class _Step:
         elements = [_Elements(out, 0, 0) for out in outs[n:]]
         for k, e in enumerate(elements):
             bound.move(body.outputs[1 + n + k], e)
-        bound.ready()
+        bound.ready(region)
         i = 0
         while running and (trips is None or i < trips):
             if iteration is not None:
                 iteration[0] = i
-            bound.run(i, i & 1, region.arenas, region.addr)
+            bound.run(i, i & 1)
             running = bool(flag[0])
             i += 1
         carried.finish(outs[:n], i & 1)
@@ -292,9 +278,9 @@ class _Step:
             name = body.outputs[n + k]
             bound.move(name, _Elements(out, axis, reverse, region.slot(off, body.specs[name])
                                        if off is not None else None))
-        bound.ready()
+        bound.ready(region)
         for t in range(length):
-            bound.run(t, t & 1, region.arenas, region.addr)
+            bound.run(t, t & 1)
         states.finish(outs[:n], length & 1)
 
 

@@ -27,26 +27,9 @@ from runtime.memory import memory_space
 from runtime.plan_schema import Plan
 from runtime.plan_schema import PlanPartition
 from runtime.plan_schema import PlanSchedule
-from runtime.plan_schema import PlanValue
+from runtime.run_path import value_view
 
 __all__ = ["ReferencePartition"]
-
-View = Callable[[dict[str, Any], dict[str, np.ndarray]], Any]
-
-
-def _viewer(value: PlanValue, weights: Any) -> View:
-    dtype, shape, nbytes, where = value.dtype, value.shape, value.nbytes, value.location
-    off, space, name = where.offset, where.space, where.ext
-    if where.kind == "arena":
-        return lambda arenas, ext: arenas[space][off:off + nbytes].view(dtype).reshape(shape)
-    if where.kind == "weights":
-        const = weights[off:off + nbytes].view(dtype).reshape(shape)
-        return lambda arenas, ext: const
-    if where.kind == "symbolic":  # a bound dynamic plan's small integer tensor (elements are ints)
-        held = np.array(where.elements, dtype).reshape(shape)
-        held.flags.writeable = False
-        return lambda arenas, ext: held
-    return lambda arenas, ext: ext[name].reshape(shape)
 
 
 class ReferencePartition:
@@ -65,8 +48,8 @@ class ReferencePartition:
         self.steps = []
         for step in plan.partition_steps(record):
             kind = step.kind
-            ins = [_viewer(values[n], local_weights) if n is not None else None for n in step.inputs]
-            outs = [_viewer(values[n], local_weights) for n in step.outputs]
+            ins = [value_view(values[n], local_weights) if n is not None else None for n in step.inputs]
+            outs = [value_view(values[n], local_weights) for n in step.outputs]
             specs = [(values[n].shape, values[n].dtype) for n in step.outputs]
             if kind == TRANSFER:
                 kernel = self._transfer(step.attrs)

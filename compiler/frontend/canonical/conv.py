@@ -8,6 +8,7 @@ ModelError. See docs/ops.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from compiler.frontend.canonical.context import CanonContext
@@ -27,7 +28,7 @@ from runtime.symbolic import is_symbolic
 from runtime.symbolic import max_
 from runtime.symbolic import mod
 
-__all__ = ["check_output", "resolve_pads", "spatial_dims"]
+__all__ = ["check_output", "resolve_pads", "spatial_dims", "window_attrs"]
 
 
 def resolve_pads(ctx: CanonContext, spatial: tuple[int, ...], kernel: list[int],
@@ -99,17 +100,26 @@ def spatial_dims(ctx: CanonContext) -> tuple[int, ...]:
     return x.shape[2:]
 
 
+def window_attrs(ctx: CanonContext, n: int,
+                 kernel: Sequence[Any] | None = None) -> tuple[list[int], list[int], list[int]]:
+    """A windowed node's kernel_shape (default ``kernel``, the weights' spatial dims; required where
+    None), strides and dilations (default 1s), each checked to have one value per spatial dim."""
+    if kernel is None and "kernel_shape" not in ctx.attrs:
+        raise ctx.error("kernel_shape is required")
+    defaults = {"kernel_shape": kernel, "strides": [1] * n, "dilations": [1] * n}
+    found = [ints(ctx.attr(key, default)) for key, default in defaults.items()]
+    if any(len(values) != n for values in found):
+        raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
+    return found[0], found[1], found[2]
+
+
 @register("Conv")
 def _conv(ctx: CanonContext) -> list[Node]:
     w = ctx.inputs[1]
     assert w is not None and w.shape is not None
     spatial = spatial_dims(ctx)
     n = len(spatial)
-    kernel = ints(ctx.attr("kernel_shape", w.shape[2:]))
-    strides = ints(ctx.attr("strides", [1] * n))
-    dilations = ints(ctx.attr("dilations", [1] * n))
-    if len(kernel) != n or len(strides) != n or len(dilations) != n:
-        raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
+    kernel, strides, dilations = window_attrs(ctx, n, w.shape[2:])
     pads = resolve_pads(ctx, spatial, kernel, strides, dilations, symbolic_ok=True)
     padding, x, spatial, pads = _pad_node(ctx, pads, 0.0, _windows(kernel, strides, dilations))
     axes = list(zip(spatial, kernel, strides, dilations, pads[:n], pads[n:], strict=True))
@@ -151,13 +161,7 @@ def _pad_node(ctx: CanonContext, pads: list[Any], value: float, windows: list[tu
 def _pool(ctx: CanonContext) -> list[Node]:
     spatial = spatial_dims(ctx)
     n = len(spatial)
-    if "kernel_shape" not in ctx.attrs:
-        raise ctx.error("kernel_shape is required")
-    kernel = ints(ctx.attrs["kernel_shape"])
-    strides = ints(ctx.attr("strides", [1] * n))
-    dilations = ints(ctx.attr("dilations", [1] * n))
-    if len(kernel) != n or len(strides) != n or len(dilations) != n:
-        raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
+    kernel, strides, dilations = window_attrs(ctx, n)
     ceil_mode = int(ctx.attr("ceil_mode", 0))
     if ceil_mode and _same_ceil_is_floor(ctx, spatial, _windows(kernel, strides, dilations)):
         ceil_mode = 0

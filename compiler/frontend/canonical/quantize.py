@@ -19,6 +19,7 @@ from compiler.frontend.canonical.context import np_dtype_of
 from compiler.frontend.canonical.context import shape_of
 from compiler.frontend.canonical.conv import resolve_pads
 from compiler.frontend.canonical.conv import spatial_dims
+from compiler.frontend.canonical.conv import window_attrs
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
@@ -116,11 +117,7 @@ def _conv_attrs(ctx: CanonContext, w: Value | None) -> dict[str, Any]:
     """Conv's canonical attributes (kernel_shape, strides, pads, dilations, group) for weights ``w``."""
     spatial = spatial_dims(ctx)
     n = len(spatial)
-    kernel = [int(k) for k in ctx.attr("kernel_shape", shape_of(w)[2:])]
-    strides = [int(s) for s in ctx.attr("strides", [1] * n)]
-    dilations = [int(d) for d in ctx.attr("dilations", [1] * n)]
-    if len(kernel) != n or len(strides) != n or len(dilations) != n:
-        raise ctx.error("kernel_shape/strides/dilations do not match the input's spatial rank")
+    kernel, strides, dilations = window_attrs(ctx, n, shape_of(w)[2:])
     return {"kernel_shape": kernel, "strides": strides,
             "pads": resolve_pads(ctx, spatial, kernel, strides, dilations),
             "dilations": dilations, "group": int(ctx.attr("group", 1))}

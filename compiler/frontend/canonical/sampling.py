@@ -13,6 +13,7 @@ import math
 
 from compiler.frontend.canonical.context import CanonContext
 from compiler.frontend.canonical.conv import spatial_dims
+from compiler.frontend.canonical.conv import window_attrs
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from runtime.kernels.window import conv_out_size
@@ -34,10 +35,8 @@ def _deform_conv(ctx: CanonContext) -> list[Node]:
     assert offset is not None and offset.shape is not None
     spatial = spatial_dims(ctx)
     n = len(spatial)
-    kernel = _ints(ctx, "kernel_shape", list(w.shape[2:]), n)
-    strides = _ints(ctx, "strides", [1] * n, n)
+    kernel, strides, dilations = window_attrs(ctx, n, w.shape[2:])
     pads = _ints(ctx, "pads", [0] * (2 * n), 2 * n)
-    dilations = _ints(ctx, "dilations", [1] * n, n)
     groups, offset_groups = int(ctx.attr("group", 1)), int(ctx.attr("offset_group", 1))
     channels = x.shape[1]
     if (groups < 1 or offset_groups < 1 or channels % groups or channels % offset_groups

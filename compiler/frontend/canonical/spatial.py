@@ -20,6 +20,7 @@ import numpy as np
 
 from compiler.frontend.canonical.context import CanonContext
 from compiler.frontend.canonical.context import flat_ints
+from compiler.frontend.canonical.conv import window_attrs
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
@@ -239,13 +240,11 @@ def _conv_transpose(ctx: CanonContext) -> list[Node]:
         raise ctx.error(f"X {x_shape} and W {w_shape} must both have rank >= 3 and equal ranks")
     spatial = x_shape[2:]
     n = len(spatial)
-    kernel = [int(k) for k in ctx.attr("kernel_shape", w_shape[2:])]
-    strides = [int(s) for s in ctx.attr("strides", [1] * n)]
-    dilations = [int(d) for d in ctx.attr("dilations", [1] * n)]
+    kernel, strides, dilations = window_attrs(ctx, n, w_shape[2:])
     output_padding = [int(p) for p in ctx.attr("output_padding", [0] * n)]
     group = int(ctx.attr("group", 1))
-    if any(len(v) != n for v in (kernel, strides, dilations, output_padding)):
-        raise ctx.error("kernel_shape/strides/dilations/output_padding do not match the spatial rank")
+    if len(output_padding) != n:
+        raise ctx.error(f"output_padding has {len(output_padding)} values, expected {n} (the spatial rank)")
     if kernel != list(w_shape[2:]) or group < 1 or x_shape[1] != w_shape[0] or x_shape[1] % group:
         raise ctx.error(f"W {w_shape}, kernel_shape {kernel} and group {group} do not fit X {x_shape}")
     if min(strides) < 1 or min(dilations) < 1:

@@ -68,6 +68,7 @@ __all__ = [
     "conv_operands",
     "dynamic_conv_operands",
     "epilogue_operands_ok",
+    "pool_condition",
 ]
 
 
@@ -82,7 +83,7 @@ class ConvContext:
     e: Epilogue
     g: ConvGeometry
     packed: bool
-    parallel: bool
+    pool: str  # C condition: the step runs on the worker pool ("1", "0" or a run-time test)
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,8 @@ class DepthwiseContext:
     e: Epilogue
     g: ConvGeometry  # one input channel per group; g.mg output channels each (channel multiplier)
     wp: int | CDim  # width of a zero-padded input row: pl zeros, the row, zeros up to the last tap
-    parallel: bool
+    pool: str  # C condition: the planes run on the worker pool (threads only for enough work)
     decls: Decls = ()  # a dynamic node's run-time sizes
-    when: str = ""  # a dynamic node's OpenMP if clause (threads only for enough work)
     ring: bool = False  # padded rows in a ring, each input row copied once (a dynamic node's)
 
 
@@ -105,8 +105,7 @@ class DynamicConvContext:
     g: ConvGeometry  # run-time sizes as C locals (CDim), declared by ``decls``
     decls: Decls
     packed: bool
-    work: str  # C expression: the run's multiply-adds times 2, for the OpenMP if clause
-    min_work: int
+    pool: str  # C condition over the run's sizes: its work is enough for the worker pool
     rows_outer_max: int
 
 
@@ -130,6 +129,15 @@ def dynamic_geometry(g: S, symbols: tuple[str, ...]) -> tuple[S, Decls]:
     rows = replace(g.rows, size=local("H", g.h), out=local("OH", g.oh))
     cols = replace(g.cols, size=local("W", g.w), out=local("OW", g.ow))
     return replace(g, batch=local("NB", g.batch), rows=rows, cols=cols), tuple(decls)
+
+
+def pool_condition(work: int | CDim | Expr, least: int = PARALLEL_MIN_WORK) -> str:
+    """The C condition under which a step of ``work`` scalar operations runs on the worker pool:
+    "1" or "0" where the work is known at compile time, else its run-time test (a small run then
+    calls its loop directly, at no cost)."""
+    if isinstance(work, int):
+        return "1" if work >= least else "0"
+    return f"{work} >= {least}"
 
 
 def conv_method(g: ConvGeometry) -> str:
@@ -217,7 +225,7 @@ class ConvKernel(CKernel):
                 e=e,
                 g=g,
                 wp=max(g.pl + g.w, g.cols.reach),
-                parallel=2 * g.batch * g.m * g.oh * g.ow * g.kh * g.kw >= PARALLEL_MIN_WORK,
+                pool=pool_condition(2 * g.batch * g.m * g.oh * g.ow * g.kh * g.kw),
             )
             return StepCode("c/depthwise.c.j2", dctx, tuple(args))
         t = choose_tiling(g.mg, g.oh * g.ow, g.k, target)
@@ -227,7 +235,7 @@ class ConvKernel(CKernel):
             e=e,
             g=g,
             packed=method == "packed",
-            parallel=2 * g.batch * g.m * t.n * t.k >= PARALLEL_MIN_WORK,
+            pool=pool_condition(2 * g.batch * g.m * t.n * t.k),
         )
         return StepCode("c/conv.c.j2", ctx, tuple(args))
 
@@ -291,12 +299,12 @@ def _build_dynamic(step: GenStep, target: TargetInfo) -> StepCode:
         if isinstance(g.w, CDim):  # the padded row's length: pl + W, or the windows' reach
             reach = g.cols.reach
             decls += (("WP", f"({g.pl} + W > {reach} ? {g.pl} + W : {reach})"),)
-        dctx = DepthwiseContext(params=step_params, e=e, g=g, wp=wp, parallel=True,
-                                decls=decls, when=f" if({work} >= {PARALLEL_MIN_WORK})", ring=True)
+        dctx = DepthwiseContext(params=step_params, e=e, g=g, wp=wp, pool=pool_condition(work),
+                                decls=decls, ring=True)
         return StepCode("c/depthwise.c.j2", dctx, tuple(args))
     t = choose_tiling(g.mg, pixels_bound(g0, node), g.k, target)
     ctx = DynamicConvContext(params=step_params, t=t, e=e, g=g, decls=decls, packed=method == "packed",
-                             work=str(work), min_work=PARALLEL_MIN_WORK, rows_outer_max=ROWS_OUTER_MAX_PANELS)
+                             pool=pool_condition(work), rows_outer_max=ROWS_OUTER_MAX_PANELS)
     return StepCode("c/conv_dynamic.c.j2", ctx, tuple(args))
 
 

@@ -308,50 +308,11 @@ def _chunks(g: ConvGeometry) -> tuple[int, int, int]:
     return np_, -(-np_ // nch), nch
 
 
-def _gemm_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, vw: int,
-                  mr: int) -> ConvNhwcContext:  # fmt: skip
-    mode = tap_mode(g)
-    xh, xw = _addressed(g, mode)
-    row_segments, nseg, seglen = _segments(g, mode)
-    np_, pc, nch = _chunks(g)
-    pixels = g.batch * g.oh * g.ow
-    ntiles, q, rem, tb, nb = _pixel_tiling(pixels, g.k, g.groups * nch, mr)
-    weights_bytes = 4 * g.groups * np_ * PANEL * g.k
-    return ConvNhwcContext(
-        method="gemm",
-        params=step_params,
-        e=e,
-        vw=vw,
-        nv=PANEL // vw,
-        nvt=-(-(g.mg % PANEL) // vw),
-        g=g,
-        mode=mode,
-        xh=xh,
-        xw=xw,
-        flat=g.kh == g.kw == g.sh == g.sw == 1 and mode == "direct",
-        row_segments=row_segments,
-        nseg=nseg,
-        seglen=seglen,
-        np=np_,
-        npf=g.mg // PANEL,
-        mt=g.mg % PANEL,
-        pixels=pixels,
-        ntiles=ntiles,
-        q=q,
-        rem=rem,
-        tb=tb,
-        nb=nb,
-        pc=pc,
-        nch=nch,
-        panels_outer=weights_bytes > 4 * g.batch * g.h * g.w * g.c,
-        parallel=_work(g) >= PARALLEL_MIN_WORK,
-    )
-
-
-def _dynamic_gemm_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, vw: int, mr: int,
-                          mode: str, decls: Decls) -> ConvNhwcContext:  # fmt: skip
-    """The GEMM path with run-time sizes: the pixel tiling and the item order are decided in C."""
-    xh, xw = (CDim("XH"), CDim("XW")) if mode == "copy" else (g.h, g.w)
+def _panels_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, vw: int, mode: str,
+                    xh: int | CDim, xw: int | CDim) -> ConvNhwcContext:  # fmt: skip
+    """The GEMM path as its panels, its taps (``mode``, the addressed image ``xh`` x ``xw``) and K's
+    segments decide it, the same for static and run-time sizes; the pixel tiling and the item order
+    left 0 / False for the caller."""
     row_segments, nseg, seglen = _segments(g, mode)
     np_, pc, nch = _chunks(g)
     return ConvNhwcContext(
@@ -359,11 +320,32 @@ def _dynamic_gemm_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Ep
         g=g, mode=mode, xh=xh, xw=xw,  # type: ignore[arg-type]
         flat=g.kh == g.kw == g.sh == g.sw == 1 and mode == "direct", row_segments=row_segments,
         nseg=nseg, seglen=seglen, np=np_, npf=g.mg // PANEL, mt=g.mg % PANEL, pixels=0, ntiles=0,
-        q=0, rem=0, tb=0, nb=0, pc=pc, nch=nch, panels_outer=False, parallel=True, dyn=True,
-        decls=decls, mr=mr, tb_max=max(2, BLOCK_BYTES // (4 * g.k * mr)),
-        weights_bytes=4 * g.groups * np_ * PANEL * g.k, min_items=MIN_ITEMS,
-        when=f" if({_work(g)} >= {PARALLEL_MIN_WORK})",
-    )
+        q=0, rem=0, tb=0, nb=0, pc=pc, nch=nch, panels_outer=False, parallel=False,
+    )  # fmt: skip
+
+
+def _gemm_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, vw: int,
+                  mr: int) -> ConvNhwcContext:  # fmt: skip
+    mode = tap_mode(g)
+    xh, xw = _addressed(g, mode)
+    ctx = _panels_context(g, step_params, e, vw, mode, xh, xw)
+    pixels = g.batch * g.oh * g.ow
+    ntiles, q, rem, tb, nb = _pixel_tiling(pixels, g.k, g.groups * ctx.nch, mr)
+    weights_bytes = 4 * g.groups * ctx.np * PANEL * g.k
+    return replace(ctx, pixels=pixels, ntiles=ntiles, q=q, rem=rem, tb=tb, nb=nb,
+                   panels_outer=weights_bytes > 4 * g.batch * g.h * g.w * g.c,
+                   parallel=_work(g) >= PARALLEL_MIN_WORK)
+
+
+def _dynamic_gemm_context(g: ConvGeometry, step_params: tuple[Param, ...], e: Epilogue, vw: int, mr: int,
+                          mode: str, decls: Decls) -> ConvNhwcContext:  # fmt: skip
+    """The GEMM path with run-time sizes: the pixel tiling and the item order are decided in C."""
+    xh, xw = (CDim("XH"), CDim("XW")) if mode == "copy" else (g.h, g.w)
+    ctx = _panels_context(g, step_params, e, vw, mode, xh, xw)
+    tb_max = max(2, BLOCK_BYTES // (4 * g.k * mr))
+    return replace(ctx, parallel=True, dyn=True, decls=decls, mr=mr, tb_max=tb_max,
+                   weights_bytes=4 * g.groups * ctx.np * PANEL * g.k, min_items=MIN_ITEMS,
+                   when=f" if({_work(g)} >= {PARALLEL_MIN_WORK})")
 
 
 KERNELS = (ConvNhwcKernel(),)

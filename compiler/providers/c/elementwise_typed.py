@@ -137,7 +137,7 @@ class MapContext:
     result: str  # C expression of the output element
     parallel: bool
     chunk: int
-    parallel_if: str = ""  # run-time dims (CDim sizes): the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims (CDim sizes): the C condition for the worker pool
 
 
 def _broadcasts(node: Node) -> bool:

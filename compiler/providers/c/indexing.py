@@ -86,9 +86,9 @@ def _movable(v: Value) -> bool:
     )
 
 
-def _no_code(step: GenStep, ctx: object) -> StepCode:
-    """The StepCode of a step whose outputs are all empty: nothing to compute."""
-    return StepCode(None, ctx, ())
+def _unless_empty(elements: object, code: StepCode) -> StepCode:
+    """``code``, or no code where the step's ``elements`` are known to be none: nothing to compute."""
+    return StepCode(None, code.ctx, ()) if known_zero(elements) else code
 
 
 # -- Slice / Expand / Tile: one strided copy ----------------------------------------------------
@@ -100,7 +100,7 @@ class StridedContext:
     nest: LoopNest
     base: int  # element offset of the first element read (CDim with run-time dims)
     parallel: bool
-    parallel_if: str = ""  # run-time dims: the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims: the C condition for the worker pool
 
 
 def _slice_map(node: Node, shape: tuple[int, ...] | None = None, sliced: tuple[list, ...] | None = None
@@ -244,9 +244,7 @@ class StridedKernel(CKernel):
             base=base,
             parallel=nest.total >= 4 * PARALLEL_MIN_WORK,
         )
-        if out.size == 0:
-            return _no_code(step, ctx)
-        return StepCode("c/strided.c.j2", ctx, tuple(args))
+        return _unless_empty(out.size, StepCode("c/strided.c.j2", ctx, tuple(args)))
 
 
 def _build_dynamic_strided(step: GenStep) -> StepCode:
@@ -281,7 +279,7 @@ class GatherContext:
     count: int  # number of indices
     post_bytes: int  # bytes of one gathered slice (everything after the axis)
     parallel: bool
-    parallel_if: str = ""  # run-time dims (the sizes CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims (the sizes CDim): the C condition for the worker pool
 
 
 class GatherKernel(CKernel):
@@ -330,9 +328,7 @@ class GatherKernel(CKernel):
             parallel_if=(f"{rd.write(y.size)} >= {PARALLEL_MIN_WORK} && {pre * count} > 1"
                          if rd.dynamic else ""),
         )
-        if known_zero(y.size):
-            return _no_code(step, ctx)
-        return StepCode("c/gather.c.j2", ctx, (*args, *rd.args), checked=True)
+        return _unless_empty(y.size, StepCode("c/gather.c.j2", ctx, (*args, *rd.args), checked=True))
 
 
 # -- Split --------------------------------------------------------------------------------------
@@ -345,7 +341,7 @@ class SplitContext:
     row_bytes: int  # bytes of one input row (everything from the axis on)
     chunks: tuple[tuple[str, int, int], ...]  # (output param, bytes per row, byte offset in the row)
     parallel: bool
-    parallel_if: str = ""  # run-time dims (outer, sizes: CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims (outer, sizes: CDim): the C condition for the worker pool
 
 
 class SplitKernel(CKernel):
@@ -393,9 +389,7 @@ class SplitKernel(CKernel):
             parallel=rd.dynamic or x.size >= 4 * PARALLEL_MIN_WORK and outer > 1,
             parallel_if=f"{rd.write(x.size)} >= {4 * PARALLEL_MIN_WORK} && {outer} > 1" if rd.dynamic else "",
         )
-        if known_zero(x.size):
-            return _no_code(step, ctx)
-        return StepCode("c/split.c.j2", ctx, (*args, *rd.args))
+        return _unless_empty(x.size, StepCode("c/split.c.j2", ctx, (*args, *rd.args)))
 
 
 # -- Range --------------------------------------------------------------------------------------
@@ -454,9 +448,7 @@ class RangeKernel(CKernel):
             floating=y.dtype.kind == "f",
             count=rd.write(y.size),
         )
-        if known_zero(y.size):
-            return _no_code(step, ctx)
-        return StepCode("c/range.c.j2", ctx, (*args, *rd.args))
+        return _unless_empty(y.size, StepCode("c/range.c.j2", ctx, (*args, *rd.args)))
 
 
 # -- ConstantOfShape of a run-time shape ----------------------------------------------------------

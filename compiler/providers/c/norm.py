@@ -51,7 +51,7 @@ class ChannelContext:
     lrn_beta: str
     lrn_bias: str
     parallel: bool
-    parallel_if: str = ""  # run-time dims (n, s: CDim; c static): the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims (n, s: CDim; c static): the C condition for the worker pool
     simd: bool = False  # the global average's sum split into vector lanes (omp simd; dynamic nodes)
 
 
@@ -131,7 +131,7 @@ class SoftmaxContext:
     parallel: bool
     vector: bool  # contiguous rows (inner 1) run on whole vectors with the vector math
     vw: int  # floats per vector
-    # run-time dims (outer, length, inner: CDim): the OpenMP if clause's condition and, for
+    # run-time dims (outer, length, inner: CDim): the C condition for the worker pool and, for
     # contiguous rows of a run-time length, the C condition of the vector path ("": none)
     parallel_if: str = ""
     vector_if: str = ""

@@ -59,7 +59,7 @@ class RuntimePadContext:
     value: str  # the padding value's bits as a C literal of ``ctype``
     outer: tuple[RuntimePadDim, ...]
     last: RuntimePadDim  # the row
-    parallel_if: str  # OpenMP's if clause: the output's elements times a row's cost
+    parallel_if: str  # the C condition for the worker pool: the output's elements times a row's cost
 
 
 def _pads(node: Node) -> list[Dim]:

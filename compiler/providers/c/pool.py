@@ -42,7 +42,7 @@ class PoolContext:
     ow_lo: int | CDim  # output columns [ow_lo, ow_hi) have every window tap inside the input row
     ow_hi: int | CDim
     decls: Decls = ()  # a dynamic node's run-time sizes
-    when: str = ""  # a dynamic node's OpenMP if clause
+    when: str = ""  # a dynamic node's C condition for running on the pool
 
 
 class PoolKernel(CKernel):
@@ -101,7 +101,7 @@ def _build_dynamic(step: GenStep) -> StepCode:
         ow_lo=ow_lo,
         ow_hi=ow_hi,
         decls=decls,
-        when=f" if({g.batch * g.c * g.oh * g.ow * g.kh * g.kw} >= {PARALLEL_MIN_WORK})",
+        when=f"{g.batch * g.c * g.oh * g.ow * g.kh * g.kw} >= {PARALLEL_MIN_WORK}",
     )
     return StepCode("c/pool.c.j2", ctx, tuple(args))
 

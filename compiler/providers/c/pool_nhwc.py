@@ -121,7 +121,7 @@ class PoolNhwcContext:
     parallel: bool
     # A dynamic node's: run-time sizes as C locals (``decls``; the inside rectangle too), the
     # divisor counted at run time (``include``: the whole window, else the taps inside the input;
-    # ceil mode is static only), threads for enough work (``when``).
+    # ceil mode is static only), the pool for enough work (``when``: a C condition).
     dyn: bool = False
     decls: Decls = ()
     include: bool = False
@@ -192,8 +192,7 @@ def _build_dynamic_pool(step: GenStep, target: TargetInfo) -> StepCode:
         dyn=True,
         decls=decls,
         include=avg and bool(int(node.attrs["count_include_pad"])),
-        when=f" if({g.batch * g.oh * g.ow * g.c * g.kh * g.kw} >= {PARALLEL_MIN_WORK}"
-             f" && {g.batch * g.oh} > 1)",
+        when=f"{g.batch * g.oh * g.ow * g.c * g.kh * g.kw} >= {PARALLEL_MIN_WORK} && {g.batch * g.oh} > 1",
     )
     return StepCode("c/pool_nhwc.c.j2", ctx, tuple(args))
 
@@ -217,7 +216,7 @@ class ChannelNhwcContext:
     lrn_bias: str
     lrn_power: str  # "sqrt3/4" (beta 0.75) | "sqrt" (0.5) | "one" (1) | "pow"
     parallel: bool
-    when: str = ""  # a dynamic node's OpenMP if clause (n and s are then C text over ``dyn``)
+    when: str = ""  # a dynamic node's C condition for the pool (n and s are then C text over ``dyn``)
 
 
 _POWERS = {0.75: "sqrt3/4", 0.5: "sqrt", 1.0: "one"}
@@ -254,7 +253,7 @@ class ChannelNhwcKernel(CKernel):
         sizes: tuple[Any, Any, Any] = (n, h * w, n * h * w if lrn else n * math.ceil(c / chunk))
         if is_dynamic(node):  # n and s as C text over the binding; threads for enough work
             write = kernel_dims(step.symbols)
-            when = f" if({write(n * h * w * c * size)} >= {PARALLEL_MIN_WORK} && {write(sizes[2])} > 1)"
+            when = f"{write(n * h * w * c * size)} >= {PARALLEL_MIN_WORK} && {write(sizes[2])} > 1"
             sizes = (write(n), write(h * w), None)
             step_params = (*params(names, args, restrict), Param("dyn", "int64_t", True, True))
             args = [*args, dyn_arg(step)]

@@ -74,6 +74,7 @@ from compiler.providers.c.common import StepCode
 from compiler.providers.kit import KernelTable
 from compiler.providers.kit import comment
 from runtime.errors import CompileError
+from runtime.rebuild import uses_openmp
 
 __all__ = [
     "CProvider", "ABI_VERSION", "CSource", "ModelContext", "EntryContext", "CallSite", "KERNEL_MODULES",
@@ -130,6 +131,7 @@ class ModelContext:
     entries: tuple[EntryContext, ...]
     prototypes: tuple[str, ...]
     mode: str  # "model" (the whole file) | "kernel" (one function) | "entries"
+    openmp: bool = False  # some function still has an OpenMP region (the entries set its team too)
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,8 @@ class CProvider:
                                         "weights" in kinds, any(c.checked for c in calls)))
         texts = tuple(functions.values())
         prototypes = tuple(_prototype(name, text) for name, text in functions.items())
-        whole = ModelContext(ABI_VERSION, target.vector_bytes, texts, tuple(entries), (), "model")
+        whole = ModelContext(ABI_VERSION, target.vector_bytes, texts, tuple(entries), (), "model",
+                             any(uses_openmp(t) for t in texts))
         units = [render("c/model.c.j2", dataclasses.replace(whole, functions=(t,), entries=(), mode="kernel"))
                  for t in texts]
         units.append(render("c/model.c.j2", dataclasses.replace(whole, functions=(), prototypes=prototypes,

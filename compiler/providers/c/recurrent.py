@@ -109,6 +109,7 @@ class RecurrentContext:
     input_forget: bool
     x_t: int | CDim
     x_b: int | CDim
+    x_r: int | None  # x's stride per (t, b) row where those rows are contiguous (layout 0), else None
     y_t: int | CDim
     y_d: int | CDim
     y_b: int | CDim
@@ -199,9 +200,9 @@ def _strides(layout: int, dirs: int, seq: Any, batch: Any, size: int, hidden: in
     """Element strides of x (t, b), y (t, d, b) and the states (d, b) in the node's layout (ints,
     or C text where seq / batch are run-time: ``CDim``)."""
     if layout == 0:
-        return dict(x_t=batch * size, x_b=size, y_t=dirs * batch * hidden, y_d=batch * hidden, y_b=hidden,
-                    s_d=batch * hidden, s_b=hidden)  # fmt: skip
-    return dict(x_t=size, x_b=seq * size, y_t=dirs * hidden, y_d=hidden, y_b=seq * dirs * hidden,
+        return dict(x_t=batch * size, x_b=size, x_r=size, y_t=dirs * batch * hidden, y_d=batch * hidden,
+                    y_b=hidden, s_d=batch * hidden, s_b=hidden)  # fmt: skip
+    return dict(x_t=size, x_b=seq * size, x_r=None, y_t=dirs * hidden, y_d=hidden, y_b=seq * dirs * hidden,
                 s_d=hidden, s_b=dirs * hidden)  # fmt: skip
 
 

@@ -77,15 +77,18 @@ REDUCE_KINDS = {
 COL_BLOCK = 256  # outputs one "cols" work item accumulates (on the stack)
 
 
-def _axis_split(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
-    """(outer, length, inner) around ``axis``."""
-    return prod(shape[:axis]), shape[axis], prod(shape[axis + 1 :])
-
-
 def _numeric(v: Value | None) -> CType | None:
     """The C type of a numeric (not bool) value."""
     t = ctype_of(v)
     return t if t is not None and t.kind != "b" else None
+
+
+def _along_axis(node: Node) -> tuple[CType, tuple[int, ...], int]:
+    """An ArgMax / ArgMin / TopK node's input type, its shape (run-time dims as expressions) and
+    the axis it works along."""
+    t = _numeric(node.input(0))
+    assert t is not None, node.describe()
+    return t, shape_of(node.input(0), symbolic=True), int(node.attrs["axis"])
 
 
 # -- Reduce* ----------------------------------------------------------------------------------
@@ -106,7 +109,7 @@ class ReduceContext:
     nblocks: int
     count: int  # elements reduced into each output (ReduceMean)
     parallel: bool
-    parallel_if: str = ""  # run-time dims (sizes CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims (sizes CDim): the C condition for the worker pool
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,7 @@ class ArgContext:
     length: int
     inner: int
     parallel: bool
-    parallel_if: str = ""  # run-time dims: the OpenMP if clause's condition
+    parallel_if: str = ""  # run-time dims: the C condition for the worker pool
 
 
 class ArgKernel(CKernel):
@@ -285,11 +288,7 @@ class ArgKernel(CKernel):
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
-        x = node.input(0)
-        t = _numeric(x)
-        assert t is not None, node.describe()
-        xs = shape_of(x, symbolic=True)
-        axis = int(node.attrs["axis"])
+        t, xs, axis = _along_axis(node)
         rd = run_dims(step)
         outer, length = rd.write(math.prod(xs[:axis])), int(xs[axis])
         inner = rd.write(math.prod(xs[axis + 1 :]))
@@ -324,7 +323,7 @@ class TopKContext:
     length: int
     inner: int
     parallel: bool
-    parallel_if: str = ""  # a run-time outer (CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # a run-time outer (CDim): the C condition for the worker pool
 
 
 class TopKKernel(CKernel):
@@ -351,11 +350,7 @@ class TopKKernel(CKernel):
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
-        x = node.input(0)
-        t = _numeric(x)
-        assert t is not None, node.describe()
-        xs = shape_of(x, symbolic=True)
-        axis = int(node.attrs["axis"])
+        t, xs, axis = _along_axis(node)
         rd = run_dims(step)  # a run-time outer in a dynamic graph
         outer, length, inner = rd.write(math.prod(xs[:axis])), int(xs[axis]), prod(xs[axis + 1 :])
         k = int(node.attrs["k"])
@@ -391,7 +386,7 @@ class LayerNormContext:
     eps: str
     stats: int  # 0, 1 (Mean) or 2 (Mean and InvStdDev) statistics outputs
     parallel: bool
-    parallel_if: str = ""  # a run-time row count (outer: CDim): the OpenMP if clause's condition
+    parallel_if: str = ""  # a run-time row count (outer: CDim): the C condition for the worker pool
 
 
 def _per_element_index(v: Value | None, norm: tuple[int, ...]) -> str | None:

@@ -41,6 +41,7 @@ from compiler.providers.c.common import params
 from compiler.providers.c.common import step_args
 from compiler.providers.c.conv import Decls
 from compiler.providers.c.conv import dynamic_geometry
+from compiler.providers.c.conv import pool_condition
 from compiler.providers.c.gemm import MAX_PANEL
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.c.gemm import Tiling
@@ -132,7 +133,7 @@ class NearestContext:
     sh: int
     sw: int
     parallel: bool
-    parallel_if: str  # with run-time dims: the OpenMP if clause's condition
+    parallel_if: str  # with run-time dims: the C condition for the worker pool
 
 
 def _whole_scales(node: Node) -> tuple[int, int] | None:
@@ -235,9 +236,8 @@ class ConvTransposeContext:
     e: Epilogue
     bias: bool
     g: ConvTransposeGeometry
-    parallel: bool
+    pool: str  # C condition: the phases run on the worker pool (threads only for enough work)
     decls: Decls = ()  # a dynamic node's run-time sizes (NB, H, W, OH, OW, NP = H * W)
-    when: str = ""  # a dynamic node's OpenMP if clause
 
 
 def _conv_transpose_geometry(node: Node) -> ConvTransposeGeometry:
@@ -276,7 +276,7 @@ class ConvTransposeKernel(CKernel):
             e=e,
             bias=bias,
             g=g,
-            parallel=2 * g.batch * g.groups * g.mg * g.kh * g.kw * t.n * g.cg >= PARALLEL_MIN_WORK,
+            pool=pool_condition(2 * g.batch * g.groups * g.mg * g.kh * g.kw * t.n * g.cg),
         )
         return StepCode("c/spatial_conv_transpose.c.j2", ctx, tuple(args))
 
@@ -296,9 +296,8 @@ def _dynamic_conv_transpose(step: GenStep, g0: ConvTransposeGeometry, e: Epilogu
         e=e,
         bias=bias,
         g=g,
-        parallel=True,
+        pool=pool_condition(work),
         decls=decls,
-        when=f" if({work} >= {PARALLEL_MIN_WORK})",
     )
     return StepCode("c/spatial_conv_transpose.c.j2", ctx, (*args, dyn_arg(step)))
 

@@ -22,7 +22,6 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.providers.base import GenStep
-from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.conv import Decls
@@ -31,6 +30,7 @@ from compiler.providers.c.conv import dynamic_conv_operands
 from compiler.providers.c.conv import dynamic_geometry
 from compiler.providers.c.conv import epilogue_operands_ok
 from compiler.providers.c.conv import is_dynamic
+from compiler.providers.c.conv import pool_condition
 from compiler.providers.c.gemm import MAX_PANEL
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.c.gemm import Tiling
@@ -57,13 +57,12 @@ class WinogradContext:
     at: tuple[tuple[tuple[int, str], ...], ...]  # A^T, the same way
     rowpad: int  # floats in one zero-padded input row: the m * (tw + 1) columns the phases read
     tp: int  # row stride of the transformed input: tiles rounded up to ROW_ALIGN
-    parallel: bool
+    pool: str  # C condition: the phases run on the worker pool (threads only for enough work)
     th: int  # rows of tiles, tiles per row
     tw: int
     # A dynamic node's (run-time batch and spatial sizes): C locals declared by ``decls`` (the
-    # sizes above then C text, the products' columns run-time ones), threads for enough work.
+    # sizes above then C text, the products' columns run-time ones).
     decls: Decls = ()
-    when: str = ""
 
 
 # Rows of the transformed input are padded to a multiple of the widest vector (16 floats on any
@@ -117,7 +116,7 @@ class WinogradKernel(CKernel):
             at=_signed(MATRICES[g.tile][2]),
             rowpad=max(g.tile * (g.tw + 1), g.pl + g.w),
             tp=_padded(tiles),  # type: ignore[arg-type]
-            parallel=2 * (g.tile + 2) ** 2 * g.batch * g.m * g.c * tiles >= PARALLEL_MIN_WORK,
+            pool=pool_condition(2 * (g.tile + 2) ** 2 * g.batch * g.m * g.c * tiles),
             th=g.th,
             tw=g.tw,
         )
@@ -147,11 +146,10 @@ def _build_dynamic(step: GenStep, target: TargetInfo, scratch: int | Expr) -> St
         at=_signed(MATRICES[m][2]),
         rowpad=CDim("RP"),  # type: ignore[arg-type]
         tp=CDim("TP"),  # type: ignore[arg-type]
-        parallel=True,
+        pool=pool_condition(CDim(work)),
         th=CDim("TH"),  # type: ignore[arg-type]
         tw=CDim("TW"),  # type: ignore[arg-type]
         decls=decls,
-        when=f" if({work} >= {PARALLEL_MIN_WORK})",
     )
     return StepCode("c/winograd.c.j2", ctx, tuple(args))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from compiler.codegen.elementwise import broadcast_strides
 from compiler.codegen.elementwise import literal
@@ -316,70 +317,60 @@ class CudaGemmKernel(CudaKernel):
         return not c.is_symbolic
 
     def build(self, step: GenStep) -> tuple[KernelCode, ...]:
-        node = step.node
-        if is_dynamic(node):
-            return self._build_dynamic(step)
-        prod = claimed(_batched(node), node)
-        p, c = prod.p, node.input(2)
-        alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
-        beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
-        sm, sn = broadcast_strides(shape_of(c), (p.m, p.n)) if c is not None else (0, 0)
-        names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"]
-        params = tuple(Param(n, "float", n != "y", n != "y") for n in names)
-        args: tuple[LaunchArg, ...] = (*input_ptrs(step), *output_ptrs(step))
-        common = dict(
-            params=params, p=p, batch_index=prod.index,
-            a_batch=prod.a_batch, b_batch=prod.b_batch,
-            alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
-            beta="" if beta == 1.0 else f"{literal(beta)} * ",
-            bias_sm=sm, bias_sn=sn, has_bias=c is not None, act=activation(node),
-        )  # fmt: skip
-        if p.m <= GEMV_MAX_ROWS:
-            if p.sbk == 1 and p.n > 1:
-                gctx = GemvContext(threads=THREADS, mode="warp", **common)  # type: ignore[arg-type]
-                grid = (blocks(p.n, THREADS // 32), 1, prod.batches)
-                block = (THREADS, 1, 1)
-            else:
-                gctx = GemvContext(threads=THREADS, mode="split", **common)  # type: ignore[arg-type]
-                grid = (blocks(p.n, 32), 1, prod.batches)
-                block = (32, 8, 1)
-            return (KernelCode("cuda/gemv.cu.j2", gctx, grid, block, 0, args),)
-        t = _tile(p.m, p.n, prod.batches)
-        ctx = TiledContext(
-            threads=THREADS, mode="gemm", bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn, m=p.m, n=p.n, k=p.k,
-            a_kfast=p.sak == 1, b_nfast=p.sbn == 1 or p.sbk != 1, g=None, has_res=False,
-            **common,  # type: ignore[arg-type]
-        )  # fmt: skip
-        grid = (blocks(p.n, t.bn), blocks(p.m, t.bm), prod.batches)
-        return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
-
-
-    def _build_dynamic(self, step: GenStep) -> tuple[KernelCode, ...]:
-        """The tiled kernel with run-time sizes: m, n, k, strides and batch index math as kernel
-        parameters (``RunDims``), the tile chosen for the largest binding."""
+        """The gemv kernels (a static product of few rows) or the tiled one; a dynamic node's m, n,
+        k, strides and batch index math as kernel parameters (``RunDims``), its tile chosen for the
+        largest binding."""
         node = step.node
         rd = RunDims()
-        prod = _batch_index(claimed(_run_time_batched(node), node), rd)
-        p, c = prod.p, node.input(2)
-        alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
-        beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
-        sm, sn = broadcast_strides(shape_of(c, symbolic=True), (p.m, p.n)) if c is not None else (0, 0)
-        names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"]
-        params = tuple(Param(n, "float", n != "y", n != "y") for n in names)
+        if is_dynamic(node):
+            prod = _batch_index(claimed(_run_time_batched(node), node), rd)
+        else:
+            prod = claimed(_batched(node), node)
+        common = _product_fields(node, prod, rd)
+        p = prod.p
+        args: tuple[LaunchArg, ...] = (*input_ptrs(step), *output_ptrs(step), *rd.args)
+        if not is_dynamic(node) and p.m <= GEMV_MAX_ROWS:
+            return (_gemv(prod, common, args),)
         t = _tile(max_of(p.m, node), max_of(p.n, node), max_of(prod.batches, node))
-        sizes = ("m", "n", "k", "sam", "sak", "sbk", "sbn")
-        written = dataclasses.replace(p, **{f: rd(getattr(p, f)) for f in sizes})
+        written = common["p"]
         ctx = TiledContext(
-            params=params, threads=THREADS, mode="gemm", bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn,
+            threads=THREADS, mode="gemm", bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn,
             m=written.m, n=written.n, k=written.k, a_kfast=p.sak == 1, b_nfast=p.sbn == 1 or p.sbk != 1,
-            g=None, has_res=False, p=written, batch_index=prod.index, a_batch=prod.a_batch,
-            b_batch=prod.b_batch, alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
-            beta="" if beta == 1.0 else f"{literal(beta)} * ", bias_sm=rd(sm), bias_sn=rd(sn),
-            has_bias=c is not None, act=activation(node), dims=rd.names,
+            g=None, has_res=False, dims=rd.names, **common,
         )  # fmt: skip
         grid = (blocks(p.n, t.bn), blocks(p.m, t.bm), prod.batches)
-        args = (*input_ptrs(step), *output_ptrs(step), *rd.args)
         return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
+
+
+def _product_fields(node: Node, prod: _Batched, rd: RunDims) -> dict[str, Any]:
+    """The context fields the gemv and tiled kernels share: the parameters, the product (its sizes
+    and strides written by ``rd``), its batch index math, alpha and beta as C text, the bias's
+    strides and the activation."""
+    p, c = prod.p, node.input(2)
+    alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
+    beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
+    sm, sn = broadcast_strides(shape_of(c, symbolic=True), (p.m, p.n)) if c is not None else (0, 0)
+    names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"]
+    sizes = ("m", "n", "k", "sam", "sak", "sbk", "sbn")
+    return dict(
+        params=tuple(Param(n, "float", n != "y", n != "y") for n in names),
+        p=dataclasses.replace(p, **{f: rd(getattr(p, f)) for f in sizes}), batch_index=prod.index,
+        a_batch=prod.a_batch, b_batch=prod.b_batch, alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
+        beta="" if beta == 1.0 else f"{literal(beta)} * ", bias_sm=rd(sm), bias_sn=rd(sn),
+        has_bias=c is not None, act=activation(node),
+    )  # fmt: skip
+
+
+def _gemv(prod: _Batched, common: dict[str, Any], args: tuple[LaunchArg, ...]) -> KernelCode:
+    """A product of few rows: one warp per output column where B is contiguous along k ("warp"),
+    else 32 x 8 threads splitting k ("split")."""
+    p = prod.p
+    if p.sbk == 1 and p.n > 1:
+        ctx = GemvContext(threads=THREADS, mode="warp", **common)
+        return KernelCode("cuda/gemv.cu.j2", ctx, (blocks(p.n, THREADS // 32), 1, prod.batches),
+                          (THREADS, 1, 1), 0, args)
+    ctx = GemvContext(threads=THREADS, mode="split", **common)
+    return KernelCode("cuda/gemv.cu.j2", ctx, (blocks(p.n, 32), 1, prod.batches), (32, 8, 1), 0, args)
 
 
 KERNELS = (CudaConvKernel(), CudaGemmKernel())
