@@ -25,11 +25,11 @@ from compiler.nested import layout
 from compiler.nested import static_body
 from compiler.partition.partitioner import partition_graph
 from compiler.passes.materialize_outputs import materialize_outputs
-from compiler.plan import ALIGNMENT
 from compiler.plan import Compiled
 from compiler.plan import NestedSchedule
 from compiler.plan import PlannedGraph
 from compiler.providers.base import Provider
+from runtime.contract import ALIGNMENT
 
 __all__ = ["compile_control", "plan_graph"]
 

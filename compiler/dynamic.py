@@ -22,6 +22,7 @@ from compiler.ir.graph import Graph
 from compiler.memory import Buffer
 from compiler.memory import MemoryPlan
 from compiler.memory.lifetimes import Storage
+from runtime.contract import placeholder as plan_placeholder
 from runtime.errors import ShapeError
 from runtime.placement import lower_bound
 from runtime.placement import place
@@ -54,7 +55,7 @@ def bindings(graph: Graph) -> dict[str, Binding]:
 
 def placeholder(k: int) -> Dim:
     """The offset of buffer ``k`` (its index in plan.json's ``buffers``), bound by the runtime."""
-    return sym(f"_b{k}")
+    return sym(plan_placeholder(k))
 
 
 def _sizes(buffers: list[Buffer], binding: Mapping[str, int]) -> list[int]:

@@ -36,10 +36,11 @@ from compiler.frontend.control.program import BODIES
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.plan import ALIGNMENT
 from compiler.plan import Compiled
 from compiler.plan import NestedSchedule
-from compiler.providers.base import PartitionPlan
+from compiler.providers.base import GenPartition
+from runtime.contract import ALIGNMENT
+from runtime.contract import round_up
 from runtime.symbolic import Expr
 from runtime.symbolic import evaluate
 
@@ -64,7 +65,7 @@ class ControlProvider:
     def scratch_nbytes(self, node: Node) -> int:
         return self.compiled[id(node)].region_nbytes
 
-    def generate(self, partitions: list[PartitionPlan], kernels_dir: Any, options: Any) -> None:
+    def generate(self, partitions: list[GenPartition], kernels_dir: Any, options: Any) -> None:
         return None
 
 
@@ -96,20 +97,16 @@ def optimize_bodies(graph: Graph, optimize: Callable[[Graph], Graph]) -> None:
             body.graph = optimize(body.graph)
 
 
-def _align(n: int) -> int:
-    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-
-
 class _Slots:
     """Places after the bodies' arena in a control step's region."""
 
     def __init__(self, start: int, most: dict[str, int]) -> None:
-        self.end = _align(start)
+        self.end = round_up(start, ALIGNMENT)
         self.most = most  # (values of symbolic shapes take their size at the max binding)
 
     def take(self, value: Value) -> int:
         offset = self.end
-        self.end = _align(offset + evaluate(value.nbytes, self.most))
+        self.end = round_up(offset + evaluate(value.nbytes, self.most), ALIGNMENT)
         return offset
 
 

@@ -27,10 +27,13 @@ from compiler.memory.lifetimes import Storage
 from compiler.memory_policy import MemoryPolicy
 from compiler.partition.partitioner import Partition
 from compiler.partition.partitioner import Schedule
-from compiler.providers.base import Location
-from compiler.providers.base import PartitionPlan
+from compiler.providers.base import GenLocation
+from compiler.providers.base import GenPartition
+from compiler.providers.base import GenStep
 from compiler.providers.base import Provider
-from compiler.providers.base import StepPlan
+from runtime.contract import ALIGNMENT
+from runtime.contract import WEIGHT_ALIGNMENT
+from runtime.contract import round_up
 from runtime.narrow_weights import StoredForm
 from runtime.narrow_weights import StoredTable
 from runtime.plan_schema import NARROW_FORMAT_VERSION
@@ -57,15 +60,13 @@ from runtime.symbolic import Expr
 __all__ = ["ALIGNMENT", "Compiled", "CompiledPlan", "NestedSchedule", "PlannedGraph", "build_plan",
            "attach_code", "WEIGHT_ALIGNMENT", "jsonable"]
 
-WEIGHT_ALIGNMENT = 64
-ALIGNMENT = 64  # of a nested schedule's buffers and of the slots in a control step's region
 
 
 @dataclass
 class CompiledPlan:
     plan: Plan
     weights: bytes
-    partitions: list[PartitionPlan]
+    partitions: list[GenPartition]
     memory_report: dict[str, Any]
 
 
@@ -130,10 +131,6 @@ def _spec(value: Value, name: str | None = None) -> TensorSpec:
     return TensorSpec(name or value.name, value.dtype, tuple(value.shape))
 
 
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
 @dataclass(frozen=True)
 class _Weights:
     """weights.bin: the constants in order of first use, each 64-byte aligned; the constants stored
@@ -185,7 +182,7 @@ class _WeightsLayout:
 
     def _append(self, root: str, array: np.ndarray, narrow: Affine | None) -> None:
         self.by_array[id(array)] = self.offset
-        padded = _align(array.nbytes, WEIGHT_ALIGNMENT)
+        padded = round_up(array.nbytes, WEIGHT_ALIGNMENT)
         if narrow is None:
             self.chunks.append(_little_endian(array) + b"\0" * (padded - array.nbytes))
         else:  # cut out of weights.bin (runtime/narrow_weights.py), stored narrow after the rest
@@ -202,7 +199,7 @@ class _WeightsLayout:
                 placed.append(at)
                 if array is not None:
                     data = _little_endian(array)
-                    padded = _align(len(data), WEIGHT_ALIGNMENT)
+                    padded = round_up(len(data), WEIGHT_ALIGNMENT)
                     self.chunks.append(data + b"\0" * (padded - len(data)))
                     at += padded
             tables = [None if a is None else StoredTable(off, a.dtype.name, tuple(a.shape))
@@ -243,33 +240,33 @@ class _Locator:
         space, off = self.arena[root]
         return ValueLocation("arena", off + self.storage.offset[name], space)
 
-    def operand(self, value: Value, ext: list[str], space_here: str) -> Location:
+    def operand(self, value: Value, ext: list[str], space_here: str) -> GenLocation:
         """The code generators' location of ``value`` in a partition whose ext slots are ``ext``
         (a new graph input or output gets the next slot)."""
         where = self.location(value.name)
         if where.kind == "ext":
             if where.ext not in ext:
                 ext.append(where.ext)
-            return Location("ext", ext.index(where.ext))
+            return GenLocation("ext", ext.index(where.ext))
         if where.kind == "weights":
-            return Location("weights", where.offset, space_here)
-        return Location("arena", where.offset, where.space)
+            return GenLocation("weights", where.offset, space_here)
+        return GenLocation("arena", where.offset, where.space)
 
-    def scratch(self, step: int) -> Location | None:
+    def scratch(self, step: int) -> GenLocation | None:
         found = self.arena.get(f"scratch/{step}")
-        return Location("arena", found[1], found[0]) if found is not None else None
+        return GenLocation("arena", found[1], found[0]) if found is not None else None
 
 
 @dataclass(frozen=True)
 class _PartitionOut:
     """One partition as the code generators see it and as plan.json records it."""
 
-    plan: PartitionPlan
+    plan: GenPartition
     record: PlanPartition
     steps: tuple[PlanStep, ...]
 
 
-def _step_record(t: int, node: Node, part: Partition, scratch: Location | None, nbytes: int,
+def _step_record(t: int, node: Node, part: Partition, scratch: GenLocation | None, nbytes: int,
                  schedules: tuple[PlanSchedule, ...] | None) -> PlanStep:
     return PlanStep(
         index=t, name=node.name, op_type=node.op_type, domain=node.domain, provider=part.provider.name,
@@ -293,7 +290,7 @@ def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_si
     dyn = f"((const int64_t*)ext[{ext.index(DYN_EXT)}])" if DYN_EXT in ext else ""
     symbols = policy.dims
     space_here = part.provider.memory_space
-    step_plans: list[StepPlan] = []
+    step_plans: list[GenStep] = []
     records: list[PlanStep] = []
     for local, t in enumerate(part.steps):
         node = steps[t]
@@ -304,12 +301,12 @@ def _partition(part: Partition, steps: list[Node], locator: _Locator, scratch_si
         outs = tuple(locator.operand(v, ext, space_here) for v in node.outputs)
         scratch = locator.scratch(t)
         nbytes = scratch_sizes.get(f"scratch/{t}", 0)
-        step_plans.append(StepPlan(t, local, node, ins, outs, scratch, nbytes, symbols, dyn))
+        step_plans.append(GenStep(t, local, node, ins, outs, scratch, nbytes, symbols, dyn))
         records.append(_step_record(t, node, part, scratch, nbytes, nested(t, node)))
     entry = f"{prefix}{part.index}"
     record = PlanPartition(part.index, part.provider.name, runner, space_here, entry, part.steps[0],
                            part.steps[-1], tuple(ext))
-    return _PartitionOut(PartitionPlan(part.index, part.provider.name, entry, tuple(step_plans), tuple(ext)),
+    return _PartitionOut(GenPartition(part.index, part.provider.name, entry, tuple(step_plans), tuple(ext)),
                          record, tuple(records))
 
 
@@ -365,7 +362,7 @@ def build_plan(planned: PlannedGraph) -> CompiledPlan:
     schedules' after the model's), the memory report (as the memory policy shows it)."""
     graph, schedule, storage, mem_plans = planned.graph, planned.schedule, planned.storage, planned.mem_plans
     layout = _WeightsLayout()
-    nested_parts: list[PartitionPlan] = []
+    nested_parts: list[GenPartition] = []
     level = _Level(graph, layout, nested_parts)
     parts, values = level.build(graph, schedule, storage, mem_plans, planned.control, "onnx_aot_partition_",
                                 planned.policy)
@@ -391,7 +388,7 @@ class _Level:
 
     top: Graph
     layout: _WeightsLayout
-    nested_parts: list[PartitionPlan]  # the nested schedules' partitions, for code generation
+    nested_parts: list[GenPartition]  # the nested schedules' partitions, for code generation
 
     def build(self, graph: Graph, schedule: Schedule, storage: Storage, mem_plans: dict[str, MemoryPlan],
               control: Mapping[int, Compiled], prefix: str,
@@ -480,7 +477,7 @@ def memory_report(schedule: Schedule, storage: Storage, mem_plans: dict[str, Mem
         live = [0] * n
         entries = []
         for buf in storage.buffers.get(space, []):
-            size = _align(buf.nbytes, alignment[space])
+            size = round_up(buf.nbytes, alignment[space])
             for t in range(buf.first_step, buf.last_step + 1):
                 live[t] += size
             tensor = storage.tensors.get(str(buf.id)) or [str(buf.id)]

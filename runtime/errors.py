@@ -17,6 +17,7 @@ __all__ = [
     "ModelError",
     "UnsupportedOpError",
     "CompileError",
+    "InternalError",
     "ShapeError",
     "GoldenReferenceError",
     "ArtifactCheckError",
@@ -80,7 +81,14 @@ class UnsupportedOpError(ModelError):
 
 
 class CompileError(OnnxAotError):
-    """Code generation or the native toolchain failed."""
+    """A compile cannot go on: its options are invalid (an unknown target, level or CPU), or code
+    generation, the native toolchain or the built artifact's check failed."""
+
+
+class InternalError(OnnxAotError):
+    """A broken invariant of the compiler's IR or plan (``Graph.verify``, ``Graph.sort``, the
+    memory plan's check): a bug in onnx-aot, not in the model or the options. The message says
+    which invariant and where; please report it with the model."""
 
 
 class GoldenReferenceError(CompileError):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.artifact import load_artifact
+from runtime.contract import round_up
 from runtime.dynamic import describe_spec
 from runtime.dynamic import interface
 from runtime.errors import ArtifactError
@@ -86,10 +87,6 @@ def _weights_line(weights: Mapping[str, Any]) -> str:
         line += (f"; the model file {format_bytes(weights['model_nbytes'])} bytes (weights.bin "
                  f"{weights['file_to_model']:.2f}x of it)")
     return line
-
-
-def _align(n: int, alignment: int) -> int:
-    return (n + alignment - 1) // alignment * alignment
 
 
 def memory_summary(plan: Plan, report: dict[str, Any], *, top: int = 10) -> dict[str, Any]:
@@ -189,7 +186,7 @@ def _buffer_entry(buf: dict[str, Any], plan_buffers: Mapping[str, PlanBuffer],
         entry.update({"kind": "tensor", "root": root, "values": names, "dtype": values[root].dtype.name,
                       "shape": [to_json(d) for d in values[root].shape]})
     entry.update({"producer": step.name, "op_type": step.op_type, "producer_step": step.index,
-                  "aligned_nbytes": _align(buf["nbytes"], alignment)})
+                  "aligned_nbytes": round_up(buf["nbytes"], alignment)})
     return entry
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.contract import WEIGHT_ALIGNMENT
+from runtime.contract import round_up
 from runtime.json_fields import Fields
 from runtime.json_fields import Where
 from runtime.json_fields import is_count
@@ -35,7 +37,7 @@ __all__ = ["STORED_DTYPES", "IMAGE_ALIGNMENT", "StoredTable", "StoredForm", "cod
            "stored_nbytes", "widen", "widen_weights"]
 
 STORED_DTYPES = ("int8", "uint8", "int16", "uint16", "float16", "bfloat16")  # a stored form's codes
-IMAGE_ALIGNMENT = 64
+IMAGE_ALIGNMENT = WEIGHT_ALIGNMENT  # (the weights image is laid out as weights.bin)
 
 
 def _itemsize(dtype: str) -> int:
@@ -121,7 +123,7 @@ def codes_of(raw: np.ndarray, dtype: str, offset: int, shape: tuple[int, ...]) -
 def cut_slots(constants: Any) -> list[tuple[int, int]]:
     """The image regions weights.bin leaves out, sorted: each stored constant's slot, ``(offset,
     nbytes rounded up to IMAGE_ALIGNMENT)``."""
-    return sorted((c.offset, -(-c.nbytes // IMAGE_ALIGNMENT) * IMAGE_ALIGNMENT)
+    return sorted((c.offset, round_up(c.nbytes, IMAGE_ALIGNMENT))
                   for c in constants if c.stored is not None)
 
 

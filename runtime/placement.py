@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from runtime.contract import round_up
+
 __all__ = ["place", "lower_bound", "aligned"]
 
 # Work per place(): greedy passes, as many as fit in WORK buffer + neighbour visits (at least
@@ -42,7 +44,7 @@ def lower_bound(sizes: Sequence[int], firsts: Sequence[int], lasts: Sequence[int
     """The most bytes live at one step, each buffer rounded up to ``alignment``."""
     if not len(sizes):
         return 0
-    size = (np.asarray(sizes, np.int64) + (alignment - 1)) // alignment * alignment
+    size = round_up(np.asarray(sizes, np.int64), alignment)
     first = np.asarray(firsts, np.int64)
     last = np.asarray(lasts, np.int64)
     delta = np.zeros(int(last.max()) + 2, np.int64)

@@ -70,7 +70,7 @@ Dim = Any
 Shape = tuple[Dim, ...]
 
 SCALAR_KINDS = ("i32", "i64", "f32", "f64")
-POINTER_SPACES = ("arena", "weights")
+POINTER_BASES = ("arena", "weights")
 
 
 # -- dims and shapes: ints, or expressions of the symbols ----------------------------------------------
@@ -342,25 +342,26 @@ class StepScratch:
 
 @dataclass(frozen=True)
 class LaunchArg:
-    """One argument of a CUDA launch: a pointer (``kind`` "ptr", ``space`` "arena" or "weights",
-    ``value`` a byte offset) or a scalar (``kind`` "i32" / "i64" / "f32" / "f64"). JSON:
-    ``["ptr", space, offset]`` or ``[kind, value]``. In a dynamic plan an arena offset and an
-    integer scalar may be an expression's text (a run-time dim; bound per binding)."""
+    """One argument of a CUDA launch: a pointer (``kind`` "ptr", ``base`` "arena" or "weights":
+    the location kind its byte offset ``value`` is into, in the step's memory space) or a scalar
+    (``kind`` "i32" / "i64" / "f32" / "f64"). JSON: ``["ptr", base, offset]`` or ``[kind, value]``.
+    In a dynamic plan an arena offset and an integer scalar may be an expression's text (a
+    run-time dim; bound per binding)."""
 
     kind: str
     value: Any  # int | float, or a dynamic plan's Expr
-    space: str = ""
+    base: str = ""
 
     def to_json(self) -> list[Any]:
         value = _dim_json(self.value)
-        return ["ptr", self.space, value] if self.kind == "ptr" else [self.kind, value]
+        return ["ptr", self.base, value] if self.kind == "ptr" else [self.kind, value]
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> LaunchArg:
         if not isinstance(data, list) or not data:
             raise where.wrong("a launch argument", data)
         if data[0] == "ptr":
-            offset = data[2] if len(data) == 3 and data[1] in POINTER_SPACES else None
+            offset = data[2] if len(data) == 3 and data[1] in POINTER_BASES else None
             if offset is None or not (is_count(offset) or isinstance(offset, str)):
                 raise where.error(f'is a bad pointer argument {data!r} (expected ["ptr", "arena" or '
                                   f'"weights", offset])')

@@ -20,21 +20,14 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from runtime.contract import DYN_EXT
+from runtime.contract import placeholder
 from runtime.json_fields import Where
 from runtime.symbolic import free_symbols
 from runtime.symbolic import parse
 from runtime.symbolic import sym
 
-# The ext slot (first) of a dynamic plan's C partition: the binding's int64 array, the symbols'
-# values then the buffers' offsets (runtime/binding.py; compiler/codegen/cdims.py writes the C).
-DYN_EXT = "#dyn"
-
 __all__ = ["DYN_EXT", "check_symbols", "placeholder", "attr_exprs"]
-
-
-def placeholder(k: int) -> str:
-    """The name that stands for buffer ``k``'s offset until the runtime places it."""
-    return f"_b{k}"
 
 
 def _dims(shape: Iterable[Any]) -> list[Any]:

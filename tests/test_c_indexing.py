@@ -29,9 +29,9 @@ from compiler.driver import compile_model
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.providers.base import Location
-from compiler.providers.base import PartitionPlan
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenLocation
+from compiler.providers.base import GenPartition
+from compiler.providers.base import GenStep
 from compiler.providers.c.pad import pad_tables
 from runtime.errors import IndexRangeError
 from runtime.kernels import get_kernel
@@ -245,10 +245,10 @@ def run_in_arena(
 ) -> np.ndarray:
     """Build and run a one-node graph whose values all live in the arena at ``offsets``."""
     node = graph.nodes[0]
-    where = {name: Location("arena", off) for name, off in offsets.items()}
+    where = {name: GenLocation("arena", off) for name, off in offsets.items()}
     ins = tuple(where[v.name] if v is not None else None for v in node.inputs)
-    step = StepPlan(0, 0, node, ins, tuple(where[v.name] for v in node.outputs), None, 0)
-    PROVIDER.generate([PartitionPlan(0, "c", "part0", (step,), ())], tmp_path, BuildOptions())
+    step = GenStep(0, 0, node, ins, tuple(where[v.name] for v in node.outputs), None, 0)
+    PROVIDER.generate([GenPartition(0, "c", "part0", (step,), ())], tmp_path, BuildOptions())
     arena = aligned_buffer(4096)
     for v in graph.inputs:
         data = np.ascontiguousarray(feeds[v.name]).view(np.uint8).reshape(-1)

@@ -39,9 +39,9 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.providers.base import GeneratedC
-from compiler.providers.base import Location
-from compiler.providers.base import PartitionPlan
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenLocation
+from compiler.providers.base import GenPartition
+from compiler.providers.base import GenStep
 from compiler.providers.c.provider import CProvider
 from runtime import Session
 from runtime.errors import ArtifactError
@@ -72,7 +72,7 @@ def _round(n: int) -> int:
 class Built:
     graph: Graph
     lib: CLibrary | None  # None: built for a CPU level this host cannot run (text checks only)
-    locations: dict[str, Location]
+    locations: dict[str, GenLocation]
     ext_names: tuple[str, ...]
     arena: np.ndarray
     weights: np.ndarray
@@ -83,7 +83,7 @@ class Built:
     def run(self, feeds: dict[str, np.ndarray], timings: np.ndarray | None = None) -> list[np.ndarray]:
         arrays = {v.name: np.ascontiguousarray(feeds[v.name]) for v in self.graph.inputs}
         for v in self.graph.outputs:
-            if self.locations[v.name].space == "ext":
+            if self.locations[v.name].kind == "ext":
                 arrays[v.name] = (
                     np.full(v.shape, np.nan, v.dtype) if v.dtype.kind == "f" else np.zeros(v.shape, v.dtype)
                 )
@@ -96,7 +96,7 @@ class Built:
         outs = []
         for v in self.graph.outputs:
             loc = self.locations[v.name]
-            if loc.space == "ext":
+            if loc.kind == "ext":
                 outs.append(arrays[v.name])
             else:
                 outs.append(
@@ -119,20 +119,20 @@ def build(
     ``isa`` is the ``-march`` value; an x86-64 level this host cannot run is built but not loaded.
     """
     same_location = same_location or {}
-    locations: dict[str, Location] = {}
+    locations: dict[str, GenLocation] = {}
     blobs: list[tuple[int, bytes]] = []
     w_off = 0
     for name, value in graph.constants.items():
         assert value.const is not None
         data = np.ascontiguousarray(value.const).tobytes()
-        locations[name] = Location("weights", w_off)
+        locations[name] = GenLocation("weights", w_off)
         blobs.append((w_off, data))
         w_off += _round(len(data))
     ext_names = [v.name for v in graph.inputs]
     if not outputs_in_arena:
         ext_names += [v.name for v in graph.outputs]
     for k, name in enumerate(ext_names):
-        locations[name] = Location("ext", k)
+        locations[name] = GenLocation("ext", k)
     a_off = 0
     steps = []
     for i, node in enumerate(graph.nodes):
@@ -140,17 +140,17 @@ def build(
             if value.name in same_location:
                 locations[value.name] = locations[same_location[value.name]]
             elif value.name not in locations:
-                locations[value.name] = Location("arena", a_off)
+                locations[value.name] = GenLocation("arena", a_off)
                 a_off += _round(value.nbytes)
         scratch_n = PROVIDER.scratch_nbytes(node)
         scratch = None
         if scratch_n:
-            scratch = Location("arena", a_off)
+            scratch = GenLocation("arena", a_off)
             a_off += _round(scratch_n)
         ins = tuple(locations[v.name] if v is not None else None for v in node.inputs)
         outs = tuple(locations[v.name] for v in node.outputs)
-        steps.append(StepPlan(i, i, node, ins, outs, scratch, scratch_n))
-    part = PartitionPlan(0, "c", "part0", tuple(steps), tuple(ext_names))
+        steps.append(GenStep(i, i, node, ins, outs, scratch, scratch_n))
+    part = GenPartition(0, "c", "part0", tuple(steps), tuple(ext_names))
     facts = PROVIDER.generate([part], out_dir, BuildOptions(isa=isa))
     weights = aligned_buffer(w_off)
     for off, data in blobs:
@@ -851,9 +851,9 @@ def test_runtime_library_errors_and_threads(tmp_path: Path) -> None:
 def test_bad_entry_symbol_is_rejected(tmp_path: Path) -> None:
     graph = tiny_graph()
     node = graph.nodes[0]
-    step = StepPlan(0, 0, node, (Location("ext", 0),), (Location("ext", 1),), None, 0)
+    step = GenStep(0, 0, node, (GenLocation("ext", 0),), (GenLocation("ext", 1),), None, 0)
     with pytest.raises(CompileError, match="entry symbol"):
-        PROVIDER.generate([PartitionPlan(0, "c", "step_0", (step,), ("x", "y"))], tmp_path, BuildOptions())
+        PROVIDER.generate([GenPartition(0, "c", "step_0", (step,), ("x", "y"))], tmp_path, BuildOptions())
 
 
 # -- emitter and environment ---------------------------------------------------------------------

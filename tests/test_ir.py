@@ -16,6 +16,7 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Use
 from compiler.ir.graph import Value
+from runtime.errors import InternalError
 from runtime.errors import ModelError
 
 F32 = np.float32
@@ -159,7 +160,7 @@ def test_node_kind_and_describe() -> None:
 def test_sort_repairs_order_and_keeps_valid_order() -> None:
     g, x, relu, neg, add = chain()
     g._nodes.reverse()  # break the order (nothing else changes the links)
-    with pytest.raises(ModelError, match="before definition"):
+    with pytest.raises(InternalError, match="before definition"):
         g.verify()
     g.sort()
     assert [n.name for n in g] == ["relu", "neg", "add"]
@@ -179,16 +180,16 @@ def test_sort_keeps_independent_nodes_in_place() -> None:
     assert [n.name for n in g] == ["n0", "n1", "n2", "n3"]
 
 
-def test_sort_raises_model_error_on_a_cycle() -> None:
+def test_sort_raises_internal_error_on_a_cycle() -> None:
     g = Graph()
     x = g.add_input(Value("x", F32, (2,)))
     a, b = Value("a", F32, (2,)), Value("b", F32, (2,))
     g.add_node(Node("Add", [x, b], [a], name="p"))
     g.add_node(Node("Relu", [a], [b], name="q"))
     g.outputs.append(b)
-    with pytest.raises(ModelError, match="cycle"):
+    with pytest.raises(InternalError, match="cycle"):
         g.sort()
-    with pytest.raises(ModelError, match="before definition"):
+    with pytest.raises(InternalError, match="before definition"):
         g.verify()
 
 
@@ -274,7 +275,7 @@ def _removed_node_still_used(g: Graph) -> None:
 def test_verify_names_the_problem(breaker: Callable[[Graph], None], message: str) -> None:
     g = chain()[0]
     breaker(g)
-    with pytest.raises(ModelError, match="IR verification failed") as info:
+    with pytest.raises(InternalError, match="IR verification failed") as info:
         g.verify()
     assert message in str(info.value)
 

@@ -24,6 +24,7 @@ from compiler.memory.packing import MemoryPlan
 from compiler.memory.packing import lower_bound
 from compiler.memory.packing import plan_offsets
 from compiler.memory.packing import verify_plan
+from runtime.errors import InternalError
 
 STRATEGIES = tuple(greedy.STRATEGIES)
 
@@ -366,7 +367,7 @@ def test_verifier_accepts_a_good_plan() -> None:
 def test_verifier_catches_overlap_and_names_both_buffers() -> None:
     bufs, _ = good_pair()
     overlapping = MemoryPlan({"a": 0, "b": 0}, 128, 128, 128, "hand")
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(InternalError) as info:
         verify_plan(bufs, overlapping, 64)
     message = str(info.value)
     assert "'a'" in message and "'b'" in message
@@ -375,23 +376,23 @@ def test_verifier_catches_overlap_and_names_both_buffers() -> None:
 
 def test_verifier_catches_partial_overlap() -> None:
     bufs = [Buffer("a", 100, 0, 5), Buffer("b", 100, 3, 3)]
-    with pytest.raises(ValueError, match="'a'.*'b'.*overlap"):
+    with pytest.raises(InternalError, match="'a'.*'b'.*overlap"):
         verify_plan(bufs, MemoryPlan({"a": 0, "b": 96}, 256, 256, 256, "hand"), 16)
 
 
 def test_verifier_catches_misaligned_offset() -> None:
     bufs, _ = good_pair()
-    with pytest.raises(ValueError, match="'b'.*not a multiple of alignment 64"):
+    with pytest.raises(InternalError, match="'b'.*not a multiple of alignment 64"):
         verify_plan(bufs, MemoryPlan({"a": 0, "b": 65}, 192, 128, 128, "hand"), 64)
 
 
 def test_verifier_catches_missing_unknown_and_out_of_arena() -> None:
     bufs, _ = good_pair()
-    with pytest.raises(ValueError, match="'b'.*no offset"):
+    with pytest.raises(InternalError, match="'b'.*no offset"):
         verify_plan(bufs, MemoryPlan({"a": 0}, 128, 128, 128, "hand"), 64)
-    with pytest.raises(ValueError, match="unknown buffer 'c'"):
+    with pytest.raises(InternalError, match="unknown buffer 'c'"):
         verify_plan(bufs, MemoryPlan({"a": 0, "b": 64, "c": 0}, 128, 128, 128, "hand"), 64)
-    with pytest.raises(ValueError, match="'b'.*past the arena of 64 bytes"):
+    with pytest.raises(InternalError, match="'b'.*past the arena of 64 bytes"):
         verify_plan(bufs, MemoryPlan({"a": 0, "b": 64}, 64, 128, 128, "hand"), 64)
-    with pytest.raises(ValueError, match="arena size 100"):
+    with pytest.raises(InternalError, match="arena size 100"):
         verify_plan(bufs, MemoryPlan({"a": 0, "b": 64}, 100, 128, 128, "hand"), 64)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence
 
-from runtime.plan_symbols import DYN_EXT
+from runtime.contract import DYN_EXT
+from runtime.contract import placeholder_index
 from runtime.symbolic import Dim
 from runtime.symbolic import Expr
 
@@ -50,8 +51,9 @@ def _atom(atom: tuple, index: dict[str, int], count: int, dyn: str) -> str:
         name = atom[1]
         if name in index:
             return f"{dyn}[{index[name]}]"
-        if name.startswith("_b") and name[2:].isdigit():
-            return f"{dyn}[{count + int(name[2:])}]"
+        k = placeholder_index(name)
+        if k is not None:
+            return f"{dyn}[{count + k}]"
         raise ValueError(f"dim symbol {name!r} is neither one of {sorted(index)} nor a buffer placeholder")
     if kind == "fd":
         return f"({_expr(atom[1], index, count, dyn)} / {atom[2]})"

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.contract import FUSED_ELEMENTWISE
 from runtime.symbolic import as_dim
 
 __all__ = [
@@ -210,7 +211,7 @@ class Emitted:
 
 def node_program(kind: str, attrs: Mapping[str, Any], n_inputs: int) -> tuple[Instr, ...]:
     """The program a node computes: its own ``program`` for FusedElementwise, else one op."""
-    if kind == "onnx_aot.FusedElementwise":
+    if kind == FUSED_ELEMENTWISE:
         return tuple(
             Instr(str(ins["op"]), tuple(str(r) for r in ins["args"]), dict(ins.get("attrs") or {}))
             for ins in attrs["program"]

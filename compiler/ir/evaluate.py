@@ -21,6 +21,7 @@ import numpy as np
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
+from runtime.contract import TRANSFER
 from runtime.errors import CompileError
 from runtime.kernels import get_kernel
 from runtime.symbolic import Expr
@@ -28,8 +29,6 @@ from runtime.symbolic import evaluate as sym_evaluate
 from runtime.symbolic import evaluate_text
 
 __all__ = ["EvaluationError", "Interpreter", "concrete_attrs", "concrete_shape", "evaluate", "run_node"]
-
-TRANSFER = "onnx_aot.Transfer"
 
 
 class EvaluationError(CompileError):

@@ -22,6 +22,9 @@ from typing import Any
 import numpy as np
 
 from compiler.ir.narrow import Narrowing
+from runtime.contract import AOT_DOMAIN
+from runtime.contract import attr_problems
+from runtime.errors import InternalError
 from runtime.errors import ModelError
 from runtime.symbolic import Dim
 from runtime.symbolic import Expr
@@ -38,7 +41,6 @@ def is_symbolic_shape(shape: Iterable[Dim] | None) -> bool:
     return shape is not None and any(isinstance(d, Expr) for d in shape)
 
 ONNX_DOMAIN = ""
-AOT_DOMAIN = "onnx_aot"  # the domain of our own fused / internal ops
 
 
 class Value:
@@ -354,13 +356,15 @@ class Graph:
                     rest.append(node)
             if not progress:
                 names = ", ".join(n.name for n in rest[:5])
-                raise ModelError(f"graph has a cycle or a dangling input among nodes: {names}")
+                raise InternalError(f"graph has a cycle or a dangling input among nodes: {names}")
             pending = rest
         self._nodes = ordered
 
     # -- checking --------------------------------------------------------------------------
     def verify(self) -> None:
-        """Check topological order, single producers, unique names, links, shapes and dtypes."""
+        """Check topological order, single producers, unique names, links, shapes and dtypes, and
+        the attributes of our own ops against the op table (``runtime/contract.py``); InternalError
+        listing what is wrong (a compiler bug: passes and the importer keep these invariants)."""
         problems: list[str] = []
         defined: dict[int, Value] = {}
         names: set[str] = set()
@@ -390,6 +394,8 @@ class Graph:
             node_names.add(node.name)
             if node.graph is not self:
                 problems.append(f"{node.describe()} is not owned by this graph")
+            if node.domain == AOT_DOMAIN:
+                problems += [f"{node.describe()}: {p}" for p in attr_problems(node.kind, node.attrs)]
             for i, operand in enumerate(node._inputs):
                 if operand is None:
                     continue
@@ -410,4 +416,4 @@ class Graph:
             if id(value) not in defined:
                 problems.append(f"graph output {value.name!r} is not defined")
         if problems:
-            raise ModelError("IR verification failed:\n  " + "\n  ".join(problems[:20]))
+            raise InternalError("IR verification failed:\n  " + "\n  ".join(problems[:20]))

@@ -20,6 +20,7 @@ import numpy as np
 
 from compiler.memory.placement_c import c_loop_available
 from compiler.memory.placement_c import place_in_c
+from runtime.contract import round_up
 
 __all__ = [
     "Fit", "MORE_STRATEGIES", "Order", "Problem", "STRATEGIES", "best_fit", "first_fit", "order_by_pressure",
@@ -43,7 +44,7 @@ class Problem:
     ) -> None:
         self.n = len(nbytes)
         self.nbytes = list(nbytes)
-        self.size = [-(-b // alignment) * alignment for b in nbytes]  # rounded up
+        self.size = [round_up(b, alignment) for b in nbytes]
         self.first = list(first)
         self.last = list(last)
         # Zero-byte buffers take no space: they conflict with nothing and keep offset 0.

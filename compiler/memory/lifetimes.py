@@ -19,15 +19,16 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.memory.packing import Buffer
+from runtime.contract import FUSED_ELEMENTWISE
+from runtime.contract import TRANSFER
 
 __all__ = ["VIEW_KINDS", "INPLACE_KINDS", "TRANSFER", "Storage", "assign_storage"]
 
 VIEW_KINDS = frozenset({"Reshape", "Identity"})
-TRANSFER = "onnx_aot.Transfer"  # moves a value between memory spaces (see the partitioner)
 INPLACE_KINDS = frozenset(
     "Relu Sigmoid Tanh Exp Log Neg Abs Sqrt Reciprocal Erf Floor Ceil Softplus Clip LeakyRelu Elu "
-    "HardSigmoid Gelu Add Sub Mul Div Pow Max Min Sum Mean onnx_aot.FusedElementwise".split()
-)
+    "HardSigmoid Gelu Add Sub Mul Div Pow Max Min Sum Mean".split()
+) | {FUSED_ELEMENTWISE}
 
 
 @dataclass

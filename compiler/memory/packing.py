@@ -26,6 +26,7 @@ from compiler.memory.greedy import Problem
 from compiler.memory.greedy import place_fresh
 from compiler.memory.search import Solution
 from compiler.memory.search import improve
+from runtime.errors import InternalError
 from runtime.symbolic import Expr
 
 __all__ = ["DEFAULT_BUDGET_MS", "Buffer", "MemoryPlan", "lower_bound", "plan_offsets", "verify_plan"]
@@ -112,26 +113,29 @@ def lower_bound(buffers: Iterable[Buffer], alignment: int) -> int:
 
 
 def verify_plan(buffers: Iterable[Buffer], plan: MemoryPlan, alignment: int) -> None:
-    """Raise ValueError naming the culprit if ``plan`` is not a valid placement of ``buffers``."""
+    """Raise InternalError naming the culprit if ``plan`` is not a valid placement of ``buffers``
+    (ValueError, as ``plan_offsets``, for buffers that are malformed themselves)."""
     bufs = _check_buffers(buffers, alignment)
     offsets = plan.offsets
     arena = plan.arena_nbytes
     if arena < 0 or arena % alignment:
-        raise ValueError(f"arena size {arena} is not a non-negative multiple of alignment {alignment}")
+        raise InternalError(f"arena size {arena} is not a non-negative multiple of alignment {alignment}")
     known = {b.id for b in bufs}
     for buffer_id in offsets:
         if buffer_id not in known:
-            raise ValueError(f"plan has an offset for unknown buffer {buffer_id!r}")
+            raise InternalError(f"plan has an offset for unknown buffer {buffer_id!r}")
     for b in bufs:
         if b.id not in offsets:
-            raise ValueError(f"buffer {b.id!r} ({_describe(b)}) has no offset in the plan")
+            raise InternalError(f"buffer {b.id!r} ({_describe(b)}) has no offset in the plan")
         offset = offsets[b.id]
         if not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"buffer {b.id!r}: offset {offset!r} is not a non-negative integer")
+            raise InternalError(f"buffer {b.id!r}: offset {offset!r} is not a non-negative integer")
         if offset % alignment:
-            raise ValueError(f"buffer {b.id!r}: offset {offset} is not a multiple of alignment {alignment}")
+            raise InternalError(f"buffer {b.id!r}: offset {offset} is not a multiple of alignment "
+                                f"{alignment}")
         if offset + b.nbytes > arena:
-            raise ValueError(f"buffer {b.id!r} ({_describe(b, offset)}) ends past the arena of {arena} bytes")
+            raise InternalError(f"buffer {b.id!r} ({_describe(b, offset)}) ends past the arena of "
+                                f"{arena} bytes")
     # Sweep over time: every pair with intersecting lifetimes is compared exactly once.
     by_start = sorted((b for b in bufs if b.nbytes), key=lambda b: b.first_step)
     active: list[Buffer] = []
@@ -141,7 +145,7 @@ def verify_plan(buffers: Iterable[Buffer], plan: MemoryPlan, alignment: int) -> 
         for a in active:
             oa = offsets[a.id]
             if oa < ob + b.nbytes and ob < oa + a.nbytes:
-                raise ValueError(
+                raise InternalError(
                     f"buffers {a.id!r} ({_describe(a, oa)}) and {b.id!r} ({_describe(b, ob)}) "
                     f"overlap in memory while both live at steps "
                     f"[{b.first_step}, {min(a.last_step, b.last_step)}]"

@@ -32,6 +32,7 @@ from compiler.passes.base import add_constant
 from compiler.passes.base import bypass
 from compiler.passes.base import note_eliminated
 from compiler.passes.base import replace_nodes
+from runtime.contract import COPY
 from runtime.errors import OnnxAotError
 from runtime.errors import UnsupportedOpError
 from runtime.kernels import get_kernel
@@ -99,7 +100,7 @@ class FoldConstants(Pass):
             return None
         if any(graph.is_graph_output(v) for v in outputs):
             # One Copy keeps one graph output; a Copy of a constant is as folded as it gets.
-            if len(outputs) > 1 or node.kind == "onnx_aot.Copy":
+            if len(outputs) > 1 or node.kind == COPY:
                 return None
         if node.op_type in NONDETERMINISTIC:
             return None

@@ -33,13 +33,14 @@ from compiler.passes.base import merged_origin
 from compiler.passes.base import replace_nodes
 from compiler.passes.base import sole_consumer
 from compiler.providers.c.attention import MAX_KEYS
+from runtime.contract import FUSED_ELEMENTWISE
 from runtime.symbolic import bounds
 
 __all__ = ["FuseAttention"]
 
 _SPLIT = [0, 2, 1, 3]  # (batch, seq, heads, d) <-> (batch, heads, seq, d)
 _KEYS = [0, 2, 3, 1]  # (batch, seq, heads, d) -> (batch, heads, d, seq)
-_PROLOGUE = ("Div", "Mul", "Add", "onnx_aot.FusedElementwise")
+_PROLOGUE = ("Div", "Mul", "Add", FUSED_ELEMENTWISE)
 _Heads = tuple[list[Node], float, Value]  # nodes to replace, the factor they apply, the split heads
 
 
@@ -99,7 +100,7 @@ def _prologue(nodes: list[Node], scores: Value) -> tuple[float, Value | None] | 
     steps: list[tuple[str, list[Value | None], Value]] = []
     current = scores
     for node in nodes:
-        if node.kind == "onnx_aot.FusedElementwise":
+        if node.kind == FUSED_ELEMENTWISE:
             results: list[Value] = []
             for ins in node.attrs["program"]:
                 refs = [node.inputs[int(r[1:])] if r[0] == "i" else results[int(r[1:])] for r in ins["args"]]

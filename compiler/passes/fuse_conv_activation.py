@@ -28,15 +28,17 @@ from compiler.passes.base import merged_origin
 from compiler.passes.base import replace_nodes
 from compiler.passes.base import rewrite_chains
 from compiler.passes.base import sole_consumer
+from runtime.contract import FUSED_CONV
+from runtime.contract import FUSED_GEMM
 
 __all__ = ["FuseConvActivation", "activation_attrs"]
 
 # node kind -> the fused op it becomes
 _FUSED = {
     "Conv": "FusedConv",
-    "onnx_aot.FusedConv": "FusedConv",
+    FUSED_CONV: "FusedConv",
     "Gemm": "FusedGemm",
-    "onnx_aot.FusedGemm": "FusedGemm",
+    FUSED_GEMM: "FusedGemm",
 }
 
 

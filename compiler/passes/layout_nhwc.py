@@ -46,6 +46,9 @@ from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import merged_origin
+from runtime.contract import FUSED_CONV
+from runtime.contract import FUSED_ELEMENTWISE
+from runtime.contract import WINOGRAD_CONV
 from runtime.kernels.elementwise import ELEMENTWISE_OPS
 from runtime.kernels.elementwise import ELEMENTWISE_REFERENCE_ONLY
 from runtime.kernels.nhwc import TO_NCHW
@@ -55,7 +58,7 @@ from runtime.kernels.nhwc import pack_winograd_weights
 
 __all__ = ["LayoutNhwc", "regions"]
 
-CONVS = ("Conv", "onnx_aot.FusedConv", "onnx_aot.WinogradConv")
+CONVS = ("Conv", FUSED_CONV, WINOGRAD_CONV)
 POOLS = {
     "MaxPool": "MaxPoolNhwc",
     "AveragePool": "AveragePoolNhwc",
@@ -143,7 +146,7 @@ def _layout_inputs(node: Node) -> list[int] | None:
         w = node.input(1)
         if not _rank4(x) or not _float32(x) or w is None or w.const is None or len(node.inputs) > 4:
             return None
-        if kind != "onnx_aot.WinogradConv" and len(node.attrs.get("kernel_shape", ())) != 2:
+        if kind != WINOGRAD_CONV and len(node.attrs.get("kernel_shape", ())) != 2:
             return None
         b, y_shape = node.input(2), node.outputs[0].shape
         if b is not None and y_shape is not None and b.shape != (y_shape[1],):
@@ -161,7 +164,7 @@ def _layout_inputs(node: Node) -> list[int] | None:
     if kind == "Concat":
         ok = node.attrs.get("axis") == 1 and all(_rank4(v) for v in node.inputs)
         return list(range(len(node.inputs))) if ok else None
-    if kind in ELEMENTWISE_OPS or kind == "onnx_aot.FusedElementwise" or _float_map(node):
+    if kind in ELEMENTWISE_OPS or kind == FUSED_ELEMENTWISE or _float_map(node):
         positions = []
         for i, v in enumerate(node.inputs):
             if v is None or v.const is not None:
@@ -284,7 +287,7 @@ class _Rewrite:
             return False
         uses = node.outputs[0].uses
         user = uses[0].node if len(uses) == 1 else None
-        return user is not None and user.kind == "onnx_aot.FusedElementwise" and id(user) in self.members
+        return user is not None and user.kind == FUSED_ELEMENTWISE and id(user) in self.members
 
     # -- nodes ------------------------------------------------------------------------------------
 
@@ -312,7 +315,7 @@ class _Rewrite:
         if kind in CONVS:
             w = node.input(1)
             assert w is not None and w.const is not None
-            if kind == "onnx_aot.WinogradConv":
+            if kind == WINOGRAD_CONV:
                 op, packed = "WinogradConvNhwc", pack_winograd_weights(w.const)
             else:
                 group = int(attrs["group"])
@@ -336,7 +339,7 @@ class _Rewrite:
             for i, v in enumerate(inputs):
                 if v is not None and v.const is not None and i not in positions:
                     inputs[i] = self._constant(v)
-            if kind == "onnx_aot.FusedElementwise":
+            if kind == FUSED_ELEMENTWISE:
                 inputs, attrs["program"] = self._absorb(node, inputs, list(attrs["program"]))
         return Node(
             op,

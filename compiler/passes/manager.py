@@ -2,7 +2,7 @@
 
 ``PassManager`` runs a list of passes over and over until none of them changes the graph (at
 most ``max_iterations`` rounds), verifying the graph after every pass so that a pass that breaks
-the IR is named in a :class:`~runtime.errors.CompileError`. ``passes_for_level`` maps the
+the IR is named in a :class:`~runtime.errors.InternalError`. ``passes_for_level`` maps the
 ``--opt-level`` option to the pass list: 0 none, 1 basic (denormal weights flushed too), 2 basic
 + fusions, 3 as 2; ``lowerings_for`` adds a target's lowerings (for the C target: Winograd
 convolutions from level 2, the NHWC layout of convolution regions at level 3).
@@ -29,7 +29,7 @@ from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_gemm_weights import PackGemmWeights
 from compiler.passes.use_winograd import UseWinograd
 from runtime.errors import CompileError
-from runtime.errors import ModelError
+from runtime.errors import InternalError
 
 __all__ = ["MAX_LEVEL", "PassManager", "lowerings_for", "optimize", "passes_for_level"]
 
@@ -73,8 +73,8 @@ class PassManager:
     def _check(graph: Graph, culprit: str) -> None:
         try:
             graph.verify()
-        except ModelError as exc:
-            raise CompileError(f"{culprit} left graph {graph.name!r} invalid: {exc}") from exc
+        except InternalError as exc:
+            raise InternalError(f"{culprit} left graph {graph.name!r} invalid: {exc}") from exc
 
 
 def passes_for_level(level: int, target: str | None = None) -> list[Pass]:

@@ -29,12 +29,13 @@ from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import replace_nodes
 from compiler.providers.c.gemm import DOT_MAX_ROWS
+from runtime.contract import FUSED_GEMM
 from runtime.kernels.linalg import B_PANEL
 from runtime.kernels.linalg import pack_b_panels
 
 __all__ = ["PackGemmWeights"]
 
-_GEMMS = ("Gemm", "onnx_aot.FusedGemm")
+_GEMMS = ("Gemm", FUSED_GEMM)
 
 
 def _b_matrix(node: Node) -> np.ndarray | None:

@@ -37,6 +37,7 @@ from compiler.passes.base import add_constant
 from compiler.passes.base import replace_nodes
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import WinogradGeometry
+from runtime.contract import FUSED_CONV
 from runtime.kernels.winograd import MATRICES
 from runtime.symbolic import Dim
 from runtime.symbolic import bounds
@@ -75,7 +76,7 @@ def winograd_weights(w: np.ndarray, tile: int = 2) -> np.ndarray:
 
 
 def _eligible(node: Node) -> bool:
-    if node.kind not in ("Conv", "onnx_aot.FusedConv") or len(node.outputs) != 1:
+    if node.kind not in ("Conv", FUSED_CONV) or len(node.outputs) != 1:
         return False
     x, w = node.input(0), node.input(1)
     if x is None or w is None or w.const is None or x.shape is None or len(x.shape) != 4:

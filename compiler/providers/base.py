@@ -1,4 +1,4 @@
-"""The compile-side provider interface and the plan records providers generate code from.
+"""The compile-side provider interface and the records providers generate code from.
 
 A provider claims the nodes it can run (with their attributes, dtypes and shapes) and, for the
 partitions it was given, writes the kernel sources and binaries into the artifact and returns
@@ -26,36 +26,40 @@ from runtime.symbolic import Expr
 from runtime.symbolic import as_dim
 
 __all__ = [
-    "Location", "StepPlan", "PartitionPlan", "Provider", "shape_of",
+    "GenLocation", "GenStep", "GenPartition", "Provider", "shape_of",
     "CLibraryBuild", "GeneratedC", "GeneratedCuda", "Generated",
 ]
 
 
 @dataclass(frozen=True)
-class Location:
-    """Where a value's bytes are during a run.
+class GenLocation:
+    """Where a value's bytes are during a run, as the code generators address them (the plan's
+    ``ValueLocation`` is the runtime's form; the words are runtime/contract.py's).
 
-    ``space`` is "arena" (byte ``offset`` into the memory space's arena), "weights" (byte
-    ``offset`` into weights.bin) or "ext" (``offset`` is a slot in the partition's external
-    pointer array: a graph input or output the caller owns). In a dynamic graph an arena offset is
-    an ``Expr`` of the symbols and the buffers' placeholders (compiler/dynamic.py).
+    ``kind`` is "arena" (byte ``offset`` into the ``space`` arena), "weights" (byte ``offset``
+    into weights.bin's copy in ``space``) or "ext" (``offset`` is a slot in the partition's
+    external pointer array: a graph input or output the caller owns). ``space`` is the memory
+    space, "host" or "cuda". In a dynamic graph an arena offset is an ``Expr`` of the symbols and
+    the buffers' placeholders (compiler/dynamic.py).
     """
 
-    space: str
+    kind: str
     offset: Any
-    memory_space: str = "host"  # for "arena" and "weights": which space's arena / weights copy
+    space: str = "host"  # for "arena" and "weights": which space's arena / weights copy
 
 
 @dataclass(frozen=True)
-class StepPlan:
-    """One scheduled kernel with the locations of its operands."""
+class GenStep:
+    """One scheduled kernel with the locations of its operands: what a provider's ``generate``
+    reads (``Gen*``; ``Generated*`` is what it returns). The plan's ``PlanStep`` is the runtime's
+    record of the same step."""
 
     index: int  # global step index (the memory plan's time axis)
     local: int  # index within its partition (the slot in the per-step timing buffer)
     node: Node
-    inputs: tuple[Location | None, ...]
-    outputs: tuple[Location, ...]
-    scratch: Location | None  # kernel scratch in the arena, live for this step only
+    inputs: tuple[GenLocation | None, ...]
+    outputs: tuple[GenLocation, ...]
+    scratch: GenLocation | None  # kernel scratch in the arena, live for this step only
     scratch_nbytes: int
     # a dynamic graph's symbols (plan order) and the C text of its binding array (compiler/codegen/
     # cdims.py): locations' offsets and a kernel's sizes may be expressions over them
@@ -64,13 +68,13 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
-class PartitionPlan:
+class GenPartition:
     """A run of consecutive steps on one provider, executed by one call."""
 
     index: int
     provider: str
     entry: str  # the C symbol (or name) of the partition's entry function
-    steps: tuple[StepPlan, ...]
+    steps: tuple[GenStep, ...]
     ext: tuple[str, ...]  # value names bound to ext slots, in slot order
 
 
@@ -156,7 +160,7 @@ class Provider(Protocol):
         ...
 
     def generate(
-        self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
+        self, partitions: list[GenPartition], kernels_dir: Path, options: BuildOptions
     ) -> Generated:
         """Write sources (and binaries) for ``partitions`` under ``kernels_dir``; say what was written
         (None: nothing)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from compiler.codegen.options import BuildOptions
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
-from compiler.providers.base import PartitionPlan
+from compiler.providers.base import GenPartition
 from runtime.kernels import supported_kinds
 
 __all__ = ["ReferenceProvider"]
@@ -37,6 +37,6 @@ class ReferenceProvider:
         return 0
 
     def generate(
-        self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
+        self, partitions: list[GenPartition], kernels_dir: Path, options: BuildOptions
     ) -> None:
         return None

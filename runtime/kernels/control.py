@@ -23,6 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from runtime.contract import IF
+from runtime.contract import LOOP
+from runtime.contract import SCAN
+from runtime.contract import SLICE_AT
 from runtime.errors import OnnxAotError
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import finish
@@ -60,15 +64,15 @@ def _truth(xp: Any, value: Any) -> bool:
     return bool(xp.asarray(value).reshape(-1)[0])
 
 
-@register("onnx_aot.If")
+@register(IF)
 def if_(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     branch = attrs["then_branch"] if _truth(xp, inputs[0]) else attrs["else_branch"]
     return finish(
-        xp, "onnx_aot.If", [xp.array(r, copy=True) for r in run_sub_schedule(xp, branch, inputs)], outputs
+        xp, IF, [xp.array(r, copy=True) for r in run_sub_schedule(xp, branch, inputs)], outputs
     )
 
 
-@register("onnx_aot.Loop")
+@register(LOOP)
 def loop(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """inputs: trip count (or None), condition (or None), the carried values, then what the body
     reads from outside; outputs: the final carried values, then the scan outputs."""
@@ -86,7 +90,7 @@ def loop(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
         carried = [xp.array(v, copy=True) for v in outs[1 : 1 + n]]
         for k, value in enumerate(outs[1 + n :]):
             if len(scans[k]) == outputs[n + k][0][0]:  # (stop before memory grows past the plan)
-                raise RuntimeKernelError(f"onnx_aot.Loop: more iterations than the {len(scans[k])} its "
+                raise RuntimeKernelError(f"{LOOP}: more iterations than the {len(scans[k])} its "
                                          f"scan outputs were compiled for")
             scans[k].append(xp.array(value, copy=True))
         i += 1
@@ -94,14 +98,14 @@ def loop(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
     for k, (shape, _) in enumerate(outputs[n:]):
         if len(scans[k]) != shape[0]:
             raise RuntimeKernelError(
-                f"onnx_aot.Loop: ran {len(scans[k])} iterations, but its scan outputs "
+                f"{LOOP}: ran {len(scans[k])} iterations, but its scan outputs "
                 f"were compiled for {shape[0]}"
             )
         stacked.append(xp.stack(scans[k]) if scans[k] else xp.zeros(shape, outputs[n + k][1]))
-    return finish(xp, "onnx_aot.Loop", carried + stacked, outputs)
+    return finish(xp, LOOP, carried + stacked, outputs)
 
 
-@register("onnx_aot.Scan")
+@register(SCAN)
 def scan(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """inputs: the states, the scan inputs, then what the body reads from outside; outputs: the
     final states, then the scan outputs (stacked on ``out_axes``, reversed where ``out_dirs`` is 1)."""
@@ -122,10 +126,10 @@ def scan(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Output
         xp.stack(e[::-1] if d else e, axis=int(a))
         for e, a, d in zip(elems, attrs["out_axes"], attrs["out_dirs"], strict=True)
     ]
-    return finish(xp, "onnx_aot.Scan", states + stacked, outputs)
+    return finish(xp, SCAN, states + stacked, outputs)
 
 
-@register("onnx_aot.SliceAt")
+@register(SLICE_AT)
 def slice_at(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """ONNX Slice (opset 10+) whose starts / ends / axes / steps are known only at run time (a loop
     body's ``x[i:i+1]``): Python's slices clamp as ONNX does; the shape is checked against the plan."""
@@ -138,9 +142,9 @@ def slice_at(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[Ou
     index = [slice(None)] * x.ndim
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         if step == 0:
-            raise RuntimeKernelError("onnx_aot.SliceAt: step 0")
+            raise RuntimeKernelError(f"{SLICE_AT}: step 0")
         index[int(axis) % x.ndim] = slice(int(start), int(end), int(step))
-    return finish(xp, "onnx_aot.SliceAt", [x[tuple(index)]], outputs)
+    return finish(xp, SLICE_AT, [x[tuple(index)]], outputs)
 
 
 # -- checking a plan's programs once, at load ------------------------------------------------------
@@ -188,7 +192,7 @@ def _check_scan(attrs: dict[str, Any], n_inputs: int, where: str) -> None:
     _check_program(attrs.get("body"), n_inputs, n + n_scans, f"{where} body")
 
 
-_ATTR_CHECKS = {"onnx_aot.If": _check_if, "onnx_aot.Loop": _check_loop, "onnx_aot.Scan": _check_scan}
+_ATTR_CHECKS = {IF: _check_if, LOOP: _check_loop, SCAN: _check_scan}
 
 
 def _count(value: Any) -> bool:

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.contract import FUSED_CONV
+from runtime.contract import FUSED_ELEMENTWISE
+from runtime.contract import FUSED_GEMM
+from runtime.contract import MULTI_HEAD_ATTENTION
+from runtime.contract import PACKED_GEMM
 from runtime.errors import RuntimeKernelError
 from runtime.errors import UnsupportedOpError
 from runtime.kernels.common import fill_optional
@@ -55,52 +60,52 @@ def conv_epilogue(
     return apply_activation(xp, y, attrs)
 
 
-@register("onnx_aot.FusedConv")
+@register(FUSED_CONV)
 def fused_conv_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """act(conv(X, W) + B + Z): Z, when present, is a residual with the output's shape."""
-    x, w, b, z = fill_optional("onnx_aot.FusedConv", inputs, 4)
+    x, w, b, z = fill_optional(FUSED_CONV, inputs, 4)
     y = conv_epilogue(xp, conv(xp, x, w, None, attrs), b, z, attrs)
-    return finish(xp, "onnx_aot.FusedConv", [y], outputs)
+    return finish(xp, FUSED_CONV, [y], outputs)
 
 
-@register("onnx_aot.FusedGemm")
+@register(FUSED_GEMM)
 def fused_gemm_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """act(alpha * op(A) @ op(B) + beta * C)."""
-    a, b, c = fill_optional("onnx_aot.FusedGemm", inputs, 3)
+    a, b, c = fill_optional(FUSED_GEMM, inputs, 3)
     y = apply_activation(xp, gemm(xp, a, b, c, attrs), attrs)
-    return finish(xp, "onnx_aot.FusedGemm", [y], outputs)
+    return finish(xp, FUSED_GEMM, [y], outputs)
 
 
-@register("onnx_aot.PackedGemm")
+@register(PACKED_GEMM)
 def packed_gemm_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """FusedGemm (transA 0, transB 0) with B packed ahead of time in column panels (attribute
     ``n``: B's columns; ``runtime/kernels/linalg.py: pack_b_panels``)."""
-    a, bp, c = fill_optional("onnx_aot.PackedGemm", inputs, 3)
+    a, bp, c = fill_optional(PACKED_GEMM, inputs, 3)
     b = unpack_b_panels(xp, bp, int(attrs["n"]))
     y = apply_activation(xp, gemm(xp, a, b, c, {**attrs, "transA": 0, "transB": 0}), attrs)
-    return finish(xp, "onnx_aot.PackedGemm", [y], outputs)
+    return finish(xp, PACKED_GEMM, [y], outputs)
 
 
-@register("onnx_aot.MultiHeadAttention")
+@register(MULTI_HEAD_ATTENTION)
 def multi_head_attention_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """softmax(Q K^T * scale + mask) V per batch and head, with Q, K, V and the output in the
     layout the heads were split into, (batch, seq, heads, head size), not transposed; the mask
     broadcasts to (batch, heads, query, key)."""
-    q, k, v, mask = fill_optional("onnx_aot.MultiHeadAttention", inputs, 4)
+    q, k, v, mask = fill_optional(MULTI_HEAD_ATTENTION, inputs, 4)
     scores = xp.matmul(xp.transpose(q, (0, 2, 1, 3)), xp.transpose(k, (0, 2, 3, 1)))
     scores = scores * xp.asarray(attrs["scale"], dtype=scores.dtype)
     if mask is not None:
         scores = scores + mask
     context = xp.matmul(softmax(xp, scores, -1), xp.transpose(v, (0, 2, 1, 3)))
-    return finish(xp, "onnx_aot.MultiHeadAttention", [xp.transpose(context, (0, 2, 1, 3))], outputs)
+    return finish(xp, MULTI_HEAD_ATTENTION, [xp.transpose(context, (0, 2, 1, 3))], outputs)
 
 
 def _resolve(ref: Any, inputs: list[Any], results: list[Any]) -> Any:
@@ -111,7 +116,7 @@ def _resolve(ref: Any, inputs: list[Any], results: list[Any]) -> Any:
         if k < len(pool):
             return pool[k]
     raise RuntimeKernelError(
-        f"onnx_aot.FusedElementwise: bad reference {ref!r} ({len(inputs)} inputs,"
+        f"{FUSED_ELEMENTWISE}: bad reference {ref!r} ({len(inputs)} inputs,"
         f" {len(results)} earlier instructions)"
     )
 
@@ -119,7 +124,7 @@ def _resolve(ref: Any, inputs: list[Any], results: list[Any]) -> Any:
 def run_program(xp: Any, program: list[dict[str, Any]], inputs: list[Any]) -> Any:
     """Evaluate a FusedElementwise ``program``; the last instruction's result is returned."""
     if not program:
-        raise RuntimeKernelError("onnx_aot.FusedElementwise: empty program")
+        raise RuntimeKernelError(f"{FUSED_ELEMENTWISE}: empty program")
     results: list[Any] = []
     for instruction in program:
         args = [_resolve(ref, inputs, results) for ref in instruction["args"]]
@@ -127,10 +132,10 @@ def run_program(xp: Any, program: list[dict[str, Any]], inputs: list[Any]) -> An
     return results[-1]
 
 
-@register("onnx_aot.FusedElementwise")
+@register(FUSED_ELEMENTWISE)
 def fused_elementwise_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """Run ``program`` over X0..Xn-1, broadcasting to the output shape."""
     y = run_program(xp, attrs["program"], inputs)
-    return finish(xp, "onnx_aot.FusedElementwise", [y], outputs, broadcast=True)
+    return finish(xp, FUSED_ELEMENTWISE, [y], outputs, broadcast=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.contract import COPY
 from runtime.errors import RuntimeKernelError
 from runtime.errors import UnsupportedOpError
 from runtime.kernels.common import finish
@@ -41,10 +42,10 @@ def identity_kernel(
     return finish(xp, "Identity", [inputs[0]], outputs)
 
 
-@register("onnx_aot.Copy")
+@register(COPY)
 def copy_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
-    """onnx_aot.Copy: a fresh copy of X."""
-    return finish(xp, "onnx_aot.Copy", [inputs[0].copy()], outputs)
+    """Copy (onnx_aot): a fresh copy of X."""
+    return finish(xp, COPY, [inputs[0].copy()], outputs)
 
 
 @register("Concat")

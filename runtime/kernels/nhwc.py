@@ -26,6 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from runtime.contract import AVERAGE_POOL_NHWC
+from runtime.contract import CONV_NHWC
+from runtime.contract import GLOBAL_AVERAGE_POOL_NHWC
+from runtime.contract import LRN_NHWC
+from runtime.contract import MAX_POOL_NHWC
+from runtime.contract import WINOGRAD_CONV_NHWC
+from runtime.contract import op_name
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
@@ -134,27 +141,27 @@ def _nhwc(xp: Any, y: Any) -> Any:
 def _conv_nhwc_kernel(
     kind: str, unpack: Callable[[Any, int], Any], conv_nchw: Callable[[Any, Any, Any, dict[str, Any]], Any]
 ) -> Kernel:
-    """The kernel of ``onnx_aot.<kind>(X, W, B?, Z?)``: act(conv(X, W) + B + Z) in NHWC, the packed
+    """The kernel of ``kind`` (X, W, B?, Z?): act(conv(X, W) + B + Z) in NHWC, the packed
     weights unpacked by ``unpack(packed, M)`` for the NCHW ``conv_nchw(xp, x, w, attrs)`` between two
     transposes, then the fused epilogue (:func:`conv_epilogue`) on the NHWC result."""
 
     def kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
-        x, packed, b, z = fill_optional(f"onnx_aot.{kind}", inputs, 4)
+        x, packed, b, z = fill_optional(kind, inputs, 4)
         w = unpack(packed, int(outputs[0][0][3]))
-        y = _nhwc(xp, conv_nchw(xp, _nchw(xp, x, kind), w, attrs))
+        y = _nhwc(xp, conv_nchw(xp, _nchw(xp, x, op_name(kind)), w, attrs))
         y = conv_epilogue(xp, y, b, z, attrs, channel_axis=3)
-        return finish(xp, f"onnx_aot.{kind}", [y], outputs)
+        return finish(xp, kind, [y], outputs)
 
     return kernel
 
 
 # FusedConv with W packed by pack_conv_weights; WinogradConv with U packed by pack_winograd_weights.
-register("onnx_aot.ConvNhwc")(
-    _conv_nhwc_kernel("ConvNhwc", unpack_conv_weights, lambda xp, x, w, attrs: conv(xp, x, w, None, attrs))
+register(CONV_NHWC)(
+    _conv_nhwc_kernel(CONV_NHWC, unpack_conv_weights, lambda xp, x, w, attrs: conv(xp, x, w, None, attrs))
 )
-register("onnx_aot.WinogradConvNhwc")(
+register(WINOGRAD_CONV_NHWC)(
     _conv_nhwc_kernel(
-        "WinogradConvNhwc",
+        WINOGRAD_CONV_NHWC,
         unpack_winograd_weights,
         lambda xp, x, u, attrs: winograd_conv(xp, x, xp.ascontiguousarray(u), attrs),
     )
@@ -162,22 +169,22 @@ register("onnx_aot.WinogradConvNhwc")(
 
 
 def _pool_nhwc_kernel(kind: str, pool: Callable[[Any, Any, dict[str, Any]], Any]) -> Kernel:
-    """The kernel of ``onnx_aot.<kind>``: the NCHW ``pool`` over the H and W axes of an NHWC
+    """The kernel of ``kind``: the NCHW ``pool`` over the H and W axes of an NHWC
     tensor, between two transposes."""
 
     def kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
-        y = pool(xp, _nchw(xp, inputs[0], kind), attrs)
-        return finish(xp, f"onnx_aot.{kind}", [_nhwc(xp, y)], outputs)
+        y = pool(xp, _nchw(xp, inputs[0], op_name(kind)), attrs)
+        return finish(xp, kind, [_nhwc(xp, y)], outputs)
 
     return kernel
 
 
 # MaxPool (one output) and AveragePool over the H and W axes of an NHWC tensor.
-register("onnx_aot.MaxPoolNhwc")(_pool_nhwc_kernel("MaxPoolNhwc", max_pool))
-register("onnx_aot.AveragePoolNhwc")(_pool_nhwc_kernel("AveragePoolNhwc", average_pool))
+register(MAX_POOL_NHWC)(_pool_nhwc_kernel(MAX_POOL_NHWC, max_pool))
+register(AVERAGE_POOL_NHWC)(_pool_nhwc_kernel(AVERAGE_POOL_NHWC, average_pool))
 
 
-@register("onnx_aot.GlobalAveragePoolNhwc")
+@register(GLOBAL_AVERAGE_POOL_NHWC)
 def global_average_pool_nhwc_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
@@ -185,10 +192,10 @@ def global_average_pool_nhwc_kernel(
     x = inputs[0]
     if x.ndim != 4:
         raise RuntimeKernelError(f"GlobalAveragePoolNhwc: expected a 4-D input, got {tuple(x.shape)}")
-    return finish(xp, "onnx_aot.GlobalAveragePoolNhwc", [xp.mean(x, axis=(1, 2), keepdims=True)], outputs)
+    return finish(xp, GLOBAL_AVERAGE_POOL_NHWC, [xp.mean(x, axis=(1, 2), keepdims=True)], outputs)
 
 
-@register("onnx_aot.LRNNhwc")
+@register(LRN_NHWC)
 def lrn_nhwc_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
@@ -196,4 +203,4 @@ def lrn_nhwc_kernel(
     shape, dtype = outputs[0]
     nchw_shape = tuple(int(shape[i]) for i in TO_NCHW)
     (y,) = lrn_kernel(xp, [_nchw(xp, inputs[0], "LRNNhwc")], attrs, [(nchw_shape, dtype)])
-    return finish(xp, "onnx_aot.LRNNhwc", [_nhwc(xp, y)], outputs)
+    return finish(xp, LRN_NHWC, [_nhwc(xp, y)], outputs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.contract import BATCH_NORM_TRAINING
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
 from runtime.kernels.registry import OutputSpec
@@ -42,7 +43,7 @@ def _widened(xp: Any, x: Any) -> Any:
     return x.astype(xp.float32) if x.dtype.kind == "f" and x.dtype.itemsize < 4 else x
 
 
-@register("onnx_aot.BatchNormTraining")
+@register(BATCH_NORM_TRAINING)
 def batch_norm_training_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
@@ -60,7 +61,7 @@ def batch_norm_training_kernel(
     momentum = attrs["momentum"]
     running_mean = mean * momentum + batch_mean * (1 - momentum)
     running_var = var * momentum + batch_var * (1 - momentum)
-    return finish(xp, "onnx_aot.BatchNormTraining", [y, running_mean, running_var][: len(outputs)], outputs)
+    return finish(xp, BATCH_NORM_TRAINING, [y, running_mean, running_var][: len(outputs)], outputs)
 
 
 @register("GroupNormalization")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.contract import WINOGRAD_CONV
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
@@ -95,11 +96,11 @@ def winograd_conv(xp: Any, x: Any, u: Any, attrs: dict[str, Any]) -> Any:
     return y[:, :, :oh, :ow]
 
 
-@register("onnx_aot.WinogradConv")
+@register(WINOGRAD_CONV)
 def winograd_conv_kernel(
     xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]
 ) -> list[Any]:
     """FusedConv of a 3x3, stride-1 conv whose weights are Winograd-transformed: act(conv + B + Z)."""
-    x, u, b, z = fill_optional("onnx_aot.WinogradConv", inputs, 4)
+    x, u, b, z = fill_optional(WINOGRAD_CONV, inputs, 4)
     y = conv_epilogue(xp, winograd_conv(xp, x, u, attrs), b, z, attrs)
-    return finish(xp, "onnx_aot.WinogradConv", [y], outputs)
+    return finish(xp, WINOGRAD_CONV, [y], outputs)

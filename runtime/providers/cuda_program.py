@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.contract import TRANSFER
 from runtime.errors import ArtifactError
 from runtime.plan_schema import KernelLaunch
 from runtime.plan_schema import Plan
@@ -33,7 +34,6 @@ __all__ = ["H2H", "H2D", "D2H", "D2D", "VIEW_OPS", "Place", "Launch", "Copy", "v
 H2H, H2D, D2H, D2D = 0, 1, 2, 3
 _KINDS = {("host", "host"): H2H, ("host", "cuda"): H2D, ("cuda", "host"): D2H, ("cuda", "cuda"): D2D}
 VIEW_OPS = frozenset({"Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze"})
-AOT_DOMAIN = "onnx_aot"
 _SCALARS: dict[str, Callable[[Any], Any]] = {"i32": np.int32, "i64": np.int64, "f32": np.float32,
                                              "f64": np.float64}
 
@@ -94,10 +94,10 @@ def parse_launch(step: str, launch: KernelLaunch, arena_nbytes: int, weights_nby
             args.append(_SCALARS[arg.kind](arg.value))
             continue
         offset = int(arg.value)
-        limit = arena_nbytes if arg.space == "arena" else weights_nbytes
+        limit = arena_nbytes if arg.base == "arena" else weights_nbytes
         if not 0 <= offset <= limit:
-            raise ArtifactError(f"plan.json: {where}: {arg.space} offset {offset} outside 0..{limit}")
-        if arg.space == "arena":
+            raise ArtifactError(f"plan.json: {where}: {arg.base} offset {offset} outside 0..{limit}")
+        if arg.base == "arena":
             slots.append((index, offset))
             args.append(np.uint64(0))
         else:
@@ -109,7 +109,7 @@ def parse_launch(step: str, launch: KernelLaunch, arena_nbytes: int, weights_nby
 def _copy(step: PlanStep, values: Mapping[str, PlanValue], partition: int) -> Copy | None:
     """A Transfer (or a view on the device) as a byte copy; None for a view over the same bytes."""
     name, op = step.name, step.op_type
-    if step.kind == f"{AOT_DOMAIN}.Transfer":
+    if step.kind == TRANSFER:
         src_space, dst_space = step.attrs["from"], step.attrs["to"]
     elif step.kind in VIEW_OPS:
         src_space = dst_space = "cuda"

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from runtime.blas import single_threaded_blas
+from runtime.contract import TRANSFER
 from runtime.errors import ArtifactError
 from runtime.errors import IndexRangeError
 from runtime.errors import InputError
@@ -29,8 +30,6 @@ from runtime.plan_schema import PlanSchedule
 from runtime.run_path import value_view
 
 __all__ = ["ReferencePartition"]
-
-TRANSFER = "onnx_aot.Transfer"
 
 
 class ReferencePartition:

@@ -19,6 +19,7 @@ from compiler.frontend.canonical.context import shape_of
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
+from runtime.contract import AOT_DOMAIN
 from runtime.errors import UnsupportedOpError
 from runtime.kernels.window import conv_transpose_out_size
 
@@ -108,7 +109,7 @@ def _batchnorm(ctx: CanonContext) -> list[Node]:
     running = _stat_outputs(ctx, 1, [(_dtype(v), shape_of(v)) for v in ctx.inputs[3:5]])
     return [ctx.node("BatchNormTraining", ctx.inputs[:5],
                      {"epsilon": epsilon, "momentum": float(ctx.attr("momentum", 0.9))},
-                     outputs=ctx.outputs[:1] + running, domain="onnx_aot")]
+                     outputs=ctx.outputs[:1] + running, domain=AOT_DOMAIN)]
 
 
 @register("GroupNormalization")

@@ -22,7 +22,7 @@ from compiler.codegen.elementwise import broadcast_strides
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -40,6 +40,7 @@ from compiler.providers.c.gemm import choose_tiling
 from compiler.providers.c.gemm import sized_scratch
 from compiler.providers.c.movement import register_transpose
 from compiler.providers.kit import Param
+from runtime.contract import MULTI_HEAD_ATTENTION
 from runtime.symbolic import Dim
 from runtime.symbolic import Expr
 from runtime.symbolic import bounds
@@ -90,7 +91,7 @@ def attention_dims(node: Node) -> tuple[Dim, Dim, Dim, int, int, int] | None:
 
 
 class AttentionKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.MultiHeadAttention",)
+    kinds: tuple[str, ...] = (MULTI_HEAD_ATTENTION,)
     dynamic = True  # run-time batch and sequence lengths (attention_dims)
 
     def supports(self, node: Node) -> bool:
@@ -113,7 +114,7 @@ class AttentionKernel(CKernel):
         b, _, sk, h, d, _ = attention_dims(node) or (0, 0, 0, 0, 0, 0)
         return 4 * h * d * b * _padded(sk)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         dims = attention_dims(node)
         assert dims is not None, node.describe()

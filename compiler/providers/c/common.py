@@ -19,8 +19,8 @@ from compiler.codegen.cdims import c_dim
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.providers.base import Location
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenLocation
+from compiler.providers.base import GenStep
 from compiler.providers.kit import Kernel
 from compiler.providers.kit import Param
 from runtime.errors import CompileError
@@ -45,9 +45,9 @@ PARALLEL_MIN_WORK = 1 << 15
 
 @dataclass(frozen=True)
 class Arg:
-    """A pointer the entry passes: a Location cast to the parameter's type."""
+    """A pointer the entry passes: a GenLocation cast to the parameter's type."""
 
-    space: str  # "arena" | "weights" | "ext"
+    kind: str  # "arena" | "weights" | "ext" (a location kind: runtime/contract.py)
     offset: int | str  # a byte offset or slot; C text over the binding in a dynamic graph
     ctype: str
     const: bool
@@ -66,7 +66,7 @@ class StepCode:
 class CKernel(Kernel):
     """A C kernel: ``build`` renders one step as a step function and its call."""
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         raise NotImplementedError
 
 
@@ -94,29 +94,29 @@ def same_dtype_movable(node: Node) -> bool:
     return dtype.kind in "biufc" and dtype.itemsize in (1, 2, 4, 8) and all(v.dtype == dtype for v in values)
 
 
-def arg(loc: Location | None, ctype: str, const: bool, step: StepPlan, what: str) -> Arg:
+def arg(loc: GenLocation | None, ctype: str, const: bool, step: GenStep, what: str) -> Arg:
     """The entry argument for ``loc``; a missing or bad location names the node."""
     if loc is None:
         raise CompileError(f"{step.node.describe()}: no location for {what}")
     if isinstance(loc.offset, Expr):  # an arena offset of a dynamic graph: C text over its binding
-        if loc.space != "arena" or not step.dyn:
+        if loc.kind != "arena" or not step.dyn:
             raise CompileError(f"{step.node.describe()}: bad location {loc} for {what}")
-        return Arg(loc.space, c_dim(loc.offset, step.symbols, step.dyn), ctype, const)
-    if loc.space not in ("arena", "weights", "ext") or loc.offset < 0:
+        return Arg(loc.kind, c_dim(loc.offset, step.symbols, step.dyn), ctype, const)
+    if loc.kind not in ("arena", "weights", "ext") or loc.offset < 0:
         raise CompileError(f"{step.node.describe()}: bad location {loc} for {what}")
-    if loc.space == "weights" and not const:
+    if loc.kind == "weights" and not const:
         raise CompileError(f"{step.node.describe()}: {what} is written but lives in weights")
-    return Arg(loc.space, int(loc.offset), ctype, const)
+    return Arg(loc.kind, int(loc.offset), ctype, const)
 
 
-def dyn_arg(step: StepPlan) -> Arg:
+def dyn_arg(step: GenStep) -> Arg:
     """The binding's array (``const int64_t* dyn`` of a kernel with run-time dims)."""
     if not step.dyn:
         raise CompileError(f"{step.node.describe()}: a kernel with run-time dims outside a dynamic graph")
     return Arg("ext", 0, "int64_t", True)  # slot 0 of a dynamic C partition (plan.py)
 
 
-def input_args(step: StepPlan, ctype: str = "float") -> list[Arg]:
+def input_args(step: GenStep, ctype: str = "float") -> list[Arg]:
     """Args for the step's present inputs, in input order."""
     out: list[Arg] = []
     for i, value in enumerate(step.node.inputs):
@@ -127,19 +127,19 @@ def input_args(step: StepPlan, ctype: str = "float") -> list[Arg]:
     return out
 
 
-def output_args(step: StepPlan, ctype: str = "float") -> list[Arg]:
+def output_args(step: GenStep, ctype: str = "float") -> list[Arg]:
     return [
         arg(loc, ctype, False, step, f"output {i} ({step.node.outputs[i].name})")
         for i, loc in enumerate(step.outputs)
     ]
 
 
-def step_args(step: StepPlan, ctype: str = "float", out_ctype: str | None = None) -> list[Arg]:
+def step_args(step: GenStep, ctype: str = "float", out_ctype: str | None = None) -> list[Arg]:
     """Args for the step's present inputs then its outputs (of ``out_ctype``, default ``ctype``)."""
     return [*input_args(step, ctype), *output_args(step, out_ctype or ctype)]
 
 
-def scratch_arg(step: StepPlan, needed: int) -> list[Arg]:
+def scratch_arg(step: GenStep, needed: int) -> list[Arg]:
     """The scratch pointer (checked to be big enough), or nothing when ``needed`` is 0."""
     if needed == 0:
         return []
@@ -153,7 +153,7 @@ def scratch_arg(step: StepPlan, needed: int) -> list[Arg]:
 def params(names: Sequence[str], args: Sequence[Arg], restrict: Sequence[bool]) -> tuple[Param, ...]:
     """The step function's parameters; ``restrict`` is dropped where two args share an address
     (an empty tensor's buffer may sit anywhere, even on another operand)."""
-    places = [(a.space, a.offset) for a in args]
+    places = [(a.kind, a.offset) for a in args]
     shared = {p for p in places if places.count(p) > 1}
-    return tuple(Param(n, a.ctype, a.const, r and (a.space, a.offset) not in shared)
+    return tuple(Param(n, a.ctype, a.const, r and (a.kind, a.offset) not in shared)
                  for n, a, r in zip(names, args, restrict, strict=True))

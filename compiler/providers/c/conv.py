@@ -26,7 +26,7 @@ from compiler.codegen.cdims import CDim
 from compiler.codegen.cdims import kernel_dims
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
@@ -50,6 +50,8 @@ from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import Spatial
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import AOT_DOMAIN
+from runtime.contract import FUSED_CONV
 from runtime.errors import CompileError
 from runtime.symbolic import Expr
 from runtime.symbolic import bounds
@@ -161,7 +163,7 @@ def epilogue_operands_ok(node: Node, m: int) -> bool:
 
 
 def conv_operands(
-    step: StepPlan, weights: str, scratch_nbytes: int
+    step: GenStep, weights: str, scratch_nbytes: int
 ) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
     """A (Fused)Conv-like step's epilogue, arguments and parameters: x, ``weights``, bias?, z?, y,
     scratch? (inputs X, W, B?, Z? as FusedConv has them; z may alias y, so it is not restrict)."""
@@ -178,7 +180,7 @@ def conv_operands(
 
 
 class ConvKernel(CKernel):
-    kinds: tuple[str, ...] = ("Conv", "onnx_aot.FusedConv")
+    kinds: tuple[str, ...] = ("Conv", FUSED_CONV)
     dynamic = True  # run-time batch and spatial sizes (conv_dynamic.c.j2, depthwise.c.j2)
 
     def supports(self, node: Node) -> bool:
@@ -192,9 +194,9 @@ class ConvKernel(CKernel):
         b, z = node.input(2), node.input(3)
         if b is not None and shape_of(b) != (g.m,):
             return False
-        if z is not None and (node.domain != "onnx_aot" or shape_of(z) != shape_of(node.outputs[0])):
+        if z is not None and (node.domain != AOT_DOMAIN or shape_of(z) != shape_of(node.outputs[0])):
             return False
-        return len(node.inputs) <= (4 if node.domain == "onnx_aot" else 3)
+        return len(node.inputs) <= (4 if node.domain == AOT_DOMAIN else 3)
 
     @staticmethod
     def _supports_dynamic(node: Node) -> bool:
@@ -210,7 +212,7 @@ class ConvKernel(CKernel):
             return _dynamic_scratch(g, _dynamic_method(g))
         return _static_scratch(node)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic(step, target)
@@ -268,7 +270,7 @@ def pixels_bound(g: ConvGeometry, node: Node) -> int:
 
 
 def dynamic_conv_operands(
-    step: StepPlan, weights: str, scratch: int | Expr
+    step: GenStep, weights: str, scratch: int | Expr
 ) -> tuple[Epilogue, list[Arg], tuple[Param, ...]]:
     """``conv_operands`` of a dynamic step: x, ``weights``, bias?, z?, y, scratch? (of an
     expression's size) and the binding ``dyn``."""
@@ -285,7 +287,7 @@ def dynamic_conv_operands(
     return e, args, (*params(names, args[:-1], restrict), Param("dyn", "int64_t", True, True))
 
 
-def _build_dynamic(step: StepPlan, target: TargetInfo) -> StepCode:
+def _build_dynamic(step: GenStep, target: TargetInfo) -> StepCode:
     node = step.node
     g0 = claimed(ConvGeometry.from_symbolic_node(node), node)
     method = _dynamic_method(g0)

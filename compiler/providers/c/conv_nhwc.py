@@ -60,7 +60,7 @@ from dataclasses import replace
 from compiler.codegen.cdims import CDim
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
@@ -74,6 +74,7 @@ from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import CONV_NHWC
 from runtime.kernels.nhwc import PANEL
 from runtime.symbolic import Expr
 from runtime.symbolic import max_
@@ -205,7 +206,7 @@ def _columns(px: int, kw: int, sw: int, dw: int) -> tuple[tuple[int, tuple[tuple
 
 
 class ConvNhwcKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.ConvNhwc",)
+    kinds: tuple[str, ...] = (CONV_NHWC,)
     dynamic = True  # run-time batch and spatial sizes: tiling and threads decided in C
 
     def supports(self, node: Node) -> bool:
@@ -220,7 +221,7 @@ class ConvNhwcKernel(CKernel):
         xh, xw = _addressed(g, mode)
         return 4 * g.batch * xh * xw * g.c
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic(step, target, self.scratch_nbytes(node))
@@ -247,7 +248,7 @@ def inside_decls(name: str, size: object, out: object, kernel: int, stride: int,
             (f"{name}HI", f"({hi} > {name}LO ? {hi} : {name}LO)"))  # fmt: skip
 
 
-def _build_dynamic(step: StepPlan, target: TargetInfo, scratch: int | Expr) -> StepCode:
+def _build_dynamic(step: GenStep, target: TargetInfo, scratch: int | Expr) -> StepCode:
     node = step.node
     g0 = claimed(ConvGeometry.from_symbolic_node(node, "NHWC"), node)
     e, args, step_params = dynamic_conv_operands(step, "w", scratch)

@@ -20,7 +20,7 @@ from compiler.codegen.elementwise import contiguous_strides
 from compiler.codegen.elementwise import index_expr
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
@@ -149,7 +149,7 @@ def _einsum_type(node: Node) -> CType | None:
     return t
 
 
-def _context(step: StepPlan, t: CType, args: list[Arg]) -> EinsumContext:
+def _context(step: GenStep, t: CType, args: list[Arg]) -> EinsumContext:
     node = step.node
     shapes = [shape_of(v) for v in node.inputs]
     c = contraction(str(node.attrs["equation"]), shapes)
@@ -195,7 +195,7 @@ class EinsumKernel(CKernel):
             return False
         return tuple(c.size(lab) for lab in c.output) == shape_of(node.outputs[0])
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         t = _einsum_type(step.node)
         assert t is not None, step.node.describe()
         args = step_args(step, t.name)

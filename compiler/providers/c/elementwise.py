@@ -26,7 +26,7 @@ from compiler.codegen.elementwise import program_supported
 from compiler.codegen.elementwise import scalar_constant
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -38,6 +38,7 @@ from compiler.providers.c.common import output_args
 from compiler.providers.c.elementwise_vector import vector_program
 from compiler.providers.c.rundims import assumed_equal
 from compiler.providers.kit import Param
+from runtime.contract import FUSED_ELEMENTWISE
 
 __all__ = ["EltwiseContext", "EltwiseKernel"]
 
@@ -63,7 +64,7 @@ class EltwiseContext:
 
 class EltwiseKernel(CKernel):
     kinds = tuple(sorted(ELEMENTWISE_OPS - {"Equal", "Less", "Greater", "And", "Or", "Not", "Where"})) + (
-        "onnx_aot.FusedElementwise",
+        FUSED_ELEMENTWISE,
     )
     dynamic = True  # run-time dims: the nest's sizes and strides from the binding (cdims.py)
 
@@ -83,7 +84,7 @@ class EltwiseKernel(CKernel):
             return False
         return program_supported(program, len(node.inputs))
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         inputs = [v for v in node.inputs if v is not None]
         dynamic = any(v.is_symbolic for v in (*inputs, *node.outputs))

@@ -33,7 +33,7 @@ from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
@@ -153,7 +153,7 @@ def _broadcasts(node: Node) -> bool:
     return True
 
 
-def _build(step: StepPlan, ctypes: list[tuple[str, str]], out_ctype: str, expr: str) -> StepCode:
+def _build(step: GenStep, ctypes: list[tuple[str, str]], out_ctype: str, expr: str) -> StepCode:
     """The map step: input k loaded as ``ctypes[k]`` = (pointer type, variable type) into ``a<k>``."""
     node = step.node
     out_shape = shape_of(node.outputs[0], symbolic=True)
@@ -202,7 +202,7 @@ class CastKernel(CKernel):
         return cast_supported(src, dst) and shape_of(node.input(0), symbolic=True) == shape_of(
             node.outputs[0], symbolic=True)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         src, dst = _dtype(step.node.input(0)), _dtype(step.node.outputs[0])
         var = "float" if src.name == "float16" else value_ctype(src)
         return _build(step, [(value_ctype(src), var)], value_ctype(dst), cast_expr(src, dst, "a0"))
@@ -219,7 +219,7 @@ class WhereKernel(CKernel):
         out = _dtype(node.outputs[0])
         return cond.kind == "b" and x == out and y == out and out.kind in "biuf" and out.name in _VALUE_CTYPES
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         ctype = storage_ctype(_dtype(step.node.outputs[0]))
         loads = [("uint8_t", "uint8_t"), (ctype, ctype), (ctype, ctype)]
         return _build(step, loads, ctype, "(a0 ? a1 : a2)")
@@ -241,7 +241,7 @@ class CompareKernel(CKernel):
             return dtype.kind == "b"
         return dtype.name in _VALUE_CTYPES
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         ctype = value_ctype(_dtype(node.input(0)))
         loads = [(ctype, ctype)] * len(node.inputs)
@@ -281,7 +281,7 @@ class QuantizeKernel(CKernel):
                 and to in _QUANT_CTYPES and _dtype(node.outputs[0]).name == to
                 and (zero is None or _dtype(zero).name == to))
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         to = np.dtype(_dtype(node.outputs[0]))
         info = np.iinfo(to)
@@ -303,7 +303,7 @@ class DequantizeKernel(CKernel):
         return (_per_tensor(node, _QUANT_CTYPES | {"int32"}) and str(node.attrs.get("to")) == "float32"
                 and _dtype(node.outputs[0]) == np.float32 and (zero is None or _dtype(zero) == _dtype(x)))
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         ctype = value_ctype(_dtype(node.input(0)))
         loads = [(ctype, ctype), ("float", "float")] + [(ctype, ctype)] * (len(node.inputs) - 2)

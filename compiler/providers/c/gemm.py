@@ -32,7 +32,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import vector_activation_expr
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
@@ -48,6 +48,9 @@ from compiler.providers.c.common import scratch_arg
 from compiler.providers.geometry import MatmulProduct
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import AOT_DOMAIN
+from runtime.contract import FUSED_GEMM
+from runtime.contract import PACKED_GEMM
 from runtime.errors import CompileError
 from runtime.kernels.linalg import B_PANEL
 from runtime.symbolic import Dim
@@ -182,7 +185,7 @@ def _pack_a(prod: _Product) -> bool:
 
 def activation(node: Node, vector: bool = False) -> str:
     """The node's fused activation as a C expression over ``v`` (a float, or a ``vf`` vector)."""
-    if node.domain != "onnx_aot":
+    if node.domain != AOT_DOMAIN:
         return "v"
     make = vector_activation_expr if vector else activation_expr
     return make(
@@ -197,7 +200,7 @@ def activation(node: Node, vector: bool = False) -> str:
 def fused_ok(node: Node, vector_math: bool = True) -> bool:
     """Whether the node's epilogue attributes are complete and name an activation the kernels
     have; without ``vector_math`` (templates/c/vmath.c.j2: CUDA has none) not Silu."""
-    if node.domain != "onnx_aot":
+    if node.domain != AOT_DOMAIN:
         return True
     keys = ("activation", "act_min", "act_max", "act_alpha")
     if not all(k in node.attrs for k in keys):
@@ -236,7 +239,7 @@ def _path(node: Node, p: MatmulProduct, b_off: list[int], batches: int) -> str:
 
 
 def _packed_product(node: Node) -> _Product | None:
-    """onnx_aot.PackedGemm: A (m, k) times B packed in (ceil(n / B_PANEL), k, B_PANEL) panels."""
+    """PackedGemm (onnx_aot): A (m, k) times B packed in (ceil(n / B_PANEL), k, B_PANEL) panels."""
     a, bp, y = node.input(0), node.input(1), node.outputs[0]
     if a is None or bp is None or a.shape is None or bp.shape is None or y.shape is None:
         return None
@@ -250,7 +253,7 @@ def _product(node: Node) -> _Product | None:
     """The node's product with its batches' A / B offsets (one B for every batch: packed once)."""
     if _dynamic(node):
         return _run_time_product(node)
-    if node.kind == "onnx_aot.PackedGemm":
+    if node.kind == PACKED_GEMM:
         return _packed_product(node)
     p = MatmulProduct.from_node(node)
     if p is None:
@@ -284,7 +287,7 @@ def _run_time_product(node: Node) -> _Product | None:
         return _run_time_batches(tuple(a.shape), tuple(b.shape), tuple(y.shape))
     if b.is_symbolic:
         return None
-    if node.kind == "onnx_aot.PackedGemm":
+    if node.kind == PACKED_GEMM:
         n = int(node.attrs.get("n", -1))
         k = b.shape[1] if len(b.shape) == 3 else -1
         if len(a.shape) != 2 or tuple(b.shape) != (-(-n // B_PANEL), k, B_PANEL) or a.shape[1] != k:
@@ -375,7 +378,7 @@ def _epilogue(node: Node, p: MatmulProduct) -> Epilogue:
 
 
 class GemmKernel(CKernel):
-    kinds: tuple[str, ...] = ("Gemm", "onnx_aot.FusedGemm", "onnx_aot.PackedGemm", "MatMul")
+    kinds: tuple[str, ...] = ("Gemm", FUSED_GEMM, PACKED_GEMM, "MatMul")
     dynamic = True  # run-time rows (M): _run_time_product
 
     def supports(self, node: Node) -> bool:
@@ -403,7 +406,7 @@ class GemmKernel(CKernel):
         a_blocks = 4 * len(prod.a_off) * (prod.p.m + MAX_ROWS - 1) * prod.p.k if _pack_a(prod) else 0
         return a_blocks + (packed_nbytes(prod.p.k, prod.p.n) if prod.path == "packed" else 0)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         prod = claimed(_product(node), node)
         p = prod.p
@@ -467,7 +470,7 @@ def _run_time_context(prod: _Product, dims: Callable[[object], int | CDim]) -> d
     return out
 
 
-def sized_scratch(step: StepPlan, needed: Dim) -> list[Arg]:
+def sized_scratch(step: GenStep, needed: Dim) -> list[Arg]:
     """``scratch_arg``, for a size that may be an expression of the symbols (run-time rows)."""
     if not isinstance(needed, Expr):
         return scratch_arg(step, needed)

@@ -32,7 +32,7 @@ from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -226,7 +226,7 @@ class StridedKernel(CKernel):
             return not symbolic_const(node.input(0)) and _dynamic_strided(node) is not None
         return strided_map(node) is not None
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic_strided(step)
@@ -247,7 +247,7 @@ class StridedKernel(CKernel):
         return _unless_empty(out.size, StepCode("c/strided.c.j2", ctx, tuple(args)))
 
 
-def _build_dynamic_strided(step: StepPlan) -> StepCode:
+def _build_dynamic_strided(step: GenStep) -> StepCode:
     node = step.node
     found = _dynamic_strided(node)
     assert found is not None, node.describe()
@@ -303,7 +303,7 @@ class GatherKernel(CKernel):
             return False
         return shape_of(y, symbolic=True) == xs[:axis] + shape_of(indices, symbolic=True) + xs[axis + 1 :]
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         x, indices = node.inputs
         y = node.outputs[0]
@@ -362,7 +362,7 @@ class SplitKernel(CKernel):
             for v, size in zip(node.outputs, sizes, strict=True)
         )
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         x = node.input(0)
         assert x is not None and x.dtype is not None
@@ -433,7 +433,7 @@ class RangeKernel(CKernel):
             return False
         return len(shape_of(y, symbolic=True)) == 1
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         y = node.outputs[0]
         assert y.dtype is not None
@@ -477,7 +477,7 @@ class FillKernel(CKernel):
             return False
         return np.dtype(node.attrs.get("dtype", "float32")) == y.dtype and "value" in node.attrs
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         y = node.outputs[0]
         assert y.dtype is not None

@@ -34,7 +34,7 @@ from compiler.codegen.elementwise import loop_nest
 from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -48,6 +48,7 @@ from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.c.rundims import symbolic_const
 from compiler.providers.kit import Param
+from runtime.contract import COPY
 from runtime.symbolic import Expr
 from runtime.symbolic import max_
 
@@ -201,7 +202,7 @@ class ConcatKernel(CKernel):
                                              if d != axis) for s in shapes)
         return same and sum((s[axis] for s in shapes), 0) == ys[axis]
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         out = node.outputs[0]
         ys, axis = shape_of(out, symbolic=True), int(node.attrs["axis"])
@@ -319,7 +320,7 @@ class TransposeKernel(CKernel):
             return False
         return shape_of(node.outputs[0], symbolic=True) == tuple(xs[int(p)] for p in perm)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _dynamic_transpose(step, target.vector_bytes // 4)
@@ -373,7 +374,7 @@ def _dynamic_blocks(xs: tuple[Any, ...], perm: list[int], itemsize: int, vw: int
                    chunks=write(b.chunks), tiles=write(b.tiles)), fits
 
 
-def _dynamic_transpose(step: StepPlan, vw: int) -> StepCode:
+def _dynamic_transpose(step: GenStep, vw: int) -> StepCode:
     """A Transpose with run-time dims: the blocked batched 2-D transpose where it is one (when its
     steps fit at run time), else the loop nest over the output, its sizes and strides C over the
     binding; threads from 4x the usual work, decided at run time."""
@@ -400,7 +401,7 @@ def _dynamic_transpose(step: StepPlan, vw: int) -> StepCode:
 
 
 class CopyKernel(CKernel):
-    kinds: tuple[str, ...] = ("Reshape", "Identity", "onnx_aot.Copy")
+    kinds: tuple[str, ...] = ("Reshape", "Identity", COPY)
     dynamic = True  # run-time dims: the byte count from the binding
 
     def supports(self, node: Node) -> bool:
@@ -411,7 +412,7 @@ class CopyKernel(CKernel):
         return math.prod(shape_of(node.input(0), symbolic=True)) == math.prod(
             shape_of(node.outputs[0], symbolic=True))
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         dtype = node.outputs[0].dtype
         assert dtype is not None

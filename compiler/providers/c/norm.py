@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -80,7 +80,7 @@ class ChannelKernel(CKernel):
             and "epsilon" in node.attrs
         )
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         xs = shape_of(node.input(0), symbolic=True)
         a = node.attrs
@@ -152,7 +152,7 @@ class SoftmaxKernel(CKernel):
         return (isinstance(axis, int) and 0 <= axis < max(len(xs), 1)
                 and shape_of(node.outputs[0], symbolic=True) == xs)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _dynamic_softmax(step, target)
@@ -180,7 +180,7 @@ class SoftmaxKernel(CKernel):
 SOFTMAX_COLUMNS = 256
 
 
-def _dynamic_softmax(step: StepPlan, target: TargetInfo) -> StepCode:
+def _dynamic_softmax(step: GenStep, target: TargetInfo) -> StepCode:
     """Softmax with run-time dims: contiguous rows (inner 1) on whole vectors where the run's
     length holds a vector (a C test when the length is a run-time one); rows with elements apart
     (inner > 1: YOLOv8's DFL, axis 1 of (b, 16, 4, n)) as SOFTMAX_COLUMNS adjacent columns at a

@@ -22,7 +22,7 @@ from compiler.codegen.elementwise import contiguous_strides
 from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -162,7 +162,7 @@ class PadKernel(CKernel):
         float(node.attrs["value"])
         return shape_of(node.outputs[0]) == tuple(len(t) for t in tables)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         x, y = node.input(0), node.outputs[0]
         assert x is not None and x.dtype is not None

@@ -19,7 +19,7 @@ from typing import Any
 
 from compiler.codegen.elementwise import storage_ctype
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import StepCode
@@ -111,7 +111,7 @@ def takes_runtime_pads(node: Node) -> bool:
     return True
 
 
-def runtime_pad(step: StepPlan, value: str) -> StepCode:
+def runtime_pad(step: GenStep, value: str) -> StepCode:
     """The kernel of a dynamic Pad step (``value``: the padding value's C literal)."""
     node = step.node
     x = node.input(0)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from compiler.codegen.cdims import CDim
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
@@ -57,7 +57,7 @@ class PoolKernel(CKernel):
         g = PoolGeometry.from_node(node, "NCHW", symbolic=is_dynamic(node))
         return g is not None and (node.op_type == "MaxPool" or (g.dh == 1 and g.dw == 1))
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic(step)
@@ -77,7 +77,7 @@ class PoolKernel(CKernel):
         return StepCode("c/pool.c.j2", ctx, tuple(args))
 
 
-def _build_dynamic(step: StepPlan) -> StepCode:
+def _build_dynamic(step: GenStep) -> StepCode:
     node = step.node
     g0 = claimed(PoolGeometry.from_node(node, "NCHW", symbolic=True), node)
     g, decls = dynamic_geometry(g0, step.symbols)

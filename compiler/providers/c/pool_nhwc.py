@@ -31,7 +31,7 @@ from compiler.codegen.cdims import kernel_dims
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -47,6 +47,10 @@ from compiler.providers.c.conv_nhwc import inside_decls
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import AVERAGE_POOL_NHWC
+from runtime.contract import GLOBAL_AVERAGE_POOL_NHWC
+from runtime.contract import LRN_NHWC
+from runtime.contract import MAX_POOL_NHWC
 from runtime.symbolic import Expr
 
 __all__ = [
@@ -125,22 +129,22 @@ class PoolNhwcContext:
 
 
 class PoolNhwcKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.MaxPoolNhwc", "onnx_aot.AveragePoolNhwc")
+    kinds: tuple[str, ...] = (MAX_POOL_NHWC, AVERAGE_POOL_NHWC)
     dynamic = True  # run-time batch and spatial sizes (not in ceil mode)
 
     def supports(self, node: Node) -> bool:
         if not float32_unary(node):
             return False
-        if node.kind == "onnx_aot.AveragePoolNhwc" and node.attrs.get("count_include_pad") not in (0, 1):
+        if node.kind == AVERAGE_POOL_NHWC and node.attrs.get("count_include_pad") not in (0, 1):
             return False
         return PoolGeometry.from_node(node, "NHWC", is_dynamic(node)) is not None
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic_pool(step, target)
         g = claimed(PoolGeometry.from_node(node, "NHWC"), node)
-        avg = node.kind == "onnx_aot.AveragePoolNhwc"
+        avg = node.kind == AVERAGE_POOL_NHWC
         include = avg and bool(int(node.attrs["count_include_pad"]))
         args = step_args(step)
         oh_lo, oh_hi = g.rows.inside()
@@ -164,10 +168,10 @@ class PoolNhwcKernel(CKernel):
         return StepCode("c/pool_nhwc.c.j2", ctx, tuple(args))
 
 
-def _build_dynamic_pool(step: StepPlan, target: TargetInfo) -> StepCode:
+def _build_dynamic_pool(step: GenStep, target: TargetInfo) -> StepCode:
     node = step.node
     g, decls = dynamic_geometry(claimed(PoolGeometry.from_node(node, "NHWC", True), node), step.symbols)
-    avg = node.kind == "onnx_aot.AveragePoolNhwc"
+    avg = node.kind == AVERAGE_POOL_NHWC
     decls += inside_decls("OHI", g.h, g.oh, g.kh, g.sh, g.dh, g.pt)
     decls += inside_decls("OWI", g.w, g.ow, g.kw, g.sw, g.dw, g.pl)
     args = [*step_args(step), dyn_arg(step)]
@@ -219,7 +223,7 @@ _POWERS = {0.75: "sqrt3/4", 0.5: "sqrt", 1.0: "one"}
 
 
 class ChannelNhwcKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.GlobalAveragePoolNhwc", "onnx_aot.LRNNhwc")
+    kinds: tuple[str, ...] = (GLOBAL_AVERAGE_POOL_NHWC, LRN_NHWC)
     dynamic = True  # run-time batch and spatial sizes; channels static
 
     def supports(self, node: Node) -> bool:
@@ -228,7 +232,7 @@ class ChannelNhwcKernel(CKernel):
         xs, ys = shape_of(node.input(0), symbolic=True), shape_of(node.outputs[0], symbolic=True)
         if len(xs) != 4 or isinstance(xs[3], Expr):
             return False
-        if node.kind == "onnx_aot.GlobalAveragePoolNhwc":
+        if node.kind == GLOBAL_AVERAGE_POOL_NHWC:
             return ys == (xs[0], 1, 1, xs[3])
         a = node.attrs
         size = a.get("size")
@@ -236,10 +240,10 @@ class ChannelNhwcKernel(CKernel):
         fits = xs[3] <= MAX_LRN_CHANNELS
         return ys == xs and numbers and isinstance(size, int) and size >= 1 and fits
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         n, h, w, c = shape_of(node.input(0), symbolic=True)
-        lrn = node.kind == "onnx_aot.LRNNhwc"
+        lrn = node.kind == LRN_NHWC
         a = node.attrs
         size = int(a["size"]) if lrn else 1
         beta = float(a["beta"]) if lrn else 1.0

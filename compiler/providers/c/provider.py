@@ -11,8 +11,8 @@ compiled again (``toolchain.build_units``).
 The library's ABI (version 1), which ``runtime/providers/c.py`` relies on:
 
 - ``int <entry>(void* const* ext, char* arena, const char* weights, double* step_seconds)`` per
-  partition: ``ext[k]`` is the address of the value ``partition.ext[k]``; Location("arena", off)
-  is ``arena + off``, Location("weights", off) is ``weights + off``, Location("ext", k) is
+  partition: ``ext[k]`` is the address of the value ``partition.ext[k]``; GenLocation("arena", off)
+  is ``arena + off``, GenLocation("weights", off) is ``weights + off``, GenLocation("ext", k) is
   ``ext[k]``. Runs the steps in order; with ``step_seconds`` not NULL it stores the wall time of
   step ``local`` in ``step_seconds[local]``. Returns 0 on success (1/2/3: ext/arena/weights NULL;
   4, ``ONNX_AOT_FAULT_INDEX``: a checked step found an index outside its axis and stopped the
@@ -49,7 +49,7 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.providers.base import CLibraryBuild
 from compiler.providers.base import GeneratedC
-from compiler.providers.base import PartitionPlan
+from compiler.providers.base import GenPartition
 from compiler.providers.c import attention
 from compiler.providers.c import conv
 from compiler.providers.c import conv_nhwc
@@ -176,7 +176,7 @@ class CProvider:
     def scratch_nbytes(self, node: Node) -> int:
         return KERNELS.scratch_nbytes(node)
 
-    def render_source(self, partitions: list[PartitionPlan], target: TargetInfo) -> CSource:
+    def render_source(self, partitions: list[GenPartition], target: TargetInfo) -> CSource:
         """The model's C source, whole and split into translation units for the build.
 
         Kernel functions are named after a hash of their text (rendered with a placeholder name),
@@ -214,9 +214,9 @@ class CProvider:
                     fn = names[key]
                 calls.append(CallSite(step.index, step.local, comment(step.node), fn, code.args,
                                       fn is not None and code.checked))
-            spaces = {a.space for c in calls for a in c.args}
-            entries.append(EntryContext(symbol, tuple(calls), "ext" in spaces, "arena" in spaces,
-                                        "weights" in spaces, any(c.checked for c in calls)))
+            kinds = {a.kind for c in calls for a in c.args}
+            entries.append(EntryContext(symbol, tuple(calls), "ext" in kinds, "arena" in kinds,
+                                        "weights" in kinds, any(c.checked for c in calls)))
         texts = tuple(functions.values())
         prototypes = tuple(_prototype(name, text) for name, text in functions.items())
         whole = ModelContext(ABI_VERSION, target.vector_bytes, texts, tuple(entries), (), "model",
@@ -228,7 +228,7 @@ class CProvider:
         return CSource(render("c/model.c.j2", whole), tuple(units), tuple(entries))
 
     def generate(
-        self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
+        self, partitions: list[GenPartition], kernels_dir: Path, options: BuildOptions
     ) -> GeneratedC:
         """Render and build the model's C kernels under ``kernels_dir``, once per build.
 

@@ -33,7 +33,7 @@ from compiler.codegen.toolchain import TargetInfo
 from compiler.codegen.vmath import scalar_math_expr
 from compiler.codegen.vmath import vector_math_expr
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
@@ -280,7 +280,7 @@ class RecurrentKernel(CKernel):
         dirs, seq, batch, _, hidden = _sizes(node)
         return 4 * dirs * _direction_floats(_OPS[node.op_type][0], seq, batch, hidden)  # type: ignore[no-any-return]
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         gates, nact, _, input_names = _OPS[node.op_type]
         dirs, seq, batch, size, hidden = _sizes(node)

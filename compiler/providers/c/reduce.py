@@ -22,7 +22,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
@@ -163,7 +163,7 @@ def _run_offset(flat: str, sizes: list, strides: list) -> str:
     return " + ".join(reversed(terms)) if terms else "0"
 
 
-def _dynamic_reduce(step: StepPlan, t: CType, axes: list[int]) -> StepCode:
+def _dynamic_reduce(step: GenStep, t: CType, axes: list[int]) -> StepCode:
     """A reduction with run-time dims: the groups as in the static kernel (a run-time dim is never
     taken for 1), their sizes and strides C over the binding; "cols" work items of COL_BLOCK."""
     node = step.node
@@ -218,7 +218,7 @@ class ReduceKernel(CKernel):
             return False
         return _reduce_axes(node) is not None
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         axes = _reduce_axes(node)
         t = ctype_of(node.input(0))
@@ -286,7 +286,7 @@ class ArgKernel(CKernel):
             return False
         return shape_of(y, symbolic=True) == _reduced_shape(xs, [axis], bool(int(node.attrs["keepdims"])))
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         t, xs, axis = _along_axis(node)
         rd = run_dims(step)
@@ -348,7 +348,7 @@ class TopKKernel(CKernel):
         ys = xs[:axis] + (k,) + xs[axis + 1 :]
         return shape_of(values, symbolic=True) == ys and shape_of(indices, symbolic=True) == ys
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         t, xs, axis = _along_axis(node)
         rd = run_dims(step)  # a run-time outer in a dynamic graph
@@ -426,7 +426,7 @@ class LayerNormKernel(CKernel):
             return False
         return node.input(2) is None or _per_element_index(node.input(2), norm) is not None
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         xs = shape_of(node.input(0), symbolic=True)
         axis = int(node.attrs["axis"])

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import StepCode
@@ -73,7 +73,7 @@ def runtime_resize_scratch(node: Node) -> int | Expr:
     return 16 * (ys[-2] + ys[-1])
 
 
-def runtime_resize(step: StepPlan) -> StepCode:
+def runtime_resize(step: GenStep) -> StepCode:
     node = step.node
     xs, ys = shape_of(node.input(0), symbolic=True), shape_of(node.outputs[0], symbolic=True)
     scales = [float(s) for s in node.attrs["scales"]]

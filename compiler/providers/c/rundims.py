@@ -13,7 +13,7 @@ from typing import Any
 from compiler.codegen.cdims import kernel_dims
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.c.common import Arg
 from compiler.providers.c.common import dyn_arg
 from compiler.providers.kit import Param
@@ -75,7 +75,7 @@ class RunDims:
         return bool(self.args)
 
 
-def run_dims(step: StepPlan) -> RunDims:
+def run_dims(step: GenStep) -> RunDims:
     if not is_dynamic(step.node):
         return RunDims(lambda x: int(x), (), ())
     return RunDims(kernel_dims(step.symbols), (dyn_arg(step),), (Param("dyn", "int64_t", True, True),))

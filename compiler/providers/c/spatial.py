@@ -29,7 +29,7 @@ from compiler.codegen.cdims import CDim
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import Arg
@@ -155,7 +155,7 @@ def _whole_scales(node: Node) -> tuple[int, int] | None:
     return sh, sw
 
 
-def _nearest_resize(step: StepPlan) -> StepCode:
+def _nearest_resize(step: GenStep) -> StepCode:
     """A nearest Resize by whole scales, static or with run-time dims: rows written element by
     element once and copied (a static one's tap tables gathered each element: 4.6x as long on
     YOLOv8n's 2x upsampling)."""
@@ -200,7 +200,7 @@ class ResizeKernel(CKernel):
             return runtime_resize_scratch(node)
         return 0
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node) and _whole_scales(node) is None:
             return runtime_resize(step)
@@ -259,7 +259,7 @@ class ConvTransposeKernel(CKernel):
         g = _conv_transpose_geometry(node)
         return 4 * g.mg * g.kh * g.kw * g.h * g.w  # type: ignore[no-any-return]  # one image and group's columns
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         g = _conv_transpose_geometry(node)
         bias = node.input(2) is not None
@@ -281,7 +281,7 @@ class ConvTransposeKernel(CKernel):
         return StepCode("c/spatial_conv_transpose.c.j2", ctx, tuple(args))
 
 
-def _dynamic_conv_transpose(step: StepPlan, g0: ConvTransposeGeometry, e: Epilogue, bias: bool,
+def _dynamic_conv_transpose(step: GenStep, g0: ConvTransposeGeometry, e: Epilogue, bias: bool,
                             args: list[Arg], step_params: tuple[Param, ...], target: TargetInfo) -> StepCode:
     """The same kernel over run-time sizes: C locals from the binding, the tile's N (input pixels
     per image, NP) a run-time count (``run_time_columns``: the tail panel's B rows copied into a

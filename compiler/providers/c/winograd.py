@@ -21,7 +21,7 @@ from compiler.codegen.cdims import CDim
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.conv import Decls
@@ -39,6 +39,7 @@ from compiler.providers.c.gemm import run_time_columns
 from compiler.providers.geometry import WinogradGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import WINOGRAD_CONV
 from runtime.kernels.winograd import MATRICES
 from runtime.symbolic import Expr
 
@@ -83,7 +84,7 @@ def _signed(matrix: tuple[tuple[float, ...], ...]) -> tuple[tuple[tuple[int, str
 
 
 class WinogradKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.WinogradConv",)
+    kinds: tuple[str, ...] = (WINOGRAD_CONV,)
     dynamic = True  # run-time batch and spatial sizes: tile counts, rows and products' columns in C
 
     def supports(self, node: Node) -> bool:
@@ -96,7 +97,7 @@ class WinogradKernel(CKernel):
         tiles = g.th * g.tw
         return 4 * (g.tile + 2) ** 2 * (g.c * _padded(tiles) + g.m * tiles)
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if is_dynamic(node):
             return _build_dynamic(step, target, self.scratch_nbytes(node))
@@ -122,7 +123,7 @@ class WinogradKernel(CKernel):
         return StepCode("c/winograd.c.j2", ctx, tuple(args))
 
 
-def _build_dynamic(step: StepPlan, target: TargetInfo, scratch: int | Expr) -> StepCode:
+def _build_dynamic(step: GenStep, target: TargetInfo, scratch: int | Expr) -> StepCode:
     """Run-time sizes as C locals; the products' columns (an image's tiles) a run-time count on the
     register tile chosen for many columns (``run_time_columns``)."""
     node = step.node

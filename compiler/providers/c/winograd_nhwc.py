@@ -46,7 +46,7 @@ from compiler.codegen.cdims import CDim
 from compiler.codegen.elementwise import literal
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.c.common import PARALLEL_MIN_WORK
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
@@ -60,6 +60,7 @@ from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import WinogradGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import WINOGRAD_CONV_NHWC
 from runtime.kernels.nhwc import PANEL
 from runtime.kernels.winograd import MATRICES
 from runtime.symbolic import Expr
@@ -267,7 +268,7 @@ def _blocks(node: Node) -> _Blocks | None:
 
 
 class WinogradNhwcKernel(CKernel):
-    kinds: tuple[str, ...] = ("onnx_aot.WinogradConvNhwc",)
+    kinds: tuple[str, ...] = (WINOGRAD_CONV_NHWC,)
     dynamic = True  # run-time batch and spatial sizes: tiles, blocks and threads decided in C
 
     def supports(self, node: Node) -> bool:
@@ -277,7 +278,7 @@ class WinogradNhwcKernel(CKernel):
     def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
         return claimed(_blocks(node), node).scratch_nbytes()
 
-    def build(self, step: StepPlan, target: TargetInfo) -> StepCode:
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         b = claimed(_blocks(node), node)
         if is_dynamic(node):

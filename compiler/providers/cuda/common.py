@@ -33,8 +33,8 @@ import numpy as np
 
 from compiler.codegen.cdims import CDim
 from compiler.ir.graph import Node
-from compiler.providers.base import Location
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenLocation
+from compiler.providers.base import GenStep
 from compiler.providers.geometry import Spatial
 from compiler.providers.kit import Kernel
 from compiler.providers.kit import Param
@@ -112,7 +112,7 @@ class CudaKernel(Kernel):
             raise NotImplementedError
         return self.operands_fit(node) and _kernel_of(self.claims_like).supports(node)
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         raise NotImplementedError
 
 
@@ -147,23 +147,23 @@ def float32_node(node: Node) -> bool:
     )
 
 
-def ptr(loc: Location | None, step: StepPlan, what: str, written: bool = False) -> LaunchArg:
+def ptr(loc: GenLocation | None, step: GenStep, what: str, written: bool = False) -> LaunchArg:
     """The launch argument for ``loc``: device arena or device weights, never the caller's arrays
     (a dynamic plan's arena offset is an expression over the buffers' placeholders)."""
     if loc is None:
         raise CompileError(f"{step.node.describe()}: no location for {what}")
-    if loc.space not in ("arena", "weights") or (not isinstance(loc.offset, Expr) and loc.offset < 0):
+    if loc.kind not in ("arena", "weights") or (not isinstance(loc.offset, Expr) and loc.offset < 0):
         raise CompileError(
             f"{step.node.describe()}: {what} at {loc} is not in device memory (a missing transfer?)"
         )
-    if loc.memory_space != "cuda":
-        raise CompileError(f"{step.node.describe()}: {what} lives in memory space {loc.memory_space!r}")
-    if written and loc.space == "weights":
+    if loc.space != "cuda":
+        raise CompileError(f"{step.node.describe()}: {what} lives in memory space {loc.space!r}")
+    if written and loc.kind == "weights":
         raise CompileError(f"{step.node.describe()}: {what} is written but lives in weights")
-    return LaunchArg("ptr", loc.offset if isinstance(loc.offset, Expr) else int(loc.offset), loc.space)
+    return LaunchArg("ptr", loc.offset if isinstance(loc.offset, Expr) else int(loc.offset), loc.kind)
 
 
-def input_ptrs(step: StepPlan) -> list[LaunchArg]:
+def input_ptrs(step: GenStep) -> list[LaunchArg]:
     """Pointers to the step's present inputs, in input order."""
     out: list[LaunchArg] = []
     for i, value in enumerate(step.node.inputs):
@@ -174,7 +174,7 @@ def input_ptrs(step: StepPlan) -> list[LaunchArg]:
     return out
 
 
-def output_ptrs(step: StepPlan) -> list[LaunchArg]:
+def output_ptrs(step: GenStep) -> list[LaunchArg]:
     return [
         ptr(loc, step, f"output {i} ({step.node.outputs[i].name})", written=True)
         for i, loc in enumerate(step.outputs)

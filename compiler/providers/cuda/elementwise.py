@@ -15,7 +15,7 @@ from typing import Any
 from compiler.codegen.elementwise import CUDA_DIALECT
 from compiler.codegen.elementwise import elementwise_node
 from compiler.codegen.elementwise import unflatten
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.elementwise import EltwiseKernel
 from compiler.providers.cuda.common import THREADS
@@ -49,7 +49,7 @@ class CudaEltwiseKernel(CudaKernel):
     claims_like = EltwiseKernel
     dynamic = True  # run-time dims: the nest's sizes and strides as kernel parameters
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         inputs = [v for v in node.inputs if v is not None]
         rd = RunDims()

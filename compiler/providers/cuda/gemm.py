@@ -26,7 +26,7 @@ from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import loop_nest
 from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.conv import ConvKernel
 from compiler.providers.c.gemm import GemmKernel
@@ -47,6 +47,8 @@ from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import MatmulProduct
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
+from runtime.contract import AOT_DOMAIN
+from runtime.contract import FUSED_GEMM
 from runtime.plan_schema import LaunchArg
 
 __all__ = ["TiledContext", "GemvContext", "DirectConvContext", "GEMV_MAX_ROWS"]
@@ -154,7 +156,7 @@ class CudaConvKernel(CudaKernel):
         static bias of M."""
         if not self.operands_fit(node) or not fused_ok(node, vector_math=False) or len(node.outputs) != 1:
             return False
-        if len(node.inputs) > (4 if node.domain == "onnx_aot" else 3):
+        if len(node.inputs) > (4 if node.domain == AOT_DOMAIN else 3):
             return False
         g = ConvGeometry.from_symbolic_node(node)
         if g is None or g.groups > MAX_GRID_YZ:
@@ -164,14 +166,14 @@ class CudaConvKernel(CudaKernel):
             return False
         return z is None or shape_of(z, symbolic=True) == shape_of(node.outputs[0], symbolic=True)
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         rd = RunDims()
         if is_dynamic(node):
             return self._build(step, claimed(ConvGeometry.from_symbolic_node(node), node), rd)
         return self._build(step, claimed(ConvGeometry.from_node(node, "NCHW"), node), rd)
 
-    def _build(self, step: StepPlan, g: ConvGeometry, rd: RunDims) -> tuple[KernelCode, ...]:
+    def _build(self, step: GenStep, g: ConvGeometry, rd: RunDims) -> tuple[KernelCode, ...]:
         """The direct kernel (few output channels per group) or the implicit GEMM on the tile; a
         dynamic node's sizes written by ``rd`` (its tile chosen for the largest binding)."""
         node = step.node
@@ -292,7 +294,7 @@ class CudaGemmKernel(CudaKernel):
     def _supports_dynamic(node: Node) -> bool:
         """Gemm / FusedGemm / MatMul (not PackedGemm) with an epilogue the kernel has and a static
         bias broadcast over the output."""
-        if node.kind not in ("Gemm", "onnx_aot.FusedGemm", "MatMul") or len(node.outputs) != 1:
+        if node.kind not in ("Gemm", FUSED_GEMM, "MatMul") or len(node.outputs) != 1:
             return False
         n_in = 2 if node.op_type == "MatMul" else 3
         if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in:
@@ -314,7 +316,7 @@ class CudaGemmKernel(CudaKernel):
             return False
         return not c.is_symbolic
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         """The gemv kernels (a static product of few rows) or the tiled one; a dynamic node's m, n,
         k, strides and batch index math as kernel parameters (``RunDims``), its tile chosen for the
         largest binding."""

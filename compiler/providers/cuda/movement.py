@@ -19,7 +19,7 @@ from compiler.codegen.elementwise import loop_nest
 from compiler.codegen.elementwise import storage_ctype
 from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import same_dtype_movable
 from compiler.providers.c.movement import ConcatKernel
@@ -74,7 +74,7 @@ class _MoveKernel(CudaKernel):
 
 
 def _move(
-    step: StepPlan,
+    step: GenStep,
     op: str,
     total: Any,
     names: Sequence[str],
@@ -112,7 +112,7 @@ def _move(
 class CudaCopyKernel(_MoveKernel):
     claims_like = CopyKernel
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         total = math.prod(shape_of(step.node.outputs[0], symbolic=True))
         if step.inputs[0] == step.outputs[0]:
             return ()  # a view onto the same bytes
@@ -123,7 +123,7 @@ class CudaCopyKernel(_MoveKernel):
 class CudaTransposeKernel(_MoveKernel):
     claims_like = TransposeKernel
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         xs, ys = shape_of(node.input(0), symbolic=True), shape_of(node.outputs[0], symbolic=True)
         own = contiguous_strides(xs)
@@ -140,7 +140,7 @@ class CudaTransposeKernel(_MoveKernel):
 class CudaConcatKernel(_MoveKernel):
     claims_like = ConcatKernel
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         out = node.outputs[0]
         ys, axis = shape_of(out, symbolic=True), int(node.attrs["axis"])
@@ -159,7 +159,7 @@ class CudaConcatKernel(_MoveKernel):
             in_place = (
                 outer == 1
                 and loc is not None
-                and loc.space == out_loc.space
+                and loc.kind == out_loc.kind
                 and loc.offset == out_loc.offset + start * out.dtype.itemsize
             )
             if not known_zero(width):

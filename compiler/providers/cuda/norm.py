@@ -22,7 +22,7 @@ from compiler.codegen.elementwise import index_expr
 from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import unflatten
 from compiler.ir.graph import Node
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.norm import ChannelKernel
 from compiler.providers.c.norm import SoftmaxKernel
@@ -68,7 +68,7 @@ class _Dynamic(CudaKernel):
 class CudaChannelKernel(_Dynamic):
     claims_like = ChannelKernel
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         xs = shape_of(node.input(0), symbolic=True)
         rd = RunDims()
@@ -114,7 +114,7 @@ class RowsContext:
     dims: tuple[str, ...] = ()  # run-time dim parameters (a dynamic graph's node)
 
 
-def _rows(step: StepPlan, ctx: RowsContext, rows: Any = None,
+def _rows(step: GenStep, ctx: RowsContext, rows: Any = None,
           rd: RunDims | None = None) -> tuple[KernelCode, ...]:
     """The row kernel's code: ``rows`` (an int or an ``Expr``; default ``ctx.rows``) one warp each,
     ``rd`` the run-time dims the context was written with."""
@@ -134,7 +134,7 @@ class CudaSoftmaxKernel(_Dynamic):
     def supports(self, node: Node) -> bool:
         return super().supports(node) and bool(shape_of(node.input(0), symbolic=True))
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         xs, axis = shape_of(node.input(0), symbolic=True), int(node.attrs["axis"])
         inner = math.prod(xs[axis + 1 :])
@@ -175,7 +175,7 @@ class CudaLayerNormKernel(_Dynamic):
                 return False  # per-element scale / bias only
         return shape_of(node.outputs[0], symbolic=True) == xs
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         xs, axis = shape_of(node.input(0), symbolic=True), int(node.attrs["axis"])
         length = math.prod(xs[axis:])
@@ -217,7 +217,7 @@ class CudaReduceKernel(_Dynamic):
         expect = tuple(1 if a in axes else d for a, d in enumerate(xs)) if keep else tuple(kept)
         return shape_of(node.outputs[0], symbolic=True) == expect
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         xs = shape_of(node.input(0), symbolic=True)
         axes = _reduce_axes(node)

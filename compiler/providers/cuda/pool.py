@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compiler.codegen.elementwise import unflatten
-from compiler.providers.base import StepPlan
+from compiler.providers.base import GenStep
 from compiler.providers.c.pool import PoolKernel
 from compiler.providers.cuda.common import THREADS
 from compiler.providers.cuda.common import CudaKernel
@@ -44,7 +44,7 @@ class CudaPoolKernel(CudaKernel):
     claims_like = PoolKernel
     dynamic = True  # run-time batch and spatial sizes (floor mode: the C kernel's check)
 
-    def build(self, step: StepPlan) -> tuple[KernelCode, ...]:
+    def build(self, step: GenStep) -> tuple[KernelCode, ...]:
         node = step.node
         rd = RunDims()
         g = claimed(PoolGeometry.from_node(node, "NCHW", symbolic=is_dynamic(node)), node)

@@ -40,7 +40,7 @@ from compiler.codegen.options import BuildOptions
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.providers.base import GeneratedCuda
-from compiler.providers.base import PartitionPlan
+from compiler.providers.base import GenPartition
 from compiler.providers.cuda import elementwise
 from compiler.providers.cuda import gemm
 from compiler.providers.cuda import movement
@@ -51,6 +51,7 @@ from compiler.providers.cuda.common import KernelCode
 from compiler.providers.cuda.common import ranges
 from compiler.providers.kit import KernelTable
 from compiler.providers.kit import comment
+from runtime.contract import TRANSFER
 from runtime.errors import CompileError
 from runtime.plan_schema import KernelLaunch
 from runtime.symbolic import Expr
@@ -65,7 +66,6 @@ SUPPORT_MODULES = ("provider", "common")
 KERNELS: KernelTable[CudaKernel] = KernelTable("CUDA", KERNEL_MODULES)
 
 SOURCE_NAME = "model.cu"
-TRANSFER = "onnx_aot.Transfer"
 MAX_THREADS = 1024
 _ARCH_LIST = re.compile(r"\s*,\s*")
 
@@ -94,7 +94,7 @@ class CudaProvider:
     def scratch_nbytes(self, node: Node) -> int:
         return 0 if node.kind == TRANSFER else KERNELS.scratch_nbytes(node)
 
-    def render(self, partitions: list[PartitionPlan]) -> tuple[str, dict[int, tuple[KernelLaunch, ...]]]:
+    def render(self, partitions: list[GenPartition]) -> tuple[str, dict[int, tuple[KernelLaunch, ...]]]:
         """The model's CUDA source and each step's launches (deterministic: no paths or times)."""
         functions: list[str] = []
         launches: dict[int, tuple[KernelLaunch, ...]] = {}
@@ -147,7 +147,7 @@ class CudaProvider:
                                        f"past a 32-bit int")
 
     def generate(
-        self, partitions: list[PartitionPlan], kernels_dir: Path, options: BuildOptions
+        self, partitions: list[GenPartition], kernels_dir: Path, options: BuildOptions
     ) -> GeneratedCuda:
         """Write ``kernels_dir/model.cu`` and, with nvcc, its cubins and PTX; say what was written.
 

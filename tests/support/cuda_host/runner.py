@@ -410,7 +410,7 @@ class _Isolation:
                 old = operands.get((where.kind, where.offset), (0, False, 1))
                 operands[(where.kind, where.offset)] = (max(old[0], value.nbytes), old[1] or written,
                                                         max(old[2], value.dtype.itemsize))
-        used = {(a.space, int(a.value)) for launch in step.launches or () for a in launch.args
+        used = {(a.base, int(a.value)) for launch in step.launches or () for a in launch.args
                 if a.kind == "ptr"}
         if not used <= set(operands):
             return None
@@ -431,7 +431,7 @@ class _Isolation:
             moved = list(bound)
             for j, arg in enumerate(launch.args):
                 if arg.kind == "ptr":
-                    moved[j] = np.uint64(self.buffers[(arg.space, int(arg.value))].address)
+                    moved[j] = np.uint64(self.buffers[(arg.base, int(arg.value))].address)
             out.append(tuple(moved))
         return out
 
