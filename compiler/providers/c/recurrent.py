@@ -8,15 +8,16 @@ function of the canonical table (with its alpha / beta, per direction); GRU's li
 0 and 1; LSTM's input_forget 0 and 1. Only empty sizes (a zero dimension) are left to the
 reference provider. In a dynamic graph the sequence length and the batch may be run-time sizes
 (C locals read from the binding, ``SEQ`` and ``NB``; input and hidden sizes stay compile-time): the
-same loops run over them, the threads' decisions become OpenMP if clauses over the run's sizes,
+same loops run over them, the threads' decisions become C conditions over the run's sizes,
 and a run-time batch switches to the batch-1 register block of the step's product at batch 1.
 
 Per direction the kernel first computes the input projections of every timestep at once
 (X[t]·Wᵀ + Wb + Rb for all t, into scratch), then per step the recurrent product H·Rᵀ with the
 gates, the cell update and the outputs fused after it (GRU with linear_before_reset 0 runs a
-second product, (r ⊙ H)·R_hᵀ, within the step). The two directions of a bidirectional node run
-on two threads; otherwise a step is split over OpenMP threads only when its product is large: a
-small model such as Silero VAD's LSTM (hidden 128, batch 1) runs on one thread.
+second product, (r ⊙ H)·R_hᵀ, within the step). The two directions of a bidirectional node are
+the two items of one job of the worker pool (templates/c/workers.c.j2); otherwise the projections'
+and a step's register blocks are claimed by the pool only when the product is large: a small model
+such as Silero VAD's LSTM (hidden 128, batch 1) runs on the calling thread.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ _ACTIVATIONS: dict[str, str] = {
     "Softsign": "x / (1.0f + fabsf(x))",
     "Softplus": "((x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x))))",
 }
-# A step's recurrent product is split over threads from this many multiply-adds (a fork/join per
+# A step's recurrent product goes to the pool from this many multiply-adds (a pool job per
 # timestep costs more than a small product).
 _STEP_PARALLEL_WORK = 4 * PARALLEL_MIN_WORK
 
@@ -117,8 +118,8 @@ class RecurrentContext:
     s_b: int | CDim
     vw: int  # float lanes of the target's vectors
     dir_floats: int | CDim  # scratch floats of one direction
-    # the two directions on two threads (then nothing within one is split); with run-time sizes
-    # each of the three is a C condition (an OpenMP if clause)
+    # the two directions as one pool job (then nothing within one is split); with run-time sizes
+    # each of the three is a C condition (the pool where it holds, else the calling thread)
     dir_parallel: bool | str
     proj_parallel: bool | str
     step_parallel: bool | str
