@@ -3,8 +3,6 @@ loaded, and results bit for bit the same whatever the thread count, the chunking
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ from runtime.providers import c as c_provider
 from runtime.session import Session
 from tests.support.encoder_model import encoder_feeds
 from tests.support.encoder_model import encoder_model
+from tests.support.load import busy_core
 
 
 def _conv_chain() -> onnx.ModelProto:
@@ -60,12 +59,8 @@ def _model(kind: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 @pytest.fixture
 def spinning() -> Iterator[None]:
-    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    with busy_core():
         yield
-    finally:
-        process.kill()
-        process.wait()
 
 
 @pytest.mark.parametrize("kind", ["convs", "encoder"])

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Callable
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +25,7 @@ from onnx import numpy_helper
 from compiler.driver import compile_model
 from runtime.session import Session
 from tests.cpu_targets import host_runs
+from tests.support.load import busy_core
 from tests.support.models import ort_run
 
 CPU = "x86-64-v3"  # the C text checked is this level's; the suite's hosts all run it
@@ -164,21 +162,6 @@ GROUPS: dict[str, Build] = {"pools": _pools, "pools_nhwc": _pools_nhwc, "reducti
                             "softmax": _softmax, "einsum": _einsum, "movement": _movement}
 
 
-@contextmanager
-def _spinning() -> Iterator[None]:
-    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        yield
-    finally:
-        process.kill()
-        process.wait()
-
-
-@contextmanager
-def _idle() -> Iterator[None]:
-    yield
-
-
 _PART = r"static __attribute__\(\(noinline\)\) "  # a pool part's definition (common.c.j2)
 
 
@@ -221,7 +204,7 @@ def test_steps_take_the_pool_bit_identically_at_any_thread_count_and_load(group:
             np.testing.assert_array_equal(got, want)
     sessions = {threads: Session(art, threads=threads) for threads in (2, 3)}
     for load in ("idle", "spinning"):
-        with _spinning() if load == "spinning" else _idle():
+        with busy_core() if load == "spinning" else nullcontext():
             for threads, session in sessions.items():
                 for _ in range(3):
                     for a, b in zip(one, session.run(None, feeds), strict=True):
