@@ -45,15 +45,25 @@ def flush_denormals(array: np.ndarray) -> np.ndarray | None:
 class FlushDenormalWeights(Pass):
     name = "flush_denormal_weights"
 
+    def __init__(self) -> None:
+        # arrays already found clean, by id (held, so an id is not reused): the manager runs every
+        # pass each round, and a scan of VGG-19's 550 MB of weights need not be repeated
+        self._clean: dict[int, np.ndarray] = {}
+
     def run(self, graph: Graph) -> PassResult:
         modified = False
         for value in {id(v): v for node in graph if node.kind in WEIGHT_CONSUMERS
                       for v in node.inputs if v is not None and v.is_const}.values():
-            if self._only_weights(graph, value):
-                flushed = flush_denormals(value.const)  # type: ignore[arg-type]
-                if flushed is not None:
-                    value.const = flushed
-                    modified = True
+            const = value.const
+            if const is None or id(const) in self._clean or not self._only_weights(graph, value):
+                continue
+            flushed = flush_denormals(const)
+            if flushed is None:
+                self._clean[id(const)] = const
+            else:
+                value.const = flushed
+                self._clean[id(flushed)] = flushed
+                modified = True
         return PassResult(graph, modified)
 
     @staticmethod
