@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from compiler.ir.graph import Graph
@@ -49,6 +50,37 @@ def test_no_op_name_literals_outside_the_contract() -> None:
             for line, text in _op_literals(path.read_text()):
                 offenders.append(f"{path.relative_to(ROOT)}:{line}: {text[:40]!r}")
     assert not offenders, "name ops through runtime/contract.py's constants:\n" + "\n".join(offenders)
+
+
+def _op_type_literals(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, text) of every string constant that is exactly one of ``names`` (an op_type of ours),
+    outside ``__all__`` (where a class may share an op's name)."""
+    tree = ast.parse(source)
+    exported = {id(node) for stmt in tree.body if isinstance(stmt, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets)
+                for node in ast.walk(stmt.value)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in names and id(node) not in exported]
+
+
+def test_the_op_type_finder_sees_bare_names_outside_all() -> None:
+    source = '__all__ = ["Copy"]\nA = Node("Copy", [])\nB = "Copy this"\nC = {"LRN": "LRNNhwc"}\n'
+    assert _op_type_literals(source, {"Copy", "LRNNhwc"}) == [(2, "Copy"), (4, "LRNNhwc")]
+
+
+def test_no_op_type_literals_outside_the_contract() -> None:
+    """A node of ours is made with ``op_name(KIND)``, not its op_type spelled again (If / Loop / Scan
+    share their op_type with the ONNX op they come from, so they are not ours to look for)."""
+    ours = {op.name for op in contract.OPS.values() if not onnx.defs.has(op.name)}
+    assert {"Copy", "FusedConv", "LRNNhwc"} <= ours and "If" not in ours
+    offenders = []
+    for folder in ("compiler", "runtime"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "runtime" / "contract.py":
+                continue
+            for line, text in _op_type_literals(path.read_text(), ours):
+                offenders.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
+    assert not offenders, "make our nodes with runtime.contract.op_name(KIND):\n" + "\n".join(offenders)
 
 
 def test_every_op_the_kernels_and_providers_know_is_in_the_table() -> None:
