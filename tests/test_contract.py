@@ -26,19 +26,43 @@ PREFIX = f"{contract.AOT_DOMAIN}."
 F32 = np.dtype(np.float32)
 
 
+def _names_the_domain(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "AOT_DOMAIN") or (
+        isinstance(node, ast.Constant) and node.value == contract.AOT_DOMAIN)
+
+
+def _dotted(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(".")
+
+
 def _op_literals(source: str) -> list[tuple[int, str]]:
-    """(line, text) of every string constant starting with the domain's prefix: plain literals,
-    docstrings and each literal part of an f-string (``f"onnx_aot.{x}"`` included)."""
+    """(line, text) of every string constant starting with the domain's prefix (plain literals,
+    docstrings and each literal part of an f-string: ``f"onnx_aot.{x}"`` included), of the domain
+    itself spelled as a literal, and of an op name put together from the domain
+    (``f"{AOT_DOMAIN}.X"``, ``AOT_DOMAIN + ".X"``)."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PREFIX):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                node.value.startswith(PREFIX) or node.value == contract.AOT_DOMAIN):
             found.append((node.lineno, node.value))
-    return found
+        elif isinstance(node, ast.JoinedStr) and any(
+                isinstance(v, ast.FormattedValue) and _names_the_domain(v.value) and _dotted(after)
+                for v, after in zip(node.values, node.values[1:], strict=False)):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _names_the_domain(node.left):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
 
 
 def test_the_literal_finder_sees_plain_and_f_strings() -> None:
     source = 'A = "onnx_aot.Copy"\nB = f"onnx_aot.{k}: bad"\nC = f"{k} onnx_aot.X"\nD = "x onnx_aot.Y"\n'
     assert _op_literals(source) == [(1, "onnx_aot.Copy"), (2, "onnx_aot.")]
+
+
+def test_the_literal_finder_sees_the_domain_and_names_made_from_it() -> None:
+    source = ('A = "onnx_aot"\nB = f"{AOT_DOMAIN}.Copy"\nC = AOT_DOMAIN + ".Copy"\n'
+              'D = node.domain == AOT_DOMAIN\nE = f"not in the {AOT_DOMAIN} domain"\n')
+    assert _op_literals(source) == [(1, "onnx_aot"), (2, "f'{AOT_DOMAIN}.Copy'"), (3, "AOT_DOMAIN + '.Copy'")]
 
 
 def test_no_op_name_literals_outside_the_contract() -> None:
