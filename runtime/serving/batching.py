@@ -28,7 +28,7 @@ from runtime.errors import InternalError
 from runtime.symbolic import free_symbols
 
 __all__ = ["BatchDim", "batch_dim", "batching_of", "no_batch_reason", "check_sample", "groups", "run_stacked",
-           "Sample", "RunFn"]
+           "run_concatenated", "Sample", "RunFn"]
 
 Sample = dict[str, np.ndarray]
 RunFn = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
@@ -144,27 +144,42 @@ def check_sample(inputs: Sequence[Any], feeds: Mapping[str, Any]) -> Sample:
     return sample
 
 
-def groups(samples: Sequence[Sample], max_size: int) -> list[list[int]]:
-    """Indices of ``samples`` in runs: samples whose input shapes agree, at most ``max_size`` each,
+def groups(requests: Sequence[Sample], max_size: int, *, batched: bool = False) -> list[list[int]]:
+    """Indices of ``requests`` in runs: requests whose input shapes agree (after axis 0 where
+    ``batched``: each request then holds a batch of its own), at most ``max_size`` samples each,
     in order of first arrival."""
-    by_shape: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
-    for index, sample in enumerate(samples):
-        key = tuple(a.shape for a in sample.values())
-        runs = by_shape.setdefault(key, [[]])
-        if len(runs[-1]) == max_size:
-            runs.append([])
-        runs[-1].append(index)
-    return [run for runs in by_shape.values() for run in runs]
+    by_shape: dict[tuple[tuple[int, ...], ...], list[tuple[int, list[int]]]] = {}
+    for index, request in enumerate(requests):
+        arrays = list(request.values())
+        key = tuple(a.shape[1:] if batched else a.shape for a in arrays)
+        count = int(arrays[0].shape[0]) if batched and arrays else 1
+        runs = by_shape.setdefault(key, [])
+        if not runs or runs[-1][0] + count > max_size:
+            runs.append((0, []))
+        total, members = runs[-1]
+        members.append(index)
+        runs[-1] = (total + count, members)
+    return [members for runs in by_shape.values() for _, members in runs]
+
+
+def run_concatenated(run: RunFn, requests: Sequence[Sample]) -> list[list[np.ndarray]]:
+    """Concatenate ``requests`` (each a batch along axis 0; other dims equal), ``run`` them once and
+    split each output back: per request, the outputs in order (each owning its memory)."""
+    names = list(requests[0])
+    counts = [int(r[names[0]].shape[0]) for r in requests]
+    feeds = {name: np.concatenate([r[name] for r in requests]) for name in names}
+    results = run(feeds)
+    for array in results:
+        if array.shape[:1] != (sum(counts),):
+            raise InternalError(f"an output of shape {array.shape} does not have the batch of "
+                                f"{sum(counts)} on axis 0 (batch_dim said every output has)")
+    cuts = np.cumsum(counts)[:-1]
+    split = [np.split(array, cuts) for array in results]
+    return [[np.array(parts[i]) for parts in split] for i in range(len(requests))]
 
 
 def run_stacked(run: RunFn, samples: Sequence[Sample]) -> list[list[np.ndarray]]:
-    """Stack ``samples`` (equal shapes) along a new axis 0, ``run`` them once, and split each
-    output back: per sample, the outputs in order (each a copy, owning its memory)."""
-    names = list(samples[0])
-    feeds = {name: np.stack([s[name] for s in samples]) for name in names}
-    results = run(feeds)
-    for array in results:
-        if array.shape[:1] != (len(samples),):
-            raise InternalError(f"an output of shape {array.shape} does not have the batch of "
-                                f"{len(samples)} on axis 0 (batch_dim said every output has)")
-    return [[np.array(array[i]) for array in results] for i in range(len(samples))]
+    """Stack ``samples`` (one sample per input, equal shapes) along a new axis 0, ``run`` them once,
+    and split each output back: per sample, the outputs in order, without the batch axis."""
+    batches = [{name: a[None] for name, a in sample.items()} for sample in samples]
+    return [[a[0, ...] for a in outs] for outs in run_concatenated(run, batches)]
