@@ -57,13 +57,12 @@ def decode_json(body: bytes, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
 def decode_npz(body: bytes) -> dict[str, np.ndarray]:
     """An npz body (``numpy.savez``) -> its arrays, read without pickles."""
     problem = f"the {NPZ_TYPE} body is not an npz archive of input arrays (numpy.savez, no object arrays)"
+    if body.startswith(b"\x93NUMPY"):
+        raise InputError(f"{problem}: it is one .npy array; name each input (numpy.savez(f, NAME=array))")
     if not body.startswith(b"PK"):
         raise InputError(f"{problem}: it is not a zip file")
     try:
-        loaded = np.load(io.BytesIO(body), allow_pickle=False)
-        if isinstance(loaded, np.ndarray):
-            raise InputError(f"{problem}: it holds one array; name each input (numpy.savez(f, NAME=array))")
-        with loaded:
+        with np.load(io.BytesIO(body), allow_pickle=False) as loaded:
             return {name: loaded[name] for name in loaded.files}
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
         raise InputError(f"{problem}: {exc}") from None
