@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import ray
 from ray import serve
 from ray.serve import metrics
 from starlette.requests import Request
@@ -207,8 +208,9 @@ class ArtifactModel:
             raise ServingError(f"{self.folder}: the replica's session is not loaded")
 
     def stats(self) -> dict[str, Any]:
-        """This replica's counts: requests by status, runs by batch size, and the replica's id."""
-        context = serve.get_replica_context()
+        """This replica's counts: requests by status, runs by batch size; its id and actor name."""
+        replica = serve.get_replica_context().replica_id.unique_id
+        actor = ray.get_runtime_context().get_actor_name()
         with self._metrics._lock:
-            return {"replica": context.replica_id.unique_id, "requests": dict(self._metrics.counts),
+            return {"replica": replica, "actor": actor, "requests": dict(self._metrics.counts),
                     "batches": dict(self._metrics.batches), "max_batch": self.max_batch}
