@@ -263,6 +263,7 @@ class QSoftmaxContext:
     table: tuple[str, ...]  # float32 literals: e[k] for an input k below its row's maximum
     factor: str  # float32 literal: floor(1 / y_scale)
     y_zero: int
+    hi: int  # the output type's largest value
     parallel: bool
 
 
@@ -285,6 +286,7 @@ class QSoftmaxKernel(CKernel):
             rows=int(np.prod(shape[:-1])), length=int(shape[-1]),
             table=tuple(literal(v) for v in softmax_exp_table(_const(node, 1), int(shape[-1]))),
             factor=literal(float(softmax_factor(_const(node, 2)))), y_zero=_zero(node, 3),
+            hi=_limits(node)[1],
             parallel=int(np.prod(shape)) * 4 >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/qsoftmax.c.j2", ctx, tuple(args))
