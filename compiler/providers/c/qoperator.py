@@ -73,6 +73,11 @@ def _params_known(node: Node, data: tuple[int, ...]) -> bool:
     return True
 
 
+def _ctype(v: Value | None) -> str:
+    assert v is not None and v.dtype is not None
+    return value_ctype(v.dtype)
+
+
 def _const(node: Node, k: int) -> np.ndarray | None:
     v = node.input(k)
     return None if v is None else v.const
@@ -99,13 +104,12 @@ def _map(step: GenStep, inputs: tuple[int, ...], extra: tuple[tuple[int, str], .
     index as ``a0``, ``a1`` ..., inputs ``extra`` passed whole as (index, parameter name)."""
     node = step.node
     out = shape_of(node.outputs[0])
-    ctypes = [value_ctype(node.inputs[k].dtype) for k in inputs]  # type: ignore[union-attr]
+    ctypes = [_ctype(node.inputs[k]) for k in inputs]
     strides = [broadcast_strides(shape_of(node.inputs[k]), out) for k in inputs]
     nest = loop_nest(out, strides)
     loaded = [arg(step.inputs[k], c, True, step, f"input {k}") for k, c in zip(inputs, ctypes, strict=True)]
-    whole = [arg(step.inputs[k], value_ctype(node.inputs[k].dtype), True, step, name)  # type: ignore[union-attr]
-             for k, name in extra]
-    outs = output_args(step, value_ctype(node.outputs[0].dtype))
+    whole = [arg(step.inputs[k], _ctype(node.inputs[k]), True, step, name) for k, name in extra]
+    outs = output_args(step, _ctype(node.outputs[0]))
     names = [f"in{j}" for j in range(len(inputs))] + [name for _, name in extra] + ["y"]
     args = [*loaded, *whole, *outs]
     ctx = MapContext(
@@ -124,7 +128,7 @@ def _saturated(expr: str, node: Node, f: str = "") -> str:
     """``expr`` (a rounded float of type ``f`` = "" double / "f" float) clamped to the output's
     range and converted."""
     lo, hi = _limits(node)
-    ctype = value_ctype(node.outputs[0].dtype)
+    ctype = _ctype(node.outputs[0])
     return f"({ctype})(int)fmin{f}(fmax{f}({expr}, {lo}.0), {hi}.0)"
 
 
