@@ -27,6 +27,7 @@ from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_gemm_weights import PackGemmWeights
+from compiler.passes.use_qgemm import UseQGemm
 from compiler.passes.use_winograd import UseWinograd
 from runtime.errors import CompileError
 from runtime.errors import InternalError
@@ -119,6 +120,8 @@ def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     symbolic dims gets the same lowerings: their C kernels all take run-time dims.
     """
     passes: list[Pass] = [PackGemmWeights(), FuseAttention()] if level >= 2 and target == "cpu" else []
+    if level >= 2 and target == "cpu":
+        passes += [UseQGemm()]  # the integer GEMM (after fuse_dynamic_qgemm: quantize_dynamic's chain)
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
     if level >= 3 and target == "cpu":
