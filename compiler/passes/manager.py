@@ -23,6 +23,7 @@ from compiler.passes.fold_constants import FoldConstants
 from compiler.passes.fuse_attention import FuseAttention
 from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
+from compiler.passes.fuse_dynamic_qgemm import FuseDynamicQGemm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
@@ -103,6 +104,7 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
         FuseConvBatchNorm(),
         FuseMatMulAdd(),
         FuseConvActivation(silu=level >= 3 and target == "cpu"),
+        *([FuseDynamicQGemm()] if target == "cpu" else []),  # before the chain's Mul / Add fuse elsewhere
         FuseElementwise(),
     ]
     return basic + extended
@@ -121,7 +123,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     """
     passes: list[Pass] = [PackGemmWeights(), FuseAttention()] if level >= 2 and target == "cpu" else []
     if level >= 2 and target == "cpu":
-        passes += [UseQGemm()]  # the integer GEMM (after fuse_dynamic_qgemm: quantize_dynamic's chain)
+        passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
     if level >= 3 and target == "cpu":
