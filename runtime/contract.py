@@ -39,7 +39,7 @@ __all__ = [
     "COPY", "TRANSFER", "SLICE_AT", "BATCH_NORM_TRAINING", "FUSED_CONV", "FUSED_GEMM", "PACKED_GEMM",
     "WINOGRAD_CONV", "CONV_NHWC", "WINOGRAD_CONV_NHWC", "MAX_POOL_NHWC", "AVERAGE_POOL_NHWC",
     "GLOBAL_AVERAGE_POOL_NHWC", "LRN_NHWC", "MULTI_HEAD_ATTENTION", "FUSED_ELEMENTWISE", "IF", "LOOP",
-    "SCAN", "CONTROL_KINDS", "BODIES", "NO_ACTIVATION", "Q_BINARY", "Q_LOOKUP", "Q_AVERAGE_POOL",
+    "SCAN", "CONTROL_KINDS", "QGEMM", "BODIES", "NO_ACTIVATION", "Q_BINARY", "Q_LOOKUP", "Q_AVERAGE_POOL",
     "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX",
     "HOST", "CUDA", "SPACES", "LOCATION_KINDS",
     "PLACEHOLDER_PREFIX", "placeholder", "placeholder_index", "DYN_EXT", "ALIGNMENT", "WEIGHT_ALIGNMENT",
@@ -128,6 +128,9 @@ _TABLE = (
     _op("LRNNhwc", "X", alpha=1e-4, beta=0.75, bias=1.0, size=REQUIRED),
     _op("FusedGemm", "A B C?", **_GEMM, **NO_ACTIVATION),
     _op("PackedGemm", "A Bp C?", alpha=1.0, beta=1.0, transA=0, n=REQUIRED, **NO_ACTIVATION),
+    # the integer GEMM (runtime/kernels/qgemm.py): B packed, output "int32" | "float" | "quantized"
+    _op("QGemm", "A Bp Bsum a_scale? a_zero? b_scale? b_zero? y_scale? y_zero? bias?", k=REQUIRED, n=REQUIRED,
+        b_type=REQUIRED, output=REQUIRED, dynamic=0, **NO_ACTIVATION),
     _op("MultiHeadAttention", "Q K V mask?", scale=REQUIRED),
     _op("FusedElementwise", "X...", program=REQUIRED),
     _op("If", "cond V...", then_branch=REQUIRED, else_branch=REQUIRED, **{BODIES: None}),
@@ -158,6 +161,7 @@ LRN_NHWC: Final = aot_kind("LRNNhwc")
 FUSED_GEMM: Final = aot_kind("FusedGemm")
 PACKED_GEMM: Final = aot_kind("PackedGemm")
 MULTI_HEAD_ATTENTION: Final = aot_kind("MultiHeadAttention")
+QGEMM: Final = aot_kind("QGemm")
 FUSED_ELEMENTWISE: Final = aot_kind("FusedElementwise")
 IF: Final = aot_kind("If")
 LOOP: Final = aot_kind("Loop")

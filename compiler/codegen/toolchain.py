@@ -69,6 +69,9 @@ class TargetInfo:
     march: str  # the resolved -march value ("native" expanded where the compiler says)
     vector_bytes: int  # widest float vector register: 64 (AVX-512), 32 (AVX), 16 otherwise
     vector_registers: int  # architectural vector registers: 32 with AVX-512, else 16
+    # the int8 dot product the integer GEMM uses (templates/c/qgemm_tile.c.j2): "avx512vnni",
+    # "avxvnni", "avx512bw", "avx2" or "portable"
+    int8_dot: str = "portable"
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -121,7 +124,18 @@ def target_info(options: BuildOptions) -> TargetInfo:
         vector_bytes, registers = 32, 16
     else:
         vector_bytes, registers = 16, 16 if "__x86_64__" in macros else 32
-    return TargetInfo(_resolved_march(options.cc, options.isa), vector_bytes, registers)
+    return TargetInfo(_resolved_march(options.cc, options.isa), vector_bytes, registers, _int8_dot(macros))
+
+
+def _int8_dot(macros: frozenset[str]) -> str:
+    """The best int8 dot product ``macros`` (a target's predefined macros) allow."""
+    if {"__AVX512VNNI__", "__AVX512BW__"} <= macros:
+        return "avx512vnni"
+    if "__AVXVNNI__" in macros:
+        return "avxvnni"
+    if "__AVX512BW__" in macros:
+        return "avx512bw"
+    return "avx2" if "__AVX2__" in macros else "portable"
 
 
 def compile_flags(options: BuildOptions, openmp: bool = True) -> list[str]:

@@ -23,10 +23,12 @@ from compiler.passes.fold_constants import FoldConstants
 from compiler.passes.fuse_attention import FuseAttention
 from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
+from compiler.passes.fuse_dynamic_qgemm import FuseDynamicQGemm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_gemm_weights import PackGemmWeights
+from compiler.passes.use_qgemm import UseQGemm
 from compiler.passes.use_winograd import UseWinograd
 from runtime.errors import CompileError
 from runtime.errors import InternalError
@@ -102,6 +104,7 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
         FuseConvBatchNorm(),
         FuseMatMulAdd(),
         FuseConvActivation(silu=level >= 3 and target == "cpu"),
+        *([FuseDynamicQGemm()] if target == "cpu" else []),  # before the chain's Mul / Add fuse elsewhere
         FuseElementwise(),
     ]
     return basic + extended
@@ -119,6 +122,8 @@ def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     symbolic dims gets the same lowerings: their C kernels all take run-time dims.
     """
     passes: list[Pass] = [PackGemmWeights(), FuseAttention()] if level >= 2 and target == "cpu" else []
+    if level >= 2 and target == "cpu":
+        passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
     if level >= 3 and target == "cpu":

@@ -1,0 +1,102 @@
+"""MatMulInteger and QLinearMatMul with a constant B -> ``onnx_aot.QGemm`` (the C integer GEMM).
+
+B (K, N) int8 / uint8 is stored packed for the int8 micro-kernel (``runtime/kernels/qgemm.py:
+pack_qb``: one layout for every target) with its column sums, so the kernel corrects zero points and
+A's +128 shift from precomputed sums, never in its inner loop. MatMulInteger becomes the "int32"
+output, QLinearMatMul the "quantized" one (its requantization in the epilogue). Left alone: a B that
+is not a 2-D constant (batched B), a zero point or scale of A that is not per tensor (per-row A), a
+per-column parameter of another length than N. A lowering for the C target, from level 2; the
+fusion of quantize_dynamic's chain (``fuse_dynamic_qgemm``) runs first and takes the MatMulIntegers
+it fuses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from compiler.ir.graph import AOT_DOMAIN
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.passes.base import NO_ACTIVATION
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import add_constant
+from compiler.passes.base import replace_nodes
+from runtime.kernels.qgemm import column_sums
+from runtime.kernels.qgemm import pack_qb
+
+__all__ = ["UseQGemm", "qgemm_node", "quantized_b", "sized"]
+
+
+def sized(value: Value | None, *sizes: int) -> bool:
+    """``value`` is absent or has a static shape of one of ``sizes`` elements, along its last dim."""
+    if value is None:
+        return True
+    shape = value.shape
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        return False
+    return math.prod(shape) in sizes and all(d == 1 for d in shape[:-1])
+
+
+def quantized_b(b: Value | None) -> np.ndarray | None:
+    """B as a 2-D int8 / uint8 constant, else None."""
+    if b is None or b.const is None or b.const.ndim != 2 or b.const.dtype not in (np.int8, np.uint8):
+        return None
+    return b.const if min(b.const.shape) >= 1 else None
+
+
+def qgemm_node(graph: Graph, node: Node, a: Value, b: np.ndarray, params: Sequence[Value | None],
+               attrs: dict[str, object], outputs: Sequence[Value], origin: Sequence[Node]) -> Node:
+    """A QGemm of ``a`` by the constant ``b`` with inputs ``params`` (a_scale .. bias) and ``attrs``
+    (output, dynamic), replacing the nodes ``origin`` (``node`` last)."""
+    packed = add_constant(graph, f"{node.name}_qb", pack_qb(b))
+    sums = add_constant(graph, f"{node.name}_qbsum", column_sums(b))
+    k, n = b.shape
+    full = {"k": int(k), "n": int(n), "b_type": b.dtype.name, "dynamic": 0, **attrs, **NO_ACTIVATION}
+    inputs = [a, packed, sums, *params]
+    while inputs[-1] is None:
+        inputs.pop()
+    new = Node("QGemm", inputs, list(outputs), full, name=node.name, domain=AOT_DOMAIN,
+               origin=[name for o in origin for name in o.origin])
+    return replace_nodes(graph, list(origin), new)
+
+
+def _lower(graph: Graph, node: Node) -> bool:
+    ins = list(node.inputs) + [None] * 8
+    if node.kind == "MatMulInteger":
+        a, b_value, a_zero, b_zero = ins[:4]
+        params: list[Value | None] = [None, a_zero, None, b_zero]
+        attrs: dict[str, object] = {"output": "int32"}
+    elif node.kind == "QLinearMatMul":
+        a, a_scale, a_zero, b_value, b_scale, b_zero, y_scale, y_zero = ins[:8]
+        if None in (a_scale, y_scale, y_zero) or not all(sized(v, 1) for v in (a_scale, y_scale, y_zero)):
+            return False
+        params = [a_scale, a_zero, b_scale, b_zero, y_scale, y_zero]
+        attrs = {"output": "quantized"}
+    else:
+        return False
+    b = quantized_b(b_value)
+    if a is None or a.shape is None or b is None or not sized(params[1], 1):
+        return False
+    n = b.shape[1]
+    if not (sized(params[2], 1, n) and sized(params[3], 1, n)) or a.shape[-1] != b.shape[0]:
+        return False
+    qgemm_node(graph, node, a, b, params, attrs, node.outputs, [node])
+    return True
+
+
+class UseQGemm(Pass):
+    name = "use_qgemm"
+
+    def run(self, graph: Graph) -> PassResult:
+        modified = False
+        for node in list(graph):
+            if node.graph is graph and node.kind in ("MatMulInteger", "QLinearMatMul"):
+                modified = _lower(graph, node) or modified
+        if modified:
+            graph.prune_constants()
+        return PassResult(graph, modified)
