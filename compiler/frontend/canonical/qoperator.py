@@ -35,6 +35,12 @@ from compiler.frontend.qoperator_shapes import MS_DOMAIN
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from runtime.contract import AOT_DOMAIN
+from runtime.contract import Q_AVERAGE_POOL
+from runtime.contract import Q_BINARY
+from runtime.contract import Q_GLOBAL_AVERAGE_POOL
+from runtime.contract import Q_LOOKUP
+from runtime.contract import Q_SOFTMAX
+from runtime.contract import op_name
 from runtime.errors import UnsupportedOpError
 from runtime.kernels.qoperator import lookup_table
 from runtime.kernels.window import pool_out_size
@@ -73,8 +79,9 @@ def _const(ctx: CanonContext, i: int, what: str) -> np.ndarray | None:
     return None if value is None else ctx.const_input(i, what)
 
 
-def _aot(ctx: CanonContext, op: str, inputs: list[Value | None], attrs: dict[str, Any],
+def _aot(ctx: CanonContext, kind: str, inputs: list[Value | None], attrs: dict[str, Any],
          out: Value | None = None) -> Node:
+    op = op_name(kind)
     name = ctx.name if out is None else ctx.graph.unique_name(f"{ctx.name}/{op}")
     outputs = [out] if out is not None else None
     return ctx.node(op, inputs, attrs, outputs=outputs, domain=AOT_DOMAIN, name=name)
@@ -83,13 +90,13 @@ def _aot(ctx: CanonContext, op: str, inputs: list[Value | None], attrs: dict[str
 def _lookup(ctx: CanonContext, x: Value, table: np.ndarray, out: Value | None = None) -> Node:
     """A QLookup of ``x`` through ``table`` into ``out`` (default: the node's output)."""
     const = ctx.graph.add_constant(f"{ctx.name}/table", table)
-    return _aot(ctx, "QLookup", [x, const], {}, out)
+    return _aot(ctx, Q_LOOKUP, [x, const], {}, out)
 
 
 @register(*_ms("QLinearAdd", "QLinearMul"))
 def _binary(ctx: CanonContext) -> list[Node]:
     _check(ctx, [0, 3], [1, 2, 4, 5, 6, 7])
-    return [_aot(ctx, "QBinary", _inputs(ctx, 8), {"op": ctx.op_type.removeprefix("QLinear")})]
+    return [_aot(ctx, Q_BINARY, _inputs(ctx, 8), {"op": ctx.op_type.removeprefix("QLinear")})]
 
 
 def _unary(ctx: CanonContext, fn: Callable[[Any], Any]) -> list[Node]:
@@ -170,7 +177,7 @@ def _global_pool(ctx: CanonContext) -> list[Node]:
     if len(shape_of(ctx.inputs[0])) < 3:
         raise ctx.error(f"input needs rank >= 3, got shape {list(shape_of(ctx.inputs[0]))}")
     channels_last = int(ctx.attr("channels_last", 0))
-    return [_aot(ctx, "QGlobalAveragePool", _inputs(ctx, 5), {"channels_last": channels_last})]
+    return [_aot(ctx, Q_GLOBAL_AVERAGE_POOL, _inputs(ctx, 5), {"channels_last": channels_last})]
 
 
 def _transposed(ctx: CanonContext, x: Value, perm: list[int], what: str,
@@ -196,7 +203,7 @@ def _average_pool(ctx: CanonContext) -> list[Node]:
         raise UnsupportedOpError(f"{ctx.describe()}: dilations {dilations} (onnxruntime's kernel has none)")
     pads = resolve_pads(ctx, spatial, kernel, strides, dilations)
     if list(spatial) == kernel and not any(pads):
-        return [_aot(ctx, "QGlobalAveragePool", _inputs(ctx, 5), {"channels_last": channels_last})]
+        return [_aot(ctx, Q_GLOBAL_AVERAGE_POOL, _inputs(ctx, 5), {"channels_last": channels_last})]
     ceil_mode = int(ctx.attr("ceil_mode", 0))
     n = len(spatial)
     want = [pool_out_size(s, k, st, 1, b, e, ceil_mode)
@@ -205,13 +212,13 @@ def _average_pool(ctx: CanonContext) -> list[Node]:
              "ceil_mode": ceil_mode, "count_include_pad": int(ctx.attr("count_include_pad", 0))}
     if not channels_last:
         check_output(ctx, want)
-        return [_aot(ctx, "QAveragePool", _inputs(ctx, 5), attrs)]
+        return [_aot(ctx, Q_AVERAGE_POOL, _inputs(ctx, 5), attrs)]
     rank = len(x_shape)
     to_first = [0, rank - 1, *range(1, rank - 1)]
     into, x = _transposed(ctx, ctx.inputs[0], to_first, "nchw")  # type: ignore[arg-type]
     y = ctx.graph.make_value(f"{ctx.name}/nchw_out", x.dtype, (*shape_of(x)[:2], *want))
     back, _ = _transposed(ctx, y, [0, *range(2, rank), 1], "nhwc", ctx.outputs[0])
-    return [into, _aot(ctx, "QAveragePool", [x, *_inputs(ctx, 5)[1:]], attrs, y), back]
+    return [into, _aot(ctx, Q_AVERAGE_POOL, [x, *_inputs(ctx, 5)[1:]], attrs, y), back]
 
 
 @register(*_ms("QLinearSoftmax"))
@@ -232,12 +239,12 @@ def _softmax(ctx: CanonContext) -> list[Node]:
         soft = ctx.graph.make_value(f"{ctx.name}/softmax", x.dtype, rows)
         into = ctx.node("Reshape", [x], {"shape": list(rows)}, outputs=[flat], name=flat.name)
         back = ctx.node("Reshape", [soft], {"shape": list(shape)}, name=ctx.graph.unique_name(ctx.name))
-        return [into, _aot(ctx, "QSoftmax", [flat, *params], {}, soft), back]
+        return [into, _aot(ctx, Q_SOFTMAX, [flat, *params], {}, soft), back]
     if axis == last:
-        return [_aot(ctx, "QSoftmax", [x, *params], {})]
+        return [_aot(ctx, Q_SOFTMAX, [x, *params], {})]
     perm = list(range(len(shape)))
     perm[axis], perm[last] = last, axis
     into, moved = _transposed(ctx, x, perm, "last")
     soft = ctx.graph.make_value(f"{ctx.name}/softmax", x.dtype, shape_of(moved))
     back, _ = _transposed(ctx, soft, perm, "back", ctx.outputs[0])
-    return [into, _aot(ctx, "QSoftmax", [moved, *params], {}, soft), back]
+    return [into, _aot(ctx, Q_SOFTMAX, [moved, *params], {}, soft), back]
