@@ -61,6 +61,8 @@ def _every_op(dtype: type, seed: int) -> QBuilder:
     b.node("QLinearSoftmax", [a, *pa, *soft], "softmax", opset=13, axis=-1)
     b.node("QLinearSoftmax", [a, *pa, *soft], "softmax_axis1", opset=13, axis=1)
     b.node("QLinearSoftmax", [a, *pa, *soft], "softmax_opset12", opset=12, axis=2)
+    wide = b.data("wide", (3, 1000))  # (a classifier's scores: the exp table's shift depends on the length)
+    b.node("QLinearSoftmax", [wide, *b.params("pw", 0.05), *soft], "softmax_wide", opset=13)
     return b
 
 
