@@ -16,6 +16,8 @@ from onnx import numpy_helper
 from compiler.frontend.importer import import_model
 from runtime.errors import ModelError
 from runtime.errors import UnsupportedOpError
+from tests.cpu_targets import host_runs
+from tests.cpu_targets import level_params
 from tests.support.qoperator_models import QBuilder
 from tests.support.qoperator_models import ort_outputs
 from tests.support.qoperator_models import ours_outputs
@@ -51,12 +53,16 @@ def _every_op(dtype: type, seed: int) -> QBuilder:
     b.node("QLinearAveragePool", [a, *pa, *po], "avg_nhwc", kernel_shape=[3, 2], pads=[1, 0, 1, 1],
            channels_last=1)
     b.node("QLinearAveragePool", [a, *pa, *po], "avg_whole", kernel_shape=[9, 11])
+    line = b.data("line", (2, 3, 13))
+    b.node("QLinearAveragePool", [line, *pa, *po], "avg_1d", kernel_shape=[4], strides=[3], pads=[2, 1])
     b.node("QLinearGlobalAveragePool", [a, *pa, *po], "gap", channels_last=0)
     b.node("QLinearGlobalAveragePool", [a, *pa, *po], "gap_nhwc", channels_last=1)
     soft = b.params("soft", 1 / 256, 0 if np.dtype(dtype) == np.uint8 else -128)
     b.node("QLinearSoftmax", [a, *pa, *soft], "softmax", opset=13, axis=-1)
     b.node("QLinearSoftmax", [a, *pa, *soft], "softmax_axis1", opset=13, axis=1)
     b.node("QLinearSoftmax", [a, *pa, *soft], "softmax_opset12", opset=12, axis=2)
+    wide = b.data("wide", (3, 1000))  # (a classifier's scores: the exp table's shift depends on the length)
+    b.node("QLinearSoftmax", [wide, *b.params("pw", 0.05), *soft], "softmax_wide", opset=13)
     return b
 
 
@@ -77,9 +83,22 @@ def test_every_op_matches_onnxruntime_and_the_reference(dtype: type, tmp_path: P
         else:
             assert steps == 0, f"{node.name}: {count} elements differ from onnxruntime by up to {steps} steps"
     plan = json.loads((tmp_path / "art" / "plan.json").read_text())
-    ours = {s["op_type"]: s["provider"] for s in plan["steps"] if s["domain"] == "onnx_aot"}
+    ours = {(s["op_type"], s["provider"]) for s in plan["steps"] if s["domain"] == "onnx_aot"}
     kinds = ("QBinary", "QLookup", "QAveragePool", "QGlobalAveragePool", "QSoftmax")
-    assert ours == dict.fromkeys(kinds, "c")
+    assert ours == {(kind, "c") for kind in kinds}  # (every step of them on the C kernels)
+
+
+@pytest.mark.parametrize("level", level_params())
+def test_every_cpu_level_computes_the_reference(level: str, tmp_path: Path) -> None:
+    # The build contracts multiply-adds where the level has FMA (v3, v4) and cannot on v2: the
+    # kernels leave no float32 product to fuse, so every level gives the reference's bits.
+    if not host_runs(level):
+        pytest.skip(f"this host does not run {level} code")
+    b = _every_op(np.int8, seed=5)
+    model = b.model(ort_outputs(b.model(), b.feeds))
+    (ours,) = ours_outputs(model, b.feeds, tmp_path / "art", cpu=level)
+    for node, ref, got in zip(b.nodes, reference_outputs(model, b.feeds), ours, strict=True):
+        np.testing.assert_array_equal(got, ref, err_msg=f"{node.name} at {level}")
 
 
 def _kinds(b: QBuilder) -> list[str]:

@@ -84,12 +84,13 @@ def ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np
 
 
 def ours_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray], out: Path,
-                 threads: Sequence[int] = (1,)) -> list[list[np.ndarray]]:
-    """The compiled artifact's outputs, one list per thread count in ``threads``."""
+                 threads: Sequence[int] = (1,), cpu: str | None = None) -> list[list[np.ndarray]]:
+    """The compiled artifact's outputs (C kernels for ``cpu``: default this host's level), one
+    list per thread count in ``threads``."""
     from compiler import compile_model
     from runtime import Session
 
-    art = compile_model(model, out)
+    art = compile_model(model, out, cpu=cpu)
     return [Session(art, threads=n).run(None, feeds) for n in threads]
 
 
