@@ -109,14 +109,16 @@ def test_reference_kernels_agree_with_onnxruntime_on_the_same_cases() -> None:
 
 
 def test_dynamic_quantize_linear_in_c_is_bit_exact(tmp_path: Path) -> None:
-    shapes = ((3, 1000), (7, 13), (64, 384), (5,), (2, 3))
+    shapes = ((3, 1000), (7, 13), (64, 384), (5,), (2, 3), (4, 5))
     model = dynamic_quantize_model(shapes)
     rng = np.random.default_rng(3)
     feeds = {"x0": rng.standard_normal(shapes[0]).astype(np.float32) * 3,
              "x1": rng.uniform(0.5, 4, shapes[1]).astype(np.float32),  # all positive: zero point 0
              "x2": rng.standard_normal(shapes[2]).astype(np.float32),
              "x3": -rng.uniform(0.1, 2, shapes[3]).astype(np.float32),  # all negative: zero point 255
-             "x4": np.zeros(shapes[4], np.float32)}
+             "x4": np.zeros(shapes[4], np.float32),
+             "x5": rng.standard_normal(shapes[5]).astype(np.float32)}
+    feeds["x5"][1, 2] = np.nan  # (a softmax over an infinite mask gives one): NaN scale, all 0
     feeds["x2"][0, :4] = [0.5, -0.5, 1.5, 2.5]  # ties
     artifact = compile_model(model, tmp_path / "a", cpu="x86-64-v2", golden_cases=1)
     assert {s for s in _steps(artifact)} == {("DynamicQuantizeLinear", "c")}
@@ -128,9 +130,10 @@ def test_dynamic_quantize_linear_in_c_is_bit_exact(tmp_path: Path) -> None:
     for threads in (1, 2):
         got = Session(artifact, threads=threads).run(None, feeds)
         for j, (g, r) in enumerate(zip(got, reference, strict=True)):
-            assert np.array_equal(g, r), f"output {j} (threads {threads})"
-            if j < 12:  # the all-zero input: onnxruntime's scale is 0, the reference's 1/255
+            assert np.array_equal(g, r, equal_nan=g.dtype.kind == "f"), f"output {j} (threads {threads})"
+            if j < 12:  # all-zero input: onnxruntime's scale is 0, the reference's 1/255; NaN: its own
                 assert np.array_equal(g, want[j]), f"output {j} vs onnxruntime"
+    assert np.isnan(got[16]) and got[15].max() == 0 == got[17]
 
 
 def _linear_model(m: int, k: int, n: int, seed: int) -> onnx.ModelProto:

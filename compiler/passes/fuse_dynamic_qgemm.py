@@ -90,9 +90,9 @@ def _fuse(graph: Graph, mi: Node) -> bool:
     nodes, scale_mul = found_nodes[:-1], found_nodes[-1]
     x, b = dq.input(0), quantized_b(mi.input(1))
     b_zero = mi.input(3)
-    if x is None or x.dtype != np.float32 or x.shape is None or b is None or not sized(b_zero, 1, b.shape[1]):
+    if x is None or x.dtype != np.float32 or x.shape is None or x.is_symbolic or b is None:
         return False
-    if b_zero is not None and b_zero.const is None:
+    if not sized(b_zero, 1, b.shape[1]) or (b_zero is not None and b_zero.const is None):
         return False
     params = [None, None, b_scale, b_zero, None, None, bias]
     new = qgemm_node(graph, mi, x, b, params, {"output": "float", "dynamic": 1}, nodes[-1].outputs, nodes)

@@ -5,7 +5,8 @@ pack_qb``: one layout for every target) with its column sums, so the kernel corr
 A's +128 shift from precomputed sums, never in its inner loop. MatMulInteger becomes the "int32"
 output, QLinearMatMul the "quantized" one (its requantization in the epilogue). Left alone: a B that
 is not a 2-D constant (batched B), a zero point or scale of A that is not per tensor (per-row A), a
-per-column parameter of another length than N. A lowering for the C target, from level 2; the
+per-column parameter of another length than N, an A with run-time dims (the C kernel's sizes are
+compile-time constants; the reference MatMulInteger runs it). A lowering for the C target, from level 2; the
 fusion of quantize_dynamic's chain (``fuse_dynamic_qgemm``) runs first and takes the MatMulIntegers
 it fuses.
 """
@@ -82,7 +83,7 @@ def _lower(graph: Graph, node: Node) -> bool:
     else:
         return False
     b = quantized_b(b_value)
-    if a is None or a.shape is None or b is None or not sized(params[1], 1):
+    if a is None or a.is_symbolic or a.shape is None or b is None or not sized(params[1], 1):
         return False
     n = b.shape[1]
     if not (sized(params[2], 1, n) and sized(params[3], 1, n)) or a.shape[-1] != b.shape[0]:
