@@ -174,6 +174,19 @@ def summary(latencies: list[float], seconds: float) -> dict[str, float]:
             "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], "n": len(ordered)}
 
 
+def mean_batch(served: Any, replicas: int) -> float:
+    """Samples per run over the deployment's replicas (their ``stats()``, warm-up included)."""
+    seen: dict[str, dict[int, int]] = {}
+    for _ in range(40):
+        stats = served.handle.stats.remote().result()
+        seen[stats["replica"]] = stats["batches"]
+        if len(seen) == replicas:
+            break
+    runs = sum(n for batches in seen.values() for n in batches.values())
+    samples = sum(int(size) * n for batches in seen.values() for size, n in batches.items())
+    return samples / max(1, runs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -206,11 +219,12 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path, port: int) -> di
         for _ in range(args.rounds):
             for key, s in served.items():
                 runs[key] += load(port, s.settings.route, bodies[key], args.clients, args.seconds)
+        batch_means = {key: mean_batch(s, args.replicas) for key, s in served.items()}
     finally:
         for s in reversed(list(served.values())):
             stop(s)
     total = args.rounds * args.seconds
-    rows = {key: summary(lat, total) for key, lat in runs.items()}
+    rows = {key: {**summary(lat, total), "mean_batch": batch_means[key]} for key, lat in runs.items()}
     result = {"model": name, "rows": rows,
               "throughput_ratio": rows["aot"]["throughput"] / rows["ort"]["throughput"],
               "p99_ratio": rows["aot"]["p99_ms"] / rows["ort"]["p99_ms"]}
@@ -274,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             result = bench_model(name, args, Path(tmp), port)
             for key, row in result["rows"].items():
                 print(f"{name:9s} {key:14s} {row['throughput']:8.1f}/s  p50 {row['p50_ms']:8.2f} ms  "
-                      f"p99 {row['p99_ms']:8.2f} ms  ({row['n']} answers)")
+                      f"p99 {row['p99_ms']:8.2f} ms  {row['mean_batch']:5.2f} samples/run  "
+                      f"({row['n']} answers)")
             print(json.dumps(result), flush=True)
         if args.overhead:
             print(json.dumps({"overhead": bench_overhead(Path(tmp), port, 5.0 if args.smoke else 20.0)}))
