@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +30,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,7 @@ from ray import serve  # noqa: E402
 
 from runtime import Session  # noqa: E402
 from runtime.errors import InputError  # noqa: E402
+from runtime.serving import ServingError  # noqa: E402
 from runtime.serving.app import Served  # noqa: E402
 from runtime.serving.app import ServeSettings  # noqa: E402
 from runtime.serving.app import start  # noqa: E402
@@ -243,6 +246,21 @@ def test_bad_requests_get_400_and_the_replicas_keep_serving(apps: Apps) -> None:
     after = _replicas(apps)
     assert set(after) == before, "a replica was replaced after bad requests"
     assert sum(s["requests"]["bad_request"] for s in after.values()) >= len(BAD) + 1
+
+
+def test_a_tampered_artifact_does_not_start_and_says_why(apps: Apps, tmp_path: Path) -> None:
+    folder = tmp_path / "tampered"
+    shutil.copytree(apps.tiny_session.path, folder)
+    weights = bytearray((folder / "weights.bin").read_bytes())
+    weights[0] ^= 0xFF  # same size: only the full hash at the replica's start finds it
+    (folder / "weights.bin").write_bytes(bytes(weights))
+    settings = ServeSettings(str(folder), port=apps.tiny.settings.port, route="/tampered", name="tampered",
+                             threads=1, num_cpus=0.1)
+    with pytest.raises(ServingError, match="the application did not start: .*weights.bin"):
+        start(settings)
+    assert "tampered" not in serve.status().applications
+    status, _ = post_json(apps.tiny.url, sample(np.random.default_rng(4)))
+    assert status == 200
 
 
 class RetryingClient(threading.Thread):

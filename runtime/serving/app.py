@@ -148,7 +148,9 @@ def start(settings: ServeSettings, *, ray_init: dict[str, Any] | None = None) ->
         except OnnxAotError:
             raise
         except Exception as exc:  # a replica that did not start: Ray's report, ending in our error
-            raise ServingError(f"{settings.folder}: the application did not start: {_cause(exc)}") from None
+            cause = _cause(f"{exc}\n{_deployment_messages(serve, settings.name)}")
+            serve.delete(settings.name)
+            raise ServingError(f"{settings.folder}: the application did not start: {cause}") from None
         url = f"http://127.0.0.1:{settings.port}{settings.route}"
         _wait_until_answering(url)
     except BaseException:
@@ -158,11 +160,20 @@ def start(settings: ServeSettings, *, ray_init: dict[str, Any] | None = None) ->
     return Served(url, handle, settings, started)
 
 
-def _cause(exc: BaseException) -> str:
+def _deployment_messages(serve: Any, name: str) -> str:
+    """What Ray says of the application's deployments (a replica's constructor error, traceback)."""
+    try:
+        app = serve.status().applications.get(name)
+    except Exception:  # (status is only a better message; the failure is reported either way)
+        return ""
+    return "" if app is None else "\n".join(d.message for d in app.deployments.values() if d.message)
+
+
+def _cause(report: str) -> str:
     """The last ``...Error: message`` line of Ray's report on a replica that failed to start."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [line.strip() for line in report.splitlines() if line.strip()]
     errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
-    return (errors or lines or [type(exc).__name__])[-1]
+    return (errors or lines or ["unknown"])[-1]
 
 
 def _wait_until_answering(url: str, timeout_s: float = READY_TIMEOUT_S) -> None:
