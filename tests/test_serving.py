@@ -208,3 +208,14 @@ def test_the_cli_and_the_runtime_import_no_ray() -> None:
               f"print([m for m in sys.modules if m.split('.')[0] in ('ray', 'starlette')])")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_default_threads_share_the_cores_among_the_replicas(batched: Session) -> None:
+    from runtime.serving.app import ServeSettings
+    from runtime.serving.app import default_threads
+
+    folder = str(batched.path)
+    assert default_threads(ServeSettings(folder, replicas=2), cpus=8) == 4
+    assert default_threads(ServeSettings(folder, autoscale=(1, 3)), cpus=8) == 2
+    assert default_threads(ServeSettings(folder, replicas=4), cpus=2) == 1
+    assert default_threads(ServeSettings(folder, replicas=4, threads=3), cpus=2) == 3

@@ -2,13 +2,15 @@
 
 One module-scoped Ray instance serves two applications over real HTTP on 127.0.0.1 (a free port):
 ``/tiny``, a batched artifact (x [batch, 4], z [batch, 3] -> y, batch in 1..8) on 2 replicas, and
-``/small``, a static CNN that runs request by request on 1 replica; every replica reserves a tenth
+``/small``, a static CNN that runs request by request on 1 replica (which reruns the golden self-test
+before it serves: ``--verify``); every replica reserves a tenth
 of one of Ray's 2 CPUs and runs 1 kernel thread. Checked: answers (JSON, npz, the Python handle)
 equal a direct ``Session.run``; concurrent one-sample requests are batched (Ray's batch-size
 histogram, read from its Prometheus endpoint, counts runs of more than one) and their answers
 equal unbatched runs; bad requests get 400 with the runtime's message naming the input and the
 replicas keep serving; a replica killed under load is replaced by Ray and a retrying client loses
-no request. Skipped, with the reason, where Ray Serve is not importable.
+no request. First, ``python -m runtime serve`` itself: its line, an answer, and SIGTERM stopping
+the app and its Ray instance. Skipped, with the reason, where Ray Serve is not importable.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -24,6 +30,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +44,7 @@ from ray import serve  # noqa: E402
 
 from runtime import Session  # noqa: E402
 from runtime.errors import InputError  # noqa: E402
+from runtime.serving import ServingError  # noqa: E402
 from runtime.serving.app import Served  # noqa: E402
 from runtime.serving.app import ServeSettings  # noqa: E402
 from runtime.serving.app import start  # noqa: E402
@@ -44,11 +52,48 @@ from runtime.serving.app import stop  # noqa: E402
 from tests.support.serving import compile_batched  # noqa: E402
 from tests.support.serving import compile_static  # noqa: E402
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _raylets() -> set[int]:
+    done = subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True)
+    return {int(pid) for pid in done.stdout.split()}
+
+
+def test_the_serve_command_answers_and_stops_on_sigterm(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``python -m runtime serve`` (its own Ray instance, before the module's starts): the one line
+    once the route answers, a real answer, and on SIGTERM the app and its Ray instance gone."""
+    folder = compile_batched(tmp_path_factory.mktemp("cli") / "tiny")
+    port, before = free_port(), _raylets()
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", str(folder), "--port", str(port),
+                             "--route", "/cli", "--threads", "1", "--max-batch", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once the route answers
+        assert line == f"serving {folder} at http://127.0.0.1:{port}/cli\n", line + proc.stderr.read()[-3000:]
+        one = sample(np.random.default_rng(5))
+        status, answer = post_json(f"http://127.0.0.1:{port}/cli", one)
+        assert status == 200
+        expected = Session(folder, threads=1).run(None, {k: v[None] for k, v in one.items()})[0][0]
+        assert np.array_equal(np.asarray(answer["outputs"]["y"], np.float32), expected)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and f"stopped serving {folder}" in err, err[-3000:]
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/cli", timeout=5)
+    assert _raylets() <= before, "the Ray instance serve started is still running"
 
 
 @dataclass
@@ -71,7 +116,7 @@ def apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apps]:
     settings = ServeSettings(str(tiny), route="/tiny", replicas=2, batch_wait_ms=20, name="tiny", **common)
     batched = start(settings, ray_init=ray_init)
     try:
-        whole = start(ServeSettings(str(small), route="/small", name="small", **common))
+        whole = start(ServeSettings(str(small), route="/small", name="small", verify=True, **common))
     except BaseException:
         stop(batched)
         raise
@@ -201,6 +246,21 @@ def test_bad_requests_get_400_and_the_replicas_keep_serving(apps: Apps) -> None:
     after = _replicas(apps)
     assert set(after) == before, "a replica was replaced after bad requests"
     assert sum(s["requests"]["bad_request"] for s in after.values()) >= len(BAD) + 1
+
+
+def test_a_tampered_artifact_does_not_start_and_says_why(apps: Apps, tmp_path: Path) -> None:
+    folder = tmp_path / "tampered"
+    shutil.copytree(apps.tiny_session.path, folder)
+    weights = bytearray((folder / "weights.bin").read_bytes())
+    weights[0] ^= 0xFF  # same size: only the full hash at the replica's start finds it
+    (folder / "weights.bin").write_bytes(bytes(weights))
+    settings = ServeSettings(str(folder), port=apps.tiny.settings.port, route="/tampered", name="tampered",
+                             threads=1, num_cpus=0.1)
+    with pytest.raises(ServingError, match="the application did not start: .*weights.bin"):
+        start(settings)
+    assert "tampered" not in serve.status().applications
+    status, _ = post_json(apps.tiny.url, sample(np.random.default_rng(4)))
+    assert status == 200
 
 
 class RetryingClient(threading.Thread):

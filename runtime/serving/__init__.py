@@ -17,9 +17,6 @@ from runtime.errors import OnnxAotError
 
 __all__ = ["ServingError", "require_ray"]
 
-RAY_PIN = "ray[serve]==2.60.0"
-
-
 class ServingError(OnnxAotError):
     """Serving cannot start: Ray Serve is not installed, a setting is out of range, or the artifact
     does not allow what the settings ask (``--max-batch`` past its batch range)."""

@@ -14,6 +14,7 @@ reserve as many of Ray's CPUs, so replicas x threads stays within the cores.
 from __future__ import annotations
 
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.errors import OnnxAotError
 from runtime.serving import ServingError
 from runtime.serving import require_ray
 from runtime.serving.batching import batching_of
@@ -83,14 +85,15 @@ def check_settings(settings: ServeSettings) -> int:
 def build_app(settings: ServeSettings) -> Any:
     """The bound deployment (a Ray Serve application) for ``settings``."""
     require_ray()
+    from runtime.serving.deployment import CONCURRENT_BATCHES
     from runtime.serving.deployment import ArtifactModel
 
     max_batch = check_settings(settings)
     threads = default_threads(settings)
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": threads if settings.num_cpus is None else settings.num_cpus},
-        # every sample of a full batch in flight at once, and the next batch gathering
-        "max_ongoing_requests": max(8, 2 * max_batch),
+        # full batches in flight: the one running and those gathering (deployment.py: _batched)
+        "max_ongoing_requests": max(8, CONCURRENT_BATCHES * max_batch),
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 30.0,
     }
@@ -136,10 +139,18 @@ def start(settings: ServeSettings, *, ray_init: dict[str, Any] | None = None) ->
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "runtime_env": {"env_vars": env} if settings.address is None else None}
         kwargs.update(ray_init or {})
-        ray.init(address=settings.address, **kwargs)
+        # no --address: a new local instance, never a cluster that happens to run on this machine
+        ray.init(address=settings.address or "local", **kwargs)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": settings.port})
-        handle = serve.run(app, name=settings.name, route_prefix=settings.route)
+        try:
+            handle = serve.run(app, name=settings.name, route_prefix=settings.route)
+        except OnnxAotError:
+            raise
+        except Exception as exc:  # a replica that did not start: Ray's report, ending in our error
+            cause = _cause(f"{exc}\n{_deployment_messages(serve, settings.name)}")
+            serve.delete(settings.name)
+            raise ServingError(f"{settings.folder}: the application did not start: {cause}") from None
         url = f"http://127.0.0.1:{settings.port}{settings.route}"
         _wait_until_answering(url)
     except BaseException:
@@ -147,6 +158,22 @@ def start(settings: ServeSettings, *, ray_init: dict[str, Any] | None = None) ->
             ray.shutdown()
         raise
     return Served(url, handle, settings, started)
+
+
+def _deployment_messages(serve: Any, name: str) -> str:
+    """What Ray says of the application's deployments (a replica's constructor error, traceback)."""
+    try:
+        app = serve.status().applications.get(name)
+    except Exception:  # (status is only a better message; the failure is reported either way)
+        return ""
+    return "" if app is None else "\n".join(d.message for d in app.deployments.values() if d.message)
+
+
+def _cause(report: str) -> str:
+    """The last ``...Error: message`` line of Ray's report on a replica that failed to start."""
+    lines = [line.strip() for line in report.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return (errors or lines or ["unknown"])[-1]
 
 
 def _wait_until_answering(url: str, timeout_s: float = READY_TIMEOUT_S) -> None:

@@ -4,8 +4,11 @@ Each replica loads the folder into one ``runtime.Session`` (every file's hash ch
 included; with ``verify`` the golden self-test runs too, and a mismatch keeps the replica from
 starting) and runs it on one thread of its own, with ``threads`` threads for the kernels, so the
 replica's event loop stays free for requests. An artifact with a batch dim
-(``runtime/serving/batching.py``) takes one sample per request, gathered by ``@serve.batch`` (up to
-``max_batch`` samples, ``batch_wait_s`` of waiting) into runs of equal shapes and split back;
+(``runtime/serving/batching.py``) takes one sample per request, gathered by ``@serve.batch``
+and handed to the replica's runner: Ray forms its batches on a timer whether or not a run is going
+on, so the runner pools them, and each run waits up to ``batch_wait_s`` for ``max_batch`` samples,
+takes all that are waiting (at most ``max_batch``), stacked in groups of equal shapes, and splits
+the results back;
 without one, each request is one run of the whole tensors.
 
 Two ways in: HTTP (``__call__``: JSON or npz bodies, ``runtime/serving/bodies.py``; ``GET`` says
@@ -43,9 +46,11 @@ from runtime.serving.batching import check_sample
 from runtime.serving.batching import groups
 from runtime.serving.batching import run_stacked
 
-__all__ = ["ArtifactModel", "DEFAULT_BATCH_WAIT_S", "SessionFactory"]
+__all__ = ["ArtifactModel", "DEFAULT_BATCH_WAIT_S", "CONCURRENT_BATCHES", "SessionFactory"]
 
 DEFAULT_BATCH_WAIT_S = 0.005
+# Ray batches handed to the runner at once (their samples then run together: ``_batched``)
+CONCURRENT_BATCHES = 4
 BATCH_BOUNDARIES = [1.5, 2.5, 4.5, 8.5, 16.5, 32.5, 64.5, 128.5]
 LATENCY_BOUNDARIES_MS = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 # (folder, threads) -> an object with Session's .inputs, .outputs and .run(None, feeds)
@@ -115,9 +120,13 @@ class ArtifactModel:
             self.session.inputs, self.session.outputs, max_batch, folder)
         batched: Any = self._batched  # @serve.batch's wrapper: its settings, per replica
         batched.set_max_batch_size(self.max_batch)
-        batched.set_batch_wait_timeout_s(batch_wait_s)
+        batched.set_batch_wait_timeout_s(0.0)  # the runner waits (_drain): Ray's batches go straight to it
+        self._wait_s = batch_wait_s
         self._names = [s.name for s in self.session.outputs]
         self._runner = ThreadPoolExecutor(1, thread_name_prefix="onnx-aot-run")
+        self._pending: list[tuple[Sample, asyncio.Future[Any]]] = []
+        self._arrived = asyncio.Event()
+        self._draining: asyncio.Task[None] | None = None
         self._metrics = _Metrics()
 
     # -- the two ways in -------------------------------------------------------------------------
@@ -173,10 +182,46 @@ class ArtifactModel:
         self._metrics.batch(1)
         return self.session.run(None, feeds)
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=DEFAULT_BATCH_WAIT_S)
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=DEFAULT_BATCH_WAIT_S,
+                 max_concurrent_batches=CONCURRENT_BATCHES)
     async def _batched(self, samples: list[Sample]) -> list[Any]:
+        """Ray's batch, handed to the runner: Ray forms batches on its timer even while a run is
+        going on, so the samples wait in ``_pending`` and each run takes all that are there."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._runner, self._run_batch, samples)
+        futures = [loop.create_future() for _ in samples]
+        self._pending.extend(zip(samples, futures, strict=True))
+        self._arrived.set()
+        if self._draining is None or self._draining.done():
+            self._draining = loop.create_task(self._drain())
+        return list(await asyncio.gather(*futures))
+
+    async def _fill(self, deadline: float) -> None:
+        """Wait until ``max_batch`` samples are pending or the loop's clock reaches ``deadline``."""
+        loop = asyncio.get_running_loop()
+        while len(self._pending) < self.max_batch and loop.time() < deadline:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                return
+
+    async def _drain(self) -> None:
+        """Run what is pending, up to ``max_batch`` samples a run, until nothing is."""
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await self._fill(loop.time() + self._wait_s)
+            taken, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+            try:
+                results = await loop.run_in_executor(self._runner, self._run_batch, [s for s, _ in taken])
+            except Exception as exc:  # the run failed: every sample of it answers the failure
+                results = [exc] * len(taken)
+            for (_, future), result in zip(taken, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
 
     def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.session.run(None, feeds)
