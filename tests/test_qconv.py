@@ -22,6 +22,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
+from onnx import numpy_helper
+from onnx.backend.test.case.node import collect_testcases
 
 from compiler import compile_model
 from runtime import Session
@@ -136,4 +138,32 @@ def test_matches_onnxruntime_where_it_runs(built: dict[str, object], name: str) 
     except Exception as exc:  # onnxruntime lacks some (s8 X with s8 W, per-channel ConvInteger)
         pytest.skip(f"onnxruntime does not run it: {str(exc)[:80]}")
     got = _run(built["arts"]["native"], built["feeds"], 2)[f"{name}_y"]  # type: ignore[arg-type,index]
+    np.testing.assert_array_equal(got, want)
+
+
+NODE_CASES = ("test_qlinearconv", "test_convinteger_with_padding", "test_convinteger_without_padding")
+
+
+@pytest.mark.parametrize("case", NODE_CASES)
+def test_node_suite_case_on_the_c_kernel(case: str, tmp_path: Path) -> None:
+    """ONNX's node test, its inputs but X made initializers (as a quantized model has them), so
+    the C kernel runs it: the expected output bit for bit."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # other cases' generators divide by zero
+        (test,) = [t for t in collect_testcases(None) if t.name == case]
+    model = onnx.ModelProto()
+    model.CopyFrom(test.model)
+    arrays, (want,) = ([np.asarray(a) for a in part] for part in test.data_sets[0])
+    graph = model.graph
+    x_name = graph.input[0].name
+    for value, array in zip(list(graph.input)[1:], arrays[1:], strict=True):
+        graph.initializer.append(numpy_helper.from_array(array, value.name))
+    keep = [v for v in graph.input if v.name == x_name]
+    del graph.input[:]
+    graph.input.extend(keep)
+    art = compile_model(model, tmp_path / "art")
+    plan = json.loads((art / "plan.json").read_text())
+    assert [(s["op_type"], s["provider"]) for s in plan["steps"]] == [("PackedQConv", "c")]
+    (got,) = Session(art, threads=2).run(None, {x_name: arrays[0]})
+    assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)

@@ -24,8 +24,8 @@ from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import replace_nodes
-from runtime.contract import op_name
 from runtime.contract import PACKED_QCONV
+from runtime.contract import op_name
 from runtime.kernels.qconv import pack_qconv
 
 __all__ = ["PackQConvWeights", "qconv_method"]
@@ -51,10 +51,9 @@ def _operands(node: Node) -> dict[str, Value | None] | None:
     """The node's operands by role, or None when it is not a conv this lowering takes."""
     if node.domain not in ("", "ai.onnx") or node.kind not in ("QLinearConv", "ConvInteger"):
         return None
+    names: tuple[str, ...] = ("x", "w", "x_zero", "w_zero")
     if node.kind == "QLinearConv":
         names = ("x", "x_scale", "x_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero", "bias")
-    else:
-        names = ("x", "w", "x_zero", "w_zero")
     ops = {n: node.input(i) for i, n in enumerate(names)}
     x, w, y = ops["x"], ops["w"], node.outputs[0]
     if x is None or w is None or w.const is None or x.shape is None or y.shape is None:
@@ -70,7 +69,8 @@ def _operands(node: Node) -> dict[str, Value | None] | None:
             return None
         if ops["y_zero"] is not None and not _scalar(ops["y_zero"]):
             return None
-        if any(ops[k] is None or ops[k].dtype != np.float32 for k in ("x_scale", "w_scale", "y_scale")):
+        scales = [ops[k] for k in ("x_scale", "w_scale", "y_scale")]
+        if any(v is None or v.dtype != np.float32 for v in scales):
             return None
     elif y.dtype != np.int32:
         return None

@@ -39,10 +39,22 @@ from compiler.providers.geometry import claimed
 from compiler.providers.kit import Param
 from runtime.contract import PACKED_QCONV
 
-__all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "MR"]
+__all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "Requant", "MR"]
 
 MR = 6  # output channels per register tile (x 4 vectors of 16 pixels: 24 accumulators)
 _CTYPES = {np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.int32): "int32_t"}
+
+
+@dataclass(frozen=True)
+class Requant:
+    """The output's arithmetic (qconv_common.c.j2): y = clip(rint(acc * scale[m]) + yz, qmin, qmax)
+    when ``scaled`` (QLinearConv), else acc itself (ConvInteger)."""
+
+    scaled: bool
+    yz: int
+    qmin: int
+    qmax: int
+    out_ctype: str
 
 
 @dataclass(frozen=True)
@@ -62,15 +74,11 @@ class QConvContext:
     ws: int
     flip: int  # XOR making X unsigned (0x80 for int8)
     xz: int  # X's zero point, shifted like X
-    yz: int
-    qmin: int
-    qmax: int
+    q: Requant
     mr: int
     mblocks: int
     rem: int  # rows of the last channel block (0: mr)
     has_wz: bool
-    scaled: bool
-    out_ctype: str
     pool_pad: str
     pool_pack: str
     pool: str
@@ -83,11 +91,7 @@ class QDepthwiseContext:
     wp: int  # the zero-padded row's length
     x_ctype: str
     xz: int
-    yz: int
-    qmin: int
-    qmax: int
-    scaled: bool
-    out_ctype: str
+    q: Requant
     pool: str
 
 
@@ -156,17 +160,17 @@ class QConvKernel(CKernel):
         x, y = node.input(0), node.outputs[0]
         assert x is not None and x.dtype is not None and y.dtype is not None
         a = node.attrs
-        quant = {"yz": int(a["y_zero"]), "qmin": int(a["qmin"]), "qmax": int(a["qmax"]),
-                 "scaled": node.input(4) is not None, "out_ctype": _CTYPES[y.dtype]}
+        quant = Requant(node.input(4) is not None, int(a["y_zero"]), int(a["qmin"]), int(a["qmax"]),
+                        _CTYPES[y.dtype])
         work = 2 * g.batch * g.m * g.oh * g.ow * g.k
         if a["method"] == "depthwise":
             ctx = QDepthwiseContext(step_params, g, max(g.pl + g.w, g.cols.reach), _CTYPES[x.dtype],
-                                    int(a["x_zero"]), pool=pool_condition(work), **quant)
+                                    int(a["x_zero"]), quant, pool_condition(work))
             return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
         return StepCode("c/qconv.c.j2", _gemm_context(node, g, step_params, quant, work), tuple(args))
 
 
-def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], quant: dict[str, object],
+def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], quant: Requant,
                   work: int) -> QConvContext:
     x = node.input(0)
     assert x is not None
@@ -179,9 +183,8 @@ def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], q
     return QConvContext(
         params=step_params, g=g, k=g.k, k4=k4, kq=k4 // 4, nv=nv, np=16 * nv, npanels=npanels,
         panel_bytes=panel, panels_at=image, padded=image > 0, hs=hs, ws=ws, flip=flip,
-        xz=int(node.attrs["x_zero"]) + flip, mr=MR, mblocks=mblocks, rem=g.mg % MR, has_wz=has_wz,
+        xz=int(node.attrs["x_zero"]) + flip, q=quant, mr=MR, mblocks=mblocks, rem=g.mg % MR, has_wz=has_wz,
         pool_pad=pool_condition(4 * image), pool_pack=pool_condition(4 * packed), pool=pool_condition(work),
-        **quant,  # type: ignore[arg-type]
     )
 
 
