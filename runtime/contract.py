@@ -39,6 +39,7 @@ __all__ = [
     "COPY", "TRANSFER", "SLICE_AT", "BATCH_NORM_TRAINING", "FUSED_CONV", "FUSED_GEMM", "PACKED_GEMM",
     "WINOGRAD_CONV", "CONV_NHWC", "WINOGRAD_CONV_NHWC", "MAX_POOL_NHWC", "AVERAGE_POOL_NHWC",
     "GLOBAL_AVERAGE_POOL_NHWC", "LRN_NHWC", "MULTI_HEAD_ATTENTION", "FUSED_ELEMENTWISE", "IF", "LOOP",
+    "PACKED_QCONV",
     "SCAN", "CONTROL_KINDS", "QGEMM", "BODIES", "NO_ACTIVATION", "Q_BINARY", "Q_LOOKUP", "Q_AVERAGE_POOL",
     "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX",
     "HOST", "CUDA", "SPACES", "LOCATION_KINDS",
@@ -132,6 +133,9 @@ _TABLE = (
     _op("QGemm", "A Bp Bsum a_scale? a_zero? b_scale? b_zero? y_scale? y_zero? bias?", k=REQUIRED, n=REQUIRED,
         b_type=REQUIRED, output=REQUIRED, dynamic=0, **NO_ACTIVATION),
     _op("MultiHeadAttention", "Q K V mask?", scale=REQUIRED),
+    # QLinearConv / ConvInteger on weights packed ahead of time (runtime/kernels/qconv.py)
+    _op("PackedQConv", "X Wp Corr Wz? Scale?", **_CONV, method=REQUIRED, x_zero=REQUIRED, y_zero=0,
+        qmin=REQUIRED, qmax=REQUIRED),
     _op("FusedElementwise", "X...", program=REQUIRED),
     _op("If", "cond V...", then_branch=REQUIRED, else_branch=REQUIRED, **{BODIES: None}),
     _op("Loop", "M? cond? carried... V...", body=REQUIRED, n_carried=REQUIRED, **{BODIES: None}),
@@ -162,6 +166,7 @@ FUSED_GEMM: Final = aot_kind("FusedGemm")
 PACKED_GEMM: Final = aot_kind("PackedGemm")
 MULTI_HEAD_ATTENTION: Final = aot_kind("MultiHeadAttention")
 QGEMM: Final = aot_kind("QGemm")
+PACKED_QCONV: Final = aot_kind("PackedQConv")
 FUSED_ELEMENTWISE: Final = aot_kind("FusedElementwise")
 IF: Final = aot_kind("If")
 LOOP: Final = aot_kind("Loop")

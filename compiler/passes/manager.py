@@ -28,6 +28,7 @@ from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_gemm_weights import PackGemmWeights
+from compiler.passes.pack_qconv_weights import PackQConvWeights
 from compiler.passes.use_qgemm import UseQGemm
 from compiler.passes.use_winograd import UseWinograd
 from runtime.errors import CompileError
@@ -114,15 +115,17 @@ def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
-    column panels (``pack_gemm_weights``), multi-head attention as one step (``fuse_attention``),
+    column panels (``pack_gemm_weights``), integer convolutions' weights packed
+    (``pack_qconv_weights``), multi-head attention as one step (``fuse_attention``),
     and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
     (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A graph of
     symbolic dims gets the same lowerings: their C kernels all take run-time dims.
     """
-    passes: list[Pass] = [PackGemmWeights(), FuseAttention()] if level >= 2 and target == "cpu" else []
-    if level >= 2 and target == "cpu":
+    cpu2 = level >= 2 and target == "cpu"
+    passes: list[Pass] = [PackGemmWeights(), PackQConvWeights(), FuseAttention()] if cpu2 else []
+    if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
