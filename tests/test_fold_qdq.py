@@ -233,7 +233,25 @@ def test_a_compiled_qdq_model_runs(tmp_path: Path) -> None:
     from runtime.session import Session
 
     model = _conv_model(relu=True, zero=0)
-    artifact = compile_model(model, tmp_path / "conv", golden_cases=0)
+    artifact = compile_model(model, tmp_path / "conv")
     feeds = _feeds(optimize(import_model(model), 0))
     (ours,), (theirs,) = Session(artifact).run(None, feeds), _ort(model, feeds)
     _within_a_step(ours, theirs, Y_SCALE)
+
+
+@pytest.mark.parametrize(("op", "attrs"), [("Relu", {}), ("Clip", {})])
+def test_a_clamp_between_equal_quantizations_clips_the_codes(op: str, attrs: dict[str, object]) -> None:
+    b = QdqBuilder(seed=6)
+    x = b.qdq("x", X_SCALE, 7)
+    inputs = [x] + ([b.const(np.float32(-0.3), "lo"), b.const(np.float32(2.5), "hi")] if op == "Clip" else [])
+    y = b.node(op, inputs, **attrs)
+    s, z = b.qparams(X_SCALE, 7)  # the same parameters, as their own initializers
+    out = b.node("DequantizeLinear", [b.node("QuantizeLinear", [y, s, z]), s, z])
+    model = b.model({"x": (2, 3, 4, 5)}, [out])
+    before, after = _fold(model)
+    kinds = _kinds(after)
+    assert kinds["Clip"] == 1 and "Relu" not in kinds and kinds["QuantizeLinear"] == 1
+    feeds = _feeds(before)
+    (ours,), (ref,), (theirs,) = evaluate(after, feeds), evaluate(before, feeds), _ort(model, feeds)
+    assert ours.tobytes() == ref.tobytes()
+    np.testing.assert_array_equal(ours, theirs)

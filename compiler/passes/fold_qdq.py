@@ -15,6 +15,8 @@ use, and replaces the float op (and ``q``) by integer steps when that is exact:
   DequantizeLinear, and **Gemm** (transA 0; transB by transposing the codes, alpha into the weight
   scale) -> QLinearMatMul; a Gemm with a bias -> MatMulInteger + a float epilogue (Cast, Mul by
   ``a_scale * b_scale``, Add of the bias) before ``q``;
+- **DequantizeLinear -> Relu / Clip -> QuantizeLinear** of one per-tensor quantization: a Clip of
+  the codes (below);
 - a **Relu / Clip** between the op and ``q``: QuantizeLinear is monotone, so the clamp moves into
   the quantized domain (``Q(0)`` is the zero point); it disappears where it clamps nothing there,
   else an integer Clip follows.
@@ -105,6 +107,8 @@ class FoldQdq(Pass):
             return _cancel(graph, q, qp)
         if src.kind in MOVEMENT:
             rewrite = _movement(src, q, qp)
+        elif src.kind in ("Relu", "Clip") and dq_params(_producer(src.input(0))) is not None:
+            rewrite = _clamp(src, q, qp)
         else:
             rewrite = _linear(graph, q, qp)
         return rewrite is not None and self._apply(graph, *rewrite)
@@ -154,6 +158,32 @@ def _movement(move: Node, q: Node, qp: QParams) -> Rewrite | None:
     return [move, q], build
 
 
+def _producer(value: Value | None) -> Node | None:
+    return value.producer if value is not None else None
+
+
+def _bounds(node: Node) -> tuple[float, float]:
+    """The real interval a Relu / Clip clamps to."""
+    if node.kind == "Relu":
+        return 0.0, math.inf
+    return float(node.attrs["min"]), float(node.attrs["max"])
+
+
+def _clamp(act: Node, q: Node, qp: QParams) -> Rewrite | None:
+    """DequantizeLinear -> Relu / Clip -> ``q`` of the same per-tensor quantization: a Clip of the
+    codes at the quantized bounds (QuantizeLinear is monotone and gives the codes back)."""
+    dq = _producer(act.input(0))
+    p = dq_params(dq)
+    if dq is None or p is None or not p.per_tensor or not p.same(qp) or len(act.inputs) != 1:
+        return None
+    lo, hi = (quantize_bound(b, qp) for b in _bounds(act))
+
+    def build(make: Maker) -> list[Node]:
+        return [Node("Clip", [dq.inputs[0]], list(q.outputs), {"min": float(lo), "max": float(hi)},
+                     name=act.name, origin=merged_origin([act, q]))]
+    return [act, q], build
+
+
 def _activation(graph: Graph, q: Node, qp: QParams) -> tuple[list[Node], Node, tuple[int, int]] | None:
     """The chain from the linear op to ``q`` (with a Relu / Clip between them or not), the linear
     op, and the clamp in the quantized domain ((min, max) of the codes where there is none)."""
@@ -162,8 +192,7 @@ def _activation(graph: Graph, q: Node, qp: QParams) -> tuple[list[Node], Node, t
     node = q.input(0).producer  # type: ignore[union-attr]
     bounds = (-math.inf, math.inf)
     if node is not None and node.kind in ("Relu", "Clip") and len(node.inputs) == 1:
-        relu = node.kind == "Relu"
-        bounds = (0.0, math.inf) if relu else (float(node.attrs["min"]), float(node.attrs["max"]))
+        bounds = _bounds(node)
         chain.insert(0, node)
         x = node.inputs[0]
         node = x.producer if x is not None and sole_consumer(graph, x) is node else None
