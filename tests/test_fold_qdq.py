@@ -11,6 +11,7 @@ same file as the oracle. A pattern that does not match exactly is left as it was
 from __future__ import annotations
 
 import collections
+import json
 import warnings
 from pathlib import Path
 
@@ -255,3 +256,22 @@ def test_a_clamp_between_equal_quantizations_clips_the_codes(op: str, attrs: dic
     (ours,), (ref,), (theirs,) = evaluate(after, feeds), evaluate(before, feeds), _ort(model, feeds)
     assert ours.tobytes() == ref.tobytes()
     np.testing.assert_array_equal(ours, theirs)
+
+
+def test_folded_integer_steps_compile_and_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a gate that takes everything (as it will once the C kernels register), the integer
+    steps go through the whole compile (the reference kernels run what C does not) and the artifact
+    matches onnxruntime's int8 run of the file."""
+    from compiler.driver import compile_model
+    from compiler.passes import manager
+    from runtime.session import Session
+
+    monkeypatch.setattr(manager, "_c_claims", lambda node: True)
+    model = _conv_model(relu=True, zero=0)
+    artifact = compile_model(model, tmp_path / "conv")
+    steps = json.loads((artifact / "plan.json").read_text())["steps"]
+    kinds = [s["op_type"] for s in steps if s["op_type"] in ("QLinearConv", "Clip", "Conv")]
+    assert kinds == ["QLinearConv", "Clip"]
+    feeds = _feeds(optimize(import_model(model), 0))
+    (ours,), (theirs,) = Session(artifact).run(None, feeds), _ort(model, feeds)
+    _within_a_step(ours, theirs, Y_SCALE)
