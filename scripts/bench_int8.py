@@ -11,14 +11,17 @@ file (``/ ORT``) and against our fp32 artifact (``/ fp32``), and the stray of ea
 from the fp32 model (onnxruntime's fp32 run): max |difference| / max |fp32 output| over the outputs
 and three seeded feeds, with issue 32's rule (ours <= 1.25x onnxruntime's + 0.005). ``steps`` counts
 the artifact's integer steps (QLinearConv, QLinearMatMul, MatMulInteger, ...) and its steps on the
-reference kernels. A file that onnx-aot (or onnxruntime) cannot compile or run is a row saying why.
+reference kernels. ``--preprocess`` runs onnxruntime's recommended ``quant_pre_process`` first
+(BatchNormalization folded into the Conv before quantization; without it the quantizer quantizes
+each BatchNormalization on its own). A file that onnx-aot (or onnxruntime) cannot compile or run
+is a row saying why.
 
 The machine is shared: quote ratios (both engines alternate run by run, with the fairness settings
 of scripts/bench_zoo.py), not times. Slow (minutes): not part of CI, except ``--smoke`` (SqueezeNet
 and a two-layer encoder, each in its forms, 2 runs).
 
 Usage: python -m scripts.bench_int8 [--models resnet50,squeezenet,...,minilm] [--forms qdq,qoperator,dynamic]
-                                    [--runs N] [--threads N] [--smoke] [--json FILE]
+                                    [--preprocess] [--runs N] [--threads N] [--smoke] [--json FILE]
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def bench_form(fp: Float, form: str, ours_fp32: Session, ort: Any, tmp: Path, ar
     path = tmp / f"{fp.name}.{form}.onnx"
     stage = "quantize"
     try:
-        quantize_file(fp.path, path, form, fp.feeds)
+        quantize_file(fp.path, path, form, fp.feeds, preprocess=args.preprocess)
         stage = "onnxruntime"
         theirs = ort_session(ort, str(path), args.threads)
         stage = "compile"
@@ -204,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, from {', '.join(models)}")
     parser.add_argument("--forms", type=lambda t: _list(t, ("qdq", "qoperator", "dynamic")),
                         default=["qdq", "qoperator", "dynamic"])
+    parser.add_argument("--preprocess", action="store_true",
+                        help="onnxruntime's quant_pre_process before quantizing (folds BatchNormalization)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="SqueezeNet and a tiny encoder, 2 runs")

@@ -91,9 +91,11 @@ def stray(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
 
 
 def quantize_file(fp32: Path, out: Path, form: str, feeds: Callable[[int], dict[str, np.ndarray]],
-                  calibration: int = 4) -> Path:
+                  calibration: int = 4, preprocess: bool = False) -> Path:
     """onnxruntime's quantizer over ``fp32``: ``form`` "qdq" (S8S8 per channel), "qoperator" (U8S8
-    per channel) or "dynamic" (``quantize_dynamic``, U8 activations, S8 weights)."""
+    per channel) or "dynamic" (``quantize_dynamic``, U8 activations, S8 weights). ``preprocess``
+    first runs the quantizer's recommended ``quant_pre_process`` (onnxruntime's basic graph
+    optimizations: BatchNormalization folded into Conv, ...) and quantizes what it writes."""
     from onnxruntime.quantization import CalibrationDataReader
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization import QuantType
@@ -109,6 +111,12 @@ def quantize_file(fp32: Path, out: Path, form: str, feeds: Callable[[int], dict[
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if preprocess:
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            pre = out.with_name(out.stem + ".pre.onnx")
+            quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
+            fp32 = pre
         if form == "dynamic":
             quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8)
         elif form in ("qdq", "qoperator"):
