@@ -29,7 +29,6 @@ that does not match stays as it was: correct, only slower.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -40,7 +39,6 @@ from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
-from compiler.passes.base import add_constant
 from compiler.passes.base import bypass
 from compiler.passes.base import merged_origin
 from compiler.passes.base import replace_nodes
@@ -52,6 +50,16 @@ from compiler.passes.qdq_forms import integer_bias
 from compiler.passes.qdq_forms import q_params
 from compiler.passes.qdq_forms import quantize_bound
 from compiler.passes.qdq_forms import weight_codes
+from compiler.passes.qdq_rewrite import Build
+from compiler.passes.qdq_rewrite import MakeOp
+from compiler.passes.qdq_rewrite import Maker
+from compiler.passes.qdq_rewrite import Rewrite
+from compiler.passes.qdq_rewrite import activation_chain
+from compiler.passes.qdq_rewrite import activation_input
+from compiler.passes.qdq_rewrite import bounds
+from compiler.passes.qdq_rewrite import dq_scale_zero
+from compiler.passes.qdq_rewrite import producer
+from compiler.passes.qdq_rewrite import with_clamp
 
 __all__ = ["FoldQdq", "MOVEMENT"]
 
@@ -59,28 +67,6 @@ __all__ = ["FoldQdq", "MOVEMENT"]
 MOVEMENT = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather",
                       "MaxPool", "Resize", "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth",
                       "Identity"})
-
-
-class Maker:
-    """Makes a candidate rewrite's values: free ones (``graph`` None) to ask the provider about,
-    or the graph's own once the rewrite is taken."""
-
-    def __init__(self, graph: Graph | None) -> None:
-        self.graph = graph
-
-    def const(self, base: str, array: np.ndarray) -> Value:
-        return add_constant(self.graph, base, array) if self.graph is not None else Value(base, const=array)
-
-    def value(self, base: str, dtype: np.dtype, shape: tuple[int, ...] | None) -> Value:
-        if self.graph is None:
-            return Value(base, dtype, shape)
-        return self.graph.make_value(base, dtype, shape)
-
-
-# A rewrite: the nodes it replaces (the last one last in graph order) and a builder of the new
-# nodes, in order; the last new node produces the last old node's outputs.
-Build = Callable[[Maker], list[Node]]
-Rewrite = tuple[list[Node], Build]
 
 
 class FoldQdq(Pass):
@@ -107,7 +93,7 @@ class FoldQdq(Pass):
             return _cancel(graph, q, qp)
         if src.kind in MOVEMENT:
             rewrite = _movement(src, q, qp)
-        elif src.kind in ("Relu", "Clip") and dq_params(_producer(src.input(0))) is not None:
+        elif src.kind in ("Relu", "Clip") and dq_params(producer(src.input(0))) is not None:
             rewrite = _clamp(src, q, qp)
         else:
             rewrite = _linear(graph, q, qp)
@@ -158,25 +144,14 @@ def _movement(move: Node, q: Node, qp: QParams) -> Rewrite | None:
     return [move, q], build
 
 
-def _producer(value: Value | None) -> Node | None:
-    return value.producer if value is not None else None
-
-
-def _bounds(node: Node) -> tuple[float, float]:
-    """The real interval a Relu / Clip clamps to."""
-    if node.kind == "Relu":
-        return 0.0, math.inf
-    return float(node.attrs["min"]), float(node.attrs["max"])
-
-
 def _clamp(act: Node, q: Node, qp: QParams) -> Rewrite | None:
     """DequantizeLinear -> Relu / Clip -> ``q`` of the same per-tensor quantization: a Clip of the
     codes at the quantized bounds (QuantizeLinear is monotone and gives the codes back)."""
-    dq = _producer(act.input(0))
+    dq = producer(act.input(0))
     p = dq_params(dq)
     if dq is None or p is None or not p.per_tensor or not p.same(qp) or len(act.inputs) != 1:
         return None
-    lo, hi = (quantize_bound(b, qp) for b in _bounds(act))
+    lo, hi = (quantize_bound(b, qp) for b in bounds(act))
 
     def build(make: Maker) -> list[Node]:
         return [Node("Clip", [dq.inputs[0]], list(q.outputs), {"min": float(lo), "max": float(hi)},
@@ -184,27 +159,9 @@ def _clamp(act: Node, q: Node, qp: QParams) -> Rewrite | None:
     return [act, q], build
 
 
-def _activation(graph: Graph, q: Node, qp: QParams) -> tuple[list[Node], Node, tuple[int, int]] | None:
-    """The chain from the linear op to ``q`` (with a Relu / Clip between them or not), the linear
-    op, and the clamp in the quantized domain ((min, max) of the codes where there is none)."""
-    info = np.iinfo(qp.dtype)
-    chain = [q]
-    node = q.input(0).producer  # type: ignore[union-attr]
-    bounds = (-math.inf, math.inf)
-    if node is not None and node.kind in ("Relu", "Clip") and len(node.inputs) == 1:
-        bounds = _bounds(node)
-        chain.insert(0, node)
-        x = node.inputs[0]
-        node = x.producer if x is not None and sole_consumer(graph, x) is node else None
-    if node is None or len(node.outputs) != 1:
-        return None
-    lo, hi = quantize_bound(bounds[0], qp), quantize_bound(bounds[1], qp)
-    return [node, *chain], node, (max(lo, int(info.min)), min(hi, int(info.max)))
-
-
 def _linear(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
     """Conv / MatMul / Gemm (+ Relu / Clip) between DequantizeLinear inputs and ``q``."""
-    found = _activation(graph, q, qp) if qp.per_tensor else None
+    found = activation_chain(graph, q, qp) if qp.per_tensor else None
     if found is None:
         return None
     old, op, clamp = found
@@ -218,38 +175,11 @@ def _linear(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
         return None
     if make_op is None:
         return None
-    info = np.iinfo(qp.dtype)
-    clip = clamp != (int(info.min), int(info.max))
-    out = q.outputs[0]
-    origin = merged_origin(old)
-
-    def build(make: Maker) -> list[Node]:
-        y = make.value(f"{op.name}_q", out.dtype, out.shape) if clip else out  # type: ignore[arg-type]
-        nodes = [make_op(make, y, origin)]
-        if clip:
-            nodes.append(Node("Clip", [y], [out], {"min": float(clamp[0]), "max": float(clamp[1])},
-                              name=f"{op.name}_clamp", origin=origin))
-        return nodes
-    return old, build
+    return old, with_clamp(op, q, clamp, make_op, merged_origin(old))
 
 
-def _activation_input(value: Value | None) -> tuple[Value, Node, QParams] | None:
-    """A value made by a per-tensor DequantizeLinear: its codes, the node, the parameters."""
-    dq = value.producer if value is not None else None
-    p = dq_params(dq)
-    if dq is None or p is None or not p.per_tensor:
-        return None
-    return dq.inputs[0], dq, p  # type: ignore[return-value]
-
-
-def _dq_scale_zero(make: Maker, dq: Node, p: QParams, base: str) -> list[Value]:
-    """The DequantizeLinear's own scale and zero point (a zero point made where it has none)."""
-    scale, zero = dq.inputs[1], dq.input(2)
-    return [scale, zero if zero is not None else make.const(f"{base}_zero_point", p.zero)]  # type: ignore[list-item]
-
-
-def _qlinear_conv(graph: Graph, conv: Node, q: Node) -> Callable[[Maker, Value, list[str]], Node] | None:
-    x = _activation_input(conv.input(0))
+def _qlinear_conv(graph: Graph, conv: Node, q: Node) -> MakeOp | None:
+    x = activation_input(conv.input(0))
     w = weight_codes(graph, conv.input(1), 0)
     if x is None or w is None or len(conv.inputs) > 3:
         return None
@@ -264,9 +194,9 @@ def _qlinear_conv(graph: Graph, conv: Node, q: Node) -> Callable[[Maker, Value, 
     assert qp is not None
 
     def make_op(make: Maker, y: Value, origin: list[str]) -> Node:
-        inputs = [xq, *_dq_scale_zero(make, xdq, xp, xq.name),
+        inputs = [xq, *dq_scale_zero(make, xdq, xp, xq.name),
                   make.const(f"{conv.name}_w_codes", codes), make.const(f"{conv.name}_w_scale", wp.scale),
-                  make.const(f"{conv.name}_w_zero_point", wp.zero), *_dq_scale_zero(make, q, qp, y.name)]
+                  make.const(f"{conv.name}_w_zero_point", wp.zero), *dq_scale_zero(make, q, qp, y.name)]
         if bias is not None:
             inputs.append(make.const(f"{conv.name}_b_codes", bias))
         attrs = {k: conv.attrs[k] for k in ("kernel_shape", "strides", "pads", "dilations", "group")}
@@ -279,7 +209,7 @@ def _matmul_b(graph: Graph, op: Node) -> tuple[Value | np.ndarray, QParams, Node
     tensor or per column (a Gemm's transB transposes it, its alpha scales the weight scale)."""
     b = op.input(1)
     if op.kind == "MatMul" and b is not None and b.const is None:
-        found = _activation_input(b)
+        found = activation_input(b)
         return None if found is None else (found[0], found[2], found[1])
     trans = op.kind == "Gemm" and int(op.attrs["transB"])
     rank = b.const.ndim if b is not None and b.const is not None else 0
@@ -301,14 +231,14 @@ def _b_inputs(make: Maker, op: Node, b: tuple[Value | np.ndarray, QParams, Node 
     codes, p, dq = b
     if dq is not None:
         assert isinstance(codes, Value)
-        return [codes, *_dq_scale_zero(make, dq, p, codes.name)]
+        return [codes, *dq_scale_zero(make, dq, p, codes.name)]
     assert isinstance(codes, np.ndarray)
     return [make.const(f"{op.name}_b_codes", codes), make.const(f"{op.name}_b_scale", p.scale),
             make.const(f"{op.name}_b_zero_point", p.zero)]
 
 
-def _qlinear_matmul(graph: Graph, op: Node, q: Node) -> Callable[[Maker, Value, list[str]], Node] | None:
-    a = _activation_input(op.input(0))
+def _qlinear_matmul(graph: Graph, op: Node, q: Node) -> MakeOp | None:
+    a = activation_input(op.input(0))
     if a is None or (op.kind == "Gemm" and (int(op.attrs["transA"]) or op.input(2) is not None)):
         return None
     b = _matmul_b(graph, op)
@@ -319,8 +249,8 @@ def _qlinear_matmul(graph: Graph, op: Node, q: Node) -> Callable[[Maker, Value, 
     assert qp is not None
 
     def make_op(make: Maker, y: Value, origin: list[str]) -> Node:
-        inputs = [aq, *_dq_scale_zero(make, adq, ap, aq.name), *_b_inputs(make, op, b),
-                  *_dq_scale_zero(make, q, qp, y.name)]
+        inputs = [aq, *dq_scale_zero(make, adq, ap, aq.name), *_b_inputs(make, op, b),
+                  *dq_scale_zero(make, q, qp, y.name)]
         return Node("QLinearMatMul", inputs, [y], {}, name=op.name, origin=origin)
     return make_op
 
@@ -328,7 +258,7 @@ def _qlinear_matmul(graph: Graph, op: Node, q: Node) -> Callable[[Maker, Value, 
 def _gemm_epilogue(graph: Graph, gemm: Node) -> Rewrite | None:
     """Gemm(DequantizeLinear(a), quantized B, C) -> MatMulInteger, then Cast, Mul by
     a_scale * b_scale and Add of beta * C in float32: the integer product, the float epilogue."""
-    a, c, y = _activation_input(gemm.input(0)), gemm.input(2), gemm.outputs[0]
+    a, c, y = activation_input(gemm.input(0)), gemm.input(2), gemm.outputs[0]
     if a is None or int(gemm.attrs["transA"]) or c is None or c.const is None or y.shape is None:
         return None
     b = _matmul_b(graph, gemm)
@@ -348,7 +278,7 @@ def _gemm_epilogue(graph: Graph, gemm: Node) -> Rewrite | None:
         real = make.value(f"{gemm.name}_real", np.dtype(np.float32), y.shape)
         scaled = make.value(f"{gemm.name}_scaled", np.dtype(np.float32), y.shape)
         ints = [aq, b[0] if isinstance(b[0], Value) else make.const(f"{gemm.name}_b_codes", b[0]),
-                _dq_scale_zero(make, adq, ap, aq.name)[1], make.const(f"{gemm.name}_b_zero_point", b[1].zero)]
+                dq_scale_zero(make, adq, ap, aq.name)[1], make.const(f"{gemm.name}_b_zero_point", b[1].zero)]
         return [Node("MatMulInteger", ints, [acc], {}, name=gemm.name, origin=origin),
                 Node("Cast", [acc], [real], {"to": "float32"}, name=f"{gemm.name}_real", origin=origin),
                 Node("Mul", [real, make.const(f"{gemm.name}_scale", scale)], [scaled], {},
