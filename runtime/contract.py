@@ -39,7 +39,8 @@ __all__ = [
     "COPY", "TRANSFER", "SLICE_AT", "BATCH_NORM_TRAINING", "FUSED_CONV", "FUSED_GEMM", "PACKED_GEMM",
     "WINOGRAD_CONV", "CONV_NHWC", "WINOGRAD_CONV_NHWC", "MAX_POOL_NHWC", "AVERAGE_POOL_NHWC",
     "GLOBAL_AVERAGE_POOL_NHWC", "LRN_NHWC", "MULTI_HEAD_ATTENTION", "FUSED_ELEMENTWISE", "IF", "LOOP",
-    "SCAN", "CONTROL_KINDS", "BODIES", "NO_ACTIVATION",
+    "SCAN", "CONTROL_KINDS", "BODIES", "NO_ACTIVATION", "Q_BINARY", "Q_LOOKUP", "Q_AVERAGE_POOL",
+    "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX",
     "HOST", "CUDA", "SPACES", "LOCATION_KINDS",
     "PLACEHOLDER_PREFIX", "placeholder", "placeholder_index", "DYN_EXT", "ALIGNMENT", "WEIGHT_ALIGNMENT",
     "round_up",
@@ -132,6 +133,13 @@ _TABLE = (
     _op("If", "cond V...", then_branch=REQUIRED, else_branch=REQUIRED, **{BODIES: None}),
     _op("Loop", "M? cond? carried... V...", body=REQUIRED, n_carried=REQUIRED, **{BODIES: None}),
     _op("Scan", "states... scans... V...", body=REQUIRED, **_SCAN, **{BODIES: None}),
+    # 8-bit integer ops (docs/ops.md, "Integer ops"): per-tensor scales (float32) and zero points
+    # (the output's dtype) are inputs; an omitted zero point is 0
+    _op("QBinary", "A A_scale A_zero? B B_scale B_zero? C_scale C_zero?", op=REQUIRED),  # "Add" / "Mul"
+    _op("QLookup", "X table"),  # y = table[the byte of x], a 256-entry table of the output's dtype
+    _op("QAveragePool", "X X_scale X_zero? Y_scale Y_zero?", **_POOL, count_include_pad=0),
+    _op("QGlobalAveragePool", "X X_scale X_zero? Y_scale Y_zero?", channels_last=0),
+    _op("QSoftmax", "X X_scale Y_scale Y_zero?"),  # over the last axis
 )
 OPS: Final[Mapping[str, AotOp]] = MappingProxyType({op.kind: op for op in _TABLE})
 
@@ -155,6 +163,11 @@ IF: Final = aot_kind("If")
 LOOP: Final = aot_kind("Loop")
 SCAN: Final = aot_kind("Scan")
 CONTROL_KINDS: Final = (IF, LOOP, SCAN)
+Q_BINARY: Final = aot_kind("QBinary")
+Q_LOOKUP: Final = aot_kind("QLookup")
+Q_AVERAGE_POOL: Final = aot_kind("QAveragePool")
+Q_GLOBAL_AVERAGE_POOL: Final = aot_kind("QGlobalAveragePool")
+Q_SOFTMAX: Final = aot_kind("QSoftmax")
 
 
 def attr_problems(kind: str, attrs: Mapping[str, Any]) -> list[str]:
