@@ -37,6 +37,7 @@ import numpy as np
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
+from compiler.passes import fold_qdq_integer as integer
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import bypass
@@ -89,15 +90,14 @@ class FoldQdq(Pass):
         if qp is None or y is None or y.producer is None or sole_consumer(graph, y) is not q:
             return False
         src = y.producer
-        if src.kind == "DequantizeLinear":
-            return _cancel(graph, q, qp)
-        if src.kind in MOVEMENT:
-            rewrite = _movement(src, q, qp)
-        elif src.kind in ("Relu", "Clip") and dq_params(producer(src.input(0))) is not None:
-            rewrite = _clamp(src, q, qp)
-        else:
-            rewrite = _linear(graph, q, qp)
-        return rewrite is not None and self._apply(graph, *rewrite)
+        if src.kind == "DequantizeLinear" and _cancel(graph, q, qp):
+            return True
+        # the candidates in order of preference: the first one the provider claims is taken
+        for candidate in _candidates(src):
+            rewrite = candidate(graph, q, qp)
+            if rewrite is not None and self._apply(graph, *rewrite):
+                return True
+        return False
 
     def _apply(self, graph: Graph, old: Sequence[Node], build: Build) -> bool:
         if self.claims is not None and not all(self.claims(node) for node in build(Maker(None))):
@@ -108,6 +108,23 @@ class FoldQdq(Pass):
             graph.add_node(node, before=last)
         replace_nodes(graph, old, new[-1], at=last)
         return True
+
+
+Candidate = Callable[[Graph, Node, QParams], Rewrite | None]
+
+
+def _candidates(src: Node) -> list[Candidate]:
+    """The rewrites that may apply where ``src`` makes ``q``'s float input."""
+    if src.kind in MOVEMENT:
+        found: list[Candidate] = [lambda g, q, qp: _movement(src, q, qp)]
+        return found + ([lambda g, q, qp: integer.concat(src, q, qp)] if src.kind == "Concat" else [])
+    if src.kind in ("Relu", "Clip") and dq_params(producer(src.input(0))) is not None:
+        return [lambda g, q, qp: _clamp(src, q, qp), integer.lookup]
+    if src.kind in ("AveragePool", "GlobalAveragePool"):
+        return [lambda g, q, qp: integer.pool(src, q, qp)]
+    if src.kind == "Softmax":
+        return [lambda g, q, qp: integer.softmax(src, q, qp)]
+    return [_linear, integer.lookup, integer.binary]
 
 
 def _cancel(graph: Graph, q: Node, qp: QParams) -> bool:
