@@ -88,8 +88,8 @@ def test_conv_becomes_qlinearconv(relu: bool, zero: int, per_channel: bool) -> N
     before, after = _fold(model)
     kinds = _kinds(after)
     assert kinds["QLinearConv"] == 1 and "Conv" not in kinds and "Relu" not in kinds
-    # A Relu clamps nothing when the zero point is the codes' minimum; else an integer Clip at it.
-    assert kinds["Clip"] == (1 if relu and zero != -128 else 0)
+    # A Relu clamps nothing when the zero point is the codes' minimum; else a table clamps the codes.
+    assert kinds["onnx_aot.QLookup"] == (1 if relu and zero != -128 else 0)
     assert kinds["DequantizeLinear"] == 1 and kinds["QuantizeLinear"] == 1  # the graph's input and output
     feeds = _feeds(before)
     (ours,), (ref,), (theirs,) = evaluate(after, feeds), evaluate(before, feeds), _ort(model, feeds)
@@ -241,7 +241,7 @@ def test_a_compiled_qdq_model_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("op", "attrs"), [("Relu", {}), ("Clip", {})])
-def test_a_clamp_between_equal_quantizations_clips_the_codes(op: str, attrs: dict[str, object]) -> None:
+def test_a_clamp_between_equal_quantizations_is_a_table(op: str, attrs: dict[str, object]) -> None:
     b = QdqBuilder(seed=6)
     x = b.qdq("x", X_SCALE, 7)
     inputs = [x] + ([b.const(np.float32(-0.3), "lo"), b.const(np.float32(2.5), "hi")] if op == "Clip" else [])
@@ -251,7 +251,7 @@ def test_a_clamp_between_equal_quantizations_clips_the_codes(op: str, attrs: dic
     model = b.model({"x": (2, 3, 4, 5)}, [out])
     before, after = _fold(model)
     kinds = _kinds(after)
-    assert kinds["Clip"] == 1 and "Relu" not in kinds and kinds["QuantizeLinear"] == 1
+    assert kinds["onnx_aot.QLookup"] == 1 and "Relu" not in kinds and kinds["QuantizeLinear"] == 1
     feeds = _feeds(before)
     (ours,), (ref,), (theirs,) = evaluate(after, feeds), evaluate(before, feeds), _ort(model, feeds)
     assert ours.tobytes() == ref.tobytes()
@@ -270,8 +270,8 @@ def test_folded_integer_steps_compile_and_run(tmp_path: Path, monkeypatch: pytes
     model = _conv_model(relu=True, zero=0)
     artifact = compile_model(model, tmp_path / "conv")
     steps = json.loads((artifact / "plan.json").read_text())["steps"]
-    kinds = [s["op_type"] for s in steps if s["op_type"] in ("QLinearConv", "Clip", "Conv")]
-    assert kinds == ["QLinearConv", "Clip"]
+    kinds = [s["op_type"] for s in steps if s["op_type"] in ("QLinearConv", "QLookup", "Conv")]
+    assert kinds == ["QLinearConv", "QLookup"]
     feeds = _feeds(optimize(import_model(model), 0))
     (ours,), (theirs,) = Session(artifact).run(None, feeds), _ort(model, feeds)
     _within_a_step(ours, theirs, Y_SCALE)

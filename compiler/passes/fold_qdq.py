@@ -15,11 +15,11 @@ use, and replaces the float op (and ``q``) by integer steps when that is exact:
   DequantizeLinear, and **Gemm** (transA 0; transB by transposing the codes, alpha into the weight
   scale) -> QLinearMatMul; a Gemm with a bias -> MatMulInteger + a float epilogue (Cast, Mul by
   ``a_scale * b_scale``, Add of the bias) before ``q``;
-- **DequantizeLinear -> Relu / Clip -> QuantizeLinear** of one per-tensor quantization: a Clip of
-  the codes (below);
 - a **Relu / Clip** between the op and ``q``: QuantizeLinear is monotone, so the clamp moves into
   the quantized domain (``Q(0)`` is the zero point); it disappears where it clamps nothing there,
-  else an integer Clip follows.
+  else a QLookup clamping the codes follows.
+- **elementwise ops** between DequantizeLinear and ``q`` (a Relu, Sigmoid, GELU, Add, Mul, pools,
+  Softmax, a Concat of other quantizations): the integer ops of ``fold_qdq_integer.py``.
 
 A rewrite happens only where ``claims`` (the target provider's ``supports``) takes every new node:
 on the C target that keeps the float form until the integer kernels exist, so folding never makes
@@ -49,7 +49,6 @@ from compiler.passes.qdq_forms import QParams
 from compiler.passes.qdq_forms import dq_params
 from compiler.passes.qdq_forms import integer_bias
 from compiler.passes.qdq_forms import q_params
-from compiler.passes.qdq_forms import quantize_bound
 from compiler.passes.qdq_forms import weight_codes
 from compiler.passes.qdq_rewrite import Build
 from compiler.passes.qdq_rewrite import MakeOp
@@ -57,9 +56,7 @@ from compiler.passes.qdq_rewrite import Maker
 from compiler.passes.qdq_rewrite import Rewrite
 from compiler.passes.qdq_rewrite import activation_chain
 from compiler.passes.qdq_rewrite import activation_input
-from compiler.passes.qdq_rewrite import bounds
 from compiler.passes.qdq_rewrite import dq_scale_zero
-from compiler.passes.qdq_rewrite import producer
 from compiler.passes.qdq_rewrite import with_clamp
 
 __all__ = ["FoldQdq", "MOVEMENT"]
@@ -118,8 +115,6 @@ def _candidates(src: Node) -> list[Candidate]:
     if src.kind in MOVEMENT:
         found: list[Candidate] = [lambda g, q, qp: _movement(src, q, qp)]
         return found + ([lambda g, q, qp: integer.concat(src, q, qp)] if src.kind == "Concat" else [])
-    if src.kind in ("Relu", "Clip") and dq_params(producer(src.input(0))) is not None:
-        return [lambda g, q, qp: _clamp(src, q, qp), integer.lookup]
     if src.kind in ("AveragePool", "GlobalAveragePool"):
         return [lambda g, q, qp: integer.pool(src, q, qp)]
     if src.kind == "Softmax":
@@ -159,21 +154,6 @@ def _movement(move: Node, q: Node, qp: QParams) -> Rewrite | None:
         return [Node(move.op_type, inputs, list(q.outputs), move.attrs, name=move.name, domain=move.domain,
                      origin=merged_origin([move, q]))]
     return [move, q], build
-
-
-def _clamp(act: Node, q: Node, qp: QParams) -> Rewrite | None:
-    """DequantizeLinear -> Relu / Clip -> ``q`` of the same per-tensor quantization: a Clip of the
-    codes at the quantized bounds (QuantizeLinear is monotone and gives the codes back)."""
-    dq = producer(act.input(0))
-    p = dq_params(dq)
-    if dq is None or p is None or not p.per_tensor or not p.same(qp) or len(act.inputs) != 1:
-        return None
-    lo, hi = (quantize_bound(b, qp) for b in bounds(act))
-
-    def build(make: Maker) -> list[Node]:
-        return [Node("Clip", [dq.inputs[0]], list(q.outputs), {"min": float(lo), "max": float(hi)},
-                     name=act.name, origin=merged_origin([act, q]))]
-    return [act, q], build
 
 
 def _linear(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
@@ -22,6 +23,7 @@ from compiler.passes.qdq_forms import QParams
 from compiler.passes.qdq_forms import dq_params
 from compiler.passes.qdq_forms import q_params
 from compiler.passes.qdq_forms import quantize_bound
+from runtime.contract import Q_LOOKUP
 
 __all__ = ["Build", "MakeOp", "Maker", "Rewrite", "activation_chain", "activation_input", "bounds",
            "dq_scale_zero", "producer", "with_clamp"]
@@ -98,18 +100,22 @@ MakeOp = Callable[[Maker, Value, list[str]], Node]
 
 def with_clamp(op: Node, q: Node, clamp: tuple[int, int], make_op: MakeOp, origin: list[str]) -> Build:
     """The builder of ``make_op``'s node writing ``q``'s output, or, where ``clamp`` clamps some
-    code, writing a fresh value that a Clip of the codes then writes ``q``'s output from."""
+    code, writing a fresh value that a QLookup clamping the codes (a table of them, clipped) then
+    writes ``q``'s output from."""
     qp = q_params(q)
     assert qp is not None
     info = np.iinfo(qp.dtype)
     clip = clamp != (int(info.min), int(info.max))
     out = q.outputs[0]
+    codes = np.arange(256, dtype=np.uint8).view(qp.dtype)  # the codes in the order of their bytes
+    table = np.clip(codes, clamp[0], clamp[1]).astype(qp.dtype)
 
     def build(make: Maker) -> list[Node]:
         y = make.value(f"{op.name}_q", out.dtype, out.shape) if clip else out  # type: ignore[arg-type]
         nodes = [make_op(make, y, origin)]
         if clip:
-            nodes.append(Node("Clip", [y], [out], {"min": float(clamp[0]), "max": float(clamp[1])},
-                              name=f"{op.name}_clamp", origin=origin))
+            lookup = [y, make.const(f"{op.name}_clamp_table", table)]
+            nodes.append(Node(Q_LOOKUP.split(".", 1)[1], lookup, [out], {}, name=f"{op.name}_clamp",
+                              domain=AOT_DOMAIN, origin=origin))
         return nodes
     return build
