@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
@@ -20,6 +21,7 @@ from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.eliminate_identity import EliminateIdentity
 from compiler.passes.flush_denormal_weights import FlushDenormalWeights
 from compiler.passes.fold_constants import FoldConstants
+from compiler.passes.fold_qdq import FoldQdq
 from compiler.passes.fuse_attention import FuseAttention
 from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
@@ -101,7 +103,10 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
     # Order matters within a round: BatchNorm folds into a plain Conv before the Conv becomes a
     # FusedConv, MatMul+Add becomes Gemm before Gemm+activation, and elementwise fusion runs
     # last so that activations go into conv/gemm epilogues first. Level 3 adds layout later.
-    extended: list[Pass] = [
+    # QDQ patterns fold first, while their Conv / MatMul are still plain; only on the C target,
+    # and only where its kernels claim the integer nodes (fold_qdq.py).
+    extended: list[Pass] = [FoldQdq(claims=_c_claims)] if target == "cpu" else []
+    extended += [
         FuseConvBatchNorm(),
         FuseMatMulAdd(),
         FuseConvActivation(silu=level >= 3 and target == "cpu"),
@@ -109,6 +114,13 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
         FuseElementwise(),
     ]
     return basic + extended
+
+
+def _c_claims(node: Node) -> bool:
+    """Whether the C provider runs ``node`` (imported here: the provider's modules are large)."""
+    from compiler.providers.c.provider import KERNELS
+
+    return KERNELS.supports(node)
 
 
 def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
