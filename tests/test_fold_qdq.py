@@ -258,20 +258,18 @@ def test_a_clamp_between_equal_quantizations_is_a_table(op: str, attrs: dict[str
     np.testing.assert_array_equal(ours, theirs)
 
 
-def test_folded_integer_steps_compile_and_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a gate that takes everything (as it will once the C kernels register), the integer
-    steps go through the whole compile (the reference kernels run what C does not) and the artifact
-    matches onnxruntime's int8 run of the file."""
+def test_folded_integer_steps_compile_and_run(tmp_path: Path) -> None:
+    """The C provider's gate takes the folded conv (pack_qconv_weights lowers it to the integer
+    conv kernel) and its clamp (a lookup table): the integer steps go through the whole compile and
+    the artifact matches onnxruntime's int8 run of the file."""
     from compiler.driver import compile_model
-    from compiler.passes import manager
     from runtime.session import Session
 
-    monkeypatch.setattr(manager, "_c_claims", lambda node: True)
     model = _conv_model(relu=True, zero=0)
     artifact = compile_model(model, tmp_path / "conv")
     steps = json.loads((artifact / "plan.json").read_text())["steps"]
-    kinds = [s["op_type"] for s in steps if s["op_type"] in ("QLinearConv", "QLookup", "Conv")]
-    assert kinds == ["QLinearConv", "QLookup"]
+    kinds = [s["op_type"] for s in steps if s["op_type"] in ("PackedQConv", "QLinearConv", "QLookup", "Conv")]
+    assert kinds == ["PackedQConv", "QLookup"]
     feeds = _feeds(optimize(import_model(model), 0))
     (ours,), (theirs,) = Session(artifact).run(None, feeds), _ort(model, feeds)
     _within_a_step(ours, theirs, Y_SCALE)

@@ -34,10 +34,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import compiler.passes.fold_qdq_integer as integer
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
-from compiler.passes import fold_qdq_integer as integer
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import bypass

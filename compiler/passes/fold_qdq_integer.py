@@ -42,6 +42,7 @@ from runtime.contract import Q_BINARY
 from runtime.contract import Q_GLOBAL_AVERAGE_POOL
 from runtime.contract import Q_LOOKUP
 from runtime.contract import Q_SOFTMAX
+from runtime.contract import op_name
 from runtime.kernels.elementwise import ELEMENTWISE_OPS
 from runtime.kernels.elementwise import ELEMENTWISE_REFERENCE_ONLY
 from runtime.kernels.elementwise import apply_elementwise
@@ -136,7 +137,7 @@ def lookup(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
     origin = merged_origin([*region, q])
 
     def build(make: Maker) -> list[Node]:
-        return [Node("QLookup", [codes, _table(make, q.name, fn, p, qp)], list(q.outputs), {},
+        return [Node(op_name(Q_LOOKUP), [codes, _table(make, q.name, fn, p, qp)], list(q.outputs), {},
                      name=region[-1].name if region else q.name, domain=AOT_DOMAIN, origin=origin)]
     return [*region, q], build
 

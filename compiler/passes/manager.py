@@ -31,7 +31,9 @@ from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_gemm_weights import PackGemmWeights
 from compiler.passes.pack_qconv_weights import PackQConvWeights
+from compiler.passes.pack_qconv_weights import lowers as qconv_lowers
 from compiler.passes.use_qgemm import UseQGemm
+from compiler.passes.use_qgemm import lowers as qgemm_lowers
 from compiler.passes.use_winograd import UseWinograd
 from runtime.errors import CompileError
 from runtime.errors import InternalError
@@ -117,10 +119,12 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
 
 
 def _c_claims(node: Node) -> bool:
-    """Whether the C provider runs ``node`` (imported here: the provider's modules are large)."""
+    """Whether the C provider runs ``node``, as it is or once the C lowerings below take it
+    (integer convs and GEMMs with constant weights: ``pack_qconv_weights``, ``use_qgemm``). The
+    provider is imported here: its modules are large."""
     from compiler.providers.c.provider import KERNELS
 
-    return KERNELS.supports(node)
+    return KERNELS.supports(node) or qconv_lowers(node) or qgemm_lowers(node)
 
 
 def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:

@@ -28,7 +28,7 @@ from runtime.contract import PACKED_QCONV
 from runtime.contract import op_name
 from runtime.kernels.qconv import pack_qconv
 
-__all__ = ["PackQConvWeights", "qconv_method"]
+__all__ = ["PackQConvWeights", "lowers", "qconv_method"]
 
 _BYTES = (np.dtype(np.int8), np.dtype(np.uint8))
 
@@ -75,6 +75,11 @@ def _operands(node: Node) -> dict[str, Value | None] | None:
     elif y.dtype != np.int32:
         return None
     return ops
+
+
+def lowers(node: Node) -> bool:
+    """Whether this lowering takes ``node`` (a QLinearConv / ConvInteger the C kernels run)."""
+    return _operands(node) is not None
 
 
 def _factor(ops: dict[str, Value | None], m: int) -> np.ndarray:

@@ -32,7 +32,7 @@ from runtime.contract import op_name
 from runtime.kernels.qgemm import column_sums
 from runtime.kernels.qgemm import pack_qb
 
-__all__ = ["UseQGemm", "qgemm_node", "quantized_b", "sized"]
+__all__ = ["UseQGemm", "lowers", "qgemm_node", "quantized_b", "sized"]
 
 
 def sized(value: Value | None, *sizes: int) -> bool:
@@ -68,7 +68,11 @@ def qgemm_node(graph: Graph, node: Node, a: Value, b: np.ndarray, params: Sequen
     return replace_nodes(graph, list(origin), new)
 
 
-def _lower(graph: Graph, node: Node) -> bool:
+_Plan = tuple[Value, np.ndarray, list[Value | None], dict[str, object]]
+
+
+def _plan(node: Node) -> _Plan | None:
+    """A, the constant B, the parameters and attributes of the QGemm ``node`` becomes, or None."""
     ins = list(node.inputs) + [None] * 8
     if node.kind == "MatMulInteger":
         a, b_value, a_zero, b_zero = ins[:4]
@@ -77,17 +81,30 @@ def _lower(graph: Graph, node: Node) -> bool:
     elif node.kind == "QLinearMatMul":
         a, a_scale, a_zero, b_value, b_scale, b_zero, y_scale, y_zero = ins[:8]
         if None in (a_scale, y_scale, y_zero) or not all(sized(v, 1) for v in (a_scale, y_scale, y_zero)):
-            return False
+            return None
         params = [a_scale, a_zero, b_scale, b_zero, y_scale, y_zero]
         attrs = {"output": "quantized"}
     else:
-        return False
+        return None
     b = quantized_b(b_value)
     if a is None or a.is_symbolic or a.shape is None or b is None or not sized(params[1], 1):
-        return False
+        return None
     n = b.shape[1]
     if not (sized(params[2], 1, n) and sized(params[3], 1, n)) or a.shape[-1] != b.shape[0]:
+        return None
+    return a, b, params, attrs
+
+
+def lowers(node: Node) -> bool:
+    """Whether this lowering takes ``node`` (a MatMulInteger / QLinearMatMul the C kernels run)."""
+    return _plan(node) is not None
+
+
+def _lower(graph: Graph, node: Node) -> bool:
+    plan = _plan(node)
+    if plan is None:
         return False
+    a, b, params, attrs = plan
     qgemm_node(graph, node, a, b, params, attrs, node.outputs, [node])
     return True
 
