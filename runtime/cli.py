@@ -1,4 +1,5 @@
-"""``python -m runtime run | verify | inspect | strip DIR``: the commands a deploy machine needs.
+"""``python -m runtime run | verify | inspect | strip | serve | export-triton DIR``: the commands a
+deploy machine needs (the last two: ``runtime/serving/cli.py``).
 
 A deploy-only install (README, "Deploy-only install": numpy and this package, no compiler) runs
 these; ``onnx-aot run | verify | inspect | strip`` are the same commands (``compiler/cli.py`` adds
@@ -27,6 +28,9 @@ import numpy as np
 from runtime.artifact import artifact_problem
 from runtime.errors import InputError
 from runtime.errors import OnnxAotError
+from runtime.serving.cli import SERVING_COMMANDS
+from runtime.serving.cli import add_serving_commands
+from runtime.serving.cli import run_serving_command
 
 __all__ = ["CommandError", "main", "add_runtime_commands", "run_runtime_command", "check_artifact_arg",
            "check_output_folder", "check_output_file", "folder_problem", "random_feeds", "feeds_with",
@@ -214,12 +218,15 @@ def add_runtime_commands(sub: argparse._SubParsersAction) -> dict[str, argparse.
     inspect = _add_inspect(sub)
     _add_verify(sub)
     _add_strip(sub)
+    add_serving_commands(sub)  # serve, export-triton (Ray imported only to serve)
     return {"inspect": inspect}
 
 
 def run_runtime_command(args: argparse.Namespace) -> int:
     """Run the runtime command ``args.command`` (its artifact argument checked first)."""
     check_artifact_arg(args.artifact)
+    if args.command in SERVING_COMMANDS:
+        return run_serving_command(args)
     if args.command == "run":
         return _run(args)
     if args.command == "verify":

@@ -39,7 +39,9 @@ __all__ = [
     "COPY", "TRANSFER", "SLICE_AT", "BATCH_NORM_TRAINING", "FUSED_CONV", "FUSED_GEMM", "PACKED_GEMM",
     "WINOGRAD_CONV", "CONV_NHWC", "WINOGRAD_CONV_NHWC", "MAX_POOL_NHWC", "AVERAGE_POOL_NHWC",
     "GLOBAL_AVERAGE_POOL_NHWC", "LRN_NHWC", "MULTI_HEAD_ATTENTION", "FUSED_ELEMENTWISE", "IF", "LOOP",
-    "SCAN", "CONTROL_KINDS", "QGEMM", "BODIES", "NO_ACTIVATION",
+    "PACKED_QCONV",
+    "SCAN", "CONTROL_KINDS", "QGEMM", "BODIES", "NO_ACTIVATION", "Q_BINARY", "Q_LOOKUP", "Q_AVERAGE_POOL",
+    "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX",
     "HOST", "CUDA", "SPACES", "LOCATION_KINDS",
     "PLACEHOLDER_PREFIX", "placeholder", "placeholder_index", "DYN_EXT", "ALIGNMENT", "WEIGHT_ALIGNMENT",
     "round_up",
@@ -131,10 +133,20 @@ _TABLE = (
     _op("QGemm", "A Bp Bsum a_scale? a_zero? b_scale? b_zero? y_scale? y_zero? bias?", k=REQUIRED, n=REQUIRED,
         b_type=REQUIRED, output=REQUIRED, dynamic=0, **NO_ACTIVATION),
     _op("MultiHeadAttention", "Q K V mask?", scale=REQUIRED),
+    # QLinearConv / ConvInteger on weights packed ahead of time (runtime/kernels/qconv.py)
+    _op("PackedQConv", "X Wp Corr Wz? Scale?", **_CONV, method=REQUIRED, x_zero=REQUIRED, y_zero=0,
+        qmin=REQUIRED, qmax=REQUIRED),
     _op("FusedElementwise", "X...", program=REQUIRED),
     _op("If", "cond V...", then_branch=REQUIRED, else_branch=REQUIRED, **{BODIES: None}),
     _op("Loop", "M? cond? carried... V...", body=REQUIRED, n_carried=REQUIRED, **{BODIES: None}),
     _op("Scan", "states... scans... V...", body=REQUIRED, **_SCAN, **{BODIES: None}),
+    # 8-bit integer ops (docs/ops.md, "Integer ops"): per-tensor scales (float32) and zero points
+    # (the output's dtype) are inputs; an omitted zero point is 0
+    _op("QBinary", "A A_scale A_zero? B B_scale B_zero? C_scale C_zero?", op=REQUIRED),  # "Add" / "Mul"
+    _op("QLookup", "X table"),  # y = table[the byte of x], a 256-entry table of the output's dtype
+    _op("QAveragePool", "X X_scale X_zero? Y_scale Y_zero?", **_POOL, count_include_pad=0),
+    _op("QGlobalAveragePool", "X X_scale X_zero? Y_scale Y_zero?", channels_last=0),
+    _op("QSoftmax", "X X_scale Y_scale Y_zero?"),  # over the last axis
 )
 OPS: Final[Mapping[str, AotOp]] = MappingProxyType({op.kind: op for op in _TABLE})
 
@@ -154,11 +166,17 @@ FUSED_GEMM: Final = aot_kind("FusedGemm")
 PACKED_GEMM: Final = aot_kind("PackedGemm")
 MULTI_HEAD_ATTENTION: Final = aot_kind("MultiHeadAttention")
 QGEMM: Final = aot_kind("QGemm")
+PACKED_QCONV: Final = aot_kind("PackedQConv")
 FUSED_ELEMENTWISE: Final = aot_kind("FusedElementwise")
 IF: Final = aot_kind("If")
 LOOP: Final = aot_kind("Loop")
 SCAN: Final = aot_kind("Scan")
 CONTROL_KINDS: Final = (IF, LOOP, SCAN)
+Q_BINARY: Final = aot_kind("QBinary")
+Q_LOOKUP: Final = aot_kind("QLookup")
+Q_AVERAGE_POOL: Final = aot_kind("QAveragePool")
+Q_GLOBAL_AVERAGE_POOL: Final = aot_kind("QGlobalAveragePool")
+Q_SOFTMAX: Final = aot_kind("QSoftmax")
 
 
 def attr_problems(kind: str, attrs: Mapping[str, Any]) -> list[str]:

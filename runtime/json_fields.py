@@ -5,7 +5,8 @@
 its fields by kind (a string, a count, a list of strings, a list or a map of records, ...); a
 missing or ill-typed field raises ``ArtifactError`` saying where it is and what was expected, so
 a damaged or rewritten file never ends in a raw ``KeyError`` or ``TypeError`` further on.
-``runtime/plan_schema.py`` reads plan.json with it.
+``runtime/plan_schema.py`` reads plan.json with it; ``optional_json`` is the writing side of
+``Fields.record`` / ``records`` (an optional field is left out when it is not set).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TypeVar
 
 from runtime.errors import ArtifactError
 
-__all__ = ["Where", "Fields", "is_count"]
+__all__ = ["Where", "Fields", "is_count", "optional_json"]
 
 T = TypeVar("T")
 
@@ -126,3 +127,15 @@ class Fields:
         """An object of name -> record, each read with ``read(name, item, its position)``, in order."""
         items = self.obj(key)
         return {name: read(name, item, items.where.item(name)) for name, item in items.data.items()}
+
+
+def optional_json(**fields: Any) -> dict[str, Any]:
+    """The JSON entries of a record's optional fields, in the order given: a field that is None is
+    left out, a record (a value with ``to_json``) is written by it, a tuple of records as a list."""
+    out = {}
+    for key, value in fields.items():
+        if isinstance(value, tuple):
+            out[key] = [item.to_json() for item in value]
+        elif value is not None:
+            out[key] = value.to_json() if hasattr(value, "to_json") else value
+    return out

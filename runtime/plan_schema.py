@@ -46,6 +46,7 @@ import numpy as np
 from runtime.json_fields import Fields
 from runtime.json_fields import Where
 from runtime.json_fields import is_count
+from runtime.json_fields import optional_json
 from runtime.narrow_weights import StoredForm
 from runtime.plan_symbols import check_symbols
 from runtime.symbolic import parse
@@ -190,11 +191,8 @@ class PlanConstant:
     stored: StoredForm | None = None
 
     def to_json(self) -> dict[str, Any]:
-        data = {"name": self.name, "offset": self.offset, "nbytes": self.nbytes, "dtype": self.dtype.name,
-                "shape": _shape_json(self.shape)}
-        if self.stored is not None:
-            data["stored"] = self.stored.to_json()
-        return data
+        return {"name": self.name, "offset": self.offset, "nbytes": self.nbytes, "dtype": self.dtype.name,
+                "shape": _shape_json(self.shape), **optional_json(stored=self.stored)}
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanConstant:
@@ -442,15 +440,11 @@ class PlanStep:
         return self.op_type if self.domain in ("", "ai.onnx") else f"{self.domain}.{self.op_type}"
 
     def to_json(self) -> dict[str, Any]:
-        out = {"index": self.index, "name": self.name, "op_type": self.op_type, "domain": self.domain,
-               "provider": self.provider, "partition": self.partition, "onnx_nodes": list(self.onnx_nodes),
-               "inputs": list(self.inputs), "outputs": list(self.outputs), "attrs": dict(self.attrs),
-               "scratch": self.scratch.to_json() if self.scratch is not None else None}
-        if self.launches is not None:
-            out["launches"] = [launch.to_json() for launch in self.launches]
-        if self.schedules is not None:
-            out["schedules"] = [schedule.to_json() for schedule in self.schedules]
-        return out
+        return {"index": self.index, "name": self.name, "op_type": self.op_type, "domain": self.domain,
+                "provider": self.provider, "partition": self.partition, "onnx_nodes": list(self.onnx_nodes),
+                "inputs": list(self.inputs), "outputs": list(self.outputs), "attrs": dict(self.attrs),
+                "scratch": self.scratch.to_json() if self.scratch is not None else None,
+                **optional_json(launches=self.launches, schedules=self.schedules)}
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanStep:
@@ -506,15 +500,11 @@ class PlanPartition:
         return range(self.first_step, self.last_step + 1)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+        return {
             "index": self.index, "provider": self.provider, "runner": self.runner,
             "memory_space": self.memory_space, "entry": self.entry, "first_step": self.first_step,
-            "last_step": self.last_step, "ext": list(self.ext)}
-        if self.module is not None:
-            out["module"] = self.module.to_json()
-        if self.library is not None:
-            out["library"] = self.library
-        return out
+            "last_step": self.last_step, "ext": list(self.ext),
+            **optional_json(module=self.module, library=self.library)}
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanPartition:
@@ -650,10 +640,7 @@ class PlanSymbol:
         return self.min, self.max
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "min": self.min, "max": self.max}
-        if self.input is not None:
-            out["input"] = self.input
-        return out
+        return {"name": self.name, "min": self.min, "max": self.max, **optional_json(input=self.input)}
 
     @classmethod
     def from_json(cls, data: Any, where: Where) -> PlanSymbol:

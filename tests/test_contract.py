@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from compiler.ir.graph import Graph
@@ -25,19 +26,43 @@ PREFIX = f"{contract.AOT_DOMAIN}."
 F32 = np.dtype(np.float32)
 
 
+def _names_the_domain(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "AOT_DOMAIN") or (
+        isinstance(node, ast.Constant) and node.value == contract.AOT_DOMAIN)
+
+
+def _dotted(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(".")
+
+
 def _op_literals(source: str) -> list[tuple[int, str]]:
-    """(line, text) of every string constant starting with the domain's prefix: plain literals,
-    docstrings and each literal part of an f-string (``f"onnx_aot.{x}"`` included)."""
+    """(line, text) of every string constant starting with the domain's prefix (plain literals,
+    docstrings and each literal part of an f-string: ``f"onnx_aot.{x}"`` included), of the domain
+    itself spelled as a literal, and of an op name put together from the domain
+    (``f"{AOT_DOMAIN}.X"``, ``AOT_DOMAIN + ".X"``)."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PREFIX):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                node.value.startswith(PREFIX) or node.value == contract.AOT_DOMAIN):
             found.append((node.lineno, node.value))
-    return found
+        elif isinstance(node, ast.JoinedStr) and any(
+                isinstance(v, ast.FormattedValue) and _names_the_domain(v.value) and _dotted(after)
+                for v, after in zip(node.values, node.values[1:], strict=False)):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _names_the_domain(node.left):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
 
 
 def test_the_literal_finder_sees_plain_and_f_strings() -> None:
     source = 'A = "onnx_aot.Copy"\nB = f"onnx_aot.{k}: bad"\nC = f"{k} onnx_aot.X"\nD = "x onnx_aot.Y"\n'
     assert _op_literals(source) == [(1, "onnx_aot.Copy"), (2, "onnx_aot.")]
+
+
+def test_the_literal_finder_sees_the_domain_and_names_made_from_it() -> None:
+    source = ('A = "onnx_aot"\nB = f"{AOT_DOMAIN}.Copy"\nC = AOT_DOMAIN + ".Copy"\n'
+              'D = node.domain == AOT_DOMAIN\nE = f"not in the {AOT_DOMAIN} domain"\n')
+    assert _op_literals(source) == [(1, "onnx_aot"), (2, "f'{AOT_DOMAIN}.Copy'"), (3, "AOT_DOMAIN + '.Copy'")]
 
 
 def test_no_op_name_literals_outside_the_contract() -> None:
@@ -49,6 +74,37 @@ def test_no_op_name_literals_outside_the_contract() -> None:
             for line, text in _op_literals(path.read_text()):
                 offenders.append(f"{path.relative_to(ROOT)}:{line}: {text[:40]!r}")
     assert not offenders, "name ops through runtime/contract.py's constants:\n" + "\n".join(offenders)
+
+
+def _op_type_literals(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, text) of every string constant that is exactly one of ``names`` (an op_type of ours),
+    outside ``__all__`` (where a class may share an op's name)."""
+    tree = ast.parse(source)
+    exported = {id(node) for stmt in tree.body if isinstance(stmt, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets)
+                for node in ast.walk(stmt.value)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in names and id(node) not in exported]
+
+
+def test_the_op_type_finder_sees_bare_names_outside_all() -> None:
+    source = '__all__ = ["Copy"]\nA = Node("Copy", [])\nB = "Copy this"\nC = {"LRN": "LRNNhwc"}\n'
+    assert _op_type_literals(source, {"Copy", "LRNNhwc"}) == [(2, "Copy"), (4, "LRNNhwc")]
+
+
+def test_no_op_type_literals_outside_the_contract() -> None:
+    """A node of ours is made with ``op_name(KIND)``, not its op_type spelled again (If / Loop / Scan
+    share their op_type with the ONNX op they come from, so they are not ours to look for)."""
+    ours = {op.name for op in contract.OPS.values() if not onnx.defs.has(op.name)}
+    assert {"Copy", "FusedConv", "LRNNhwc"} <= ours and "If" not in ours
+    offenders = []
+    for folder in ("compiler", "runtime"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "runtime" / "contract.py":
+                continue
+            for line, text in _op_type_literals(path.read_text(), ours):
+                offenders.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
+    assert not offenders, "make our nodes with runtime.contract.op_name(KIND):\n" + "\n".join(offenders)
 
 
 def test_every_op_the_kernels_and_providers_know_is_in_the_table() -> None:

@@ -19,6 +19,7 @@ from compiler.artifact.writer import dump_json
 from compiler.codegen.options import BuildOptions
 from runtime.errors import ArtifactError
 from runtime.json_fields import Where
+from runtime.json_fields import optional_json
 from runtime.plan_schema import FORMAT_VERSION
 from runtime.plan_schema import OLDEST_FORMAT_VERSION
 from runtime.plan_schema import Plan
@@ -132,3 +133,10 @@ def test_where_names_nested_fields() -> None:
     where = Where("a/plan.json").key("values").item("x").key("shape")
     assert str(where.wrong("a list", 3)) == "a/plan.json: values['x'].shape must be a list, got 3"
     assert str(Where().key("steps").item(2).error("is missing")) == "plan.json: steps[2] is missing"
+
+
+def test_optional_json_leaves_out_what_is_not_set() -> None:
+    at = ValueLocation("arena", 64)  # a record: written by its to_json; a tuple of them as a list
+    assert optional_json(a=None, b=0, c="", d=(), e=(at,), f=at) == {
+        "b": 0, "c": "", "d": [], "e": [["arena", 64, "host"]], "f": ["arena", 64, "host"]}
+    assert list(optional_json(z=1, y=None, x=2)) == ["z", "x"]  # in the order given

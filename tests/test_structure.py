@@ -1,5 +1,7 @@
-"""Structure gates (issue 14): no import cycles across compiler/, runtime/, scripts/ and tests/; no
-function in compiler/ or runtime/ longer than 80 lines; runtime/ never imports the compiler side.
+"""Structure gates (issues 14 and 30): no import cycles across compiler/, runtime/, scripts/ and
+tests/; no function in compiler/ or runtime/ longer than 60 lines; runtime/ never imports the
+compiler side; no branch on whether a graph has symbols outside the memory-policy module and the
+frontend (compiler/memory_policy.py picks the policy once; code that reads the ranges is fine).
 
 Imports are read from the source text (every ``import`` statement anywhere in a file: module
 level, inside functions, under ``TYPE_CHECKING``; relative imports resolved), not by importing.
@@ -21,7 +23,7 @@ import networkx as nx
 REPO = Path(__file__).resolve().parent.parent
 IMPORT_ROOTS = ("compiler", "runtime", "scripts", "tests")
 LENGTH_ROOTS = ("compiler", "runtime")
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 60
 
 
 
@@ -122,7 +124,7 @@ def long_functions() -> dict[str, int]:
     return found
 
 
-def test_no_function_longer_than_80_lines() -> None:
+def test_no_function_longer_than_60_lines() -> None:
     found = [f"{key} ({lines} lines)" for key, lines in sorted(long_functions().items())]
     assert not found, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(found)
 
@@ -143,3 +145,55 @@ def test_runtime_imports_nothing_from_the_compiler_side() -> None:
             offenders += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names
                           if n.split(".")[0] in banned]
     assert not offenders, "\n".join(offenders)
+
+
+SYMBOLS_DECIDED_IN = ("compiler/memory_policy.py", "compiler/frontend/")
+
+
+def _is_graph_symbols(node: ast.AST) -> bool:
+    """``graph.symbols`` or ``<x>.graph.symbols`` (``len(...)`` of either too)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("len", "bool"):
+        return len(node.args) == 1 and _is_graph_symbols(node.args[0])
+    if not (isinstance(node, ast.Attribute) and node.attr == "symbols"):
+        return False
+    owner = node.value
+    return (isinstance(owner, ast.Name) and owner.id.endswith("graph")) or (
+        isinstance(owner, ast.Attribute) and owner.attr == "graph")
+
+
+def symbols_branches(source: str) -> list[int]:
+    """Lines where whether a graph has symbols is tested: ``if`` / ``while`` / ``assert`` / a
+    conditional expression / ``and`` / ``or`` / ``not`` / a comprehension's ``if`` over it."""
+    tests: list[ast.AST] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+            tests.append(node.test)
+        elif isinstance(node, ast.BoolOp):
+            tests.extend(node.values)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            tests.append(node.operand)
+        elif isinstance(node, ast.comprehension):
+            tests.extend(node.ifs)
+        elif isinstance(node, ast.Compare) and _is_graph_symbols(node.left):
+            tests.append(node.left)
+    return sorted({t.lineno for t in tests if _is_graph_symbols(t)})
+
+
+def test_the_symbols_branch_finder() -> None:
+    source = ("if graph.symbols:\n    pass\n"  # 1
+              "x = a if not node.graph.symbols else b\n"  # 3
+              "ranges = graph.symbols\n"  # reading the ranges: fine
+              "y = len(body.graph.symbols) > 0\n"  # 5
+              "z = plan.symbols or {}\n")  # a plan's, not a graph's
+    assert symbols_branches(source) == [1, 3, 5]
+
+
+def test_no_branch_on_graph_symbols_outside_the_memory_policy() -> None:
+    offenders = []
+    for root in LENGTH_ROOTS:
+        for path in sorted((REPO / root).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel.startswith(SYMBOLS_DECIDED_IN):
+                continue
+            offenders += [f"{rel}:{line}" for line in symbols_branches(path.read_text(encoding="utf-8"))]
+    assert not offenders, "decide static / symbolic in compiler/memory_policy.py:\n" + "\n".join(offenders)

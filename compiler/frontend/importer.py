@@ -53,6 +53,7 @@ from compiler.frontend.probing import Probes
 from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
 from compiler.frontend.probing import may_be_equal
+from compiler.frontend.qoperator_shapes import qoperator_types
 from compiler.frontend.same_shape import same_shape
 from compiler.frontend.same_shape import slice_shape
 from compiler.frontend.sequences import SEQUENCE_OPS
@@ -519,9 +520,11 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dic
                 continue
             if fallback is None:
                 probes = knowledge.probes
-                if probes is not None and any(v is not None and v.is_symbolic for v in inputs):
+                fallback = qoperator_types(proto, inputs)  # com.microsoft ops onnx does not know
+                symbolic = any(v is not None and v.is_symbolic for v in inputs)
+                if not fallback and probes is not None and symbolic:
                     fallback = _infer_symbolic(proto, inputs, opset, probes, where, knowledge.input_shapes)
-                else:
+                elif not fallback:
                     fallback = _infer_single(proto, inputs, opset)
             if name not in fallback and name not in used:
                 # e.g. Dropout-7's mask, which onnx does not infer: canonical forms drop unused extra

@@ -21,6 +21,8 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.providers.base import Provider
+from runtime.contract import TRANSFER
+from runtime.contract import op_name
 from runtime.errors import CompileError
 from runtime.errors import UnsupportedOpError
 
@@ -173,7 +175,7 @@ def insert_transfers(graph: Graph, owner: dict[int, int], providers: list[Provid
 def _transfer(graph: Graph, value: Value, src: str, dst: str, name: str,
               before: Node | None) -> Value:
     out = graph.make_value(name, value.dtype, value.shape)
-    node = Node("Transfer", [value], [out], {"from": src, "to": dst}, domain=AOT_DOMAIN,
+    node = Node(op_name(TRANSFER), [value], [out], {"from": src, "to": dst}, domain=AOT_DOMAIN,
                 name=graph.unique_name(f"transfer_{value.name}_to_{dst}"), origin=[])
     graph.add_node(node, before=before)
     return out

@@ -18,6 +18,8 @@ from compiler.passes.base import PassResult
 from compiler.passes.base import bypass
 from compiler.passes.base import note_eliminated
 from compiler.passes.base import replace_nodes
+from runtime.contract import COPY
+from runtime.contract import op_name
 
 __all__ = ["EliminateIdentity"]
 
@@ -40,7 +42,8 @@ class EliminateIdentity(Pass):
             elif self._hand_output_to_producer(graph, node, src, out):
                 removed.append(node)
             else:
-                copy = Node("Copy", [src], [out], {}, name=node.name, domain=AOT_DOMAIN, origin=node.origin)
+                copy = Node(op_name(COPY), [src], [out], {}, name=node.name, domain=AOT_DOMAIN,
+                            origin=node.origin)
                 replace_nodes(graph, [node], copy)
                 copies += 1
         note_eliminated(graph, removed, self.name)

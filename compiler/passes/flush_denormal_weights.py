@@ -22,12 +22,14 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Value
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
+from runtime.contract import FUSED_CONV
+from runtime.contract import FUSED_GEMM
 
 __all__ = ["FlushDenormalWeights", "flush_denormals"]
 
 # Ops whose constant inputs are weights multiplied into every output row (by position: any).
 WEIGHT_CONSUMERS = frozenset({
-    "Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN", "FusedConv", "FusedGemm",
+    "Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN", FUSED_CONV, FUSED_GEMM,
 })
 
 

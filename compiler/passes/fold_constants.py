@@ -33,6 +33,7 @@ from compiler.passes.base import bypass
 from compiler.passes.base import note_eliminated
 from compiler.passes.base import replace_nodes
 from runtime.contract import COPY
+from runtime.contract import op_name
 from runtime.errors import OnnxAotError
 from runtime.errors import UnsupportedOpError
 from runtime.kernels import get_kernel
@@ -89,7 +90,7 @@ class FoldConstants(Pass):
     def _copy_into_output(graph: Graph, node: Node, array: np.ndarray) -> None:
         (out,) = node.outputs
         const = add_constant(graph, f"{out.name}_value", array)
-        copy = Node("Copy", [const], [out], {}, name=node.name, domain=AOT_DOMAIN, origin=node.origin)
+        copy = Node(op_name(COPY), [const], [out], {}, name=node.name, domain=AOT_DOMAIN, origin=node.origin)
         replace_nodes(graph, [node], copy)
 
     @staticmethod

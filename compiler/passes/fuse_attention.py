@@ -34,6 +34,8 @@ from compiler.passes.base import replace_nodes
 from compiler.passes.base import sole_consumer
 from compiler.providers.c.attention import MAX_KEYS
 from runtime.contract import FUSED_ELEMENTWISE
+from runtime.contract import MULTI_HEAD_ATTENTION
+from runtime.contract import op_name
 from runtime.symbolic import bounds
 
 __all__ = ["FuseAttention"]
@@ -160,8 +162,8 @@ class FuseAttention(Pass):
             return False
         scale, mask = prologue
         old = [*q[0], *k[0], *v[0], scores_mm, *between, softmax, context_mm, y]
-        fused = Node("MultiHeadAttention", [q[2], k[2], v[2], *([mask] if mask else [])], list(y.outputs),
-                     {"scale": q[1] * k[1] * scale}, name=softmax.name, domain=AOT_DOMAIN,
+        fused = Node(op_name(MULTI_HEAD_ATTENTION), [q[2], k[2], v[2], *([mask] if mask else [])],
+                     list(y.outputs), {"scale": q[1] * k[1] * scale}, name=softmax.name, domain=AOT_DOMAIN,
                      origin=merged_origin(old))
         replace_nodes(graph, old, fused)
         return True

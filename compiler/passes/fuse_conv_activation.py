@@ -30,15 +30,16 @@ from compiler.passes.base import rewrite_chains
 from compiler.passes.base import sole_consumer
 from runtime.contract import FUSED_CONV
 from runtime.contract import FUSED_GEMM
+from runtime.contract import op_name
 
 __all__ = ["FuseConvActivation", "activation_attrs"]
 
-# node kind -> the fused op it becomes
+# node kind -> the kind of fused op it becomes
 _FUSED = {
-    "Conv": "FusedConv",
-    FUSED_CONV: "FusedConv",
-    "Gemm": "FusedGemm",
-    FUSED_GEMM: "FusedGemm",
+    "Conv": FUSED_CONV,
+    FUSED_CONV: FUSED_CONV,
+    "Gemm": FUSED_GEMM,
+    FUSED_GEMM: FUSED_GEMM,
 }
 
 
@@ -85,7 +86,7 @@ class FuseConvActivation(Pass):
         else:
             users = [user]
             act = activation_attrs(user) if user.input(0) is y else None
-            residual = _residual(user, y) if fused_op == "FusedConv" and node.input(3) is None else None
+            residual = _residual(user, y) if fused_op == FUSED_CONV and node.input(3) is None else None
             if act is not None:
                 attrs = {**base, **act}
             elif residual is not None:
@@ -96,7 +97,7 @@ class FuseConvActivation(Pass):
         while inputs and inputs[-1] is None:
             inputs.pop()
         fused = Node(
-            fused_op,
+            op_name(fused_op),
             inputs,
             list(users[-1].outputs),
             attrs,

@@ -27,6 +27,8 @@ from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import merged_origin
 from compiler.passes.base import replace_nodes
+from runtime.contract import FUSED_ELEMENTWISE
+from runtime.contract import op_name
 from runtime.kernels.elementwise import ELEMENTWISE_BINARY
 from runtime.kernels.elementwise import ELEMENTWISE_UNARY
 
@@ -143,7 +145,7 @@ def _fused_node(members: list[Node]) -> Node:
         program.append({"op": node.op_type, "args": args, "attrs": dict(node.attrs)})
         results[id(node.outputs[0])] = f"t{k}"
     return Node(
-        "FusedElementwise",
+        op_name(FUSED_ELEMENTWISE),
         inputs,
         [members[-1].outputs[0]],
         {"program": program},

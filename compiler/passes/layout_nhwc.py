@@ -46,9 +46,16 @@ from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import merged_origin
+from runtime.contract import AVERAGE_POOL_NHWC
+from runtime.contract import CONV_NHWC
 from runtime.contract import FUSED_CONV
 from runtime.contract import FUSED_ELEMENTWISE
+from runtime.contract import GLOBAL_AVERAGE_POOL_NHWC
+from runtime.contract import LRN_NHWC
+from runtime.contract import MAX_POOL_NHWC
 from runtime.contract import WINOGRAD_CONV
+from runtime.contract import WINOGRAD_CONV_NHWC
+from runtime.contract import op_name
 from runtime.kernels.elementwise import ELEMENTWISE_OPS
 from runtime.kernels.elementwise import ELEMENTWISE_REFERENCE_ONLY
 from runtime.kernels.nhwc import TO_NCHW
@@ -60,10 +67,10 @@ __all__ = ["LayoutNhwc", "regions"]
 
 CONVS = ("Conv", FUSED_CONV, WINOGRAD_CONV)
 POOLS = {
-    "MaxPool": "MaxPoolNhwc",
-    "AveragePool": "AveragePoolNhwc",
-    "GlobalAveragePool": "GlobalAveragePoolNhwc",
-    "LRN": "LRNNhwc",
+    "MaxPool": op_name(MAX_POOL_NHWC),
+    "AveragePool": op_name(AVERAGE_POOL_NHWC),
+    "GlobalAveragePool": op_name(GLOBAL_AVERAGE_POOL_NHWC),
+    "LRN": op_name(LRN_NHWC),
 }
 
 
@@ -316,14 +323,14 @@ class _Rewrite:
             w = node.input(1)
             assert w is not None and w.const is not None
             if kind == WINOGRAD_CONV:
-                op, packed = "WinogradConvNhwc", pack_winograd_weights(w.const)
+                op, packed = op_name(WINOGRAD_CONV_NHWC), pack_winograd_weights(w.const)
             else:
                 group = int(attrs["group"])
-                op, packed = "ConvNhwc", pack_conv_weights(w.const, group)
+                op, packed = op_name(CONV_NHWC), pack_conv_weights(w.const, group)
                 if kind == "Conv":
                     attrs.update(NO_ACTIVATION)
             panels = add_constant(self.graph, f"{w.name}_nhwc", packed)
-            if op == "ConvNhwc" and panels.const is not None:  # a dequantized weight stays narrow
+            if op == op_name(CONV_NHWC) and panels.const is not None:  # a dequantized weight stays narrow
                 self.graph.narrowing.carry(w.const, panels.const, lambda a: pack_conv_weights(a, group))
             inputs[1] = panels
             domain = AOT_DOMAIN
@@ -406,4 +413,4 @@ class _Rewrite:
             {"op": "Mul", "args": ["i0", "i1"], "attrs": {}},
             {"op": "Add", "args": ["t0", "i2"], "attrs": {}},
         ]
-        return "FusedElementwise", AOT_DOMAIN, [x, sv, tv], {"program": program}
+        return op_name(FUSED_ELEMENTWISE), AOT_DOMAIN, [x, sv, tv], {"program": program}

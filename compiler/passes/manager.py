@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
@@ -20,6 +21,7 @@ from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.eliminate_identity import EliminateIdentity
 from compiler.passes.flush_denormal_weights import FlushDenormalWeights
 from compiler.passes.fold_constants import FoldConstants
+from compiler.passes.fold_qdq import FoldQdq
 from compiler.passes.fuse_attention import FuseAttention
 from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
@@ -28,6 +30,7 @@ from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_gemm_weights import PackGemmWeights
+from compiler.passes.pack_qconv_weights import PackQConvWeights
 from compiler.passes.use_qgemm import UseQGemm
 from compiler.passes.use_winograd import UseWinograd
 from runtime.errors import CompileError
@@ -100,7 +103,10 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
     # Order matters within a round: BatchNorm folds into a plain Conv before the Conv becomes a
     # FusedConv, MatMul+Add becomes Gemm before Gemm+activation, and elementwise fusion runs
     # last so that activations go into conv/gemm epilogues first. Level 3 adds layout later.
-    extended: list[Pass] = [
+    # QDQ patterns fold first, while their Conv / MatMul are still plain; only on the C target,
+    # and only where its kernels claim the integer nodes (fold_qdq.py).
+    extended: list[Pass] = [FoldQdq(claims=_c_claims)] if target == "cpu" else []
+    extended += [
         FuseConvBatchNorm(),
         FuseMatMulAdd(),
         FuseConvActivation(silu=level >= 3 and target == "cpu"),
@@ -110,19 +116,28 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
     return basic + extended
 
 
+def _c_claims(node: Node) -> bool:
+    """Whether the C provider runs ``node`` (imported here: the provider's modules are large)."""
+    from compiler.providers.c.provider import KERNELS
+
+    return KERNELS.supports(node)
+
+
 def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
-    column panels (``pack_gemm_weights``), multi-head attention as one step (``fuse_attention``),
+    column panels (``pack_gemm_weights``), integer convolutions' weights packed
+    (``pack_qconv_weights``), multi-head attention as one step (``fuse_attention``),
     and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
     (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A graph of
     symbolic dims gets the same lowerings: their C kernels all take run-time dims.
     """
-    passes: list[Pass] = [PackGemmWeights(), FuseAttention()] if level >= 2 and target == "cpu" else []
-    if level >= 2 and target == "cpu":
+    cpu2 = level >= 2 and target == "cpu"
+    passes: list[Pass] = [PackGemmWeights(), PackQConvWeights(), FuseAttention()] if cpu2 else []
+    if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())

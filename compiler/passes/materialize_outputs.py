@@ -13,6 +13,8 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
+from runtime.contract import COPY
+from runtime.contract import op_name
 
 __all__ = ["MaterializeOutputs", "materialize_outputs"]
 
@@ -35,7 +37,7 @@ class MaterializeOutputs(Pass):
                 continue
             public = graph.output_names[k] if k < len(graph.output_names) else value.name
             out = graph.make_value(public + "/copy", value.dtype, value.shape)
-            graph.add_node(Node("Copy", [value], [out], {}, domain=AOT_DOMAIN,
+            graph.add_node(Node(op_name(COPY), [value], [out], {}, domain=AOT_DOMAIN,
                                 name=graph.unique_name(f"copy_output_{k}"), origin=[]))
             graph.set_output(k, out)
             copies += 1

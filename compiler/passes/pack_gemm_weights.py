@@ -30,6 +30,8 @@ from compiler.passes.base import add_constant
 from compiler.passes.base import replace_nodes
 from compiler.providers.c.gemm import DOT_MAX_ROWS
 from runtime.contract import FUSED_GEMM
+from runtime.contract import PACKED_GEMM
+from runtime.contract import op_name
 from runtime.kernels.linalg import B_PANEL
 from runtime.kernels.linalg import pack_b_panels
 
@@ -81,8 +83,8 @@ class PackGemmWeights(Pass):
             attrs = {**(node.attrs if node.domain == AOT_DOMAIN else {**node.attrs, **NO_ACTIVATION}),
                      "n": int(matrix.shape[1])}
             del attrs["transB"]
-            lowered = Node("PackedGemm", [node.input(0), packed[key], *node.inputs[2:]], list(node.outputs),
-                           attrs, name=node.name, domain=AOT_DOMAIN, origin=node.origin)
+            lowered = Node(op_name(PACKED_GEMM), [node.input(0), packed[key], *node.inputs[2:]],
+                           list(node.outputs), attrs, name=node.name, domain=AOT_DOMAIN, origin=node.origin)
             replace_nodes(graph, [node], lowered)
             modified = True
         if modified:

@@ -27,6 +27,8 @@ from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import replace_nodes
+from runtime.contract import QGEMM
+from runtime.contract import op_name
 from runtime.kernels.qgemm import column_sums
 from runtime.kernels.qgemm import pack_qb
 
@@ -61,7 +63,7 @@ def qgemm_node(graph: Graph, node: Node, a: Value, b: np.ndarray, params: Sequen
     inputs = [a, packed, sums, *params]
     while inputs[-1] is None:
         inputs.pop()
-    new = Node("QGemm", inputs, list(outputs), full, name=node.name, domain=AOT_DOMAIN,
+    new = Node(op_name(QGEMM), inputs, list(outputs), full, name=node.name, domain=AOT_DOMAIN,
                origin=[name for o in origin for name in o.origin])
     return replace_nodes(graph, list(origin), new)
 

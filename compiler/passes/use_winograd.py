@@ -38,6 +38,8 @@ from compiler.passes.base import replace_nodes
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import WinogradGeometry
 from runtime.contract import FUSED_CONV
+from runtime.contract import WINOGRAD_CONV
+from runtime.contract import op_name
 from runtime.kernels.winograd import MATRICES
 from runtime.symbolic import Dim
 from runtime.symbolic import bounds
@@ -114,7 +116,7 @@ class UseWinograd(Pass):
         u = add_constant(graph, f"{w.name}_winograd{tile}", winograd_weights(w.const, tile))
         attrs = dict(conv.attrs) if conv.domain == AOT_DOMAIN else {**conv.attrs, **NO_ACTIVATION}
         lowered = Node(
-            "WinogradConv",
+            op_name(WINOGRAD_CONV),
             [conv.input(0), u, *conv.inputs[2:]],
             list(conv.outputs),
             attrs,

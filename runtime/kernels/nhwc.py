@@ -202,5 +202,5 @@ def lrn_nhwc_kernel(
     """LRN across the channels (last axis) of an NHWC tensor."""
     shape, dtype = outputs[0]
     nchw_shape = tuple(int(shape[i]) for i in TO_NCHW)
-    (y,) = lrn_kernel(xp, [_nchw(xp, inputs[0], "LRNNhwc")], attrs, [(nchw_shape, dtype)])
+    (y,) = lrn_kernel(xp, [_nchw(xp, inputs[0], op_name(LRN_NHWC))], attrs, [(nchw_shape, dtype)])
     return finish(xp, LRN_NHWC, [_nhwc(xp, y)], outputs)

@@ -77,12 +77,15 @@ def _share_pool(lib: ctypes.CDLL) -> None:
 @dataclasses.dataclass(frozen=True)
 class PoolStats:
     """The shared pool's counts since it started: ``chunks[w]`` the chunks thread ``w`` claimed
-    (0: the threads that submit jobs, w >= 1: worker w), ``busy`` the jobs that found the pool
-    running another thread's job and ran on their caller alone, ``workers`` the workers started."""
+    (0: the threads that submit jobs, w >= 1: worker w), ``busy`` the jobs that found no worker
+    to reserve (every one in other threads' jobs, or the process's CPUs all busy with jobs) and ran
+    on their caller alone, ``workers`` the workers started, ``peak`` the most threads inside jobs
+    at once (callers and their workers; None from a library that predates it)."""
 
     chunks: tuple[int, ...]
     busy: int
     workers: int
+    peak: int | None = None
 
 
 def pool_stats() -> PoolStats | None:
@@ -101,7 +104,11 @@ def pool_stats() -> PoolStats | None:
     slots = _POOL_SLOTS + 1
     chunks, busy = (ctypes.c_long * slots)(), ctypes.c_long()
     workers = int(fn(chunks, slots, ctypes.byref(busy)))
-    return PoolStats(tuple(int(c) for c in chunks[: workers + 1]), int(busy.value), workers)
+    peak = getattr(lib, "onnx_aot_pool_peak", None)
+    if peak is not None:
+        peak.argtypes, peak.restype = [], ctypes.c_int
+    return PoolStats(tuple(int(c) for c in chunks[: workers + 1]), int(busy.value), workers,
+                     None if peak is None else int(peak()))
 
 
 class CEntry:

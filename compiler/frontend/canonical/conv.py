@@ -28,7 +28,7 @@ from runtime.symbolic import is_symbolic
 from runtime.symbolic import max_
 from runtime.symbolic import mod
 
-__all__ = ["check_output", "resolve_pads", "spatial_dims", "window_attrs"]
+__all__ = ["check_output", "conv_attrs", "resolve_pads", "spatial_dims", "window_attrs"]
 
 
 def resolve_pads(ctx: CanonContext, spatial: tuple[int, ...], kernel: list[int],
@@ -113,6 +113,14 @@ def window_attrs(ctx: CanonContext, n: int,
     return found[0], found[1], found[2]
 
 
+def conv_attrs(kernel: list[int], strides: list[int], pads: list[Any], dilations: list[int], group: int,
+               **extra: Any) -> dict[str, Any]:
+    """The canonical attributes of a conv-like node (Conv, DeformConv, ConvTranspose), ``extra``
+    (its own, e.g. output_padding) after them."""
+    return {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
+            "group": group, **extra}
+
+
 @register("Conv")
 def _conv(ctx: CanonContext) -> list[Node]:
     w = ctx.inputs[1]
@@ -124,8 +132,7 @@ def _conv(ctx: CanonContext) -> list[Node]:
     padding, x, spatial, pads = _pad_node(ctx, pads, 0.0, _windows(kernel, strides, dilations))
     axes = list(zip(spatial, kernel, strides, dilations, pads[:n], pads[n:], strict=True))
     check_output(ctx, [conv_out_size(*axis) for axis in axes])
-    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
-             "group": int(ctx.attr("group", 1))}
+    attrs = conv_attrs(kernel, strides, pads, dilations, int(ctx.attr("group", 1)))
     return [*padding, ctx.node("Conv", [x, *ctx.inputs[1:3]], attrs)]
 
 

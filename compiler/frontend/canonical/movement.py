@@ -19,6 +19,8 @@ from compiler.frontend.probing import may_be_equal
 from compiler.frontend.shape_arith import tight_bounds
 from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Node
+from runtime.contract import SLICE_AT
+from runtime.contract import op_name
 from runtime.symbolic import Dim
 from runtime.symbolic import is_symbolic
 from runtime.symbolic import max_
@@ -108,7 +110,7 @@ def _slice(ctx: CanonContext) -> list[Node]:
     elif any(v is not None and v.const is None for v in ctx.inputs[1:]):
         # starts / ends known only at run time (a loop body's x[i:i+1]; its shape was taken at its
         # first iterations): the reference kernel slices as ONNX says and checks the shape
-        return [ctx.node("SliceAt", list(ctx.inputs), {}, domain=AOT_DOMAIN)]
+        return [ctx.node(op_name(SLICE_AT), list(ctx.inputs), {}, domain=AOT_DOMAIN)]
     else:
         starts = _bounds_ints(ctx, ctx.const_input(1, "starts"))
         ends = _bounds_ints(ctx, ctx.const_input(2, "ends"))

@@ -20,6 +20,8 @@ from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from runtime.contract import AOT_DOMAIN
+from runtime.contract import BATCH_NORM_TRAINING
+from runtime.contract import op_name
 from runtime.errors import UnsupportedOpError
 from runtime.kernels.window import conv_transpose_out_size
 
@@ -107,7 +109,7 @@ def _batchnorm(ctx: CanonContext) -> list[Node]:
                                      "variance) are only supported with training_mode=1 (opset 14+)")
         return [ctx.node("BatchNormalization", ctx.inputs[:5], {"epsilon": epsilon}, outputs=ctx.outputs[:1])]
     running = _stat_outputs(ctx, 1, [(_dtype(v), shape_of(v)) for v in ctx.inputs[3:5]])
-    return [ctx.node("BatchNormTraining", ctx.inputs[:5],
+    return [ctx.node(op_name(BATCH_NORM_TRAINING), ctx.inputs[:5],
                      {"epsilon": epsilon, "momentum": float(ctx.attr("momentum", 0.9))},
                      outputs=ctx.outputs[:1] + running, domain=AOT_DOMAIN)]
 

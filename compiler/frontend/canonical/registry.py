@@ -41,14 +41,16 @@ def register(*op_types: str) -> Callable[[Canonicalizer], Canonicalizer]:
 
 
 def canonical_op_types() -> frozenset[str]:
-    """ONNX op types with a canonicalizer (they may become other kinds, see docs/ops.md)."""
+    """ONNX op types with a canonicalizer, those of other domains as their kinds
+    (``"com.microsoft.QLinearAdd"``; they may become other kinds, see docs/ops.md)."""
     return frozenset(_REGISTRY)
 
 
 def canonicalize(ctx: CanonContext) -> list[Node]:
-    if ctx.proto.domain not in ("", "ai.onnx"):
-        return [ctx.node(ctx.op_type, ctx.inputs, ctx.attrs, domain=ctx.proto.domain)]
-    fn = _REGISTRY.get(ctx.op_type)
+    """The canonical nodes of ``ctx``'s node: its canonicalizer's, registered by op type for the
+    default domain and as ``"<domain>.<op type>"`` (its kind) for another (``com.microsoft``)."""
+    domain = "" if ctx.proto.domain in ("", "ai.onnx") else ctx.proto.domain
+    fn = _REGISTRY.get(f"{domain}.{ctx.op_type}" if domain else ctx.op_type)
     if fn is None:
-        return [ctx.node(ctx.op_type, ctx.inputs, ctx.attrs)]
+        return [ctx.node(ctx.op_type, ctx.inputs, ctx.attrs, domain=domain)]
     return fn(ctx)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from compiler.frontend.canonical.context import CanonContext
+from compiler.frontend.canonical.conv import conv_attrs
 from compiler.frontend.canonical.conv import spatial_dims
 from compiler.frontend.canonical.conv import window_attrs
 from compiler.frontend.canonical.registry import register
@@ -52,8 +53,7 @@ def _deform_conv(ctx: CanonContext) -> list[Node]:
     mask = ctx.inputs[4] if len(ctx.inputs) > 4 else None
     if mask is not None and mask.shape != (x.shape[0], offset_groups * taps, *out):
         raise ctx.error(f"mask has shape {mask.shape}, expected {(x.shape[0], offset_groups * taps, *out)}")
-    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
-             "group": groups, "offset_group": offset_groups}
+    attrs = conv_attrs(kernel, strides, pads, dilations, groups, offset_group=offset_groups)
     return [ctx.node("DeformConv", ctx.inputs[:5], attrs)]
 
 

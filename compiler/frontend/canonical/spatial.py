@@ -20,6 +20,7 @@ import numpy as np
 
 from compiler.frontend.canonical.context import CanonContext
 from compiler.frontend.canonical.context import flat_ints
+from compiler.frontend.canonical.conv import conv_attrs
 from compiler.frontend.canonical.conv import window_attrs
 from compiler.frontend.canonical.registry import register
 from compiler.ir.graph import Node
@@ -254,8 +255,7 @@ def _conv_transpose(ctx: CanonContext) -> list[Node]:
                  zip(spatial, kernel, strides, dilations, output_padding, pads[:n], pads[n:], strict=True))
     if y_shape[2:] != want or y_shape[:2] != (x_shape[0], w_shape[1] * group):
         raise ctx.error(f"output shape {y_shape} does not match the attributes (spatial {want})")
-    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "dilations": dilations,
-             "group": group, "output_padding": output_padding}
+    attrs = conv_attrs(kernel, strides, pads, dilations, group, output_padding=output_padding)
     return [ctx.node("ConvTranspose", ctx.inputs[:3], attrs)]
 
 

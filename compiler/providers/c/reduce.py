@@ -45,6 +45,7 @@ from runtime.symbolic import Expr
 
 __all__ = [
     "ReduceContext",
+    "AxisContext",
     "ArgContext",
     "TopKContext",
     "LayerNormContext",
@@ -256,17 +257,25 @@ class ReduceKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class ArgContext:
+class AxisContext:
+    """What the kernels along one axis (ArgMax / ArgMin, TopK) take: the step's parameters, the
+    input's C type, its rows (``outer`` x ``inner``; CDims with run-time dims) of ``length``
+    elements and whether the rows go to the worker pool."""
+
     params: tuple[Param, ...]
     ctype: str
     floating: bool  # NaN checks are emitted
-    op: str  # "max" | "min"
-    last: bool  # select_last_index
-    outer: int  # CDim with run-time dims, as inner
+    outer: int
     length: int
     inner: int
     parallel: bool
     parallel_if: str = ""  # run-time dims: the C condition for the worker pool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArgContext(AxisContext):
+    op: str  # "max" | "min"
+    last: bool  # select_last_index
 
 
 class ArgKernel(CKernel):
@@ -312,18 +321,10 @@ class ArgKernel(CKernel):
 # -- TopK -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TopKContext:
-    params: tuple[Param, ...]
-    ctype: str
-    floating: bool
+@dataclass(frozen=True, kw_only=True)
+class TopKContext(AxisContext):
     largest: bool
     k: int
-    outer: int
-    length: int
-    inner: int
-    parallel: bool
-    parallel_if: str = ""  # a run-time outer (CDim): the C condition for the worker pool
 
 
 class TopKKernel(CKernel):

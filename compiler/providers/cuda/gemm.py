@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from compiler.codegen.elementwise import broadcast_strides
 from compiler.codegen.elementwise import literal
@@ -51,7 +50,7 @@ from runtime.contract import AOT_DOMAIN
 from runtime.contract import FUSED_GEMM
 from runtime.plan_schema import LaunchArg
 
-__all__ = ["TiledContext", "GemvContext", "DirectConvContext", "GEMV_MAX_ROWS"]
+__all__ = ["GemmOperands", "TiledContext", "GemvContext", "DirectConvContext", "GEMV_MAX_ROWS"]
 
 GEMV_MAX_ROWS = 4
 SM_COUNT = 132  # H100 SXM; only steers the choice of tile size
@@ -78,6 +77,22 @@ def _tile(m: int, n: int, z: int) -> _Tile:
 
 
 @dataclass(frozen=True)
+class GemmOperands:
+    """How the tiled and gemv kernels address a Gemm / MatMul: the product's sizes and strides
+    (written with the run-time dims), its batch index math over ``blockIdx.z`` and the offsets of
+    A and B in it, alpha and beta as C text and the bias's strides."""
+
+    p: MatmulProduct  # strides sam, sak (A) and sbk, sbn (B)
+    batch_index: tuple[tuple[str, str], ...]
+    a_batch: str
+    b_batch: str
+    alpha: str  # "" or " * <literal>"
+    beta: str  # "" or "<literal> * "
+    bias_sm: int
+    bias_sn: int
+
+
+@dataclass(frozen=True)
 class TiledContext:
     params: tuple[Param, ...]
     threads: int
@@ -94,15 +109,7 @@ class TiledContext:
     b_nfast: bool  # B staged with n the fastest-varying (B contiguous along n)
     g: ConvGeometry | None  # conv
     has_res: bool
-    # gemm
-    p: MatmulProduct | None  # strides sam, sak (A) and sbk, sbn (B)
-    batch_index: tuple[tuple[str, str], ...]
-    a_batch: str
-    b_batch: str
-    alpha: str  # "" or " * <literal>"
-    beta: str  # "" or "<literal> * "
-    bias_sm: int
-    bias_sn: int
+    gemm: GemmOperands | None  # gemm
     # epilogue
     has_bias: bool
     act: str  # C expression over v
@@ -114,14 +121,7 @@ class GemvContext:
     params: tuple[Param, ...]
     threads: int
     mode: str  # "warp" | "split"
-    p: MatmulProduct
-    batch_index: tuple[tuple[str, str], ...]
-    a_batch: str
-    b_batch: str
-    alpha: str
-    beta: str
-    bias_sm: int
-    bias_sn: int
+    gemm: GemmOperands
     has_bias: bool
     act: str
 
@@ -200,8 +200,7 @@ class CudaConvKernel(CudaKernel):
         ctx = TiledContext(
             params=params, threads=THREADS, mode="conv",
             bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn, m=g.mg, n=rd(n), k=g.k, a_kfast=True, b_nfast=True,
-            g=w, has_res=has_res, p=None, batch_index=(), a_batch="0", b_batch="0",
-            alpha="", beta="", bias_sm=0, bias_sn=0, has_bias=has_bias, act=act, dims=rd.names,
+            g=w, has_res=has_res, gemm=None, has_bias=has_bias, act=act, dims=rd.names,
         )  # fmt: skip
         grid = (blocks(n, t.bn), blocks(g.mg, t.bm), g.groups)
         args = (*input_ptrs(step), *output_ptrs(step), *rd.args)
@@ -326,51 +325,49 @@ class CudaGemmKernel(CudaKernel):
             prod = _batch_index(claimed(_run_time_batched(node), node), rd)
         else:
             prod = claimed(_batched(node), node)
-        common = _product_fields(node, prod, rd)
+        gemm = _operands(node, prod, rd)
+        has_bias, act = node.input(2) is not None, activation(node)
+        names = ["a", "b"] + (["biasp"] if has_bias else []) + ["y"]
+        params = tuple(Param(n, "float", n != "y", n != "y") for n in names)
         p = prod.p
         args: tuple[LaunchArg, ...] = (*input_ptrs(step), *output_ptrs(step), *rd.args)
         if not is_dynamic(node) and p.m <= GEMV_MAX_ROWS:
-            return (_gemv(prod, common, args),)
+            mode = "warp" if p.sbk == 1 and p.n > 1 else "split"
+            return (_gemv(GemvContext(params, THREADS, mode, gemm, has_bias, act), prod.batches, args),)
         t = _tile(max_of(p.m, node), max_of(p.n, node), max_of(prod.batches, node))
-        written = common["p"]
         ctx = TiledContext(
-            threads=THREADS, mode="gemm", bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn,
-            m=written.m, n=written.n, k=written.k, a_kfast=p.sak == 1, b_nfast=p.sbn == 1 or p.sbk != 1,
-            g=None, has_res=False, dims=rd.names, **common,
+            params=params, threads=THREADS, mode="gemm", bm=t.bm, bn=t.bn, bk=t.bk, tm=t.tm, tn=t.tn,
+            m=gemm.p.m, n=gemm.p.n, k=gemm.p.k, a_kfast=p.sak == 1, b_nfast=p.sbn == 1 or p.sbk != 1,
+            g=None, has_res=False, gemm=gemm, has_bias=has_bias, act=act, dims=rd.names,
         )  # fmt: skip
         grid = (blocks(p.n, t.bn), blocks(p.m, t.bm), prod.batches)
         return (KernelCode("cuda/tiled.cu.j2", ctx, grid, (THREADS, 1, 1), 0, args),)
 
 
-def _product_fields(node: Node, prod: _Batched, rd: RunDims) -> dict[str, Any]:
-    """The context fields the gemv and tiled kernels share: the parameters, the product (its sizes
-    and strides written by ``rd``), its batch index math, alpha and beta as C text, the bias's
-    strides and the activation."""
+def _operands(node: Node, prod: _Batched, rd: RunDims) -> GemmOperands:
+    """The operands of ``prod`` (its sizes and strides written by ``rd``), alpha and beta as C text
+    and the bias's strides."""
     p, c = prod.p, node.input(2)
     alpha = float(node.attrs["alpha"]) if node.op_type != "MatMul" else 1.0
     beta = float(node.attrs["beta"]) if node.op_type != "MatMul" else 1.0
     sm, sn = broadcast_strides(shape_of(c, symbolic=True), (p.m, p.n)) if c is not None else (0, 0)
-    names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"]
     sizes = ("m", "n", "k", "sam", "sak", "sbk", "sbn")
-    return dict(
-        params=tuple(Param(n, "float", n != "y", n != "y") for n in names),
+    return GemmOperands(
         p=dataclasses.replace(p, **{f: rd(getattr(p, f)) for f in sizes}), batch_index=prod.index,
         a_batch=prod.a_batch, b_batch=prod.b_batch, alpha="" if alpha == 1.0 else f" * {literal(alpha)}",
         beta="" if beta == 1.0 else f"{literal(beta)} * ", bias_sm=rd(sm), bias_sn=rd(sn),
-        has_bias=c is not None, act=activation(node),
     )  # fmt: skip
 
 
-def _gemv(prod: _Batched, common: dict[str, Any], args: tuple[LaunchArg, ...]) -> KernelCode:
+def _gemv(ctx: GemvContext, batches: int, args: tuple[LaunchArg, ...]) -> KernelCode:
     """A product of few rows: one warp per output column where B is contiguous along k ("warp"),
     else 32 x 8 threads splitting k ("split")."""
-    p = prod.p
-    if p.sbk == 1 and p.n > 1:
-        ctx = GemvContext(threads=THREADS, mode="warp", **common)
-        return KernelCode("cuda/gemv.cu.j2", ctx, (blocks(p.n, THREADS // 32), 1, prod.batches),
-                          (THREADS, 1, 1), 0, args)
-    ctx = GemvContext(threads=THREADS, mode="split", **common)
-    return KernelCode("cuda/gemv.cu.j2", ctx, (blocks(p.n, 32), 1, prod.batches), (32, 8, 1), 0, args)
+    n = ctx.gemm.p.n
+    if ctx.mode == "warp":
+        grid, block = (blocks(n, THREADS // 32), 1, batches), (THREADS, 1, 1)
+    else:
+        grid, block = (blocks(n, 32), 1, batches), (32, 8, 1)
+    return KernelCode("cuda/gemv.cu.j2", ctx, grid, block, 0, args)
 
 
 KERNELS = (CudaConvKernel(), CudaGemmKernel())

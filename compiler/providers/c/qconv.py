@@ -1,0 +1,215 @@
+"""C kernels for ``onnx_aot.PackedQConv`` (QLinearConv / ConvInteger on weights packed ahead of
+time by ``compiler/passes/pack_qconv_weights.py``; the op is stated in runtime/kernels/qconv.py).
+
+The layout stays NCHW: the graph's tensors around an integer conv (pools, QLinearAdd, Concat of
+QOperator files) are NCHW, and a conv pays its own repacking once per image instead of Transposes
+around every node. Two methods, as the lowering chose:
+
+- "gemm" (``templates/c/qconv.c.j2``): im2col into VNNI panels in scratch -- 4 k values per pixel
+  contiguous, ``np`` pixels a panel -- then a register tile of ``MR`` output channels x ``nv``
+  vectors of 16 pixels (AVX512-VNNI ``vpdpbusd``, or a portable loop), the zero-point corrections
+  and the requantizing store in its epilogue; 1x1 convs are the same GEMM with a copy-free K;
+- "depthwise" (``templates/c/qconv_depthwise.c.j2``): a direct loop per output plane in int16 x
+  int16 -> int32, vectorized along the output row.
+
+Every loop splits its work on the run-time pool by output blocks (planes; panels x channel blocks),
+so the results are the same at any thread count. Static shapes only (a dynamic graph's integer conv
+runs on the reference kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.ir.graph import Value
+from compiler.providers.base import GenStep
+from compiler.providers.c.common import Arg
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import arg
+from compiler.providers.c.common import params
+from compiler.providers.c.conv import pool_condition
+from compiler.providers.geometry import ConvGeometry
+from compiler.providers.geometry import _conv
+from compiler.providers.geometry import claimed
+from compiler.providers.kit import Param
+from runtime.contract import PACKED_QCONV
+
+__all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "Requant", "MR"]
+
+MR = 6  # output channels per register tile (x 4 vectors of 16 pixels: 24 accumulators)
+_CTYPES = {np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.int32): "int32_t"}
+
+
+@dataclass(frozen=True)
+class Requant:
+    """The output's arithmetic (qconv_common.c.j2): y = clip(rint(acc * scale[m]) + yz, qmin, qmax)
+    when ``scaled`` (QLinearConv), else acc itself (ConvInteger)."""
+
+    scaled: bool
+    yz: int
+    qmin: int
+    qmax: int
+    out_ctype: str
+
+
+@dataclass(frozen=True)
+class QConvContext:
+    params: tuple[Param, ...]
+    g: ConvGeometry
+    k: int  # products per output: cg * kh * kw
+    k4: int  # k padded to a multiple of 4 (a weight row's bytes)
+    kq: int  # k4 / 4
+    nv: int  # vectors of 16 pixels per panel
+    np: int  # pixels per panel (16 * nv)
+    npanels: int
+    panel_bytes: int  # one panel in scratch: kq * 4 * np bytes, then np int32 sums with a weight zero point
+    panels_at: int  # where the panels start in scratch (after the padded images)
+    padded: bool  # the input is copied with its padding first ("pad")
+    hs: int  # rows / columns of the image "pack" reads (the padded copy's, or X's)
+    ws: int
+    flip: int  # XOR making X unsigned (0x80 for int8)
+    xz: int  # X's zero point, shifted like X
+    q: Requant
+    mr: int
+    mblocks: int
+    rem: int  # rows of the last channel block (0: mr)
+    has_wz: bool
+    pool_pad: str
+    pool_pack: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class QDepthwiseContext:
+    params: tuple[Param, ...]
+    g: ConvGeometry
+    wp: int  # the zero-padded row's length
+    x_ctype: str
+    xz: int
+    q: Requant
+    pool: str
+
+
+def _geometry(node: Node) -> ConvGeometry | None:
+    """The conv's geometry (the packed weights are checked against it by ``_weights_ok``)."""
+    return _conv(node, "NCHW", (1, 2))
+
+
+def _shape(value: Value | None) -> tuple[int, ...] | None:
+    return None if value is None or value.shape is None else tuple(int(d) for d in value.shape)
+
+
+def _weights_ok(node: Node, g: ConvGeometry) -> bool:
+    method = node.attrs["method"]
+    if method == "depthwise":
+        return g.one_channel_groups and _shape(node.input(1)) == (g.m, g.kh * g.kw)
+    k4 = -(-g.k // 4) * 4
+    return method == "gemm" and _shape(node.input(1)) == (g.groups, g.mg, k4)
+
+
+def _scratch(g: ConvGeometry, nv: int, has_wz: bool) -> tuple[int, int, int, int, int]:
+    """(padded image bytes, panel bytes, panels per image and group, hs, ws)."""
+    k4 = -(-g.k // 4) * 4
+    np_ = 16 * nv
+    padded = max(g.pt, g.pb, g.pl, g.pr) > 0
+    hs = max(g.pt + g.h, g.rows.reach) if padded else g.h
+    ws = max(g.pl + g.w, g.cols.reach) if padded else g.w
+    image = -(-(g.batch * g.c * hs * ws) // 64) * 64 if padded else 0
+    panel = k4 * np_ + (4 * np_ if has_wz else 0)
+    return image, panel, -(-(g.oh * g.ow) // np_), hs, ws
+
+
+def _vectors(g: ConvGeometry) -> int:
+    """Vectors of 16 pixels per panel: 4, fewer for small images (less padding in the last panel)."""
+    return max(1, min(4, -(-(g.oh * g.ow) // 16)))
+
+
+class QConvKernel(CKernel):
+    kinds: tuple[str, ...] = (PACKED_QCONV,)
+
+    def supports(self, node: Node) -> bool:
+        g = _geometry(node)
+        x, y = node.input(0), node.outputs[0]
+        if g is None or x is None or x.dtype not in _CTYPES or y.dtype not in _CTYPES:
+            return False
+        if x.dtype == np.int32 or len(node.inputs) > 5 or not _weights_ok(node, g):
+            return False
+        corr, wz, scale = node.input(2), node.input(3), node.input(4)
+        if _shape(corr) != (g.m,) or (wz is not None and _shape(wz) != (g.m,)):
+            return False
+        if scale is None:
+            return y.dtype == np.int32
+        return _shape(scale) == (g.m,) and scale.dtype == np.float32 and y.dtype != np.int32
+
+    def scratch_nbytes(self, node: Node) -> int:
+        g = claimed(_geometry(node), node)
+        if node.attrs["method"] == "depthwise":
+            return 0
+        image, panel, npanels, _, _ = _scratch(g, _vectors(g), node.input(3) is not None)
+        return image + g.batch * g.groups * npanels * panel
+
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
+        node = step.node
+        g = claimed(_geometry(node), node)
+        args, step_params = _operands(step)
+        x, y = node.input(0), node.outputs[0]
+        assert x is not None and x.dtype is not None and y.dtype is not None
+        a = node.attrs
+        quant = Requant(node.input(4) is not None, int(a["y_zero"]), int(a["qmin"]), int(a["qmax"]),
+                        _CTYPES[y.dtype])
+        work = 2 * g.batch * g.m * g.oh * g.ow * g.k
+        if a["method"] == "depthwise":
+            ctx = QDepthwiseContext(step_params, g, max(g.pl + g.w, g.cols.reach), _CTYPES[x.dtype],
+                                    int(a["x_zero"]), quant, pool_condition(work))
+            return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
+        return StepCode("c/qconv.c.j2", _gemm_context(node, g, step_params, quant, work), tuple(args))
+
+
+def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], quant: Requant,
+                  work: int) -> QConvContext:
+    x = node.input(0)
+    assert x is not None
+    nv, has_wz = _vectors(g), node.input(3) is not None
+    image, panel, npanels, hs, ws = _scratch(g, nv, has_wz)
+    k4 = -(-g.k // 4) * 4
+    flip = 128 if x.dtype == np.int8 else 0
+    mblocks = -(-g.mg // MR)
+    packed = g.batch * g.groups * npanels * k4 * 16 * nv
+    return QConvContext(
+        params=step_params, g=g, k=g.k, k4=k4, kq=k4 // 4, nv=nv, np=16 * nv, npanels=npanels,
+        panel_bytes=panel, panels_at=image, padded=image > 0, hs=hs, ws=ws, flip=flip,
+        xz=int(node.attrs["x_zero"]) + flip, q=quant, mr=MR, mblocks=mblocks, rem=g.mg % MR, has_wz=has_wz,
+        pool_pad=pool_condition(4 * image), pool_pack=pool_condition(4 * packed), pool=pool_condition(work),
+    )
+
+
+def _operands(step: GenStep) -> tuple[list[Arg], tuple[Param, ...]]:
+    """x, wp, corr, wz?, scale?, y, scratch? as the step function's parameters."""
+    node = step.node
+    x, y = node.input(0), node.outputs[0]
+    assert x is not None and x.dtype is not None and y.dtype is not None
+    wtype = "int16_t" if node.attrs["method"] == "depthwise" else "int8_t"
+    roles = [("x", _CTYPES[x.dtype]), ("wp", wtype), ("corr", "int32_t"), ("wz", "int32_t"),
+             ("scale", "float")]
+    names: list[str] = []
+    args: list[Arg] = []
+    for i, (name, ctype) in enumerate(roles):
+        value = node.input(i)
+        if value is None:
+            continue
+        args.append(arg(step.inputs[i], ctype, True, step, f"input {i} ({value.name})"))
+        names.append(name)
+    args.append(arg(step.outputs[0], _CTYPES[y.dtype], False, step, f"output 0 ({y.name})"))
+    names.append("y")
+    if step.scratch_nbytes:
+        args.append(arg(step.scratch, "uint8_t", False, step, "scratch"))
+        names.append("scratch")
+    return args, params(names, args, [True] * len(args))
+
+
+KERNELS = (QConvKernel(),)
