@@ -23,6 +23,7 @@ import pytest
 from onnx import TensorProto
 from onnx import helper
 from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
 from onnxruntime.quantization import QuantType
 from onnxruntime.quantization import quantize_dynamic
 
@@ -161,12 +162,15 @@ def test_quantize_dynamic_chain_is_one_qgemm_step(tmp_path: Path, cpu: str) -> N
     artifact = compile_model(model, tmp_path / "a", cpu=cpu, golden_cases=1)
     assert _steps(artifact) == [("QGemm", "c")]
     x = {"x": np.random.default_rng(5).standard_normal((2, 23, 77)).astype(np.float32)}
-    (want,) = _ort(model, x)
     if not host_runs(cpu):
         pytest.skip(f"this host does not run {cpu} code")
     one, two = (Session(artifact, threads=t).run(None, x)[0] for t in (1, 2))
     assert np.array_equal(one, two)
-    assert np.abs(one - want).max() <= 1e-6 * np.abs(want).max()
+    # onnx's reference evaluator, and onnxruntime's second run: its first one in this process (after
+    # the tests above) once gave another result, 3.2 away, its later runs this one
+    session = ort.InferenceSession(model.SerializeToString())
+    for want in (ReferenceEvaluator(model).run(None, x)[0], *[session.run(None, x)[0] for _ in range(2)][1:]):
+        assert np.abs(one - want).max() <= 1e-6 * np.abs(want).max()
 
 
 def _stray(y: np.ndarray, ref: np.ndarray) -> float:
