@@ -28,7 +28,7 @@ from tests.support.qoperator_models import steps_off
 # the exact value where onnxruntime's AVX2 kernel rounds two fused multiply-adds, QLinearSigmoid's
 # table the float64 logistic where onnxruntime uses MLAS's approximation. Both may differ by one step
 # of the output's scale, rarely (none in these cases on the machine this was written on).
-_ONE_STEP = {"add_full", "add_chan", "add_scalar", "sigmoid"}
+_ONE_STEP = {"add_full", "add_chan", "add_scalar", "add_rows", "sigmoid"}
 
 
 def _every_op(dtype: type, seed: int) -> QBuilder:
@@ -41,6 +41,9 @@ def _every_op(dtype: type, seed: int) -> QBuilder:
     b.node("QLinearAdd", [s, *pc, a, *pa, *po2], "add_scalar")
     b.node("QLinearMul", [a, *pa, d, *pd, *po], "mul_full")
     b.node("QLinearMul", [c, *pc, a, *pa, *po2], "mul_chan")
+    wide, chan = b.data("rows", (1, 4, 32, 40)), b.data("chan", (4, 1, 1))  # rows long enough for tables
+    b.node("QLinearAdd", [wide, *pa, chan, *pc, *po2], "add_rows")
+    b.node("QLinearMul", [chan, *pc, wide, *pa, *po], "mul_rows")
     b.node("QLinearLeakyRelu", [a, *pa, *po], "leaky", alpha=0.1)
     b.node("QLinearSigmoid", [a, *pa, *po], "sigmoid")
     b.node("QLinearConcat", [*po, a, *pa, d, *po, a, *pd], "concat", axis=1)

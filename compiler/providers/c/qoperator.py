@@ -1,6 +1,8 @@
 """C kernels of the 8-bit integer ops (runtime/contract.py; docs/ops.md, "Integer ops"): QBinary and
-QLookup as element maps (templates/c/map_typed.c.j2), QAveragePool (qpool.c.j2),
-QGlobalAveragePool (qglobal_pool.c.j2) and QSoftmax (qsoftmax.c.j2).
+QLookup as element maps (templates/c/map_typed.c.j2), a QBinary whose one operand is constant
+along long rows (a per-channel B) as per-row 256-entry tables of the same expression
+(qbinary_rows.c.j2), QAveragePool (qpool.c.j2), QGlobalAveragePool (qglobal_pool.c.j2) and
+QSoftmax (qsoftmax.c.j2).
 
 Each computes what its reference kernel (runtime/kernels/qoperator.py) computes, bit for bit: the
 scales and zero points are constants known here, so their float32 factors, the dequantization
@@ -17,7 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compiler.codegen.elementwise import LoopNest
 from compiler.codegen.elementwise import broadcast_strides
+from compiler.codegen.elementwise import coalesce
+from compiler.codegen.elementwise import contiguous_strides
 from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import loop_nest
 from compiler.codegen.toolchain import TargetInfo
@@ -46,7 +51,7 @@ from runtime.kernels.qoperator import dequantize_table
 from runtime.kernels.qoperator import softmax_exp_table
 from runtime.kernels.qoperator import softmax_factor
 
-__all__ = ["QGlobalPoolContext", "QPoolContext", "QSoftmaxContext"]
+__all__ = ["QGlobalPoolContext", "QPoolContext", "QRowsContext", "QSoftmaxContext"]
 
 _EIGHT_BIT = frozenset({np.dtype(np.int8), np.dtype(np.uint8)})
 _CHUNK = 4096  # elements per parallel chunk of a one-loop map
@@ -124,12 +129,55 @@ def _map(step: GenStep, inputs: tuple[int, ...], extra: tuple[tuple[int, str], .
     return StepCode("c/map_typed.c.j2", ctx, tuple(args))
 
 
-def _saturated(expr: str, node: Node, f: str = "") -> str:
-    """``expr`` (a rounded float of type ``f`` = "" double / "f" float) clamped to the output's
-    range and converted."""
+def _saturated(expr: str, node: Node, ftype: str = "double") -> str:
+    """``expr`` (a rounded value of ``ftype``) clamped to the output's range and converted: a
+    statement expression whose comparisons vectorize (min / max), where fmin / fmax are calls."""
     lo, hi = _limits(node)
     ctype = _ctype(node.outputs[0])
-    return f"({ctype})(int)fmin{f}(fmax{f}({expr}, {lo}.0), {hi}.0)"
+    return f"({{ const {ftype} v = {expr}; ({ctype})(int)(v < {lo}.0 ? {lo}.0 : v > {hi}.0 ? {hi}.0 : v); }})"
+
+
+@dataclass(frozen=True)
+class QRowsContext:
+    params: tuple[Param, ...]
+    nest: LoopNest
+    ctype: str  # the inputs' C type
+    out_ctype: str
+    result: str  # the map's C expression of one result from a0 (A) and a1 (B)
+    fixed_var: str  # "a0" / "a1": the operand constant along each row
+    fixed_ptr: str
+    fixed_index: str  # its index in the row (the innermost variable is 0)
+    vary_var: str
+    vary_ptr: str
+    vary_index: str
+    parallel: bool
+
+
+_ROW_TABLE_MIN = 1024  # elements a row needs for its 256-entry table to pay
+
+
+def _row_tables(step: GenStep, result: str) -> StepCode | None:
+    """QBinary as per-row tables (qbinary_rows.c.j2) where one operand is constant along long
+    innermost rows and the other is not; None elsewhere."""
+    node = step.node
+    out = shape_of(node.outputs[0])
+    strides = [broadcast_strides(shape_of(node.inputs[k]), out) for k in (0, 3)]
+    dims, cols = coalesce(out, [contiguous_strides(out), *strides])
+    if not dims or dims[-1] < _ROW_TABLE_MIN or [c[-1] == 0 for c in cols[1:]].count(True) != 1:
+        return None
+    fixed = 0 if cols[1][-1] == 0 else 1
+    nest = loop_nest(out, strides)
+    ctype = _ctype(node.inputs[0])
+    args = [arg(step.inputs[k], ctype, True, step, f"input {k}") for k in (0, 3)]
+    args += output_args(step, _ctype(node.outputs[0]))
+    ctx = QRowsContext(
+        params=params(["in0", "in1", "y"], args, [True, True, True]), nest=nest, ctype=ctype,
+        out_ctype=_ctype(node.outputs[0]), result=result,
+        fixed_var=f"a{fixed}", fixed_ptr=f"in{fixed}", fixed_index=nest.in_index[fixed],
+        vary_var=f"a{1 - fixed}", vary_ptr=f"in{1 - fixed}", vary_index=nest.in_index[1 - fixed],
+        parallel=nest.total >= PARALLEL_MIN_WORK,
+    )
+    return StepCode("c/qbinary_rows.c.j2", ctx, tuple(args))
 
 
 class QBinaryKernel(CKernel):
@@ -148,8 +196,8 @@ class QBinaryKernel(CKernel):
             expr = _saturated(f"rint({_double(ra)} * {da} + {_double(rb)} * {db} + {zc}.0)", node)
         else:  # the exact product scaled in float32, the zero point added in float32 (cast by cast)
             scaled = f"(double)(float)({da} * {db} * {_double(ra)})"
-            expr = _saturated(f"rintf((float)({scaled} + {zc}.0))", node, "f")
-        return _map(step, (0, 3), (), expr)
+            expr = _saturated(f"rintf((float)({scaled} + {zc}.0))", node, "float")
+        return _row_tables(step, expr) or _map(step, (0, 3), (), expr)
 
 
 class QLookupKernel(CKernel):
