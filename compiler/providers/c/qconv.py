@@ -42,6 +42,7 @@ from runtime.contract import PACKED_QCONV
 __all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "Requant", "MR"]
 
 MR = 6  # output channels per register tile (x 4 vectors of 16 pixels: 24 accumulators)
+MIN_ITEMS = 8  # work items a conv aims for, so that threads get balanced shares
 _CTYPES = {np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.int32): "int32_t"}
 
 
@@ -70,6 +71,7 @@ class QConvContext:
     panel_bytes: int  # one panel in scratch: kq * 4 * np bytes, then np int32 sums with a weight zero point
     panels_at: int  # where the panels start in scratch (after the padded images)
     padded: bool  # the input is copied with its padding first ("pad")
+    flat: bool  # 1x1, stride 1, unpadded: a panel's pixels are one run in each plane
     hs: int  # rows / columns of the image "pack" reads (the padded copy's, or X's)
     ws: int
     flip: int  # XOR making X unsigned (0x80 for int8)
@@ -77,10 +79,11 @@ class QConvContext:
     q: Requant
     mr: int
     mblocks: int
+    cb: int  # channel blocks per item
+    nchunks: int  # items per panel: ceil(mblocks / cb)
     rem: int  # rows of the last channel block (0: mr)
     has_wz: bool
     pool_pad: str
-    pool_pack: str
     pool: str
 
 
@@ -119,9 +122,25 @@ def _scratch(g: ConvGeometry, nv: int, has_wz: bool) -> tuple[int, int, int, int
     padded = max(g.pt, g.pb, g.pl, g.pr) > 0
     hs = max(g.pt + g.h, g.rows.reach) if padded else g.h
     ws = max(g.pl + g.w, g.cols.reach) if padded else g.w
-    image = -(-(g.batch * g.c * hs * ws) // 64) * 64 if padded else 0
+    # the padded copy, and 64 bytes that the packing's 16-byte copies may read past its end
+    image = -(-(g.batch * g.c * hs * ws) // 64) * 64 + 64 if padded else 0
     panel = k4 * np_ + (4 * np_ if has_wz else 0)
     return image, panel, -(-(g.oh * g.ow) // np_), hs, ws
+
+
+def _chunks(g: ConvGeometry, npanels: int) -> tuple[int, int]:
+    """(channel blocks per item, items per panel): every block of a panel in one item, unless the
+    panels are fewer than MIN_ITEMS -- then the blocks are split so that there are about as many
+    items (each item packs its panel again)."""
+    mblocks = -(-g.mg // MR)
+    panels = g.batch * g.groups * npanels
+    want = min(mblocks, -(-MIN_ITEMS // panels))
+    cb = -(-mblocks // want)
+    return cb, -(-mblocks // cb)
+
+
+def _flat(g: ConvGeometry) -> bool:
+    return g.kh == g.kw == 1 and g.sh == g.sw == 1 and max(g.pt, g.pb, g.pl, g.pr) == 0
 
 
 def _vectors(g: ConvGeometry) -> int:
@@ -151,7 +170,7 @@ class QConvKernel(CKernel):
         if node.attrs["method"] == "depthwise":
             return 0
         image, panel, npanels, _, _ = _scratch(g, _vectors(g), node.input(3) is not None)
-        return image + g.batch * g.groups * npanels * panel
+        return image + g.batch * g.groups * npanels * _chunks(g, npanels)[1] * panel
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
@@ -179,12 +198,13 @@ def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], q
     k4 = -(-g.k // 4) * 4
     flip = 128 if x.dtype == np.int8 else 0
     mblocks = -(-g.mg // MR)
-    packed = g.batch * g.groups * npanels * k4 * 16 * nv
+    cb, nchunks = _chunks(g, npanels)
     return QConvContext(
         params=step_params, g=g, k=g.k, k4=k4, kq=k4 // 4, nv=nv, np=16 * nv, npanels=npanels,
-        panel_bytes=panel, panels_at=image, padded=image > 0, hs=hs, ws=ws, flip=flip,
-        xz=int(node.attrs["x_zero"]) + flip, q=quant, mr=MR, mblocks=mblocks, rem=g.mg % MR, has_wz=has_wz,
-        pool_pad=pool_condition(4 * image), pool_pack=pool_condition(4 * packed), pool=pool_condition(work),
+        panel_bytes=panel, panels_at=image, padded=image > 0, flat=_flat(g), hs=hs, ws=ws, flip=flip,
+        xz=int(node.attrs["x_zero"]) + flip, q=quant, mr=MR, mblocks=mblocks, cb=cb, nchunks=nchunks,
+        rem=g.mg % MR, has_wz=has_wz,
+        pool_pad=pool_condition(4 * image), pool=pool_condition(work),
     )
 
 
