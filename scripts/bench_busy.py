@@ -14,7 +14,9 @@ every repeat of ``spin`` at 2 threads <= 1.10x onnxruntime's median, p99 <= 1.5x
 
 Models: ``squeezenet`` and ``resnet50`` (random-weight zoo), ``yolov8n`` (Ultralytics' export as the
 tests build it), ``nudenet`` (NudeNet 3.4.2's YOLOv8n at 320, ``scripts.fetch_models``: a download
-on first use) and ``minilm`` (the MiniLM-size encoder of tests/support/encoder_model.py, seq 128).
+on first use), ``minilm`` (the MiniLM-size encoder of tests/support/encoder_model.py, seq 128) and
+``gru`` (one GRU as PyTorch exports ``nn.GRU(256, 512)``: linear_before_reset 1, seq 100, batch 1 --
+a hundred small steps, each one pool job).
 Not part of CI, except ``--smoke`` (SqueezeNet, 2 runs, no load, threads 1 and default).
 
 Usage: python -m scripts.bench_busy [--models a,b] [--loads none,spin,nice,duty]
@@ -70,6 +72,10 @@ def _model(name: str) -> tuple[object, dict[str, np.ndarray]]:
         path = fetch([model_named("nudenet-320n")])["nudenet-320n"]
         images = np.random.default_rng(0).random((1, 3, 320, 320), dtype=np.float32)
         return onnx.load(str(path)), {"images": images}
+    if name == "gru":
+        from tests.test_dynamic_recurrent_pad import recurrent_export
+        x = np.random.default_rng(0).standard_normal((100, 1, 256)).astype(np.float32)
+        return recurrent_export("GRU", 256, 512, "forward", linear_before_reset=1), {"x": x}
     if name == "minilm":
         from tests.support.encoder_model import MINILM
         from tests.support.encoder_model import encoder_feeds
@@ -109,7 +115,7 @@ class Case:
     def __init__(self, name: str, tmp: Path, default_threads: int) -> None:
         model, self.feeds = _model(name)
         self.name = name
-        shapes = {k: v.shape for k, v in self.feeds.items()} if name == "nudenet" else None
+        shapes = {k: v.shape for k, v in self.feeds.items()} if name in ("nudenet", "gru") else None
         self.out = compile_model(model, tmp / name, golden_cases=0, shapes=shapes)  # type: ignore[arg-type]
         self.model = for_onnxruntime(model).SerializeToString()  # type: ignore[arg-type]
         self.default_threads = default_threads
@@ -162,7 +168,7 @@ def _list(text: str, allowed: tuple[str, ...] | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS),
-                        help="comma list of resnet50, nudenet, minilm, yolov8n, squeezenet")
+                        help="comma list of resnet50, nudenet, minilm, gru, yolov8n, squeezenet")
     parser.add_argument("--loads", default=",".join(LOADS), help="comma list of none, spin, nice, duty")
     parser.add_argument("--settings", default=",".join(SETTINGS), help="thread counts and/or 'default'")
     parser.add_argument("--runs", type=int, default=200, help="alternating runs per row")
@@ -173,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         models, loads, settings, runs, repeats = ["squeezenet"], ["none"], ["1", "default"], 2, 1
     else:
-        models = _list(args.models, ("resnet50", "nudenet", "minilm", "yolov8n", "squeezenet"))
+        models = _list(args.models, ("resnet50", "nudenet", "minilm", "gru", "yolov8n", "squeezenet"))
         loads, settings = _list(args.loads, LOADS), _list(args.settings, None)
         runs, repeats = args.runs, args.repeats
     if "none" in loads:
