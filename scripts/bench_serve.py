@@ -15,7 +15,8 @@ the range's top, ``--batch-wait-ms``):
 The deployments are measured alternating (``--rounds`` rounds, each deployment ``--seconds`` in
 each round); throughput (answers per second) and p50 / p99 latency over all rounds, and the ratios
 onnx-aot / onnxruntime. ``--overhead`` measures the serving layer's own cost: a one-element model
-served over HTTP without batching, one client, p50 latency minus a direct ``Session.run``'s p50.
+served over HTTP without batching, one client, p50 latency minus a direct ``Session.run``'s p50,
+and minus a bare Ray Serve deployment's p50 (a fixed answer: Ray's own HTTP path), alternating.
 
 Models: ``minilm`` (tests/support/encoder_model.py's MiniLM-size encoder, ``--dim batch=1..16``,
 seq ``--seq``), ``resnet50`` (the random-weight zoo ResNet-50, ``N=1..8``). Slow and heavy (run it
@@ -233,8 +234,35 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path, port: int) -> di
     return result
 
 
+class BareModel:
+    """A Ray Serve deployment answering a fixed body: Ray's own HTTP cost, for the overhead row."""
+
+    async def __call__(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        await request.body()
+        return Response(b'{"outputs": {"y": [2.0]}}', media_type="application/json")
+
+
+def _sequential(port: int, route: str, body: bytes, seconds: float) -> list[float]:
+    """One client, one request after another, for ``seconds``: the latencies (s)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        conn.request("POST", route, body, {"Content-Type": "application/json"})
+        conn.getresponse().read()
+        latencies.append(time.perf_counter() - t0)
+    conn.close()
+    return latencies[10:]
+
+
 def bench_overhead(tmp: Path, port: int, seconds: float) -> dict[str, float]:
-    """The serving layer's p50 over a direct ``Session.run`` (one-element model, HTTP, no batching)."""
+    """The serving layer's p50 over a direct ``Session.run`` (one-element model, HTTP, no batching),
+    and over a bare Ray Serve deployment answering a fixed body (alternating, 1 s turns)."""
+    from ray import serve
+
     folder = compile_model(one_element_model(), tmp / "one")
     session = Session(folder, threads=1)
     feeds = {"x": np.ones(1, np.float32)}
@@ -245,21 +273,21 @@ def bench_overhead(tmp: Path, port: int, seconds: float) -> dict[str, float]:
         direct.append(time.perf_counter() - t0)
     settings = ServeSettings(str(folder), port=port, route="/one", name="one", threads=1)
     served = start(settings, ray_init={"num_cpus": os.cpu_count()})
+    body = json.dumps({"inputs": {"x": [1.0]}}).encode()
+    ours: list[float] = []
+    bare: list[float] = []
     try:
-        body = json.dumps({"inputs": {"x": [1.0]}}).encode()
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        latencies: list[float] = []
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            conn.request("POST", "/one", body, {"Content-Type": "application/json"})
-            conn.getresponse().read()
-            latencies.append(time.perf_counter() - t0)
+        serve.run(serve.deployment(BareModel).bind(), name="bare", route_prefix="/bare")
+        for _ in range(max(1, int(seconds))):
+            ours += _sequential(port, "/one", body, 1.0)
+            bare += _sequential(port, "/bare", body, 1.0)
+        serve.delete("bare")
     finally:
         stop(served)
-    http_p50, run_p50 = statistics.median(latencies[10:]), statistics.median(direct)
+    http_p50, bare_p50, run_p50 = (statistics.median(x) for x in (ours, bare, direct))
     return {"http_p50_ms": 1000 * http_p50, "run_p50_ms": 1000 * run_p50,
-            "overhead_p50_ms": 1000 * (http_p50 - run_p50), "n": len(latencies)}
+            "overhead_p50_ms": 1000 * (http_p50 - run_p50), "bare_ray_p50_ms": 1000 * bare_p50,
+            "over_bare_ray_p50_ms": 1000 * (http_p50 - bare_p50), "n": len(ours)}
 
 
 def main(argv: list[str] | None = None) -> int:

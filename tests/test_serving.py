@@ -188,6 +188,12 @@ def test_serve_refuses_bad_settings_before_ray_starts(batched: Session,
     assert "max batch 9" in err and "1..8" in err
     assert runtime_main(["serve", str(batched.path), "--route", "nope"]) == 1
     assert "--route nope" in capsys.readouterr().err
+    from compiler.cli import main as onnx_aot_main  # the full CLI has the same command
+
+    assert onnx_aot_main(["serve", str(batched.path), "--max-batch", "9"]) == 1
+    assert "onnx-aot: error: max batch 9" in capsys.readouterr().err
+    assert onnx_aot_main(["serve", str(batched.path.parent / "nothing")]) == 1
+    assert "nothing" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         runtime_main(["serve", str(batched.path), "--replicas", "2", "--autoscale", "1..3"])
     with pytest.raises(SystemExit):

@@ -85,15 +85,14 @@ def check_settings(settings: ServeSettings) -> int:
 def build_app(settings: ServeSettings) -> Any:
     """The bound deployment (a Ray Serve application) for ``settings``."""
     require_ray()
-    from runtime.serving.deployment import CONCURRENT_BATCHES
     from runtime.serving.deployment import ArtifactModel
 
     max_batch = check_settings(settings)
     threads = default_threads(settings)
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": threads if settings.num_cpus is None else settings.num_cpus},
-        # full batches in flight: the one running and those gathering (deployment.py: _batched)
-        "max_ongoing_requests": max(8, CONCURRENT_BATCHES * max_batch),
+        # full batches in flight: the one running and the next ones gathering (deployment.py)
+        "max_ongoing_requests": max(8, 4 * max_batch),
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 30.0,
     }

@@ -23,6 +23,7 @@ the same counts of this replica.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -49,12 +50,22 @@ from runtime.serving.batching import run_stacked
 __all__ = ["ArtifactModel", "DEFAULT_BATCH_WAIT_S", "CONCURRENT_BATCHES", "SessionFactory"]
 
 DEFAULT_BATCH_WAIT_S = 0.005
-# Ray batches handed to the runner at once (their samples then run together: ``_batched``)
-CONCURRENT_BATCHES = 4
+# Ray batches handed to the runner at once: in effect unbounded (max_ongoing_requests bounds them),
+# since their samples are pooled and run together (``_batched``); a bound here capped the runs at
+# that many samples
+CONCURRENT_BATCHES = 1024
 BATCH_BOUNDARIES = [1.5, 2.5, 4.5, 8.5, 16.5, 32.5, 64.5, 128.5]
 LATENCY_BOUNDARIES_MS = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 # (folder, threads) -> an object with Session's .inputs, .outputs and .run(None, feeds)
 SessionFactory = Callable[[str, int], Any]
+
+
+class _QuietBatchWarning(logging.Filter):
+    """Drops Ray's warning that max_batch_size x max_concurrent_batches exceeds max_ongoing_requests:
+    true of Ray's batches, not of the runs here, which pool them (``ArtifactModel._batched``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "max_concurrent_batches" not in record.getMessage()
 
 
 class _Failed:
@@ -128,6 +139,7 @@ class ArtifactModel:
         self._arrived = asyncio.Event()
         self._draining: asyncio.Task[None] | None = None
         self._metrics = _Metrics()
+        logging.getLogger("ray.serve").addFilter(_QuietBatchWarning())
 
     # -- the two ways in -------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
@@ -249,7 +261,7 @@ class ArtifactModel:
 
     # -- Ray's calls -------------------------------------------------------------------------------
     def check_health(self) -> None:
-        if self.session is None or self._runner._shutdown:
+        if getattr(self, "session", None) is None:
             raise ServingError(f"{self.folder}: the replica's session is not loaded")
 
     def stats(self) -> dict[str, Any]:
