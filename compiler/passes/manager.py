@@ -112,11 +112,28 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
     return basic + extended
 
 
+# The node kinds fold_qdq may make on the C target, each where the C provider claims it: a kind is
+# here once its C kernel beats the fused float steps it replaces (measure with scripts/bench_int8.py
+# and extend the set when a kernel lands). Measured 2026-12-07, 2 shared cores, alternating runs,
+# with / without: QLookup 0.98 (SqueezeNet QDQ), 0.96 (MiniLM-size QDQ), 0.98 (DenseNet-121), its
+# pools with it 0.97 (DenseNet-121). Left out: onnx_aot.QBinary (ResNet-50's residual adds 1.07,
+# DenseNet-121's per-channel Mul / Add 1.43: a broadcast constant costs 35.7 ms of 73) and
+# onnx_aot.QSoftmax (MiniLM-size 1.04). QLinearConv / QLinearMatMul / MatMulInteger fold once their
+# kernels claim them (branches qconv, qgemm): measure them then.
+C_FOLDABLE = frozenset({
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "MaxPool", "Resize",
+    "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Identity",
+    "QLinearConv", "QLinearMatMul", "MatMulInteger", "Cast", "Mul", "Add",
+    "onnx_aot.QLookup", "onnx_aot.QAveragePool", "onnx_aot.QGlobalAveragePool",
+})
+
+
 def _c_claims(node: Node) -> bool:
-    """Whether the C provider runs ``node`` (imported here: the provider's modules are large)."""
+    """Whether fold_qdq may make ``node`` for the C target: a kind of ``C_FOLDABLE`` the C provider
+    runs (imported here: the provider's modules are large)."""
     from compiler.providers.c.provider import KERNELS
 
-    return KERNELS.supports(node)
+    return node.kind in C_FOLDABLE and KERNELS.supports(node)
 
 
 def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
