@@ -175,12 +175,11 @@ def softmax_factor(y_scale: Any) -> Any:
 def qsoftmax_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                     outputs: list[OutputSpec]) -> list[Any]:
     """QSoftmax over the last axis: ``e = table[max - x]`` (``softmax_exp_table``), the row's float32
-    sum in order, ``q = rint(e * factor / sum) + y_zero``; a uint8 result above 255 is 255, an int8
-    one takes onnxruntime's conversion (255 if above 255, then the low byte, two's complement)."""
+    sum in order, ``saturate(rint(e * factor / sum) + y_zero)`` (onnxruntime 1.32's results: an
+    int8 result above 127 is 127)."""
     x, x_scale, y_scale, y_zero = fill_optional(Q_SOFTMAX, inputs, 4)
     dtype = np.dtype(outputs[0][1])
     e = softmax_exp_table(x_scale, int(x.shape[-1]))[x.max(axis=-1, keepdims=True).astype(np.int32) - x]
     total = np.cumsum(e, axis=-1, dtype=_F32)[..., -1:]  # (cumsum adds in order: float32 as onnxruntime)
     q = np.rint((e * softmax_factor(y_scale)) / total).astype(np.int64) + int(_scalar(y_zero, np.int32))
-    y = np.minimum(q, 255).astype(np.uint8).view(dtype) if dtype == np.int8 else np.minimum(q, 255)
-    return finish(xp, Q_SOFTMAX, [y.astype(dtype)], outputs)
+    return finish(xp, Q_SOFTMAX, [_saturate(q, dtype)], outputs)

@@ -96,9 +96,9 @@ def _unary(ctx: CanonContext, fn: Callable[[Any], Any]) -> list[Node]:
     _check(ctx, [0], [1, 2, 3, 4])
     x = ctx.inputs[0]
     assert x is not None and x.dtype is not None
-    params = [_const(ctx, i, what) for i, what in enumerate(("X_scale", "X_zero_point", "Y_scale",
-                                                              "Y_zero_point"), start=1)]
-    table = lookup_table(fn, x.dtype, *params, ctx.outputs[0].dtype)
+    xs, xz, ys, yz = (_const(ctx, i, what) for i, what in enumerate(("X_scale", "X_zero_point", "Y_scale",
+                                                                      "Y_zero_point"), start=1))
+    table = lookup_table(fn, x.dtype, xs, xz, ys, yz, ctx.outputs[0].dtype)
     return [_lookup(ctx, x, table)]
 
 
@@ -124,7 +124,7 @@ def _requantized(ctx: CanonContext, nodes: list[Node], k: int, scale: int, out: 
            for p, o in zip(params, out, strict=True)):
         return x
     dtype = ctx.outputs[0].dtype
-    table = lookup_table(lambda v: v, x.dtype, *params, *out, dtype)
+    table = lookup_table(lambda v: v, x.dtype, params[0], params[1], out[0], out[1], dtype)
     value = ctx.graph.make_value(f"{ctx.name}/{what}", dtype, x.shape)
     nodes.append(_lookup(ctx, x, table, value))
     return value

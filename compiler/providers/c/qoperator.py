@@ -1,6 +1,8 @@
 """C kernels of the 8-bit integer ops (runtime/contract.py; docs/ops.md, "Integer ops"): QBinary and
-QLookup as element maps (templates/c/map_typed.c.j2), QAveragePool (qpool.c.j2),
-QGlobalAveragePool (qglobal_pool.c.j2) and QSoftmax (qsoftmax.c.j2).
+QLookup as element maps (templates/c/map_typed.c.j2), a QBinary whose one operand is constant
+along long rows (a per-channel B) as per-row 256-entry tables of the same expression
+(qbinary_rows.c.j2), QAveragePool (qpool.c.j2), QGlobalAveragePool (qglobal_pool.c.j2) and
+QSoftmax (qsoftmax.c.j2).
 
 Each computes what its reference kernel (runtime/kernels/qoperator.py) computes, bit for bit: the
 scales and zero points are constants known here, so their float32 factors, the dequantization
@@ -17,7 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from compiler.codegen.elementwise import LoopNest
 from compiler.codegen.elementwise import broadcast_strides
+from compiler.codegen.elementwise import coalesce
+from compiler.codegen.elementwise import contiguous_strides
 from compiler.codegen.elementwise import literal
 from compiler.codegen.elementwise import loop_nest
 from compiler.codegen.toolchain import TargetInfo
@@ -46,7 +51,7 @@ from runtime.kernels.qoperator import dequantize_table
 from runtime.kernels.qoperator import softmax_exp_table
 from runtime.kernels.qoperator import softmax_factor
 
-__all__ = ["QGlobalPoolContext", "QPoolContext", "QSoftmaxContext"]
+__all__ = ["QGlobalPoolContext", "QPoolContext", "QRowsContext", "QSoftmaxContext"]
 
 _EIGHT_BIT = frozenset({np.dtype(np.int8), np.dtype(np.uint8)})
 _CHUNK = 4096  # elements per parallel chunk of a one-loop map
@@ -71,6 +76,11 @@ def _params_known(node: Node, data: tuple[int, ...]) -> bool:
         if v.const is None or v.const.size != 1 or v.const.dtype not in (np.dtype(np.float32), *dtypes):
             return False
     return True
+
+
+def _ctype(v: Value | None) -> str:
+    assert v is not None and v.dtype is not None
+    return value_ctype(v.dtype)
 
 
 def _const(node: Node, k: int) -> np.ndarray | None:
@@ -99,13 +109,12 @@ def _map(step: GenStep, inputs: tuple[int, ...], extra: tuple[tuple[int, str], .
     index as ``a0``, ``a1`` ..., inputs ``extra`` passed whole as (index, parameter name)."""
     node = step.node
     out = shape_of(node.outputs[0])
-    ctypes = [value_ctype(node.inputs[k].dtype) for k in inputs]  # type: ignore[union-attr]
+    ctypes = [_ctype(node.inputs[k]) for k in inputs]
     strides = [broadcast_strides(shape_of(node.inputs[k]), out) for k in inputs]
     nest = loop_nest(out, strides)
     loaded = [arg(step.inputs[k], c, True, step, f"input {k}") for k, c in zip(inputs, ctypes, strict=True)]
-    whole = [arg(step.inputs[k], value_ctype(node.inputs[k].dtype), True, step, name)  # type: ignore[union-attr]
-             for k, name in extra]
-    outs = output_args(step, value_ctype(node.outputs[0].dtype))
+    whole = [arg(step.inputs[k], _ctype(node.inputs[k]), True, step, name) for k, name in extra]
+    outs = output_args(step, _ctype(node.outputs[0]))
     names = [f"in{j}" for j in range(len(inputs))] + [name for _, name in extra] + ["y"]
     args = [*loaded, *whole, *outs]
     ctx = MapContext(
@@ -120,12 +129,55 @@ def _map(step: GenStep, inputs: tuple[int, ...], extra: tuple[tuple[int, str], .
     return StepCode("c/map_typed.c.j2", ctx, tuple(args))
 
 
-def _saturated(expr: str, node: Node, f: str = "") -> str:
-    """``expr`` (a rounded float of type ``f`` = "" double / "f" float) clamped to the output's
-    range and converted."""
+def _saturated(expr: str, node: Node, ftype: str = "double") -> str:
+    """``expr`` (a rounded value of ``ftype``) clamped to the output's range and converted: a
+    statement expression whose comparisons vectorize (min / max), where fmin / fmax are calls."""
     lo, hi = _limits(node)
-    ctype = value_ctype(node.outputs[0].dtype)
-    return f"({ctype})(int)fmin{f}(fmax{f}({expr}, {lo}.0), {hi}.0)"
+    ctype = _ctype(node.outputs[0])
+    return f"({{ const {ftype} v = {expr}; ({ctype})(int)(v < {lo}.0 ? {lo}.0 : v > {hi}.0 ? {hi}.0 : v); }})"
+
+
+@dataclass(frozen=True)
+class QRowsContext:
+    params: tuple[Param, ...]
+    nest: LoopNest
+    ctype: str  # the inputs' C type
+    out_ctype: str
+    result: str  # the map's C expression of one result from a0 (A) and a1 (B)
+    fixed_var: str  # "a0" / "a1": the operand constant along each row
+    fixed_ptr: str
+    fixed_index: str  # its index in the row (the innermost variable is 0)
+    vary_var: str
+    vary_ptr: str
+    vary_index: str
+    parallel: bool
+
+
+_ROW_TABLE_MIN = 1024  # elements a row needs for its 256-entry table to pay
+
+
+def _row_tables(step: GenStep, result: str) -> StepCode | None:
+    """QBinary as per-row tables (qbinary_rows.c.j2) where one operand is constant along long
+    innermost rows and the other is not; None elsewhere."""
+    node = step.node
+    out = shape_of(node.outputs[0])
+    strides = [broadcast_strides(shape_of(node.inputs[k]), out) for k in (0, 3)]
+    dims, cols = coalesce(out, [contiguous_strides(out), *strides])
+    if not dims or dims[-1] < _ROW_TABLE_MIN or [c[-1] == 0 for c in cols[1:]].count(True) != 1:
+        return None
+    fixed = 0 if cols[1][-1] == 0 else 1
+    nest = loop_nest(out, strides)
+    ctype = _ctype(node.inputs[0])
+    args = [arg(step.inputs[k], ctype, True, step, f"input {k}") for k in (0, 3)]
+    args += output_args(step, _ctype(node.outputs[0]))
+    ctx = QRowsContext(
+        params=params(["in0", "in1", "y"], args, [True, True, True]), nest=nest, ctype=ctype,
+        out_ctype=_ctype(node.outputs[0]), result=result,
+        fixed_var=f"a{fixed}", fixed_ptr=f"in{fixed}", fixed_index=nest.in_index[fixed],
+        vary_var=f"a{1 - fixed}", vary_ptr=f"in{1 - fixed}", vary_index=nest.in_index[1 - fixed],
+        parallel=nest.total >= PARALLEL_MIN_WORK,
+    )
+    return StepCode("c/qbinary_rows.c.j2", ctx, tuple(args))
 
 
 class QBinaryKernel(CKernel):
@@ -144,8 +196,8 @@ class QBinaryKernel(CKernel):
             expr = _saturated(f"rint({_double(ra)} * {da} + {_double(rb)} * {db} + {zc}.0)", node)
         else:  # the exact product scaled in float32, the zero point added in float32 (cast by cast)
             scaled = f"(double)(float)({da} * {db} * {_double(ra)})"
-            expr = _saturated(f"rintf((float)({scaled} + {zc}.0))", node, "f")
-        return _map(step, (0, 3), (), expr)
+            expr = _saturated(f"rintf((float)({scaled} + {zc}.0))", node, "float")
+        return _row_tables(step, expr) or _map(step, (0, 3), (), expr)
 
 
 class QLookupKernel(CKernel):
@@ -263,6 +315,7 @@ class QSoftmaxContext:
     table: tuple[str, ...]  # float32 literals: e[k] for an input k below its row's maximum
     factor: str  # float32 literal: floor(1 / y_scale)
     y_zero: int
+    hi: int  # the output type's largest value
     parallel: bool
 
 
@@ -285,6 +338,7 @@ class QSoftmaxKernel(CKernel):
             rows=int(np.prod(shape[:-1])), length=int(shape[-1]),
             table=tuple(literal(v) for v in softmax_exp_table(_const(node, 1), int(shape[-1]))),
             factor=literal(float(softmax_factor(_const(node, 2)))), y_zero=_zero(node, 3),
+            hi=_limits(node)[1],
             parallel=int(np.prod(shape)) * 4 >= PARALLEL_MIN_WORK,
         )
         return StepCode("c/qsoftmax.c.j2", ctx, tuple(args))
