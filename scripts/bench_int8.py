@@ -70,7 +70,8 @@ FORMS = {"cnn": ("qdq", "qoperator"), "encoder": ("dynamic", "qdq")}
 INTEGER_OPS = ("QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear",
                "QLinearAdd", "QLinearMul", "QLinearConcat", "QLinearAveragePool", "QLinearGlobalAveragePool",
                "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "QGemm", "MatMulIntegerToFloat",
-               "DynamicQuantizeMatMul")
+               "DynamicQuantizeMatMul", "QBinary", "QLookup", "QAveragePool", "QGlobalAveragePool",
+               "QSoftmax")
 SEEDS = (0, 1, 2)
 
 

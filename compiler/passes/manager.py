@@ -35,6 +35,9 @@ from compiler.passes.pack_qconv_weights import lowers as qconv_lowers
 from compiler.passes.use_qgemm import UseQGemm
 from compiler.passes.use_qgemm import lowers as qgemm_lowers
 from compiler.passes.use_winograd import UseWinograd
+from runtime.contract import Q_AVERAGE_POOL
+from runtime.contract import Q_GLOBAL_AVERAGE_POOL
+from runtime.contract import Q_LOOKUP
 from runtime.errors import CompileError
 from runtime.errors import InternalError
 
@@ -118,12 +121,31 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
     return basic + extended
 
 
+# The node kinds fold_qdq may make on the C target, each where the C provider claims it: a kind is
+# here once its C kernel beats the fused float steps it replaces (measure with scripts/bench_int8.py
+# and extend the set when a kernel lands). Measured 2026-12-07, 2 shared cores, alternating runs,
+# with / without: QLookup 0.98 (SqueezeNet QDQ), 0.96 (MiniLM-size QDQ), 0.98 (DenseNet-121), its
+# pools with it 0.97 (DenseNet-121). Left out: onnx_aot.QBinary (ResNet-50's residual adds 1.07,
+# DenseNet-121's per-channel Mul / Add 1.43: a broadcast constant costs 35.7 ms of 73) and
+# onnx_aot.QSoftmax (MiniLM-size 1.04). QLinearConv / QLinearMatMul / MatMulInteger fold once their
+# kernels claim them (through the lowerings pack_qconv_weights and use_qgemm).
+C_FOLDABLE = frozenset({
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "MaxPool", "Resize",
+    "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Identity",
+    "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "Cast", "Mul", "Add",
+    Q_LOOKUP, Q_AVERAGE_POOL, Q_GLOBAL_AVERAGE_POOL,
+})
+
+
 def _c_claims(node: Node) -> bool:
-    """Whether the C provider runs ``node``, as it is or once the C lowerings below take it
-    (integer convs and GEMMs with constant weights: ``pack_qconv_weights``, ``use_qgemm``). The
-    provider is imported here: its modules are large."""
+    """Whether fold_qdq may make ``node`` for the C target: a kind of ``C_FOLDABLE`` the C provider
+    runs, as it is or once the C lowerings below take it (integer convs and GEMMs with constant
+    weights: ``pack_qconv_weights``, ``use_qgemm``). The provider is imported here: its modules are
+    large."""
     from compiler.providers.c.provider import KERNELS
 
+    if node.kind not in C_FOLDABLE:
+        return False
     return KERNELS.supports(node) or qconv_lowers(node) or qgemm_lowers(node)
 
 
