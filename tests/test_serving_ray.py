@@ -270,6 +270,21 @@ def test_a_tampered_artifact_does_not_start_and_says_why(apps: Apps, tmp_path: P
     assert status == 200
 
 
+def test_an_autoscaled_deployment_starts_at_its_minimum_and_answers(apps: Apps) -> None:
+    settings = ServeSettings(str(apps.tiny_session.path), port=apps.tiny.settings.port, route="/auto",
+                             name="auto", autoscale=(1, 2), threads=1, num_cpus=0.1)
+    served = start(settings)
+    try:
+        assert _running_replicas("auto") == 1
+        one = sample(np.random.default_rng(6))
+        status, answer = post_json(served.url, one)
+        assert status == 200 and np.array_equal(np.asarray(answer["outputs"]["y"], np.float32),
+                                                alone(apps.tiny_session, one))
+    finally:
+        stop(served)
+    assert "auto" not in serve.status().applications
+
+
 class RetryingClient(threading.Thread):
     """Sends samples one after another until told to stop, retrying each until it is answered."""
 
