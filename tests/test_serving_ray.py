@@ -62,8 +62,15 @@ def free_port() -> int:
 
 
 def _raylets() -> set[int]:
-    done = subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True)
-    return {int(pid) for pid in done.stdout.split()}
+    """The ids of the raylet processes running now (read from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"raylet" in (entry / "cmdline").read_bytes().split(b"\0")[0]:
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def test_the_serve_command_answers_and_stops_on_sigterm(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -261,6 +268,21 @@ def test_a_tampered_artifact_does_not_start_and_says_why(apps: Apps, tmp_path: P
     assert "tampered" not in serve.status().applications
     status, _ = post_json(apps.tiny.url, sample(np.random.default_rng(4)))
     assert status == 200
+
+
+def test_an_autoscaled_deployment_starts_at_its_minimum_and_answers(apps: Apps) -> None:
+    settings = ServeSettings(str(apps.tiny_session.path), port=apps.tiny.settings.port, route="/auto",
+                             name="auto", autoscale=(1, 2), threads=1, num_cpus=0.1)
+    served = start(settings)
+    try:
+        assert _running_replicas("auto") == 1
+        one = sample(np.random.default_rng(6))
+        status, answer = post_json(served.url, one)
+        assert status == 200 and np.array_equal(np.asarray(answer["outputs"]["y"], np.float32),
+                                                alone(apps.tiny_session, one))
+    finally:
+        stop(served)
+    assert "auto" not in serve.status().applications
 
 
 class RetryingClient(threading.Thread):
