@@ -192,3 +192,32 @@ def test_minilm_quantized_dynamically_strays_as_onnxruntime_does(tmp_path: Path)
         (ref,) = exact.run(None, feeds)
         ort_stray = _stray(theirs.run(None, feeds)[0], ref)
         assert _stray(ours.run(None, feeds)[0], ref) <= 1.25 * ort_stray + 0.005, seed
+
+
+def test_com_microsoft_integer_gemms_import_as_the_chain_and_run_on_qgemm(tmp_path: Path) -> None:
+    """DynamicQuantizeMatMul becomes one QGemm (A quantized inside); MatMulIntegerToFloat an int32
+    QGemm and its float scaling; both as onnxruntime runs them, to a rounding of the output."""
+    rng = np.random.default_rng(4)
+    b = rng.integers(-128, 128, (37, 21)).astype(np.int8)
+    params = {"b": b, "bs": rng.uniform(0.01, 0.02, 21).astype(np.float32), "bz": np.zeros(21, np.int8),
+              "bias": rng.standard_normal(21).astype(np.float32), "as": np.array(0.03, np.float32),
+              "az": np.array(120, np.uint8)}
+    ms = "com.microsoft"
+    nodes = [helper.make_node("DynamicQuantizeMatMul", ["x", "b", "bs", "bz", "bias"], ["y"], domain=ms),
+             helper.make_node("MatMulIntegerToFloat", ["xq", "b", "as", "bs", "az", "bz", "bias"], ["y2"],
+                              domain=ms)]
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 37]),
+           helper.make_tensor_value_info("xq", TensorProto.UINT8, [5, 37])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 21]),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, [5, 21])]
+    inits = [numpy_helper.from_array(v, k) for k, v in params.items()]
+    graph = helper.make_graph(nodes, "ms", ins, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(ms, 1)])
+    artifact = compile_model(model, tmp_path / "a", cpu="x86-64-v2", golden_cases=1)
+    assert _steps(artifact)[:2] == [("QGemm", "c"), ("QGemm", "c")] and len(_steps(artifact)) == 4
+    feeds = {"x": rng.standard_normal((2, 5, 37)).astype(np.float32),
+             "xq": rng.integers(0, 256, (5, 37)).astype(np.uint8)}
+    session = ort.InferenceSession(model.SerializeToString())
+    want = [session.run(None, feeds) for _ in range(2)][1]
+    for got, w in zip(Session(artifact).run(None, feeds), want, strict=True):
+        assert np.abs(got - w).max() <= 1e-6 * np.abs(w).max()
