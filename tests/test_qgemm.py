@@ -46,7 +46,7 @@ from tests.support.qgemm_models import integer_matmuls
 TARGETS = {
     "x86-64-v2": ({"cpu": "x86-64-v2"}, "(int32_t)a[0] * b[4 * c]", "madd_epi16"),
     "x86-64-v3": ({"cpu": "x86-64-v3"}, "_mm256_madd_epi16", "vpdpbusd"),
-    "x86-64-v4": ({"cpu": "x86-64-v4"}, "_mm512_madd_epi16", "vpdpbusd"),
+    "x86-64-v4": ({"cpu": "x86-64-v4"}, "_mm512_madd_epi16", "%{vex%}"),  # + VNNI taken at run time
     "icelake-server": ({"build": BuildOptions(isa="icelake-server")}, "vpdpbusd %2, %1, %0", "madd_epi16"),
     "alderlake": ({"build": BuildOptions(isa="alderlake")}, "%{vex%} vpdpbusd", "madd_epi16"),
 }
@@ -96,6 +96,21 @@ def test_integer_matmuls_are_bit_exact_on_every_path(integer_artifacts: dict[str
         got = Session(artifact, threads=threads).run(None, feeds)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert g.dtype == w.dtype and np.array_equal(g, w), f"{target} threads {threads} y{i}"
+
+
+def test_avx512bw_build_takes_vnni_at_run_time_and_keeps_the_16_bit_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """x86-64-v4 (the default level of an AVX-512 host) has no VNNI flag: its QGemm carries both
+    loops and asks the CPU; ONNX_AOT_INT8_NO_VNNI (read at a library's first run) forces pmaddwd."""
+    if not host_runs("x86-64-v4"):
+        pytest.skip("this host does not run x86-64-v4 code")
+    model, feeds = integer_matmuls(), integer_feeds()
+    artifact = compile_model(model, tmp_path / "a", cpu="x86-64-v4", golden_cases=0)
+    assert '__builtin_cpu_supports("avx512vnni")' in _source(artifact)
+    monkeypatch.setenv("ONNX_AOT_INT8_NO_VNNI", "1")
+    want = _ort(model, feeds)
+    for g, w in zip(Session(artifact, threads=2).run(None, feeds), want, strict=True):
+        assert np.array_equal(g, w)
 
 
 def test_reference_kernels_agree_with_onnxruntime_on_the_same_cases() -> None:
