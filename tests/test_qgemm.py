@@ -46,7 +46,7 @@ from tests.support.qgemm_models import integer_matmuls
 TARGETS = {
     "x86-64-v2": ({"cpu": "x86-64-v2"}, "(int32_t)a[0] * b[4 * c]", "madd_epi16"),
     "x86-64-v3": ({"cpu": "x86-64-v3"}, "_mm256_madd_epi16", "vpdpbusd"),
-    "x86-64-v4": ({"cpu": "x86-64-v4"}, "_mm512_madd_epi16", "vpdpbusd"),
+    "x86-64-v4": ({"cpu": "x86-64-v4"}, "_mm512_madd_epi16", "%{vex%}"),  # + VNNI taken at run time
     "icelake-server": ({"build": BuildOptions(isa="icelake-server")}, "vpdpbusd %2, %1, %0", "madd_epi16"),
     "alderlake": ({"build": BuildOptions(isa="alderlake")}, "%{vex%} vpdpbusd", "madd_epi16"),
 }
@@ -96,6 +96,21 @@ def test_integer_matmuls_are_bit_exact_on_every_path(integer_artifacts: dict[str
         got = Session(artifact, threads=threads).run(None, feeds)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert g.dtype == w.dtype and np.array_equal(g, w), f"{target} threads {threads} y{i}"
+
+
+def test_avx512bw_build_takes_vnni_at_run_time_and_keeps_the_16_bit_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """x86-64-v4 (the default level of an AVX-512 host) has no VNNI flag: its QGemm carries both
+    loops and asks the CPU; ONNX_AOT_INT8_NO_VNNI (read at a library's first run) forces pmaddwd."""
+    if not host_runs("x86-64-v4"):
+        pytest.skip("this host does not run x86-64-v4 code")
+    model, feeds = integer_matmuls(), integer_feeds()
+    artifact = compile_model(model, tmp_path / "a", cpu="x86-64-v4", golden_cases=0)
+    assert '__builtin_cpu_supports("avx512vnni")' in _source(artifact)
+    monkeypatch.setenv("ONNX_AOT_INT8_NO_VNNI", "1")
+    want = _ort(model, feeds)
+    for g, w in zip(Session(artifact, threads=2).run(None, feeds), want, strict=True):
+        assert np.array_equal(g, w)
 
 
 def test_reference_kernels_agree_with_onnxruntime_on_the_same_cases() -> None:
@@ -192,3 +207,32 @@ def test_minilm_quantized_dynamically_strays_as_onnxruntime_does(tmp_path: Path)
         (ref,) = exact.run(None, feeds)
         ort_stray = _stray(theirs.run(None, feeds)[0], ref)
         assert _stray(ours.run(None, feeds)[0], ref) <= 1.25 * ort_stray + 0.005, seed
+
+
+def test_com_microsoft_integer_gemms_import_as_the_chain_and_run_on_qgemm(tmp_path: Path) -> None:
+    """DynamicQuantizeMatMul becomes one QGemm (A quantized inside); MatMulIntegerToFloat an int32
+    QGemm and its float scaling; both as onnxruntime runs them, to a rounding of the output."""
+    rng = np.random.default_rng(4)
+    b = rng.integers(-128, 128, (37, 21)).astype(np.int8)
+    params = {"b": b, "bs": rng.uniform(0.01, 0.02, 21).astype(np.float32), "bz": np.zeros(21, np.int8),
+              "bias": rng.standard_normal(21).astype(np.float32), "as": np.array(0.03, np.float32),
+              "az": np.array(120, np.uint8)}
+    ms = "com.microsoft"
+    nodes = [helper.make_node("DynamicQuantizeMatMul", ["x", "b", "bs", "bz", "bias"], ["y"], domain=ms),
+             helper.make_node("MatMulIntegerToFloat", ["xq", "b", "as", "bs", "az", "bz", "bias"], ["y2"],
+                              domain=ms)]
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 37]),
+           helper.make_tensor_value_info("xq", TensorProto.UINT8, [5, 37])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 21]),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, [5, 21])]
+    inits = [numpy_helper.from_array(v, k) for k, v in params.items()]
+    graph = helper.make_graph(nodes, "ms", ins, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(ms, 1)])
+    artifact = compile_model(model, tmp_path / "a", cpu="x86-64-v2", golden_cases=1)
+    assert _steps(artifact)[:2] == [("QGemm", "c"), ("QGemm", "c")] and len(_steps(artifact)) == 4
+    feeds = {"x": rng.standard_normal((2, 5, 37)).astype(np.float32),
+             "xq": rng.integers(0, 256, (5, 37)).astype(np.uint8)}
+    session = ort.InferenceSession(model.SerializeToString())
+    want = [session.run(None, feeds) for _ in range(2)][1]
+    for got, w in zip(Session(artifact).run(None, feeds), want, strict=True):
+        assert np.abs(got - w).max() <= 1e-6 * np.abs(w).max()

@@ -53,6 +53,7 @@ from compiler.frontend.probing import Probes
 from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
 from compiler.frontend.probing import may_be_equal
+from compiler.frontend.qgemm_shapes import qgemm_types
 from compiler.frontend.qoperator_shapes import qoperator_types
 from compiler.frontend.same_shape import same_shape
 from compiler.frontend.same_shape import slice_shape
@@ -520,7 +521,7 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dic
                 continue
             if fallback is None:
                 probes = knowledge.probes
-                fallback = qoperator_types(proto, inputs)  # com.microsoft ops onnx does not know
+                fallback = qoperator_types(proto, inputs) or qgemm_types(proto, inputs)  # com.microsoft ops
                 symbolic = any(v is not None and v.is_symbolic for v in inputs)
                 if not fallback and probes is not None and symbolic:
                     fallback = _infer_symbolic(proto, inputs, opset, probes, where, knowledge.input_shapes)

@@ -6,7 +6,10 @@ has it, B widened to 16 bit and ``pmaddwd`` with AVX-512BW or AVX2 (exact: no ``
 saturation), plain C otherwise; ``QISA_TILES`` gives each its tile (rows x 16-column panels). B
 arrives packed (``runtime/kernels/qgemm.py: pack_qb``, one layout for every target, so the portable
 build shares the plan); A is copied into scratch per run (its +128 shift or its dynamic
-quantization done there, with its row sums), so scratch depends on the node alone.
+quantization done there, with its row sums), so scratch depends on the node alone. An AVX-512BW
+target without VNNI (x86-64-v4, the default ``--cpu`` level of an AVX-512 host) carries the VNNI
+loops too and takes them at run time where the CPU has AVX512-VNNI (inline asm, so the build needs
+no VNNI flag and the artifact still runs on AVX-512 CPUs without it).
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class QGemmContext:
     qmax: int
     act: str
     when: str
+    dispatch: bool = False  # AVX-512BW: the VNNI loops too, taken where the CPU has AVX512-VNNI
 
 
 def _size(v: Value | None) -> int:
@@ -182,7 +186,7 @@ class QGemmKernel(CKernel):
             a_scale=ins[3] is not None, a_zero=ins[4] is not None, b_zero=bz is not None, b_zero_n=_size(bz),
             b_scale_n=_size(ins[5]), bias=ins[9] is not None, output=str(node.attrs["output"]),
             y_ctype=_CTYPES[np.dtype(y.dtype)], qmin=int(info.min), qmax=int(info.max), act=activation(node),
-            when="1" if 2 * m * n * k >= PARALLEL_MIN_WORK else "0",
+            when="1" if 2 * m * n * k >= PARALLEL_MIN_WORK else "0", dispatch=target.int8_dot == "avx512bw",
         )
         return StepCode("c/qgemm.c.j2", ctx, tuple(args))
 
