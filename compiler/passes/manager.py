@@ -115,16 +115,17 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
 # The node kinds fold_qdq may make on the C target, each where the C provider claims it: a kind is
 # here once its C kernel beats the fused float steps it replaces (measure with scripts/bench_int8.py
 # and extend the set when a kernel lands). Measured 2026-12-07, 2 shared cores, alternating runs,
-# with / without: QLookup 0.98 (SqueezeNet QDQ), 0.96 (MiniLM-size QDQ), 0.98 (DenseNet-121), its
-# pools with it 0.97 (DenseNet-121), QBinary 0.99 (ResNet-50), 0.96 (DenseNet-121), 0.97 (MiniLM-size)
+# with / without: QLookup 0.98 (SqueezeNet QDQ), 0.96 (MiniLM-size QDQ), 0.98 (DenseNet-121), 1.00
+# (ShuffleNet), QBinary 0.99 (ResNet-50), 0.96 (DenseNet-121), 0.97 (MiniLM-size), 1.00 (ShuffleNet)
 # with qop's table kernel for a per-channel operand (before it: 1.07 and 1.43). Left out:
-# onnx_aot.QSoftmax (MiniLM-size 1.01, 1.04). QLinearConv / QLinearMatMul / MatMulInteger fold once
-# their kernels claim them (branches qconv, qgemm): measure them then.
+# onnx_aot.QSoftmax (MiniLM-size 1.01, 1.04), onnx_aot.QAveragePool / QGlobalAveragePool (ShuffleNet
+# 1.03, DenseNet-121 0.99). QLinearConv / QLinearMatMul / MatMulInteger fold once their kernels
+# claim them (branches qconv, qgemm): measure them then.
 C_FOLDABLE = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "MaxPool", "Resize",
     "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Identity",
     "QLinearConv", "QLinearMatMul", "MatMulInteger", "Cast", "Mul", "Add",
-    "onnx_aot.QLookup", "onnx_aot.QBinary", "onnx_aot.QAveragePool", "onnx_aot.QGlobalAveragePool",
+    "onnx_aot.QLookup", "onnx_aot.QBinary",
 })
 
 
