@@ -35,8 +35,7 @@ from compiler.passes.pack_qconv_weights import lowers as qconv_lowers
 from compiler.passes.use_qgemm import UseQGemm
 from compiler.passes.use_qgemm import lowers as qgemm_lowers
 from compiler.passes.use_winograd import UseWinograd
-from runtime.contract import Q_AVERAGE_POOL
-from runtime.contract import Q_GLOBAL_AVERAGE_POOL
+from runtime.contract import Q_BINARY
 from runtime.contract import Q_LOOKUP
 from runtime.errors import CompileError
 from runtime.errors import InternalError
@@ -124,16 +123,17 @@ def passes_for_level(level: int, target: str | None = None) -> list[Pass]:
 # The node kinds fold_qdq may make on the C target, each where the C provider claims it: a kind is
 # here once its C kernel beats the fused float steps it replaces (measure with scripts/bench_int8.py
 # and extend the set when a kernel lands). Measured 2026-12-07, 2 shared cores, alternating runs,
-# with / without: QLookup 0.98 (SqueezeNet QDQ), 0.96 (MiniLM-size QDQ), 0.98 (DenseNet-121), its
-# pools with it 0.97 (DenseNet-121). Left out: onnx_aot.QBinary (ResNet-50's residual adds 1.07,
-# DenseNet-121's per-channel Mul / Add 1.43: a broadcast constant costs 35.7 ms of 73) and
-# onnx_aot.QSoftmax (MiniLM-size 1.04). QLinearConv / QLinearMatMul / MatMulInteger fold once their
-# kernels claim them (through the lowerings pack_qconv_weights and use_qgemm).
+# with / without: QLookup 0.98 (SqueezeNet QDQ), 0.96 (MiniLM-size QDQ), 0.98 (DenseNet-121), 1.00
+# (ShuffleNet), QBinary 0.99 (ResNet-50), 0.96 (DenseNet-121), 0.97 (MiniLM-size), 1.00 (ShuffleNet)
+# with qop's table kernel for a per-channel operand (before it: 1.07 and 1.43). Left out:
+# onnx_aot.QSoftmax (MiniLM-size 1.01, 1.04), onnx_aot.QAveragePool / QGlobalAveragePool (ShuffleNet
+# 1.03, DenseNet-121 0.99). QLinearConv / QLinearMatMul / MatMulInteger / ConvInteger fold where
+# their kernels claim them (through the lowerings pack_qconv_weights and use_qgemm).
 C_FOLDABLE = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "MaxPool", "Resize",
     "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Identity",
     "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "Cast", "Mul", "Add",
-    Q_LOOKUP, Q_AVERAGE_POOL, Q_GLOBAL_AVERAGE_POOL,
+    Q_LOOKUP, Q_BINARY,
 })
 
 
