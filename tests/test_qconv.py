@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import warnings
 from pathlib import Path
 
@@ -167,3 +168,29 @@ def test_node_suite_case_on_the_c_kernel(case: str, tmp_path: Path) -> None:
     (got,) = Session(art, threads=2).run(None, {x_name: arrays[0]})
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v4"])
+def test_generated_code(cpu: str, tmp_path: Path) -> None:
+    """The text of the x86-64-v4 build: each conv's work is one pool job (the packing runs inside the
+    GEMM's items) plus the padded copy where it pads; the three dot-product paths and the vector
+    requantizing store are there; the depthwise kernel has its own loop and no scratch."""
+    cases = {"pw": QConvCase(c=64, m=32, hw=(28, 28), kernel=(1, 1), pads=(0, 0, 0, 0), batch=1),
+             "k3": QConvCase(c=16, m=32, hw=(28, 28), batch=1),
+             "dw": QConvCase(c=32, m=32, group=32, hw=(28, 28), batch=1)}
+    model, _ = _merged(cases)
+    art = compile_model(model, tmp_path / "art", cpu=cpu)
+    source = (art / "kernels" / "cpu" / "model.c").read_text()
+    plan = json.loads((art / "plan.json").read_text())
+    calls = re.findall(r"/\* step (\d+): .*?\*/\s*(k_[0-9a-f]{16})\(", source, re.S)
+    kernels = {int(i): name for i, name in calls}
+    jobs = {}
+    for step in plan["steps"]:
+        name = kernels[step["index"]]
+        body = source[source.index(f"void {name}(") :]
+        jobs[step["name"]] = body[: body.index("\n}\n")].count("onnx_aot_parallel(")
+    assert jobs == {"pw_conv": 1, "k3_conv": 2, "dw_conv": 1}
+    assert {s["name"] for s in plan["steps"] if s.get("scratch")} == {"pw_conv", "k3_conv"}
+    for text in ("vpdpbusd", "_mm512_madd_epi16", "_mm512_roundscale_pd", "_store16(", "rint("):
+        assert text in source, text
+    assert "_mm512_maddubs" not in source  # pmaddubsw's 16-bit sums saturate
