@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable
+from collections.abc import Collection
 from collections.abc import Iterable
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "merged_origin",
     "note_eliminated",
     "replace_nodes",
+    "rewrite_each",
     "sole_consumer",
 ]
 
@@ -155,6 +157,17 @@ def replace_nodes(graph: Graph, old: Sequence[Node], new: Node, *, at: Node | No
     for stand_in, value in parked:
         graph.replace_all_uses(stand_in, value)
     return new
+
+
+def rewrite_each(graph: Graph, kinds: Collection[str], rewrite: Callable[[Graph, Node], bool]) -> bool:
+    """Apply the local rewrite ``rewrite`` once at every node of ``kinds`` in ``graph`` (the node
+    list as it was before the first rewrite; a node an earlier rewrite removed is passed over).
+    True when any rewrite changed the graph."""
+    modified = False
+    for node in list(graph):
+        if node.graph is graph and node.kind in kinds:
+            modified = rewrite(graph, node) or modified
+    return modified
 
 
 def rewrite_chains(graph: Graph, step: Callable[[Graph, Node], Node | None],

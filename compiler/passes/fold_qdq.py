@@ -53,10 +53,13 @@ from compiler.passes.qdq_forms import weight_codes
 from compiler.passes.qdq_rewrite import Build
 from compiler.passes.qdq_rewrite import MakeOp
 from compiler.passes.qdq_rewrite import Maker
+from compiler.passes.qdq_rewrite import Operand
 from compiler.passes.qdq_rewrite import Rewrite
 from compiler.passes.qdq_rewrite import activation_chain
 from compiler.passes.qdq_rewrite import activation_input
+from compiler.passes.qdq_rewrite import activation_operand
 from compiler.passes.qdq_rewrite import dq_scale_zero
+from compiler.passes.qdq_rewrite import operand_inputs
 from compiler.passes.qdq_rewrite import with_clamp
 
 __all__ = ["FoldQdq", "MOVEMENT"]
@@ -201,13 +204,12 @@ def _qlinear_conv(graph: Graph, conv: Node, q: Node) -> MakeOp | None:
     return make_op
 
 
-def _matmul_b(graph: Graph, op: Node) -> tuple[Value | np.ndarray, QParams, Node | None] | None:
+def _matmul_b(graph: Graph, op: Node) -> Operand | None:
     """B of a MatMul / Gemm as codes: a DequantizeLinear's input, or a constant quantized per
     tensor or per column (a Gemm's transB transposes it, its alpha scales the weight scale)."""
     b = op.input(1)
     if op.kind == "MatMul" and b is not None and b.const is None:
-        found = activation_input(b)
-        return None if found is None else (found[0], found[2], found[1])
+        return activation_operand(b)
     trans = op.kind == "Gemm" and int(op.attrs["transB"])
     rank = b.const.ndim if b is not None and b.const is not None else 0
     w = weight_codes(graph, b, 0 if trans else rank - 1) if rank else None
@@ -224,16 +226,6 @@ def _matmul_b(graph: Graph, op: Node) -> tuple[Value | np.ndarray, QParams, Node
     return codes, p, None
 
 
-def _b_inputs(make: Maker, op: Node, b: tuple[Value | np.ndarray, QParams, Node | None]) -> list[Value]:
-    codes, p, dq = b
-    if dq is not None:
-        assert isinstance(codes, Value)
-        return [codes, *dq_scale_zero(make, dq, p, codes.name)]
-    assert isinstance(codes, np.ndarray)
-    return [make.const(f"{op.name}_b_codes", codes), make.const(f"{op.name}_b_scale", p.scale),
-            make.const(f"{op.name}_b_zero_point", p.zero)]
-
-
 def _qlinear_matmul(graph: Graph, op: Node, q: Node) -> MakeOp | None:
     a = activation_input(op.input(0))
     if a is None or (op.kind == "Gemm" and (int(op.attrs["transA"]) or op.input(2) is not None)):
@@ -246,7 +238,7 @@ def _qlinear_matmul(graph: Graph, op: Node, q: Node) -> MakeOp | None:
     assert qp is not None
 
     def make_op(make: Maker, y: Value, origin: list[str]) -> Node:
-        inputs = [aq, *dq_scale_zero(make, adq, ap, aq.name), *_b_inputs(make, op, b),
+        inputs = [aq, *dq_scale_zero(make, adq, ap, aq.name), *operand_inputs(make, f"{op.name}_b", b),
                   *dq_scale_zero(make, q, qp, y.name)]
         return Node("QLinearMatMul", inputs, [y], {}, name=op.name, origin=origin)
     return make_op

@@ -32,10 +32,13 @@ from compiler.passes.base import merged_origin
 from compiler.passes.qdq_forms import QParams
 from compiler.passes.qdq_forms import weight_codes
 from compiler.passes.qdq_rewrite import Maker
+from compiler.passes.qdq_rewrite import Operand
 from compiler.passes.qdq_rewrite import Rewrite
 from compiler.passes.qdq_rewrite import activation_chain
 from compiler.passes.qdq_rewrite import activation_input
+from compiler.passes.qdq_rewrite import activation_operand
 from compiler.passes.qdq_rewrite import dq_scale_zero
+from compiler.passes.qdq_rewrite import operand_inputs
 from compiler.passes.qdq_rewrite import with_clamp
 from runtime.contract import Q_AVERAGE_POOL
 from runtime.contract import Q_BINARY
@@ -142,28 +145,15 @@ def lookup(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
     return [*region, q], build
 
 
-Operand = tuple[Value | np.ndarray, QParams, Node | None]
-
-
 def _operand(graph: Graph, value: Value | None) -> Operand | None:
     """A QBinary operand: a per-tensor DequantizeLinear's codes, or a per-tensor quantized constant."""
-    found = activation_input(value)
+    found = activation_operand(value)
     if found is not None:
-        return found[0], found[2], found[1]
+        return found
     if value is None or value.const is None:
         return None
     w = weight_codes(graph, value, 0) if value.const.ndim else None
     return None if w is None or not w[1].per_tensor else (w[0], w[1], None)
-
-
-def _operand_inputs(make: Maker, base: str, operand: Operand) -> list[Value]:
-    codes, p, dq = operand
-    if dq is not None:
-        assert isinstance(codes, Value)
-        return [codes, *dq_scale_zero(make, dq, p, codes.name)]
-    assert isinstance(codes, np.ndarray)
-    return [make.const(f"{base}_codes", codes), make.const(f"{base}_scale", p.scale),
-            make.const(f"{base}_zero_point", p.zero)]
 
 
 def binary(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
@@ -180,7 +170,7 @@ def binary(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
     kind = "Mul" if op.kind == "Mul" else "Add"
 
     def make_op(make: Maker, y: Value, origin: list[str]) -> Node:
-        inputs = [*_operand_inputs(make, f"{op.name}_a", a), *_operand_inputs(make, f"{op.name}_b", b),
+        inputs = [*operand_inputs(make, f"{op.name}_a", a), *operand_inputs(make, f"{op.name}_b", b),
                   *dq_scale_zero(make, q, qp, y.name)]
         return Node(_aot(Q_BINARY), inputs, [y], {"op": kind}, name=op.name, domain=AOT_DOMAIN, origin=origin)
     return old, with_clamp(op, q, clamp, make_op, merged_origin(old))

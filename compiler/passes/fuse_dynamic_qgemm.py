@@ -26,6 +26,7 @@ from compiler.ir.graph import Value
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import merged_origin
+from compiler.passes.base import rewrite_each
 from compiler.passes.base import sole_consumer
 from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.use_qgemm import qgemm_node
@@ -104,10 +105,7 @@ class FuseDynamicQGemm(Pass):
     name = "fuse_dynamic_qgemm"
 
     def run(self, graph: Graph) -> PassResult:
-        modified = False
-        for node in list(graph):
-            if node.graph is graph and node.kind == "MatMulInteger":
-                modified = _fuse(graph, node) or modified
+        modified = rewrite_each(graph, ("MatMulInteger",), _fuse)
         if modified:
             EliminateDeadCode().run(graph)  # the DynamicQuantizeLinears and scale products left unread
         return PassResult(graph, modified)

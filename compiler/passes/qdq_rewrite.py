@@ -3,7 +3,8 @@
 A rewrite is the list of nodes it replaces and a builder of the new nodes, run twice: once with a
 ``Maker`` of free values, to ask the provider whether it claims every new node, then with the
 graph's. Here too: the Relu / Clip between an op and its QuantizeLinear, moved into the quantized
-domain (``activation_chain``, ``with_clamp``), and the codes behind a DequantizeLinear input.
+domain (``activation_chain``, ``with_clamp``), the codes behind a DequantizeLinear input, and a
+quantized operand's codes, scale and zero point as the new node's inputs (``operand_inputs``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,29 @@ def dq_scale_zero(make: Maker, dq: Node, p: QParams, base: str) -> list[Value]:
     """The DequantizeLinear's own scale and zero point (a zero point made where it has none)."""
     scale, zero = dq.inputs[1], dq.input(2)
     return [scale, zero if zero is not None else make.const(f"{base}_zero_point", p.zero)]  # type: ignore[list-item]
+
+
+# A quantized operand: its codes (a DequantizeLinear's input, or a quantized constant's codes),
+# their parameters, and the DequantizeLinear (None for a constant).
+Operand = tuple[Value | np.ndarray, QParams, Node | None]
+
+
+def activation_operand(value: Value | None) -> Operand | None:
+    """``activation_input`` of ``value`` as an operand."""
+    found = activation_input(value)
+    return None if found is None else (found[0], found[2], found[1])
+
+
+def operand_inputs(make: Maker, base: str, operand: Operand) -> list[Value]:
+    """An operand's codes, scale and zero point as a node's inputs: the DequantizeLinear's own, or
+    constants ``{base}_codes`` / ``_scale`` / ``_zero_point``."""
+    codes, p, dq = operand
+    if dq is not None:
+        assert isinstance(codes, Value)
+        return [codes, *dq_scale_zero(make, dq, p, codes.name)]
+    assert isinstance(codes, np.ndarray)
+    return [make.const(f"{base}_codes", codes), make.const(f"{base}_scale", p.scale),
+            make.const(f"{base}_zero_point", p.zero)]
 
 
 MakeOp = Callable[[Maker, Value, list[str]], Node]

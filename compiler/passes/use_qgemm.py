@@ -27,6 +27,7 @@ from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import replace_nodes
+from compiler.passes.base import rewrite_each
 from runtime.contract import QGEMM
 from runtime.contract import op_name
 from runtime.kernels.qgemm import column_sums
@@ -113,10 +114,7 @@ class UseQGemm(Pass):
     name = "use_qgemm"
 
     def run(self, graph: Graph) -> PassResult:
-        modified = False
-        for node in list(graph):
-            if node.graph is graph and node.kind in ("MatMulInteger", "QLinearMatMul"):
-                modified = _lower(graph, node) or modified
+        modified = rewrite_each(graph, ("MatMulInteger", "QLinearMatMul"), _lower)
         if modified:
             graph.prune_constants()
         return PassResult(graph, modified)

@@ -1,4 +1,5 @@
-"""What the C and CUDA providers share: the kernel table, the kernel base, kernel parameters.
+"""What the C and CUDA providers share: the kernel table, the kernel base, kernel parameters and
+the base of the contexts their templates render.
 
 A kernel (``Kernel``) runs one or more op kinds: ``supports`` decides the claim from the node's
 attributes, dtypes and shapes, ``scratch_nbytes`` sizes the step's scratch (none by default), and
@@ -23,7 +24,7 @@ from runtime.errors import CompileError
 from runtime.errors import OnnxAotError
 from runtime.symbolic import Expr
 
-__all__ = ["Kernel", "KernelTable", "Param", "comment"]
+__all__ = ["Kernel", "KernelContext", "KernelTable", "Param", "comment"]
 
 
 class Kernel:
@@ -104,6 +105,15 @@ class Param:
     ctype: str
     const: bool
     restrict: bool
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    """What every kernel template renders from: the kernel function's pointer parameters, which
+    ``signature`` / ``parallel_part`` / ``parallel_run`` (c/common.c.j2) and the CUDA kernel heads
+    read as ``ctx.params``. Each kernel's context is a frozen subclass adding its own sizes."""
+
+    params: tuple[Param, ...]
 
 
 def comment(node: Node) -> str:

@@ -39,6 +39,7 @@ from compiler.providers.c.gemm import Tiling
 from compiler.providers.c.gemm import choose_tiling
 from compiler.providers.c.gemm import sized_scratch
 from compiler.providers.c.movement import register_transpose
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import MULTI_HEAD_ATTENTION
 from runtime.symbolic import Dim
@@ -52,8 +53,7 @@ MAX_KEYS = 1024  # the score rows of a block live on the stack: at most 12 x 102
 
 
 @dataclass(frozen=True)
-class AttentionContext:
-    params: tuple[Param, ...]
+class AttentionContext(KernelContext):
     dims: tuple[int | CDim, int | CDim, int | CDim, int, int, int]  # b, sq, sk (C text if run-time), h, d, dv
     skp: int | CDim  # K^T panels' row length: sk rounded up to MAX_PANEL
     sbuf: int  # floats of the block's score rows (on the stack): rows x the largest skp

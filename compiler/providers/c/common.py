@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from compiler.ir.graph import Value
 from compiler.providers.base import GenLocation
 from compiler.providers.base import GenStep
 from compiler.providers.kit import Kernel
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.errors import CompileError
 from runtime.symbolic import Expr
@@ -58,7 +58,7 @@ class StepCode:
     """What one step contributes: a rendered function (or none) and its call."""
 
     template: str | None  # None: the step needs no code (a view onto the same address)
-    ctx: Any  # the frozen context rendered with ``template``
+    ctx: KernelContext  # the frozen context rendered with ``template``
     args: tuple[Arg, ...]
     checked: bool = False  # the function returns int and takes ``fault`` last (common.c.j2)
 

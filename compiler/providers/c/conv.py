@@ -49,6 +49,7 @@ from compiler.providers.c.gemm import packed_nbytes
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import Spatial
 from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import AOT_DOMAIN
 from runtime.contract import FUSED_CONV
@@ -77,8 +78,7 @@ Decls = tuple[tuple[str, str], ...]  # a dynamic kernel's run-time sizes: (C loc
 
 
 @dataclass(frozen=True)
-class ConvContext:
-    params: tuple[Param, ...]
+class ConvContext(KernelContext):
     t: Tiling
     e: Epilogue
     g: ConvGeometry
@@ -87,8 +87,7 @@ class ConvContext:
 
 
 @dataclass(frozen=True)
-class DepthwiseContext:
-    params: tuple[Param, ...]
+class DepthwiseContext(KernelContext):
     e: Epilogue
     g: ConvGeometry  # one input channel per group; g.mg output channels each (channel multiplier)
     wp: int | CDim  # width of a zero-padded input row: pl zeros, the row, zeros up to the last tap
@@ -98,8 +97,7 @@ class DepthwiseContext:
 
 
 @dataclass(frozen=True)
-class DynamicConvContext:
-    params: tuple[Param, ...]
+class DynamicConvContext(KernelContext):
     t: Tiling  # M, K and the register tile; its N fields are unused (N is a run-time size)
     e: Epilogue
     g: ConvGeometry  # run-time sizes as C locals (CDim), declared by ``decls``

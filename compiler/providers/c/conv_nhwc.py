@@ -74,6 +74,7 @@ from compiler.providers.c.conv import is_dynamic
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import CONV_NHWC
 from runtime.kernels.nhwc import PANEL
@@ -119,13 +120,12 @@ def _addressed(g: ConvGeometry, mode: str) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class ConvNhwcContext:
+class ConvNhwcContext(KernelContext):
     """The GEMM path. Pixel tiles: ``ntiles`` of them, the first ``rem`` with ``q + 1`` rows, the
     rest ``q``; ``tb`` tiles per pixel block, ``nb`` blocks. K: ``nseg`` segments of ``seglen``
     values."""
 
     method: str  # "gemm"
-    params: tuple[Param, ...]
     e: Epilogue
     vw: int
     nv: int  # vectors per panel
@@ -167,9 +167,8 @@ class ConvNhwcContext:
 
 
 @dataclass(frozen=True)
-class DepthwiseNhwcContext:
+class DepthwiseNhwcContext(KernelContext):
     method: str  # "depthwise"
-    params: tuple[Param, ...]
     e: Epilogue
     vw: int
     cbv: int  # channel vectors per step

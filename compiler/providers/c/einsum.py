@@ -33,7 +33,7 @@ from compiler.providers.c.dtypes import all_nonempty
 from compiler.providers.c.dtypes import ctype_of
 from compiler.providers.c.dtypes import offset_expr
 from compiler.providers.c.dtypes import prod
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 
 __all__ = ["EinsumContext", "EinsumKernel", "Contraction", "contraction"]
 
@@ -98,8 +98,7 @@ def contraction(equation: str, shapes: Sequence[tuple[int, ...]]) -> Contraction
 
 
 @dataclass(frozen=True)
-class EinsumContext:
-    params: tuple[Param, ...]
+class EinsumContext(KernelContext):
     ctype: str
     nin: int
     mode: str  # "dot" | "axpy"

@@ -37,6 +37,7 @@ from compiler.providers.c.common import dyn_arg
 from compiler.providers.c.common import output_args
 from compiler.providers.c.elementwise_vector import vector_program
 from compiler.providers.c.rundims import assumed_equal
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import FUSED_ELEMENTWISE
 
@@ -46,8 +47,7 @@ _CHUNK = 4096  # elements per parallel chunk when the nest is a single loop
 
 
 @dataclass(frozen=True)
-class EltwiseContext:
-    params: tuple[Param, ...]
+class EltwiseContext(KernelContext):
     nest: LoopNest
     loads: tuple[tuple[str, str, str], ...]  # (variable, pointer param, index expression)
     temps: tuple[tuple[str, str, str], ...]  # (ctype, name, expression)

@@ -45,6 +45,7 @@ from compiler.providers.c.rundims import known_zero
 from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.c.rundims import symbolic_const
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 
 __all__ = [
@@ -130,8 +131,7 @@ def cast_expr(src: np.dtype, dst: np.dtype, v: str) -> str:
 
 
 @dataclass(frozen=True)
-class MapContext:
-    params: tuple[Param, ...]
+class MapContext(KernelContext):
     nest: LoopNest
     loads: tuple[tuple[str, str, str, str], ...]  # (ctype, variable, pointer param, index expression)
     result: str  # C expression of the output element

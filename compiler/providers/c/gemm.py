@@ -47,6 +47,7 @@ from compiler.providers.c.common import params
 from compiler.providers.c.common import scratch_arg
 from compiler.providers.geometry import MatmulProduct
 from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import AOT_DOMAIN
 from runtime.contract import FUSED_GEMM
@@ -108,8 +109,7 @@ class Epilogue:
 
 
 @dataclass(frozen=True)
-class GemmContext:
-    params: tuple[Param, ...]
+class GemmContext(KernelContext):
     t: Tiling
     e: Epilogue
     path: str  # "dot" | "direct" | "packed" | "prepacked" (B packed ahead of time: PackedGemm)

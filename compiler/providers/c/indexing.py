@@ -49,7 +49,7 @@ from compiler.providers.c.rundims import is_dynamic
 from compiler.providers.c.rundims import known_zero
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.c.rundims import symbolic_const
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 from runtime.symbolic import Expr
 from runtime.symbolic import as_dim
 
@@ -95,8 +95,7 @@ def _unless_empty(elements: object, code: StepCode) -> StepCode:
 
 
 @dataclass(frozen=True)
-class StridedContext:
-    params: tuple[Param, ...]
+class StridedContext(KernelContext):
     nest: LoopNest
     base: int  # element offset of the first element read (CDim with run-time dims)
     parallel: bool
@@ -271,8 +270,7 @@ def _build_dynamic_strided(step: GenStep) -> StepCode:
 
 
 @dataclass(frozen=True)
-class GatherContext:
-    params: tuple[Param, ...]
+class GatherContext(KernelContext):
     pre: int  # product of the dimensions before the axis
     n: int  # the axis' length
     axis: int
@@ -335,8 +333,7 @@ class GatherKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class SplitContext:
-    params: tuple[Param, ...]
+class SplitContext(KernelContext):
     outer: int
     row_bytes: int  # bytes of one input row (everything from the axis on)
     chunks: tuple[tuple[str, int, int], ...]  # (output param, bytes per row, byte offset in the row)
@@ -396,8 +393,7 @@ class SplitKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class RangeContext:
-    params: tuple[Param, ...]
+class RangeContext(KernelContext):
     ctype: str
     floating: bool
     count: int
@@ -455,8 +451,7 @@ class RangeKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class FillContext:
-    params: tuple[Param, ...]
+class FillContext(KernelContext):
     count: int  # elements (CDim: C over the binding)
     value: str  # the element as a C literal
 

@@ -47,7 +47,7 @@ from compiler.providers.c.rundims import known_zero
 from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.c.rundims import symbolic_const
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 from runtime.contract import COPY
 from runtime.symbolic import Expr
 from runtime.symbolic import max_
@@ -65,8 +65,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class ConcatContext:
-    params: tuple[Param, ...]
+class ConcatContext(KernelContext):
     outer: int  # CDim (C text) in a dynamic graph, as the byte counts below
     row_bytes: int  # bytes of one output row (everything from the axis on)
     chunks: tuple[tuple[str, int, int], ...]  # (input param, bytes per row, byte offset in the row)
@@ -160,8 +159,7 @@ class TransposePlanes:
 
 
 @dataclass(frozen=True)
-class TransposeContext:
-    params: tuple[Param, ...]
+class TransposeContext(KernelContext):
     nest: LoopNest
     parallel: bool
     blocks: TransposeBlocks | None  # set: the blocked batched 2-D transpose, not the nest
@@ -171,8 +169,7 @@ class TransposeContext:
 
 
 @dataclass(frozen=True)
-class CopyContext:
-    params: tuple[Param, ...]
+class CopyContext(KernelContext):
     nbytes: int  # CDim (C text) in a dynamic graph
 
 

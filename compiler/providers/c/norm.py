@@ -29,17 +29,16 @@ from compiler.providers.c.rundims import is_dynamic
 from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.c.rundims import symbolic_const
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 from runtime.symbolic import Expr
 
 __all__ = ["ChannelContext", "ChannelKernel", "SoftmaxContext", "SoftmaxKernel"]
 
 
 @dataclass(frozen=True)
-class ChannelContext:
+class ChannelContext(KernelContext):
     """A kernel over (N, C, spatial...) planes of ``s`` elements."""
 
-    params: tuple[Param, ...]
     op: str  # "global_avg" | "global_max" | "batchnorm" | "lrn"
     n: int
     c: int
@@ -122,8 +121,7 @@ class ChannelKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class SoftmaxContext:
-    params: tuple[Param, ...]
+class SoftmaxContext(KernelContext):
     log: bool
     outer: int
     length: int

@@ -33,7 +33,7 @@ from compiler.providers.c.common import step_args
 from compiler.providers.c.pad_runtime import runtime_pad
 from compiler.providers.c.pad_runtime import takes_runtime_pads
 from compiler.providers.c.rundims import is_dynamic
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 
 __all__ = ["PadDim", "PadContext", "PadKernel", "pad_tables"]
 
@@ -63,8 +63,7 @@ class PadDim:
 
 
 @dataclass(frozen=True)
-class PadContext:
-    params: tuple[Param, ...]
+class PadContext(KernelContext):
     ctype: str
     constant: bool  # mode "constant": padding reads ``value``, tables hold -1 there
     value: str  # the padding value's bits as a C literal of ``ctype``

@@ -28,7 +28,7 @@ from compiler.providers.c.common import step_args
 from compiler.providers.c.rundims import int_or_none
 from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 from runtime.symbolic import Dim
 from runtime.symbolic import as_dim
 from runtime.symbolic import bounds
@@ -52,8 +52,7 @@ class RuntimePadDim:
 
 
 @dataclass(frozen=True)
-class RuntimePadContext:
-    params: tuple[Param, ...]
+class RuntimePadContext(KernelContext):
     ctype: str
     mode: str
     value: str  # the padding value's bits as a C literal of ``ctype``

@@ -26,14 +26,14 @@ from compiler.providers.c.conv import dynamic_geometry
 from compiler.providers.c.conv import is_dynamic
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 
 __all__ = ["PoolContext", "PoolKernel"]
 
 
 @dataclass(frozen=True)
-class PoolContext:
-    params: tuple[Param, ...]
+class PoolContext(KernelContext):
     op: str  # "max" | "avg"
     nc: int
     g: PoolGeometry

@@ -46,6 +46,7 @@ from compiler.providers.c.conv import is_dynamic
 from compiler.providers.c.conv_nhwc import inside_decls
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import AVERAGE_POOL_NHWC
 from runtime.contract import GLOBAL_AVERAGE_POOL_NHWC
@@ -105,8 +106,7 @@ def channel_walk(c: int, vw: int, unroll: int = UNROLL) -> Channels:
 
 
 @dataclass(frozen=True)
-class PoolNhwcContext:
-    params: tuple[Param, ...]
+class PoolNhwcContext(KernelContext):
     op: str  # "max" | "avg"
     g: PoolGeometry
     ch: Channels
@@ -201,8 +201,7 @@ def _build_dynamic_pool(step: GenStep, target: TargetInfo) -> StepCode:
 
 
 @dataclass(frozen=True)
-class ChannelNhwcContext:
-    params: tuple[Param, ...]
+class ChannelNhwcContext(KernelContext):
     op: str  # "global_avg" | "lrn"
     n: int
     s: int  # pixels per image

@@ -36,6 +36,7 @@ from compiler.providers.c.conv import pool_condition
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import _conv
 from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import PACKED_QCONV
 
@@ -59,8 +60,7 @@ class Requant:
 
 
 @dataclass(frozen=True)
-class QConvContext:
-    params: tuple[Param, ...]
+class QConvContext(KernelContext):
     g: ConvGeometry
     k: int  # products per output: cg * kh * kw
     k4: int  # k padded to a multiple of 4 (a weight row's bytes)
@@ -88,8 +88,7 @@ class QConvContext:
 
 
 @dataclass(frozen=True)
-class QDepthwiseContext:
-    params: tuple[Param, ...]
+class QDepthwiseContext(KernelContext):
     g: ConvGeometry
     wp: int  # the zero-padded row's length
     x_ctype: str

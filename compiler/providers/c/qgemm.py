@@ -31,7 +31,7 @@ from compiler.providers.c.common import arg
 from compiler.providers.c.common import params
 from compiler.providers.c.gemm import activation
 from compiler.providers.c.gemm import fused_ok
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 from runtime.contract import QGEMM
 from runtime.contract import round_up
 from runtime.errors import CompileError
@@ -57,8 +57,7 @@ def qtile_shape(target: TargetInfo) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class QGemmContext:
-    params: tuple[Param, ...]
+class QGemmContext(KernelContext):
     isa: str
     mr: int
     npan: int

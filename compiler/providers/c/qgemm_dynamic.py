@@ -20,7 +20,7 @@ from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import arg
 from compiler.providers.c.common import params
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 
 __all__ = ["DynamicQuantizeContext"]
 
@@ -28,8 +28,7 @@ BLOCK = 4096  # elements per pool item
 
 
 @dataclass(frozen=True)
-class DynamicQuantizeContext:
-    params: tuple[Param, ...]
+class DynamicQuantizeContext(KernelContext):
     count: int
     block: int
     blocks: int

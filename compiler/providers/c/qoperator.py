@@ -40,6 +40,7 @@ from compiler.providers.c.elementwise_typed import MapContext
 from compiler.providers.c.elementwise_typed import value_ctype
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import Q_AVERAGE_POOL
 from runtime.contract import Q_BINARY
@@ -138,8 +139,7 @@ def _saturated(expr: str, node: Node, ftype: str = "double") -> str:
 
 
 @dataclass(frozen=True)
-class QRowsContext:
-    params: tuple[Param, ...]
+class QRowsContext(KernelContext):
     nest: LoopNest
     ctype: str  # the inputs' C type
     out_ctype: str
@@ -214,8 +214,7 @@ class QLookupKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class QPoolContext:
-    params: tuple[Param, ...]
+class QPoolContext(KernelContext):
     ctype: str
     g: PoolGeometry
     deq: tuple[str, ...]  # float32 literals: the dequantized value of each input byte
@@ -258,8 +257,7 @@ class QAveragePoolKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class QGlobalPoolContext:
-    params: tuple[Param, ...]
+class QGlobalPoolContext(KernelContext):
     ctype: str
     channels_last: bool
     outs: int  # N * C
@@ -307,8 +305,7 @@ class QGlobalAveragePoolKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class QSoftmaxContext:
-    params: tuple[Param, ...]
+class QSoftmaxContext(KernelContext):
     ctype: str
     rows: int
     length: int

@@ -46,6 +46,7 @@ from compiler.providers.c.common import output_args
 from compiler.providers.c.common import params
 from compiler.providers.c.gemm import sized_scratch
 from compiler.providers.c.rundims import is_dynamic
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.symbolic import Dim
 from runtime.symbolic import Expr
@@ -83,12 +84,11 @@ Decls = tuple[tuple[str, str], ...]  # run-time sizes and thread decisions: (C l
 
 
 @dataclass(frozen=True)
-class RecurrentContext:
+class RecurrentContext(KernelContext):
     """One recurrent node: sizes, which optional inputs are present, the activation functions
     (C expressions, direction-major), and element strides of the layout (x: t, b; y: t,
     direction, b; states: direction, b)."""
 
-    params: tuple[Param, ...]
     op: str
     gates: int
     dirs: int

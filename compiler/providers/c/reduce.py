@@ -40,7 +40,7 @@ from compiler.providers.c.dtypes import prod
 from compiler.providers.c.rundims import is_dynamic
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.c.rundims import symbolic_const
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 from runtime.symbolic import Expr
 
 __all__ = [
@@ -96,8 +96,7 @@ def _along_axis(node: Node) -> tuple[CType, tuple[int, ...], int]:
 
 
 @dataclass(frozen=True)
-class ReduceContext:
-    params: tuple[Param, ...]
+class ReduceContext(KernelContext):
     t: CType
     op: str  # a value of REDUCE_OPS
     mode: str  # "rows": the innermost group is reduced | "cols": it is kept
@@ -257,12 +256,11 @@ class ReduceKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class AxisContext:
+class AxisContext(KernelContext):
     """What the kernels along one axis (ArgMax / ArgMin, TopK) take: the step's parameters, the
     input's C type, its rows (``outer`` x ``inner``; CDims with run-time dims) of ``length``
     elements and whether the rows go to the worker pool."""
 
-    params: tuple[Param, ...]
     ctype: str
     floating: bool  # NaN checks are emitted
     outer: int
@@ -377,8 +375,7 @@ class TopKKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class LayerNormContext:
-    params: tuple[Param, ...]
+class LayerNormContext(KernelContext):
     outer: int
     n: int  # elements normalized together
     scale_index: str  # "j" (one per element) or "0" (one for all)

@@ -25,7 +25,7 @@ from compiler.providers.c.common import step_args
 from compiler.providers.c.gemm import sized_scratch
 from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 from runtime.symbolic import Expr
 
 __all__ = ["RuntimeResizeContext", "runtime_resize", "runtime_resize_scratch", "takes_runtime_scales"]
@@ -35,8 +35,7 @@ _MODES = frozenset({"align_corners", "asymmetric", "tf_half_pixel_for_nn", "pyto
 
 
 @dataclass(frozen=True)
-class RuntimeResizeContext:
-    params: tuple[Param, ...]
+class RuntimeResizeContext(KernelContext):
     outer: object  # ints, or CDim: C over the binding
     h: object
     w: object

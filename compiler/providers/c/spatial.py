@@ -56,6 +56,7 @@ from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
 from compiler.providers.geometry import ConvTransposeGeometry
 from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.spatial import ResizeTaps
@@ -85,8 +86,7 @@ class AxisTable:
 
 
 @dataclass(frozen=True)
-class ResizeContext:
-    params: tuple[Param, ...]
+class ResizeContext(KernelContext):
     outer: int  # product of the unchanged leading axes
     h: int
     w: int
@@ -122,11 +122,10 @@ def _resize_tables(node: Node) -> tuple[int, int, int, ResizeTaps, ResizeTaps] |
 
 
 @dataclass(frozen=True)
-class NearestContext:
+class NearestContext(KernelContext):
     """Resize by whole scales (nearest, asymmetric, floor): output (oh, ow) reads input
     (oh / sh, ow / sw) of (outer, h, w) planes (ints, or CDim: C over the binding)."""
 
-    params: tuple[Param, ...]
     outer: object
     h: object
     w: object
@@ -230,8 +229,7 @@ class ResizeKernel(CKernel):
 
 
 @dataclass(frozen=True)
-class ConvTransposeContext:
-    params: tuple[Param, ...]
+class ConvTransposeContext(KernelContext):
     t: Tiling  # the product W_g^T (mg * kh * kw x cg) times X_g (cg x h * w)
     e: Epilogue
     bias: bool

@@ -38,7 +38,7 @@ from compiler.providers.c.gemm import choose_tiling
 from compiler.providers.c.gemm import run_time_columns
 from compiler.providers.geometry import WinogradGeometry
 from compiler.providers.geometry import claimed
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 from runtime.contract import WINOGRAD_CONV
 from runtime.kernels.winograd import MATRICES
 from runtime.symbolic import Expr
@@ -47,8 +47,7 @@ __all__ = ["WinogradContext", "WinogradKernel"]
 
 
 @dataclass(frozen=True)
-class WinogradContext:
-    params: tuple[Param, ...]
+class WinogradContext(KernelContext):
     t: Tiling  # one of the 16 products: M x tiles x C
     e: Epilogue  # applied by the output transform
     plain: Epilogue  # the products' tiles store plain sums

@@ -59,7 +59,7 @@ from compiler.providers.c.conv import is_dynamic
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import WinogradGeometry
 from compiler.providers.geometry import claimed
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 from runtime.contract import WINOGRAD_CONV_NHWC
 from runtime.kernels.nhwc import PANEL
 from runtime.kernels.winograd import MATRICES
@@ -160,8 +160,7 @@ def transform_program(matrix: tuple[tuple[float, ...], ...]) -> Program:
 
 
 @dataclass(frozen=True)
-class WinogradNhwcContext:
-    params: tuple[Param, ...]
+class WinogradNhwcContext(KernelContext):
     e: Epilogue  # applied by the output transform
     vw: int  # floats per vector
     mr: int  # rows (tiles) per register tile

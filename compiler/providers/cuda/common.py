@@ -37,6 +37,7 @@ from compiler.providers.base import GenLocation
 from compiler.providers.base import GenStep
 from compiler.providers.geometry import Spatial
 from compiler.providers.kit import Kernel
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.errors import CompileError
 from runtime.plan_schema import LaunchArg
@@ -77,7 +78,7 @@ class KernelCode:
     """One ``__global__`` function of a step and its launch."""
 
     template: str
-    ctx: Any  # the frozen context rendered with ``template``
+    ctx: KernelContext  # the frozen context rendered with ``template``
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared: int  # bytes of dynamic shared memory

@@ -27,14 +27,14 @@ from compiler.providers.cuda.common import is_dynamic
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import ptr
 from compiler.providers.cuda.common import used_indices
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 
 __all__ = ["CudaEltwiseContext", "CudaEltwiseKernel"]
 
 
 @dataclass(frozen=True)
-class CudaEltwiseContext:
-    params: tuple[Param, ...]
+class CudaEltwiseContext(KernelContext):
     threads: int
     total: Any  # int, or a run-time dim (CDim)
     index: tuple[tuple[str, str], ...]  # (loop variable, expression over `flat`)

@@ -45,6 +45,7 @@ from compiler.providers.cuda.common import used_indices
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import MatmulProduct
 from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import AOT_DOMAIN
 from runtime.contract import FUSED_GEMM
@@ -93,8 +94,7 @@ class GemmOperands:
 
 
 @dataclass(frozen=True)
-class TiledContext:
-    params: tuple[Param, ...]
+class TiledContext(KernelContext):
     threads: int
     mode: str  # "conv" | "gemm"
     bm: int
@@ -117,8 +117,7 @@ class TiledContext:
 
 
 @dataclass(frozen=True)
-class GemvContext:
-    params: tuple[Param, ...]
+class GemvContext(KernelContext):
     threads: int
     mode: str  # "warp" | "split"
     gemm: GemmOperands
@@ -127,8 +126,7 @@ class GemvContext:
 
 
 @dataclass(frozen=True)
-class DirectConvContext:
-    params: tuple[Param, ...]
+class DirectConvContext(KernelContext):
     threads: int
     total: int
     index: tuple[tuple[str, str], ...]  # bi, oc, oy, ox from flat

@@ -38,6 +38,7 @@ from compiler.providers.cuda.common import is_dynamic
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import ptr
 from compiler.providers.cuda.common import used_indices
+from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.plan_schema import LaunchArg
 
@@ -45,8 +46,7 @@ __all__ = ["CudaMoveContext", "CudaCopyKernel", "CudaTransposeKernel", "CudaConc
 
 
 @dataclass(frozen=True)
-class CudaMoveContext:
-    params: tuple[Param, ...]
+class CudaMoveContext(KernelContext):
     threads: int
     op: str  # "copy" | "transpose" | "concat"
     total: int

@@ -36,15 +36,14 @@ from compiler.providers.cuda.common import float_params
 from compiler.providers.cuda.common import input_ptrs
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.cuda.common import used_indices
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 
 __all__ = ["CudaChannelContext", "CudaChannelKernel", "RowsContext", "CudaSoftmaxKernel",
            "CudaLayerNormKernel", "CudaReduceKernel"]
 
 
 @dataclass(frozen=True)
-class CudaChannelContext:
-    params: tuple[Param, ...]
+class CudaChannelContext(KernelContext):
     threads: int
     op: str  # "global_avg" | "global_max" | "batchnorm" | "lrn"
     n: Any  # int, or a run-time dim (CDim)
@@ -97,8 +96,7 @@ class CudaChannelKernel(_Dynamic):
 
 
 @dataclass(frozen=True)
-class RowsContext:
-    params: tuple[Param, ...]
+class RowsContext(KernelContext):
     threads: int
     op: str  # "softmax" | "logsoftmax" | "layernorm" | "reduce"
     rows: Any  # int, or a run-time dim (CDim)

@@ -23,14 +23,13 @@ from compiler.providers.cuda.common import is_dynamic
 from compiler.providers.cuda.common import output_ptrs
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
-from compiler.providers.kit import Param
+from compiler.providers.kit import KernelContext
 
 __all__ = ["CudaPoolContext", "CudaPoolKernel"]
 
 
 @dataclass(frozen=True)
-class CudaPoolContext:
-    params: tuple[Param, ...]
+class CudaPoolContext(KernelContext):
     threads: int
     op: str  # "max" | "avg"
     total: Any  # int, or a run-time dim (CDim)
