@@ -31,6 +31,7 @@ from compiler.ir.graph import Value
 from compiler.providers.base import GenStep
 from compiler.providers.base import shape_of
 from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import arg
@@ -52,7 +53,7 @@ from runtime.kernels.qoperator import dequantize_table
 from runtime.kernels.qoperator import softmax_exp_table
 from runtime.kernels.qoperator import softmax_factor
 
-__all__ = ["QGlobalPoolContext", "QPoolContext", "QRowsContext", "QSoftmaxContext"]
+__all__ = ["QGlobalPoolContext", "QOut", "QPoolContext", "QRowsContext", "QSoftmaxContext"]
 
 _EIGHT_BIT = frozenset({np.dtype(np.int8), np.dtype(np.uint8)})
 _CHUNK = 4096  # elements per parallel chunk of a one-loop map
@@ -99,10 +100,45 @@ def _limits(node: Node) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
+@dataclass(frozen=True)
+class QOut:
+    """The quantized output of the pools and QSoftmax: its zero point and the range of its type,
+    where results saturate."""
+
+    zero: int
+    lo: int
+    hi: int
+
+
+def _qout(node: Node, zero: int) -> QOut:
+    """The output whose zero point is input ``zero`` of ``node``."""
+    return QOut(_zero(node, zero), *_limits(node))
+
+
 def _double(value: float) -> str:
     """A C double literal equal to ``value`` (hexadecimal: exact)."""
     text = float(value).hex()
     return f"({text})" if text.startswith("-") else text
+
+
+@dataclass(frozen=True)
+class _Unary:
+    """What the kernels from X to Y of X's 8-bit type (the pools, QSoftmax) start from: X's dtype
+    and shape, their C type, and the step's arguments and parameters ``x`` -> ``y``."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    ctype: str
+    args: tuple[Arg, ...]
+    params: tuple[Param, ...]
+
+
+def _unary(step: GenStep) -> _Unary:
+    x = step.node.input(0)
+    assert x is not None and x.dtype is not None
+    ctype = value_ctype(x.dtype)
+    args = (arg(step.inputs[0], ctype, True, step, "input 0"), *output_args(step, ctype))
+    return _Unary(x.dtype, shape_of(x), ctype, args, params(["x", "y"], args, [True, True]))
 
 
 def _map(step: GenStep, inputs: tuple[int, ...], extra: tuple[tuple[int, str], ...], result: str) -> StepCode:
@@ -220,9 +256,7 @@ class QPoolContext(KernelContext):
     deq: tuple[str, ...]  # float32 literals: the dequantized value of each input byte
     count_include_pad: bool
     y_scale: str  # float32 literal
-    y_zero: int
-    lo: int
-    hi: int
+    y: QOut
     parallel: bool
 
 
@@ -237,23 +271,19 @@ class QAveragePoolKernel(CKernel):
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
-        x = node.input(0)
-        assert x is not None and x.dtype is not None
+        x = _unary(step)
         g = claimed(PoolGeometry.from_node(node, "NCHW"), node)
-        ctype = value_ctype(x.dtype)
-        args = [arg(step.inputs[0], ctype, True, step, "input 0"), *output_args(step, ctype)]
-        lo, hi = _limits(node)
         ctx = QPoolContext(
-            params=params(["x", "y"], args, [True, True]),
-            ctype=ctype,
+            params=x.params,
+            ctype=x.ctype,
             g=g,
             deq=tuple(literal(v) for v in dequantize_table(x.dtype, _const(node, 1), _const(node, 2))),
             count_include_pad=bool(int(node.attrs["count_include_pad"])),
             y_scale=literal(float(_const(node, 3).reshape(-1)[0])),  # type: ignore[union-attr]
-            y_zero=_zero(node, 4), lo=lo, hi=hi,
+            y=_qout(node, 4),
             parallel=g.batch * g.c * g.oh * g.ow * g.kh * g.kw >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/qpool.c.j2", ctx, tuple(args))
+        return StepCode("c/qpool.c.j2", ctx, x.args)
 
 
 @dataclass(frozen=True)
@@ -265,9 +295,7 @@ class QGlobalPoolContext(KernelContext):
     size: int  # elements per image
     x_zero: int
     factor: str  # double literal of the float32 factor x_scale / (y_scale * size)
-    y_zero: int
-    lo: int
-    hi: int
+    y: QOut
     parallel: bool
 
 
@@ -284,24 +312,20 @@ class QGlobalAveragePoolKernel(CKernel):
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
-        x = node.input(0)
-        assert x is not None and x.dtype is not None
-        shape = shape_of(x)
+        x = _unary(step)
+        shape = x.shape
         last = bool(int(node.attrs["channels_last"]))
         c = shape[-1] if last else shape[1]
         size = int(np.prod(shape[1:-1] if last else shape[2:]))
-        ctype = value_ctype(x.dtype)
-        args = [arg(step.inputs[0], ctype, True, step, "input 0"), *output_args(step, ctype)]
         scale = lambda k: np.float32(_const(node, k).reshape(-1)[0])  # type: ignore[union-attr]  # noqa: E731
-        lo, hi = _limits(node)
         ctx = QGlobalPoolContext(
-            params=params(["x", "y"], args, [True, True]), ctype=ctype, channels_last=last,
+            params=x.params, ctype=x.ctype, channels_last=last,
             outs=shape[0] * c, c=c, size=size, x_zero=_zero(node, 2),
             factor=_double(float(scale(1) / (scale(3) * np.float32(size)))),
-            y_zero=_zero(node, 4), lo=lo, hi=hi,
+            y=_qout(node, 4),
             parallel=int(np.prod(shape)) >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/qglobal_pool.c.j2", ctx, tuple(args))
+        return StepCode("c/qglobal_pool.c.j2", ctx, x.args)
 
 
 @dataclass(frozen=True)
@@ -311,8 +335,7 @@ class QSoftmaxContext(KernelContext):
     length: int
     table: tuple[str, ...]  # float32 literals: e[k] for an input k below its row's maximum
     factor: str  # float32 literal: floor(1 / y_scale)
-    y_zero: int
-    hi: int  # the output type's largest value
+    y: QOut  # (q >= y.zero: only y.hi can be reached)
     parallel: bool
 
 
@@ -325,20 +348,16 @@ class QSoftmaxKernel(CKernel):
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
-        x = node.input(0)
-        assert x is not None and x.dtype is not None
-        shape = shape_of(x)
-        ctype = value_ctype(x.dtype)
-        args = [arg(step.inputs[0], ctype, True, step, "input 0"), *output_args(step, ctype)]
+        x = _unary(step)
+        shape = x.shape
         ctx = QSoftmaxContext(
-            params=params(["x", "y"], args, [True, True]), ctype=ctype,
+            params=x.params, ctype=x.ctype,
             rows=int(np.prod(shape[:-1])), length=int(shape[-1]),
             table=tuple(literal(v) for v in softmax_exp_table(_const(node, 1), int(shape[-1]))),
-            factor=literal(float(softmax_factor(_const(node, 2)))), y_zero=_zero(node, 3),
-            hi=_limits(node)[1],
+            factor=literal(float(softmax_factor(_const(node, 2)))), y=_qout(node, 3),
             parallel=int(np.prod(shape)) * 4 >= PARALLEL_MIN_WORK,
         )
-        return StepCode("c/qsoftmax.c.j2", ctx, tuple(args))
+        return StepCode("c/qsoftmax.c.j2", ctx, x.args)
 
 
 KERNELS = (QBinaryKernel(), QLookupKernel(), QAveragePoolKernel(), QGlobalAveragePoolKernel(),
