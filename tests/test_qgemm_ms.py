@@ -4,7 +4,8 @@ other forms its schema allows (per-column b_scale, no C, a float output with or 
 alpha, transA, a uint8 B, an int8 output). Imported as MatMulInteger [-> Add C] -> Cast -> Mul
 [-> QuantizeLinear] (compiler/frontend/canonical/quantize_ms.py), with onnxruntime's own output scale
 formed in float32: every case equals onnxruntime bit for bit, on the reference provider and on the C
-target (where the MatMulInteger is the int32 onnx_aot.QGemm), x86-64-v2 the portable path.
+target (where the MatMulInteger and C are the int32 onnx_aot.QGemm) at x86-64-v2 (the portable path)
+and x86-64-v4 (AVX-512BW, and VNNI where the host has it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
 from runtime import Session
 from runtime.errors import ModelError
+from tests.cpu_targets import host_runs
 
 M, K, N = 3, 37, 21
 _MS = "com.microsoft"
@@ -82,16 +84,19 @@ def _feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("where", ["reference", "c"])
+@pytest.mark.parametrize("where", ["reference", "x86-64-v2", "x86-64-v4"])
 def test_qgemm_equals_onnxruntime_bit_for_bit(case: str, where: str, tmp_path: Path) -> None:
     model = qgemm_model(case)
     providers: list[Provider] | None = [ReferenceProvider()] if where == "reference" else None
-    artifact = compile_model(model, tmp_path / "a", cpu="x86-64-v2", providers=providers, golden_cases=1)
+    cpu = "x86-64-v2" if where == "reference" else where
+    artifact = compile_model(model, tmp_path / "a", cpu=cpu, providers=providers, golden_cases=1)
     steps = [(s["op_type"], s["provider"]) for s in json.loads((artifact / "plan.json").read_text())["steps"]]
-    if where == "c":  # C joins the int32 QGemm; the float scaling and requantization follow it
+    if where != "reference":  # C joins the int32 QGemm; the float scaling and requantization follow it
         tail = ["Cast", "Mul"] + (["QuantizeLinear"] if CASES[case][3] else [])
         assert steps[-len(tail) - 1:] == [("QGemm", "c")] + [(k, "c") for k in tail], steps
         assert all(p == "c" for _, p in steps) and len(steps) <= len(tail) + 2, steps
+    if not host_runs(cpu):
+        pytest.skip(f"this host does not run {cpu} code")
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ours = Session(artifact)
     for seed in range(3):
