@@ -14,7 +14,9 @@ from compiler.ir.graph import Value
 
 __all__ = ["Types", "qgemm_types"]
 
-_OPS = ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm")
+_MS = "com.microsoft."
+_MS_QGEMM = "com.microsoft.QGemm"  # (spelled whole: our onnx_aot.QGemm shares its op_type)
+_OPS = (_MS + "DynamicQuantizeMatMul", _MS + "MatMulIntegerToFloat", _MS_QGEMM)
 
 
 Types = dict[str, tuple[np.dtype, tuple[int, ...]]]
@@ -22,9 +24,10 @@ Types = dict[str, tuple[np.dtype, tuple[int, ...]]]
 
 def qgemm_types(proto: onnx.NodeProto, inputs: list[Value | None]) -> Types:
     """{output: (float32, shape)} for those ops with static A and B; {} otherwise."""
-    if proto.domain != "com.microsoft" or proto.op_type not in _OPS or len(inputs) < 2 or not proto.output:
+    op = f"{proto.domain}.{proto.op_type}"
+    if op not in _OPS or len(inputs) < 2 or not proto.output:
         return {}
-    if proto.op_type == "QGemm":
+    if op == _MS_QGEMM:
         return _qgemm_types(proto, inputs)
     a, b = inputs[0], inputs[1]
     if a is None or b is None or a.shape is None or b.shape is None or a.is_symbolic or b.is_symbolic:
