@@ -1,0 +1,117 @@
+"""onnxruntime's ``quantize_dynamic`` applied to an LSTM (com.microsoft.DynamicQuantizeLSTM):
+imported as ``onnx_aot.QLSTM`` (compiler/frontend/canonical/quantize_lstm.py) and
+run as onnxruntime runs it (runtime/kernels/qrecurrent.py).
+
+The oracle is onnxruntime on one intra-op thread (on more it splits the batch and quantizes each
+part's H apart, so its own result depends on its thread count). The integers are exact on both
+sides; what is left is float32 rounding in the scaling, the bias adds and the activations (MLAS's
+logistic / tanh approximations against numpy's), so outputs agree to 1e-6 absolute (measured: at
+most 1.2e-7 on |outputs| < 1) — a rounding step of X's or H's scale (~1e-2) would show as ~1e-3.
+Against the fp32 model each output strays at most 1.25x as far as onnxruntime's int8 run + 0.005.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from compiler import compile_model
+from runtime import Session
+from runtime.errors import ModelError
+from tests.support.lstm_models import lstm_feeds
+from tests.support.lstm_models import lstm_model
+from tests.support.lstm_models import quantized_lstm
+
+ATOL = 1e-6  # float32 rounding only (see the module docstring)
+
+
+def _ort(model: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options)
+
+
+def _stray(y: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+def _steps(artifact: Path) -> list[str]:
+    return [s["op_type"] for s in json.loads((artifact / "plan.json").read_text())["steps"]]
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["forward", "bidirectional"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
+def test_quantize_dynamic_lstm_matches_onnxruntime(tmp_path: Path, bidirectional: bool,
+                                                   per_channel: bool) -> None:
+    fp = lstm_model(7, 3, 10, 24, bidirectional=bidirectional)
+    q = quantized_lstm(fp, tmp_path, per_channel=per_channel)
+    assert [n.op_type for n in q.graph.node if n.domain == "com.microsoft"] == ["DynamicQuantizeLSTM"]
+    assert not any(n.op_type == "LSTM" for n in q.graph.node)
+    artifact = compile_model(q, tmp_path / "a", golden_cases=1)
+    assert "QLSTM" in _steps(artifact)
+    ours, theirs, exact = Session(artifact), _ort(q), _ort(fp)
+    for seed in range(3):
+        feeds = lstm_feeds(fp, seed)
+        want, ref = theirs.run(None, feeds), exact.run(None, feeds)
+        for i, (got, w, r) in enumerate(zip(ours.run(None, feeds), want, ref, strict=True)):
+            assert np.abs(got - w).max() <= ATOL, (seed, i)
+            assert _stray(got, r) <= 1.25 * _stray(w, r) + 0.005, (seed, i)
+
+
+@pytest.mark.parametrize("with_y", [True, False], ids=["y_used", "y_unused"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["forward", "bidirectional"])
+def test_sequence_lengths_quantize_h_as_onnxruntime_does(tmp_path: Path, with_y: bool,
+                                                         bidirectional: bool) -> None:
+    """Entries of lengths 6, 5, 4, 3: past its length an entry's row of H is its last state when Y
+    is not produced, and zeros from the second step on when it is (``zero_finished``); either way
+    the rows take part in the range the step's H is quantized over."""
+    fp = lstm_model(6, 4, 9, 20, bidirectional=bidirectional, lengths=True, with_y=with_y, seed=3)
+    q = quantized_lstm(fp, tmp_path, per_channel=True)
+    artifact = compile_model(q, tmp_path / "a", golden_cases=1)
+    ours, theirs = Session(artifact), _ort(q)
+    for seed in range(2):
+        feeds = lstm_feeds(fp, seed)
+        assert list(feeds["lens"]) == [6, 5, 4, 3]
+        for i, (got, w) in enumerate(zip(ours.run(None, feeds), theirs.run(None, feeds), strict=True)):
+            assert np.abs(got - w).max() <= ATOL, (seed, i)
+
+
+def test_zero_finished_changes_the_result(tmp_path: Path) -> None:
+    """The flag is not decoration: the same weights and feeds with Y used and unused give different
+    final states (in both onnxruntime and our kernel)."""
+    states = []
+    for with_y in (True, False):
+        fp = lstm_model(6, 4, 9, 20, lengths=True, with_y=with_y, seed=3)
+        q = quantized_lstm(fp, tmp_path, per_channel=False)
+        artifact = compile_model(q, tmp_path / f"a{with_y}", golden_cases=1)
+        feeds = lstm_feeds(fp, 0)
+        got, want = Session(artifact).run(None, feeds)[-2:], _ort(q).run(None, feeds)[-2:]
+        assert all(np.abs(g - w).max() <= ATOL for g, w in zip(got, want, strict=True))
+        states.append(got[0])
+    assert np.abs(states[0] - states[1]).max() > 1e-5
+
+
+def _edit(model: onnx.ModelProto, **attrs: object) -> onnx.ModelProto:
+    node = next(n for n in model.graph.node if n.op_type == "DynamicQuantizeLSTM")
+    node.attribute.extend(onnx.helper.make_attribute(k, v) for k, v in attrs.items())
+    return model
+
+
+def test_layout_1_and_nonzero_int8_channel_zero_points_are_refused(tmp_path: Path) -> None:
+    fp = lstm_model(3, 2, 5, 8)
+    q = quantized_lstm(fp, tmp_path, per_channel=True)
+    with pytest.raises(ModelError, match=r"DynamicQuantizeLSTM.*layout must be 0"):
+        compile_model(_edit(onnx.ModelProto.FromString(q.SerializeToString()), layout=1), tmp_path / "a",
+                      golden_cases=0)
+    bad = onnx.ModelProto.FromString(q.SerializeToString())
+    zero = next(t for t in bad.graph.initializer if t.name.endswith("W_zero_point"))
+    values = onnx.numpy_helper.to_array(zero).copy()
+    values[0, 3] = 1
+    zero.CopyFrom(onnx.numpy_helper.from_array(values, zero.name))
+    with pytest.raises(ModelError, match="W_zero_point must be all zero"):
+        compile_model(bad, tmp_path / "b", golden_cases=0)
