@@ -40,6 +40,7 @@ from compiler.providers.c.recurrent import activation_exprs
 from compiler.providers.c.recurrent import vector_activation_exprs
 from compiler.providers.kit import KernelContext
 from runtime.contract import Q_LSTM
+from runtime.contract import op_name
 from runtime.contract import round_up
 
 __all__ = ["QLSTMContext"]
@@ -54,7 +55,7 @@ class QLSTMContext(KernelContext):
     """One QLSTM node: the float cell's fields (read by recurrent_cell.c.j2), the int8 tile and the
     scratch regions (byte offsets)."""
 
-    op: str  # "QLSTM"
+    op: str  # op_name(Q_LSTM), which recurrent_cell.c.j2 knows
     dirs: int
     reverse: bool
     seq: int
@@ -89,6 +90,7 @@ class QLSTMContext(KernelContext):
     pack_when: str
     proj_when: str  # C condition over the run's projected rows ``rows``: the pool's decision
     step_when: str
+    dispatch: bool  # AVX-512BW: the VNNI loops too, taken where the CPU has AVX512-VNNI
 
 
 def _regions(seq: int, batch: int, size: int, hidden: int) -> tuple[tuple[str, int], ...]:
@@ -117,13 +119,12 @@ def _sizes(node: Node) -> tuple[int, int, int, int, int]:
 
 
 def _types_ok(node: Node) -> bool:
-    want = {0: (np.float32,), 1: (np.int8, np.uint8), 2: (np.int8, np.uint8), 3: (np.float32,), 4: (np.int32,),
-            5: (np.float32,), 6: (np.float32,), 7: (np.float32,), 8: (np.float32,), 9: (np.int8, np.uint8),
-            10: (np.float32,), 11: (np.int8, np.uint8)}  # fmt: skip
+    byte = (np.int8, np.uint8)
+    want = {1: byte, 2: byte, 4: (np.int32,), 9: byte, 11: byte}  # the others float32
     for i, value in enumerate(node.inputs):
         if value is None:
             continue
-        if value.shape is None or value.is_symbolic or value.dtype not in want[i]:
+        if value.shape is None or value.is_symbolic or value.dtype not in want.get(i, (np.float32,)):
             return False
     return all(v.dtype == np.float32 and v.shape is not None and not v.is_symbolic for v in node.outputs)
 
@@ -134,7 +135,8 @@ class QLSTMKernel(CKernel):
     def supports(self, node: Node) -> bool:
         if len(node.inputs) != 12 or len(node.outputs) != 3 or not _types_ok(node):
             return False
-        if int(node.attrs["layout"]) != 0 or not all(str(f) in ACTIVATIONS for f in node.attrs["activations"]):
+        known = all(str(f) in ACTIVATIONS for f in node.attrs["activations"])
+        if int(node.attrs["layout"]) != 0 or not known:
             return False
         return min(_sizes(node)) >= 1
 
@@ -155,7 +157,7 @@ class QLSTMKernel(CKernel):
         per_dir = {i: math.prod(node.inputs[i].shape) // dirs for i in (8, 9, 10, 11)}  # type: ignore[union-attr, arg-type]
         clip = float(node.attrs["clip"])
         ctx = QLSTMContext(
-            params=params(names, args, [True] * len(args)), op="QLSTM", dirs=dirs,
+            params=params(names, args, [True] * len(args)), op=op_name(Q_LSTM), dirs=dirs,
             reverse=node.attrs["direction"] == "reverse", seq=seq, batch=batch, input=size, hidden=hidden,
             has_b=3 in present, has_lens=4 in present, has_h0=5 in present, has_c0=6 in present,
             has_p=7 in present, clip=literal(clip) if np.isfinite(clip) else None,
@@ -170,6 +172,7 @@ class QLSTMKernel(CKernel):
             pack_when="1" if g * (size + hidden) >= PARALLEL_MIN_WORK else "0",
             proj_when=f"rows * {2 * g * size} >= {PARALLEL_MIN_WORK}",
             step_when="1" if 2 * batch * g * hidden >= PARALLEL_MIN_WORK else "0",
+            dispatch=target.int8_dot == "avx512bw",
         )
         return StepCode("c/qlstm.c.j2", ctx, tuple(args))
 

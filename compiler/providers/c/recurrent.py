@@ -52,7 +52,8 @@ from runtime.symbolic import Dim
 from runtime.symbolic import Expr
 from runtime.symbolic import bounds
 
-__all__ = ["ACTIVATIONS", "RecurrentContext", "RecurrentKernel", "activation_exprs", "vector_activation_exprs"]
+__all__ = ["ACTIVATIONS", "RecurrentContext", "RecurrentKernel", "activation_exprs",
+           "vector_activation_exprs"]
 
 # Per op: (gates, activation functions per direction, outputs, names of the inputs).
 _OPS: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
