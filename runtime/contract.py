@@ -148,11 +148,12 @@ _TABLE = (
     _op("QGlobalAveragePool", "X X_scale X_zero? Y_scale Y_zero?", channels_last=0),
     _op("QSoftmax", "X X_scale Y_scale Y_zero?"),  # over the last axis
     # onnxruntime's DynamicQuantizeLSTM (runtime/kernels/qrecurrent.py): W (dirs, input, 4H) and R
-    # (dirs, H, 4H) 8-bit, scales / zero points (dirs) or (dirs, 4H); X and H quantized at run time
+    # (dirs, H, 4H) 8-bit, scales / zero points (dirs) or (dirs, 4H); X and H quantized at run time;
+    # packed 1: W and R packed per direction as QGemm's B, W_sum / R_sum their column sums
     _op("QLSTM",
-        "X W R B? sequence_lens? initial_h? initial_c? P? W_scale W_zero R_scale R_zero",
+        "X W R B? sequence_lens? initial_h? initial_c? P? W_scale W_zero R_scale R_zero W_sum? R_sum?",
         hidden_size=REQUIRED, direction=REQUIRED, layout=0, clip=REQUIRED, activations=REQUIRED,
-        activation_alpha=REQUIRED, activation_beta=REQUIRED, input_forget=0, zero_finished=0),
+        activation_alpha=REQUIRED, activation_beta=REQUIRED, input_forget=0, zero_finished=0, packed=0),
 )
 OPS: Final[Mapping[str, AotOp]] = MappingProxyType({op.kind: op for op in _TABLE})
 

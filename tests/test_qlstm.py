@@ -21,6 +21,7 @@ import onnxruntime as ort
 import pytest
 
 from compiler import compile_model
+from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
 from runtime import Session
 from runtime.errors import ModelError
@@ -75,7 +76,7 @@ def test_quantize_dynamic_lstm_matches_onnxruntime(tmp_path: Path, bidirectional
     q = quantized_lstm(fp, tmp_path, per_channel=per_channel)
     assert [n.op_type for n in q.graph.node if n.domain == "com.microsoft"] == ["DynamicQuantizeLSTM"]
     assert not any(n.op_type == "LSTM" for n in q.graph.node)
-    only = [ReferenceProvider()] if provider == "reference" else None
+    only: list[Provider] | None = [ReferenceProvider()] if provider == "reference" else None
     artifact = compile_model(q, tmp_path / "a", golden_cases=1, providers=only)
     assert ("QLSTM", provider) in _providers(artifact)
     ours, theirs, exact = Session(artifact), _ort(q), _ort(fp)
@@ -174,3 +175,21 @@ def test_c_kernel_on_every_int8_path_matches_at_any_thread_count(
     for i, (a, b, w) in enumerate(zip(one, two, want, strict=True)):
         assert np.array_equal(a, b), (target, i)
         assert np.abs(a - w).max() <= ATOL, (target, i)
+
+
+def test_weights_packed_at_compile_time_or_at_run_time_give_the_same_outputs(
+        tmp_path: Path, wide_lstm: tuple[onnx.ModelProto, onnx.ModelProto]) -> None:
+    """From level 2 pack_qlstm_weights stores W and R in the tile's panels (packed 1: no packing
+    part in the kernel); at level 1 the kernel packs them into scratch at every run."""
+    fp, q = wide_lstm
+    feeds = lstm_feeds(fp, 2)
+    results = []
+    for level, packs_at_run_time in ((1, True), (3, False)):
+        artifact = compile_model(q, tmp_path / f"l{level}", golden_cases=1, opt_level=level, cpu="x86-64-v3")
+        plan = json.loads((artifact / "plan.json").read_text())
+        step = next(s for s in plan["steps"] if s["op_type"] == "QLSTM")
+        assert step["provider"] == "c" and len(step["inputs"]) == (12 if packs_at_run_time else 14)
+        assert ("_packb(" in _source(artifact)) == packs_at_run_time
+        results.append(Session(artifact, threads=2).run(None, feeds))
+    for a, b in zip(*results, strict=True):
+        assert np.array_equal(a, b)

@@ -26,6 +26,7 @@ import numpy as np
 from runtime.contract import Q_LSTM
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
+from runtime.kernels.qgemm import unpack_qb
 from runtime.kernels.quantize import dynamic_quantize_kernel
 from runtime.kernels.recurrent import Direction
 from runtime.kernels.recurrent import WeightsFor
@@ -88,9 +89,14 @@ def _weights_for(weights: list[Any], zero_finished: bool) -> WeightsFor:
 def dynamic_quantize_lstm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                                  outputs: list[OutputSpec]) -> list[Any]:
     """DynamicQuantizeLSTM: X, W, R, B?, sequence_lens?, initial_h?, initial_c?, P?, W_scale, W_zero,
-    R_scale, R_zero -> Y, Y_h, Y_c (gates i, o, f, c), as onnxruntime computes it on one thread."""
-    x, w, r, b, lens, h0, c0, p, *quantization = fill_optional(Q_LSTM, inputs, 12)
-    w_scale, w_zero, r_scale, r_zero = quantization
+    R_scale, R_zero[, W_sum, R_sum] -> Y, Y_h, Y_c (gates i, o, f, c), as onnxruntime computes it on
+    one thread; ``packed`` W / R are unpacked first (the sums are the C kernel's)."""
+    x, w, r, b, lens, h0, c0, p, *quantization = fill_optional(Q_LSTM, inputs, 14)
+    w_scale, w_zero, r_scale, r_zero = quantization[:4]
+    if int(attrs["packed"]):
+        hidden, size = int(attrs["hidden_size"]), int(x.shape[2])
+        w = xp.stack([unpack_qb(m, size, 4 * hidden, w_zero.dtype.name) for m in w])
+        r = xp.stack([unpack_qb(m, hidden, 4 * hidden, r_zero.dtype.name) for m in r])
     peepholes = p.astype(np.float32) if p is not None else None
     cell = lstm_cell_for(peepholes, bool(attrs["input_forget"]))
     make = _weights_for([w, r, b, w_scale, w_zero, r_scale, r_zero], bool(attrs["zero_finished"]))

@@ -5,6 +5,7 @@ iofc order, h0 / c0 as graph inputs, Y squeezed — or, bidirectional, transpose
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,7 +31,9 @@ def lstm_model(seq: int, batch: int, size: int, hidden: int, *, bidirectional: b
     if lengths:
         ins.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [batch]))
     ins += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [dirs, batch, hidden]) for n in ("h0", "c0")]
-    attrs = {"hidden_size": hidden, **({"direction": "bidirectional"} if bidirectional else {})}
+    attrs: dict[str, Any] = {"hidden_size": hidden}
+    if bidirectional:
+        attrs["direction"] = "bidirectional"
     y = "y_all" if with_y else ""
     lstm_in = ["x", "lstm.W", "lstm.R", "lstm.B", "lens" if lengths else "", "h0", "c0"]
     nodes = [helper.make_node("LSTM", lstm_in, [y, "h_n", "c_n"], name="/lstm/LSTM", **attrs)]

@@ -72,4 +72,5 @@ def _dynamic_quantize_lstm(ctx: CanonContext) -> list[Node]:
     _weight(ctx, inputs, 1, "W", (dirs, x.shape[2], 4 * hidden))
     _weight(ctx, inputs, 2, "R", (dirs, hidden, 4 * hidden))
     attrs["zero_finished"] = int(outputs[0] is ctx.outputs[0] if ctx.outputs else False)
+    attrs["packed"] = 0  # compiler/passes/pack_qlstm_weights.py packs them for the C target
     return [ctx.node(op_name(Q_LSTM), inputs, attrs, outputs=outputs, domain=AOT_DOMAIN)]

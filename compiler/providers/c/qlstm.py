@@ -45,7 +45,8 @@ from runtime.contract import round_up
 
 __all__ = ["QLSTMContext"]
 
-_NAMES = ("x", "w", "r", "b", "lens", "h0", "c0", "p", "w_scale", "w_zero", "r_scale", "r_zero")
+_NAMES = ("x", "w", "r", "b", "lens", "h0", "c0", "p", "w_scale", "w_zero", "r_scale", "r_zero", "w_sum",
+          "r_sum")
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.int8): "int8_t", np.dtype(np.uint8): "uint8_t",
            np.dtype(np.int32): "int"}
 
@@ -91,6 +92,7 @@ class QLSTMContext(KernelContext):
     proj_when: str  # C condition over the run's projected rows ``rows``: the pool's decision
     step_when: str
     dispatch: bool  # AVX-512BW: the VNNI loops too, taken where the CPU has AVX512-VNNI
+    packed: bool  # W and R arrive packed with their sums (compiler/passes/pack_qlstm_weights.py)
 
 
 def _regions(seq: int, batch: int, size: int, hidden: int) -> tuple[tuple[str, int], ...]:
@@ -120,7 +122,8 @@ def _sizes(node: Node) -> tuple[int, int, int, int, int]:
 
 def _types_ok(node: Node) -> bool:
     byte = (np.int8, np.uint8)
-    want = {1: byte, 2: byte, 4: (np.int32,), 9: byte, 11: byte}  # the others float32
+    int32 = (np.int32,)
+    want = {1: byte, 2: byte, 4: int32, 9: byte, 11: byte, 12: int32, 13: int32}  # the others float32
     for i, value in enumerate(node.inputs):
         if value is None:
             continue
@@ -133,7 +136,8 @@ class QLSTMKernel(CKernel):
     kinds: tuple[str, ...] = (Q_LSTM,)
 
     def supports(self, node: Node) -> bool:
-        if len(node.inputs) != 12 or len(node.outputs) != 3 or not _types_ok(node):
+        packed = bool(int(node.attrs["packed"]))
+        if len(node.inputs) != (14 if packed else 12) or len(node.outputs) != 3 or not _types_ok(node):
             return False
         known = all(str(f) in ACTIVATIONS for f in node.attrs["activations"])
         if int(node.attrs["layout"]) != 0 or not known:
@@ -146,12 +150,14 @@ class QLSTMKernel(CKernel):
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         dirs, seq, batch, size, hidden = _sizes(node)
-        present = [i for i in range(12) if node.input(i) is not None]
+        present = [i for i in range(len(node.inputs)) if node.input(i) is not None]
         ins: list[Arg] = [arg(step.inputs[i], _CTYPES[np.dtype(node.inputs[i].dtype)], True, step,  # type: ignore[union-attr]
                               f"input {i}") for i in present]
         args = [*ins, *output_args(step), *scratch_arg(step, self.scratch_nbytes(node))]
         args[-1] = Arg(args[-1].kind, args[-1].offset, "uint8_t", False)
         names = [_NAMES[i] for i in present] + ["y", "yh", "yc", "scratch"]
+        packed = bool(int(node.attrs["packed"]))
+        zeros = [v.dtype if v is not None else None for v in (node.inputs[9], node.inputs[11])]  # W, R types
         mr, npan = qtile_shape(target)
         g = 4 * hidden
         per_dir = {i: math.prod(node.inputs[i].shape) // dirs for i in (8, 9, 10, 11)}  # type: ignore[union-attr, arg-type]
@@ -165,14 +171,13 @@ class QLSTMKernel(CKernel):
             linear_before_reset=False, input_forget=bool(node.attrs["input_forget"]),
             zero_finished=bool(node.attrs["zero_finished"]), vw=target.vector_bytes // 4,
             isa=target.int8_dot, mr=mr, npan=npan, kpx=round_up(size, 4), kph=round_up(hidden, 4),
-            w_shift=128 if node.inputs[1].dtype == np.uint8 else 0,  # type: ignore[union-attr]
-            r_shift=128 if node.inputs[2].dtype == np.uint8 else 0,  # type: ignore[union-attr]
+            w_shift=128 if zeros[0] == np.uint8 else 0, r_shift=128 if zeros[1] == np.uint8 else 0,
             w_scale_n=per_dir[8], w_zero_n=per_dir[9], r_scale_n=per_dir[10], r_zero_n=per_dir[11],
             regions=_regions(seq, batch, size, hidden),
             pack_when="1" if g * (size + hidden) >= PARALLEL_MIN_WORK else "0",
             proj_when=f"rows * {2 * g * size} >= {PARALLEL_MIN_WORK}",
             step_when="1" if 2 * batch * g * hidden >= PARALLEL_MIN_WORK else "0",
-            dispatch=target.int8_dot == "avx512bw",
+            dispatch=target.int8_dot == "avx512bw", packed=packed,
         )
         return StepCode("c/qlstm.c.j2", ctx, tuple(args))
 
