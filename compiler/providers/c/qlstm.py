@@ -77,7 +77,8 @@ class QLSTMContext(KernelContext):
     zero_finished: bool
     vw: int
     isa: str
-    mr: int
+    mr: int  # rows of the projections' tile (the target's)
+    step_mr: int  # rows of a step's tile: the batch in blocks of at most mr, as even as they go
     npan: int
     kpx: int  # input size rounded up to the group of 4
     kph: int  # hidden size, the same
@@ -170,7 +171,8 @@ class QLSTMKernel(CKernel):
             acts=activation_exprs(node), vacts=vector_activation_exprs(node), nact=3,
             linear_before_reset=False, input_forget=bool(node.attrs["input_forget"]),
             zero_finished=bool(node.attrs["zero_finished"]), vw=target.vector_bytes // 4,
-            isa=target.int8_dot, mr=mr, npan=npan, kpx=round_up(size, 4), kph=round_up(hidden, 4),
+            isa=target.int8_dot, mr=mr, step_mr=-(-batch // -(-batch // mr)), npan=npan,
+            kpx=round_up(size, 4), kph=round_up(hidden, 4),
             w_shift=128 if zeros[0] == np.uint8 else 0, r_shift=128 if zeros[1] == np.uint8 else 0,
             w_scale_n=per_dir[8], w_zero_n=per_dir[9], r_scale_n=per_dir[10], r_zero_n=per_dir[11],
             regions=_regions(seq, batch, size, hidden),
