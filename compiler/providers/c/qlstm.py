@@ -47,6 +47,7 @@ __all__ = ["QLSTMContext"]
 
 _NAMES = ("x", "w", "r", "b", "lens", "h0", "c0", "p", "w_scale", "w_zero", "r_scale", "r_zero", "w_sum",
           "r_sum")
+_CELL_PARALLEL = 1024  # a step's cell updates (~6 ns each) go to the pool from this many
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.int8): "int8_t", np.dtype(np.uint8): "uint8_t",
            np.dtype(np.int32): "int"}
 
@@ -92,6 +93,7 @@ class QLSTMContext(KernelContext):
     pack_when: str
     proj_when: str  # C condition over the run's projected rows ``rows``: the pool's decision
     step_when: str
+    cell_when: str  # a step's cell updates split over the batch on the pool
     dispatch: bool  # AVX-512BW: the VNNI loops too, taken where the CPU has AVX512-VNNI
     packed: bool  # W and R arrive packed with their sums (compiler/passes/pack_qlstm_weights.py)
 
@@ -179,6 +181,7 @@ class QLSTMKernel(CKernel):
             pack_when="1" if g * (size + hidden) >= PARALLEL_MIN_WORK else "0",
             proj_when=f"rows * {2 * g * size} >= {PARALLEL_MIN_WORK}",
             step_when="1" if 2 * batch * g * hidden >= PARALLEL_MIN_WORK else "0",
+            cell_when="1" if batch >= 2 and batch * hidden >= _CELL_PARALLEL else "0",
             dispatch=target.int8_dot == "avx512bw", packed=packed,
         )
         return StepCode("c/qlstm.c.j2", ctx, tuple(args))
