@@ -7,6 +7,7 @@ part's H apart, so its own result depends on its thread count). The integers are
 sides; what is left is float32 rounding in the scaling, the bias adds and the activations (MLAS's
 logistic / tanh approximations against numpy's), so outputs agree to 1e-6 absolute (measured: at
 most 1.2e-7 on |outputs| < 1) — a rounding step of X's or H's scale (~1e-2) would show as ~1e-3.
+Over longer runs one value of H may round to the neighbouring level in one engine only (FLIP_ATOL).
 Against the fp32 model each output strays at most 1.25x as far as onnxruntime's int8 run + 0.005.
 """
 
@@ -32,6 +33,11 @@ from tests.test_qgemm import TARGETS as QGEMM_TARGETS
 from tests.test_qgemm import _runs as qgemm_target_runs
 
 ATOL = 1e-6  # float32 rounding only (see the module docstring)
+# Over more steps a value of H can land on the other side of a quantization level in one engine
+# and not the other (their logistic / tanh differ in the last bits): that value moves by one step of
+# H's scale (~1/128 of its range), each gate by about that times |R| (~0.1), ~1e-3 at most, and the
+# difference then decays through the cell (measured: 1.6e-4 over 12 steps, 6.7e-4 over 50).
+FLIP_ATOL = 2e-3
 
 
 class _Ort:
@@ -200,10 +206,11 @@ def test_weights_packed_at_compile_time_or_at_run_time_give_the_same_outputs(
         assert np.array_equal(a, b)
 
 
-def test_run_time_sequence_length_and_batch_run_on_the_reference_kernel(tmp_path: Path) -> None:
-    """An export with dynamic axes (seq, batch): the QLSTM's output shapes come from probing, the
-    step runs on the reference kernel (the C kernel takes static shapes) and matches at two shapes."""
-    fp = lstm_model(7, 3, 10, 24, bidirectional=True)
+def test_run_time_sequence_length_and_batch_run_on_the_c_kernel(tmp_path: Path) -> None:
+    """An export with dynamic axes (seq, batch): the QLSTM's output shapes come from probing and the
+    C kernel takes the run's sizes (SEQ / NB, its pool decisions C conditions over them); it matches
+    at three shapes (batch 1 among them), the same at 1 and 2 threads."""
+    fp = lstm_model(7, 3, 10, 136, bidirectional=True)
     for value in [*fp.graph.input, *fp.graph.output]:
         dims = value.type.tensor_type.shape.dim
         for axis, name in ((0, "seq"), (1, "batch")) if value.name in ("x", "y") else ((1, "batch"),):
@@ -212,12 +219,15 @@ def test_run_time_sequence_length_and_batch_run_on_the_reference_kernel(tmp_path
     shape.CopyFrom(onnx.numpy_helper.from_array(np.array([0, 0, -1], np.int64), "shape"))
     q = quantized_lstm(fp, tmp_path, per_channel=True)
     artifact = compile_model(q, tmp_path / "a", golden_cases=1, dims={"seq": (1, 50), "batch": (1, 8)})
-    assert ("QLSTM", "reference") in _providers(artifact)
-    ours, theirs = Session(artifact), _ort(q)
+    assert ("QLSTM", "c") in _providers(artifact)
+    text = _source(artifact)
+    assert "const long NB = " in text and "if (NB >= 2 && NB * 136 >= 1024)" in text  # cells on the pool
+    one, two, theirs = Session(artifact, threads=1), Session(artifact, threads=2), _ort(q)
     rng = np.random.default_rng(6)
-    for seq, batch in ((7, 3), (4, 2)):
+    for seq, batch, tol in ((7, 3, ATOL), (4, 1, ATOL), (12, 8, FLIP_ATOL)):
         feeds = {"x": rng.standard_normal((seq, batch, 10)).astype(np.float32),
-                 "h0": rng.standard_normal((2, batch, 24)).astype(np.float32) * 0.5,
-                 "c0": rng.standard_normal((2, batch, 24)).astype(np.float32) * 0.5}
-        for got, want in zip(ours.run(None, feeds), theirs.run(None, feeds), strict=True):
-            assert np.abs(got - want).max() <= ATOL
+                 "h0": rng.standard_normal((2, batch, 136)).astype(np.float32) * 0.5,
+                 "c0": rng.standard_normal((2, batch, 136)).astype(np.float32) * 0.5}
+        runs = (one.run(None, feeds), two.run(None, feeds), theirs.run(None, feeds))
+        for a, b, want in zip(*runs, strict=True):
+            assert np.array_equal(a, b) and np.abs(a - want).max() <= tol, (seq, batch)

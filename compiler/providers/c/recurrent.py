@@ -52,7 +52,7 @@ from runtime.symbolic import Dim
 from runtime.symbolic import Expr
 from runtime.symbolic import bounds
 
-__all__ = ["ACTIVATIONS", "RecurrentContext", "RecurrentKernel", "activation_exprs",
+__all__ = ["ACTIVATIONS", "RecurrentContext", "RecurrentKernel", "activation_exprs", "sizes_ok",
            "vector_activation_exprs"]
 
 # Per op: (gates, activation functions per direction, outputs, names of the inputs).
@@ -168,7 +168,7 @@ def _dtypes_ok(node: Node) -> bool:
     )
 
 
-def _sizes_ok(node: Node) -> bool:
+def sizes_ok(node: Node) -> bool:
     """No size is empty: a static one at least 1, a run-time one at least 1 over the ranges."""
     graph = node.graph
     for d in _sizes(node):
@@ -275,7 +275,7 @@ class RecurrentKernel(CKernel):
             a.get("layout") in (0, 1)
             and len(acts) == nact * dirs
             and all(str(f) in ACTIVATIONS for f in acts)
-            and _sizes_ok(node)
+            and sizes_ok(node)
         )
 
     def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
