@@ -156,12 +156,14 @@ class VerifyReport:
                 f"tolerance {worst.tolerance:.3g}){detail}")
 
 
-def relative_error(got: np.ndarray, ref: np.ndarray, scale: float | None = None) -> float:
+def relative_error(got: np.ndarray, ref: np.ndarray, scale: float | None = None, *,
+                   exact: bool = True) -> float:
     """``max|got - ref| / max|ref|`` over finite values; inf when shapes, non-finite positions or
-    (for integers and bools) any value differ. ``scale`` replaces ``max|ref|`` (a sample's)."""
+    (for bools, and integers unless ``exact`` is False: a quantized output's steps) any value differ.
+    ``scale`` replaces ``max|ref|`` (a sample's)."""
     if got.shape != ref.shape:
         return float("inf")
-    if ref.dtype.kind not in "fc":
+    if ref.dtype.kind not in "fc" and (exact or ref.dtype.kind not in "iu"):
         return 0.0 if np.array_equal(got, ref) else float("inf")
     g = np.asarray(got, dtype=np.complex128 if ref.dtype.kind == "c" else np.float64)
     r = np.asarray(ref, dtype=g.dtype)
@@ -224,18 +226,20 @@ def _input(path: Path, blob: memoryview, record: Any) -> np.ndarray:
 
 
 def _check(case: int, name: str, got: np.ndarray, ref: np.ndarray, record: Mapping[str, Any]) -> OutputCheck:
-    """One output against its stored reference: whole, or at the sampled indices plus max|.|."""
+    """One output against its stored reference: whole, or at the sampled indices plus max|.|. An
+    integer output with a ``quantum`` (its quantization step) is held to its tolerance, not exactly."""
     tolerance = float(record.get("tolerance", 0.0))
     sample = record.get("sample")
+    exact = "quantum" not in record
     if not isinstance(sample, Mapping):
-        return OutputCheck(case, name, relative_error(got, ref), tolerance)
+        return OutputCheck(case, name, relative_error(got, ref, exact=exact), tolerance)
     shape = tuple(int(d) for d in record["shape"])
     if got.shape != shape:
         return OutputCheck(case, name, float("inf"), tolerance)
     picked = got.reshape(-1)[sample_indices(got.size, ref.size)]
     absmax = float(sample.get("absmax", 0.0))
-    error = relative_error(picked, ref, scale=max(absmax, _finite_absmax(ref)) if ref.dtype.kind in "fc"
-                           else None)
+    error = relative_error(picked, ref, scale=max(absmax, _finite_absmax(ref))
+                           if ref.dtype.kind in "fc" or not exact else None, exact=exact)
     if ref.dtype.kind in "fc" and absmax > 0:
         error = max(error, abs(_finite_absmax(got) - absmax) / absmax)
     return OutputCheck(case, name, error, tolerance)

@@ -7,7 +7,8 @@ generated kernel is tested against -- on inputs from the runtime's own generator
 are not stored: ``golden.json`` records each one's generator, seed and sha256, and the deploy
 machine regenerates it. The outputs go into ``golden.bin`` as raw little-endian bytes, whole when
 a case's outputs fit the byte budget (``max_bytes`` over all cases, 4 MiB), else as an evenly spaced
-sample of each output with its ``max|ref|``; per output the tolerance. A model whose inputs and
+sample of each output with its ``max|ref|``; per output the tolerance (for a quantized output, a
+few steps of its scale where that is more: ``compiler/artifact/quantum.py``). A model whose inputs and
 outputs of one case exceed the budget gets one case (each case is a reference run at compile
 time). Both files are hashed in the manifest like every other file and marked optional
 (``onnx-aot strip`` removes them).
@@ -36,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from compiler.artifact.quantum import output_quantum
+from compiler.artifact.quantum import quantum_tolerance
 from compiler.ir.evaluate import Interpreter
 from compiler.ir.evaluate import concrete_shape
 from compiler.ir.graph import Graph
@@ -173,6 +176,7 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
     count = max(min(cases, len(at)), min(cases, max_bytes // max(per_case, 1)), 1)  # every binding
     budget = max_bytes // count  # output bytes per case
     failures: list[GoldenReferenceError] = []
+    quanta = [output_quantum(v) for v in graph.outputs]
     for k in range(count if skip is None else 0):
         try:
             records, outputs = _case(graph, seed + k, binding(k))
@@ -189,8 +193,7 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
         for k_out, array in enumerate(outputs):
             share = budget // max(len(outputs), 1) // max(array.dtype.itemsize, 1)
             record = _put_output(blob, output_names[k_out], array, None if whole else max(1, share))
-            record["tolerance"] = tolerance_for(array.dtype)
-            case["outputs"].append(record)
+            case["outputs"].append(_with_tolerance(record, array, quanta[k_out]))
         index["cases"].append(case)
     if failures and not index["cases"]:
         raise failures[0]
@@ -201,6 +204,16 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
         index["skipped"] = skip
     text = json.dumps(index, indent=1, ensure_ascii=False) + "\n"
     return {GOLDEN_JSON: text.encode("utf-8"), GOLDEN_BIN: bytes(blob)}
+
+
+def _with_tolerance(record: dict[str, Any], array: np.ndarray, quantum: float | None) -> dict[str, Any]:
+    """``record`` with its output's tolerance: its dtype's, or for a quantized value (``quantum``,
+    its grid step) ``QUANTUM_STEPS`` steps where that is more (compiler/artifact/quantum.py)."""
+    record["tolerance"] = tolerance_for(array.dtype)
+    if quantum is not None:
+        record["quantum"] = quantum
+        record["tolerance"] = max(record["tolerance"], quantum_tolerance(quantum, array))
+    return record
 
 
 def skipped_reason(files: Mapping[str, bytes]) -> str | None:

@@ -28,6 +28,7 @@ from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import replace_nodes
 from compiler.passes.base import rewrite_each
+from compiler.passes.base import sole_consumer
 from runtime.contract import QGEMM
 from runtime.contract import op_name
 from runtime.kernels.qgemm import column_sums
@@ -101,12 +102,31 @@ def lowers(node: Node) -> bool:
     return _plan(node) is not None
 
 
+def _bias_add(graph: Graph, node: Node, n: int) -> tuple[Node, Value] | None:
+    """(the Add, C) where the sole consumer of MatMulInteger ``node`` adds a constant int32 C of N."""
+    add = sole_consumer(graph, node.outputs[0])
+    if add is None or add.kind != "Add" or len(add.inputs) != 2:
+        return None
+    if add.outputs[0].shape != node.outputs[0].shape:
+        return None
+    c = add.inputs[1] if add.inputs[0] is node.outputs[0] else add.inputs[0]
+    if c is None or c.const is None or c.dtype != np.int32 or not sized(c, n) or c is node.outputs[0]:
+        return None
+    return add, c
+
+
 def _lower(graph: Graph, node: Node) -> bool:
     plan = _plan(node)
     if plan is None:
         return False
     a, b, params, attrs = plan
-    qgemm_node(graph, node, a, b, params, attrs, node.outputs, [node])
+    biased = _bias_add(graph, node, b.shape[1]) if node.kind == "MatMulInteger" else None
+    if biased is None:
+        qgemm_node(graph, node, a, b, params, attrs, node.outputs, [node])
+        return True
+    add, c = biased
+    params = [*params, None, None, add_constant(graph, f"{node.name}_bias", np.asarray(c.const).reshape(-1))]
+    qgemm_node(graph, node, a, b, params, attrs, add.outputs, [node, add])
     return True
 
 

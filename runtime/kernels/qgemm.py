@@ -9,7 +9,8 @@ the column sums of that int8 B. One layout for every target. The op's inputs and
 - ``A``: int8 / uint8, or float32 with ``dynamic`` 1 (quantized inside the step exactly as
   DynamicQuantizeLinear does; a_scale / a_zero are then that quantization's);
 - ``acc[m, n] = sum_k (A[m, k] - a_zero) (B[k, n] - b_zero[n])`` in int32, then by ``output``:
-  "int32" (MatMulInteger), "float" (``act(float(acc) * (a_scale * b_scale[n]) + bias[n])``: the
+  "int32" (MatMulInteger; ``+ bias[n]`` with an int32 bias, wrapping as int32 does), "float"
+  (``act(float(acc) * (a_scale * b_scale[n]) + bias[n])``: the
   MatMulInteger -> Cast -> Mul [-> Add] chain onnxruntime's quantize_dynamic writes) or "quantized"
   (QLinearMatMul: ``saturate(rint(acc * (a_scale * b_scale[n] / y_scale)) + y_zero)``, the factor
   formed in float32 and applied in float64, as runtime/kernels/quantize.py does).
@@ -81,6 +82,8 @@ def qgemm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: lis
     acc = (rows @ (b.astype(np.float64) - _column(b_zero, n))).astype(np.int64).astype(np.int32)
     acc = acc.reshape(*a.shape[:-1], n)
     if mode == "int32":
+        if bias is not None:
+            acc = (acc.astype(np.int64) + np.asarray(bias, np.int64).reshape(-1)).astype(np.int32)
         return finish(xp, QGEMM, [acc], outputs)
     scale = (np.asarray(a_scale, np.float32).reshape(()) * np.asarray(b_scale, np.float32).reshape(-1))
     if mode == "float":

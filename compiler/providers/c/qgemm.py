@@ -135,7 +135,9 @@ def _params_ok(node: Node) -> bool:
     if ins[6] is not None and ins[6].dtype not in (np.int8, np.uint8):
         return False
     if out == "int32":
-        return y.dtype == np.int32 and all(ins[i] is None for i in (7, 8, 9))
+        bias = ins[9]
+        return (y.dtype == np.int32 and ins[7] is None and ins[8] is None
+                and (bias is None or (bias.dtype == np.int32 and _size(bias) == n)))
     scaled = (ins[3] is not None or dynamic) and ins[5] is not None
     if out == "float":
         return scaled and y.dtype == np.float32 and ins[7] is None and _size(ins[9]) in (0, n)
