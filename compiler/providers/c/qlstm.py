@@ -6,11 +6,11 @@ of the first max(sequence_lens) steps quantized at once (DynamicQuantizeLinear's
 qquant.c.j2) and multiplied with W, then per step H quantized and multiplied with R, each product
 exact in int32 on ``qgemm_tile.c.j2``'s tile (VNNI, 16-bit pmaddwd or plain C by the target's
 ``int8_dot``) and scaled to float in the tile's epilogue, then the LSTM cell of
-``recurrent_cell.c.j2`` (the float kernel's). W and R are packed into the tile's panels at every
-run, into scratch (a pass packing them ahead of time, as QGemm's are, is left to do: the packing
-is O(weights), the products O(steps · batch · weights)). The packing, the quantized rows and the
-tiles and the cell updates are items of the worker pool, each computed whole by whichever thread
-takes it: the results are the same at any thread count. Claimed for layout 0 and float32 / int32
+``recurrent_cell.c.j2`` (the float kernel's). W and R arrive packed in the tile's panels with
+their column sums (``packed`` 1: compiler/passes/pack_qlstm_weights.py, from level 2); at level 1
+the kernel packs them into scratch at every run. The packing, the quantized rows, the tiles and
+the cell updates are items of the worker pool, each computed whole by whichever thread takes it:
+the results are the same at any thread count. Claimed for layout 0 and float32 / int32
 around 8-bit weights; in a dynamic graph the sequence length and the batch may be run-time sizes
 (the C locals SEQ / NB, the pool's decisions C conditions over them, scratch an expression of
 them), the weights static. Anything else stays on the reference kernel.
