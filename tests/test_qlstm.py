@@ -1,12 +1,15 @@
 """onnxruntime's ``quantize_dynamic`` applied to an LSTM (com.microsoft.DynamicQuantizeLSTM):
-imported as ``onnx_aot.QLSTM`` (compiler/frontend/canonical/quantize_lstm.py) and
-run as onnxruntime runs it (runtime/kernels/qrecurrent.py).
+imported as ``onnx_aot.QLSTM`` (compiler/frontend/canonical/quantize_lstm.py) and run as
+onnxruntime runs it, by the reference kernel (runtime/kernels/qrecurrent.py) and the C int8 LSTM
+(compiler/providers/c/qlstm.py: every int8 path, 1 and 2 threads, run-time seq / batch, weights
+packed at compile time or at run time).
 
 The oracle is onnxruntime on one intra-op thread (on more it splits the batch and quantizes each
 part's H apart, so its own result depends on its thread count). The integers are exact on both
 sides; what is left is float32 rounding in the scaling, the bias adds and the activations (MLAS's
-logistic / tanh approximations against numpy's), so outputs agree to 1e-6 absolute (measured: at
-most 1.2e-7 on |outputs| < 1) — a rounding step of X's or H's scale (~1e-2) would show as ~1e-3.
+logistic / tanh approximations against numpy's and our vector math), so outputs agree to 1e-6
+absolute (measured: at most 1.2e-7 on |outputs| < 1) — a rounding step of X's or H's scale
+(~1e-2) would show as ~1e-3.
 Over longer runs one value of H may round to the neighbouring level in one engine only (FLIP_ATOL).
 Against the fp32 model each output strays at most 1.25x as far as onnxruntime's int8 run + 0.005.
 """
