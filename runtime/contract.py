@@ -41,7 +41,7 @@ __all__ = [
     "GLOBAL_AVERAGE_POOL_NHWC", "LRN_NHWC", "MULTI_HEAD_ATTENTION", "FUSED_ELEMENTWISE", "IF", "LOOP",
     "PACKED_QCONV",
     "SCAN", "CONTROL_KINDS", "QGEMM", "BODIES", "NO_ACTIVATION", "Q_BINARY", "Q_LOOKUP", "Q_AVERAGE_POOL",
-    "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX",
+    "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX", "Q_LSTM",
     "HOST", "CUDA", "SPACES", "LOCATION_KINDS",
     "PLACEHOLDER_PREFIX", "placeholder", "placeholder_index", "DYN_EXT", "ALIGNMENT", "WEIGHT_ALIGNMENT",
     "round_up",
@@ -147,6 +147,13 @@ _TABLE = (
     _op("QAveragePool", "X X_scale X_zero? Y_scale Y_zero?", **_POOL, count_include_pad=0),
     _op("QGlobalAveragePool", "X X_scale X_zero? Y_scale Y_zero?", channels_last=0),
     _op("QSoftmax", "X X_scale Y_scale Y_zero?"),  # over the last axis
+    # onnxruntime's DynamicQuantizeLSTM (runtime/kernels/qrecurrent.py): W (dirs, input, 4H) and R
+    # (dirs, H, 4H) 8-bit, scales / zero points (dirs) or (dirs, 4H); X and H quantized at run time;
+    # packed 1: W and R packed per direction as QGemm's B, W_sum / R_sum their column sums
+    _op("QLSTM",
+        "X W R B? sequence_lens? initial_h? initial_c? P? W_scale W_zero R_scale R_zero W_sum? R_sum?",
+        hidden_size=REQUIRED, direction=REQUIRED, layout=0, clip=REQUIRED, activations=REQUIRED,
+        activation_alpha=REQUIRED, activation_beta=REQUIRED, input_forget=0, zero_finished=0, packed=0),
 )
 OPS: Final[Mapping[str, AotOp]] = MappingProxyType({op.kind: op for op in _TABLE})
 
@@ -177,6 +184,7 @@ Q_LOOKUP: Final = aot_kind("QLookup")
 Q_AVERAGE_POOL: Final = aot_kind("QAveragePool")
 Q_GLOBAL_AVERAGE_POOL: Final = aot_kind("QGlobalAveragePool")
 Q_SOFTMAX: Final = aot_kind("QSoftmax")
+Q_LSTM: Final = aot_kind("QLSTM")
 
 
 def attr_problems(kind: str, attrs: Mapping[str, Any]) -> list[str]:

@@ -54,6 +54,7 @@ from compiler.frontend.probing import atoms_of
 from compiler.frontend.probing import fit
 from compiler.frontend.probing import may_be_equal
 from compiler.frontend.qgemm_shapes import qgemm_types
+from compiler.frontend.qlstm_shapes import qlstm_types
 from compiler.frontend.qoperator_shapes import qoperator_types
 from compiler.frontend.same_shape import same_shape
 from compiler.frontend.same_shape import slice_shape
@@ -521,7 +522,8 @@ def _output_values(proto: onnx.NodeProto, inputs: list[Value | None], types: dic
                 continue
             if fallback is None:
                 probes = knowledge.probes
-                fallback = qoperator_types(proto, inputs) or qgemm_types(proto, inputs)  # com.microsoft ops
+                fallback = (qoperator_types(proto, inputs) or qgemm_types(proto, inputs)  # com.microsoft ops
+                            or qlstm_types(proto, inputs))
                 symbolic = any(v is not None and v.is_symbolic for v in inputs)
                 if not fallback and probes is not None and symbolic:
                     fallback = _infer_symbolic(proto, inputs, opset, probes, where, knowledge.input_shapes)

@@ -32,6 +32,7 @@ from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_gemm_weights import PackGemmWeights
 from compiler.passes.pack_qconv_weights import PackQConvWeights
 from compiler.passes.pack_qconv_weights import lowers as qconv_lowers
+from compiler.passes.pack_qlstm_weights import PackQLSTMWeights
 from compiler.passes.use_qgemm import UseQGemm
 from compiler.passes.use_qgemm import lowers as qgemm_lowers
 from compiler.passes.use_winograd import UseWinograd
@@ -165,6 +166,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     passes: list[Pass] = [PackGemmWeights(), PackQConvWeights(), FuseAttention()] if cpu2 else []
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
+        passes += [PackQLSTMWeights()]  # DynamicQuantizeLSTM's weights in the int8 tile's panels
     if level >= 2 and target == "cpu" and winograd:
         passes.append(UseWinograd())
     if level >= 3 and target == "cpu":

@@ -29,6 +29,7 @@ from runtime.kernels import pool
 from runtime.kernels import qconv
 from runtime.kernels import qgemm
 from runtime.kernels import qoperator
+from runtime.kernels import qrecurrent
 from runtime.kernels import quantize
 from runtime.kernels import recurrent
 from runtime.kernels import reduce
@@ -50,7 +51,7 @@ __all__ = ["KERNEL_MODULES", "REGISTRY", "SUPPORT_MODULES", "Kernel", "OutputSpe
 # The kernel modules, each registering the reference kernels of one family of ops.
 KERNEL_MODULES = (elementwise, reduce, movement, indexing, math_ops, linalg, conv, pool, normalization,
                   loss, spatial, fused, winograd, nhwc, transformer, recurrent, quantize, qconv, qgemm,
-                  qoperator, sampling, spectral, control)
+                  qoperator, qrecurrent, sampling, spectral, control)
 # The modules they share, which register nothing: a module of this package is in one of the two lists
 # (a test checks it), so a new kernel module cannot be left out of the registry unnoticed.
 SUPPORT_MODULES = ("common", "registry", "window")

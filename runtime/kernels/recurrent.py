@@ -20,7 +20,7 @@ from runtime.kernels.common import finish
 from runtime.kernels.registry import OutputSpec
 from runtime.kernels.registry import register
 
-__all__: list[str] = []
+__all__ = ["Direction", "WeightsFor", "activation", "lstm_cell_for", "run_directions"]
 
 
 def _sigmoid(xp: Any, x: Any) -> Any:
@@ -82,8 +82,10 @@ def _reverse_within(xp: Any, a: Any, lengths: Any) -> Any:
     return xp.take_along_axis(a, index, axis=0)
 
 
-class _Direction:
-    """The weights of one direction of one recurrent node and its input projection (time-major)."""
+class Direction:
+    """The weights of one direction of one recurrent node and its input projection (time-major);
+    ``recurrent`` is a step's product H·Rᵀ (the LSTM cell asks it, so that DynamicQuantizeLSTM,
+    runtime/kernels/qrecurrent.py, can put its integer product there)."""
 
     def __init__(self, xp: Any, x: Any, w: Any, r: Any, b: Any | None, d: int) -> None:
         dtype = x.dtype
@@ -96,10 +98,20 @@ class _Direction:
         self.x_proj = (xp.matmul(x.reshape(seq * batch, size), w[d].astype(dtype).T)
                        + bias[:width]).reshape(seq, batch, width)
 
+    def recurrent(self, xp: Any, h: Any, t: int) -> Any:
+        """Step ``t``'s product of the state ``h`` (batch, hidden) with Rᵀ."""
+        return xp.matmul(h, self.r_t)
 
-def _run(xp: Any, kind: str, inputs: list[Any], attrs: dict[str, Any], n_funcs: int,
-         cell: Callable[..., tuple[Any, Any]], with_cell: bool) -> list[Any]:
-    """Run every direction; returns Y (seq, dirs, batch, hidden), Y_h[, Y_c] (dirs, batch, hidden)."""
+
+# weights_for(xp, x (time-major, reversed for a reverse direction), direction, lengths) -> Direction
+WeightsFor = Callable[[Any, Any, int, Any], Direction]
+
+
+def run_directions(xp: Any, kind: str, inputs: list[Any], attrs: dict[str, Any], n_funcs: int,
+                   cell: Callable[..., tuple[Any, Any]], with_cell: bool,
+                   weights_for: WeightsFor | None = None) -> list[Any]:
+    """Run every direction; returns Y (seq, dirs, batch, hidden), Y_h[, Y_c] (dirs, batch, hidden).
+    ``weights_for`` makes each direction's weights (default: the float ``Direction`` of W, R, B)."""
     x, w, r, b, lens_in, h0, c0 = fill_optional(kind, inputs, 8)[:7]
     dtype = np.result_type(x.dtype, np.float32)
     hidden = int(attrs["hidden_size"])
@@ -117,7 +129,8 @@ def _run(xp: Any, kind: str, inputs: list[Any], attrs: dict[str, Any], n_funcs: 
     for d in range(dirs):
         reverse = attrs["direction"] == "reverse" or d == 1
         xd = _reverse_within(xp, x, lengths) if reverse else x
-        weights = _Direction(xp, xd, w, r, b, d)
+        weights = (Direction(xp, xd, w, r, b, d) if weights_for is None
+                   else weights_for(xp, xd, d, lengths))
         funcs = _functions(xp, attrs, d, n_funcs)
         h = h0[d].astype(dtype) if h0 is not None else xp.zeros((batch, hidden), dtype)
         c = c0[d].astype(dtype) if c0 is not None else xp.zeros((batch, hidden), dtype)
@@ -138,12 +151,12 @@ def _run(xp: Any, kind: str, inputs: list[Any], attrs: dict[str, Any], n_funcs: 
     return results
 
 
-def _rnn_cell(xp: Any, wt: _Direction, funcs: list[Act], t: int, h: Any, c: Any, d: int) -> tuple[Any, Any]:
+def _rnn_cell(xp: Any, wt: Direction, funcs: list[Act], t: int, h: Any, c: Any, d: int) -> tuple[Any, Any]:
     return funcs[0](wt.x_proj[t] + xp.matmul(h, wt.r_t) + wt.rb), c
 
 
 def _gru_cell_for(linear_before_reset: bool) -> Callable[..., tuple[Any, Any]]:
-    def cell(xp: Any, wt: _Direction, funcs: list[Act], t: int, h: Any, c: Any, d: int) -> tuple[Any, Any]:
+    def cell(xp: Any, wt: Direction, funcs: list[Act], t: int, h: Any, c: Any, d: int) -> tuple[Any, Any]:
         n = h.shape[1]
         xz, xr, xh = wt.x_proj[t][:, :n], wt.x_proj[t][:, n:2 * n], wt.x_proj[t][:, 2 * n:]
         rz, rr, rh = wt.r_t[:, :n], wt.r_t[:, n:2 * n], wt.r_t[:, 2 * n:]
@@ -158,10 +171,10 @@ def _gru_cell_for(linear_before_reset: bool) -> Callable[..., tuple[Any, Any]]:
     return cell
 
 
-def _lstm_cell_for(peepholes: Any, input_forget: bool) -> Callable[..., tuple[Any, Any]]:
-    def cell(xp: Any, wt: _Direction, funcs: list[Act], t: int, h: Any, c: Any, d: int) -> tuple[Any, Any]:
+def lstm_cell_for(peepholes: Any, input_forget: bool) -> Callable[..., tuple[Any, Any]]:
+    def cell(xp: Any, wt: Direction, funcs: list[Act], t: int, h: Any, c: Any, d: int) -> tuple[Any, Any]:
         n = h.shape[1]
-        g = wt.x_proj[t] + xp.matmul(h, wt.r_t) + wt.rb
+        g = wt.x_proj[t] + wt.recurrent(xp, h, t) + wt.rb
         p_i, p_o, p_f = ((peepholes[d, :n], peepholes[d, n:2 * n], peepholes[d, 2 * n:])
                          if peepholes is not None else (0, 0, 0))
         i = funcs[0](g[:, :n] + p_i * c)
@@ -176,14 +189,14 @@ def _lstm_cell_for(peepholes: Any, input_forget: bool) -> Callable[..., tuple[An
 @register("RNN")
 def rnn_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """RNN: X, W, R, B?, sequence_lens?, initial_h? -> Y, Y_h."""
-    return finish(xp, "RNN", _run(xp, "RNN", inputs, attrs, 1, _rnn_cell, False), outputs)
+    return finish(xp, "RNN", run_directions(xp, "RNN", inputs, attrs, 1, _rnn_cell, False), outputs)
 
 
 @register("GRU")
 def gru_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """GRU: X, W, R, B?, sequence_lens?, initial_h? -> Y, Y_h (gates z, r, h)."""
     cell = _gru_cell_for(bool(attrs["linear_before_reset"]))
-    return finish(xp, "GRU", _run(xp, "GRU", inputs, attrs, 2, cell, False), outputs)
+    return finish(xp, "GRU", run_directions(xp, "GRU", inputs, attrs, 2, cell, False), outputs)
 
 
 @register("LSTM")
@@ -193,6 +206,6 @@ def lstm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list
     peepholes = fill_optional("LSTM", inputs, 8)[7]
     if peepholes is not None:
         peepholes = peepholes.astype(dtype)
-    cell = _lstm_cell_for(peepholes, bool(attrs["input_forget"]))
-    return finish(xp, "LSTM", _run(xp, "LSTM", inputs, attrs, 3, cell, True), outputs)
+    cell = lstm_cell_for(peepholes, bool(attrs["input_forget"]))
+    return finish(xp, "LSTM", run_directions(xp, "LSTM", inputs, attrs, 3, cell, True), outputs)
 

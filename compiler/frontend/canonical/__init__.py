@@ -17,6 +17,7 @@ from compiler.frontend.canonical import movement
 from compiler.frontend.canonical import norm_loss
 from compiler.frontend.canonical import qoperator
 from compiler.frontend.canonical import quantize
+from compiler.frontend.canonical import quantize_lstm
 from compiler.frontend.canonical import quantize_ms
 from compiler.frontend.canonical import recurrent
 from compiler.frontend.canonical import reduce
@@ -36,4 +37,4 @@ __all__ = ["COMPILE_TIME_INPUTS", "FAMILIES", "CanonContext", "canonical_op_type
 
 # The op-family modules, each registering the canonical forms of one family of ONNX ops.
 FAMILIES = (elementwise, conv, movement, reduce, math_ops, norm_loss, index, spatial, transformer,
-            recurrent, quantize, quantize_ms, qoperator, sampling, spectral)
+            recurrent, quantize, quantize_ms, quantize_lstm, qoperator, sampling, spectral)

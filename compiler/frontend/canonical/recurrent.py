@@ -45,8 +45,8 @@ _RECURRENT: dict[str, tuple[int, list[str], int]] = {
 }
 
 
-def _activations(ctx: CanonContext, directions: int) -> dict[str, list[Any]]:
-    defaults = _RECURRENT[ctx.op_type][1]
+def _activations(ctx: CanonContext, kind: str, directions: int) -> dict[str, list[Any]]:
+    defaults = _RECURRENT[kind][1]
     names = [str(a) for a in ctx.attr("activations", defaults * directions)]
     if len(names) != len(defaults) * directions:
         raise ctx.error(f"activations lists {len(names)} functions, expected {len(defaults) * directions} "
@@ -79,12 +79,12 @@ def _output(ctx: CanonContext, i: int, shape: tuple[int, ...], dtype: Any) -> Va
     return ctx.graph.make_value(f"{ctx.name}/unused_{i}", dtype, shape)
 
 
-@register("RNN", "GRU", "LSTM")
-def _recurrent(ctx: CanonContext) -> list[Node]:
-    gates, _, n_outputs = _RECURRENT[ctx.op_type]
-    x, w, r = (list(ctx.inputs) + [None] * 3)[:3]
-    assert x is not None and w is not None and r is not None
-    assert x.shape is not None and w.shape is not None and r.shape is not None
+def resolved_form(ctx: CanonContext, kind: str, x: Value, hidden: int) -> tuple[dict[str, Any], list[Value]]:
+    """The canonical attributes of a recurrent node of ``kind`` with input ``x`` and ``hidden_size``
+    ``hidden`` (direction, layout, clip, activations, the op's own flag) and its outputs, every one
+    present (see the module docstring); DynamicQuantizeLSTM (quantize_lstm.py) shares it."""
+    n_outputs = _RECURRENT[kind][2]
+    assert x.shape is not None
     direction = str(ctx.attr("direction", "forward"))
     if direction not in ("forward", "reverse", "bidirectional"):
         raise ctx.error(f"unknown direction {direction!r}")
@@ -93,21 +93,32 @@ def _recurrent(ctx: CanonContext) -> list[Node]:
     if layout not in (0, 1) or len(x.shape) != 3:
         raise ctx.error(f"X must be 3-D and layout 0 or 1, got shape {x.shape}, layout {layout}")
     seq, batch = (x.shape[0], x.shape[1]) if layout == 0 else (x.shape[1], x.shape[0])
-    hidden = int(ctx.attr("hidden_size", r.shape[-1] if len(r.shape) == 3 else 0))
-    if w.shape != (directions, gates * hidden, x.shape[2]) or r.shape != (directions, gates * hidden, hidden):
-        raise ctx.error(f"W {w.shape} / R {r.shape} do not fit {directions} direction(s), {gates} gate(s), "
-                        f"hidden_size {hidden} and input size {x.shape[2]}")
     clip = float(ctx.attr("clip", math.inf))
     if clip <= 0:
         raise ctx.error(f"clip must be positive, got {clip}")
     attrs: dict[str, Any] = {"hidden_size": hidden, "direction": direction, "layout": layout, "clip": clip,
-                             **_activations(ctx, directions)}
-    if ctx.op_type == "GRU":
+                             **_activations(ctx, kind, directions)}
+    if kind == "GRU":
         attrs["linear_before_reset"] = int(ctx.attr("linear_before_reset", 0))
-    if ctx.op_type == "LSTM":
+    if kind == "LSTM":
         attrs["input_forget"] = int(ctx.attr("input_forget", 0))
     y_shape = (seq, directions, batch, hidden) if layout == 0 else (batch, seq, directions, hidden)
     state = (directions, batch, hidden) if layout == 0 else (batch, directions, hidden)
     outputs = [_output(ctx, 0, y_shape, x.dtype)]
     outputs += [_output(ctx, i, state, x.dtype) for i in range(1, n_outputs)]
+    return attrs, outputs
+
+
+@register("RNN", "GRU", "LSTM")
+def _recurrent(ctx: CanonContext) -> list[Node]:
+    gates = _RECURRENT[ctx.op_type][0]
+    x, w, r = (list(ctx.inputs) + [None] * 3)[:3]
+    assert x is not None and w is not None and r is not None
+    assert x.shape is not None and w.shape is not None and r.shape is not None
+    hidden = int(ctx.attr("hidden_size", r.shape[-1] if len(r.shape) == 3 else 0))
+    attrs, outputs = resolved_form(ctx, ctx.op_type, x, hidden)
+    directions = 2 if attrs["direction"] == "bidirectional" else 1
+    if w.shape != (directions, gates * hidden, x.shape[2]) or r.shape != (directions, gates * hidden, hidden):
+        raise ctx.error(f"W {w.shape} / R {r.shape} do not fit {directions} direction(s), {gates} gate(s), "
+                        f"hidden_size {hidden} and input size {x.shape[2]}")
     return [ctx.node(ctx.op_type, ctx.inputs, attrs, outputs=outputs)]

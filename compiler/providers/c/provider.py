@@ -66,6 +66,7 @@ from compiler.providers.c import pool_nhwc
 from compiler.providers.c import qconv
 from compiler.providers.c import qgemm
 from compiler.providers.c import qgemm_dynamic
+from compiler.providers.c import qlstm
 from compiler.providers.c import qoperator
 from compiler.providers.c import recurrent
 from compiler.providers.c import reduce
@@ -87,8 +88,8 @@ __all__ = [
 # The modules whose ``KERNELS`` the C provider runs; every other module of this package is named in
 # SUPPORT_MODULES (a test checks that none is left out).
 KERNEL_MODULES = (attention, conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing,
-                  movement, norm, pad, pool, pool_nhwc, qconv, qgemm, qgemm_dynamic, qoperator, recurrent,
-                  reduce, spatial, winograd, winograd_nhwc)
+                  movement, norm, pad, pool, pool_nhwc, qconv, qgemm, qgemm_dynamic, qlstm, qoperator,
+                  recurrent, reduce, spatial, winograd, winograd_nhwc)
 SUPPORT_MODULES = ("provider", "common", "dtypes", "elementwise_vector", "rundims", "resize_runtime",
                    "pad_runtime")
 KERNELS: KernelTable[CKernel] = KernelTable("C", KERNEL_MODULES)

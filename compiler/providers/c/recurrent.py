@@ -52,7 +52,8 @@ from runtime.symbolic import Dim
 from runtime.symbolic import Expr
 from runtime.symbolic import bounds
 
-__all__ = ["RecurrentContext", "RecurrentKernel"]
+__all__ = ["ACTIVATIONS", "RecurrentContext", "RecurrentKernel", "activation_exprs", "sizes_ok",
+           "vector_activation_exprs"]
 
 # Per op: (gates, activation functions per direction, outputs, names of the inputs).
 _OPS: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
@@ -62,7 +63,7 @@ _OPS: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
 }
 # The canonical activation functions as C expressions of ``x`` ({a}: alpha, {b}: beta), each
 # computing what runtime.kernels.recurrent.activation computes (NaN in, NaN out).
-_ACTIVATIONS: dict[str, str] = {
+ACTIVATIONS: dict[str, str] = {
     "Tanh": scalar_math_expr("Tanh", "x"),  # the vector math's scalar twins (lane 0 of its vectors)
     "Sigmoid": scalar_math_expr("Sigmoid", "x"),
     "Relu": "(x < 0.0f ? 0.0f : x)",
@@ -167,7 +168,7 @@ def _dtypes_ok(node: Node) -> bool:
     )
 
 
-def _sizes_ok(node: Node) -> bool:
+def sizes_ok(node: Node) -> bool:
     """No size is empty: a static one at least 1, a run-time one at least 1 over the ranges."""
     graph = node.graph
     for d in _sizes(node):
@@ -184,15 +185,15 @@ def _sizes_ok(node: Node) -> bool:
 _VECTOR_ACTIVATIONS: dict[str, str] = {name: vector_math_expr(name, "x") for name in ("Tanh", "Sigmoid")}
 
 
-def _activations(node: Node) -> tuple[str, ...]:
+def activation_exprs(node: Node) -> tuple[str, ...]:
     a = node.attrs
     out = []
     for name, alpha, beta in zip(a["activations"], a["activation_alpha"], a["activation_beta"], strict=True):
-        out.append(_ACTIVATIONS[str(name)].format(a=literal(float(alpha)), b=literal(float(beta))))
+        out.append(ACTIVATIONS[str(name)].format(a=literal(float(alpha)), b=literal(float(beta))))
     return tuple(out)
 
 
-def _vector_activations(node: Node) -> tuple[str | None, ...]:
+def vector_activation_exprs(node: Node) -> tuple[str | None, ...]:
     """Each activation's vector C expression of ``x``, None where it runs lane by lane."""
     return tuple(_VECTOR_ACTIVATIONS.get(str(name)) for name in node.attrs["activations"])
 
@@ -273,8 +274,8 @@ class RecurrentKernel(CKernel):
         return (
             a.get("layout") in (0, 1)
             and len(acts) == nact * dirs
-            and all(str(f) in _ACTIVATIONS for f in acts)
-            and _sizes_ok(node)
+            and all(str(f) in ACTIVATIONS for f in acts)
+            and sizes_ok(node)
         )
 
     def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
@@ -321,8 +322,8 @@ class RecurrentKernel(CKernel):
             has_c0=6 in present,
             has_p=7 in present,
             clip=literal(clip) if np.isfinite(clip) else None,
-            acts=_activations(node),
-            vacts=_vector_activations(node),
+            acts=activation_exprs(node),
+            vacts=vector_activation_exprs(node),
             nact=nact,
             linear_before_reset=bool(node.attrs.get("linear_before_reset", 0)),
             input_forget=bool(node.attrs.get("input_forget", 0)),
