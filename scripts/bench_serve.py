@@ -14,9 +14,13 @@ the range's top, ``--batch-wait-ms``):
 
 The deployments are measured alternating (``--rounds`` rounds, each deployment ``--seconds`` in
 each round); throughput (answers per second) and p50 / p99 latency over all rounds, and the ratios
-onnx-aot / onnxruntime. ``--overhead`` measures the serving layer's own cost: a one-element model
-served over HTTP without batching, one client, p50 latency minus a direct ``Session.run``'s p50,
-and minus a bare Ray Serve deployment's p50 (a fixed answer: Ray's own HTTP path), alternating.
+onnx-aot / onnxruntime. Before serving, ``kernel_batching`` times a direct ``Session.run`` per
+sample at batch 1 and at the top of the range (alternating): batching on / off cannot gain more
+than that ratio plus the per-request cost it spreads (each request still crosses Ray's HTTP proxy
+alone). ``--overhead`` measures the serving layer's own cost: a one-element model served over
+HTTP without batching, one client, p50 latency minus a direct ``Session.run``'s p50, and minus a
+bare Ray Serve deployment's p50 (a fixed answer: Ray's own HTTP path); and the Python handle's
+p50 (no HTTP proxy), alternating.
 
 Models: ``minilm`` (tests/support/encoder_model.py's MiniLM-size encoder, ``--dim batch=1..16``,
 seq ``--seq``), ``resnet50`` (the random-weight zoo ResNet-50, ``N=1..8``). Slow and heavy (run it
@@ -188,6 +192,25 @@ def mean_batch(served: Any, replicas: int) -> float:
     return samples / max(1, runs)
 
 
+def kernel_batching(folder: Path, sample: dict[str, np.ndarray], top: int, threads: int,
+                    rounds: int = 3) -> dict[str, float]:
+    """Per-sample ms of a direct ``Session.run`` at batch 1 and at ``top`` (alternating): the gain
+    batching can give before any serving cost, which bounds the served on / off ratio."""
+    session = Session(str(folder), threads=threads)
+    feeds = {b: {k: np.repeat(v[None], b, axis=0) for k, v in sample.items()} for b in (1, top)}
+    per_sample: dict[int, list[float]] = {1: [], top: []}
+    for b in (1, top):
+        session.run(None, feeds[b])  # warm: the binding's first run
+    for _ in range(rounds):
+        for b in (1, top):
+            for _ in range(max(2, 2 * top // b)):
+                t0 = time.perf_counter()
+                session.run(None, feeds[b])
+                per_sample[b].append((time.perf_counter() - t0) / b)
+    one, full = (1000 * statistics.median(per_sample[b]) for b in (1, top))
+    return {"batch1_ms_per_sample": one, f"batch{top}_ms_per_sample": full, "gain": one / full}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -212,6 +235,7 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path, port: int) -> di
     # a batching deployment takes one sample; one with batching off the whole tensors (a batch of 1)
     bodies = {key: npz_body(sample if key != "aot-unbatched" else {k: v[None] for k, v in sample.items()})
               for key in variants}
+    kernels = kernel_batching(folder, sample, common["max_batch"], args.threads)
     served = {key: start(s, ray_init={"num_cpus": os.cpu_count()}) for key, s in variants.items()}
     try:
         for key, s in served.items():  # warm: every replica's first runs (bindings, thread choice)
@@ -228,7 +252,7 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path, port: int) -> di
     rows = {key: {**summary(lat, total), "mean_batch": batch_means[key]} for key, lat in runs.items()}
     result = {"model": name, "rows": rows,
               "throughput_ratio": rows["aot"]["throughput"] / rows["ort"]["throughput"],
-              "p99_ratio": rows["aot"]["p99_ms"] / rows["ort"]["p99_ms"]}
+              "p99_ratio": rows["aot"]["p99_ms"] / rows["ort"]["p99_ms"], "kernel_batching": kernels}
     if "aot-unbatched" in rows:
         result["batching_gain"] = rows["aot"]["throughput"] / rows["aot-unbatched"]["throughput"]
     return result
@@ -258,6 +282,17 @@ def _sequential(port: int, route: str, body: bytes, seconds: float) -> list[floa
     return latencies[10:]
 
 
+def _sequential_handle(handle: Any, feeds: dict[str, np.ndarray], seconds: float) -> list[float]:
+    """The same over the Python handle (``predict``, no HTTP proxy): the latencies (s)."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        handle.predict.remote(feeds).result()
+        latencies.append(time.perf_counter() - t0)
+    return latencies[10:]
+
+
 def bench_overhead(tmp: Path, port: int, seconds: float) -> dict[str, float]:
     """The serving layer's p50 over a direct ``Session.run`` (one-element model, HTTP, no batching),
     and over a bare Ray Serve deployment answering a fixed body (alternating, 1 s turns)."""
@@ -276,16 +311,18 @@ def bench_overhead(tmp: Path, port: int, seconds: float) -> dict[str, float]:
     body = json.dumps({"inputs": {"x": [1.0]}}).encode()
     ours: list[float] = []
     bare: list[float] = []
+    handle: list[float] = []
     try:
         serve.run(serve.deployment(BareModel).bind(), name="bare", route_prefix="/bare")
         for _ in range(max(1, int(seconds))):
             ours += _sequential(port, "/one", body, 1.0)
             bare += _sequential(port, "/bare", body, 1.0)
+            handle += _sequential_handle(served.handle, feeds, 1.0)
         serve.delete("bare")
     finally:
         stop(served)
-    http_p50, bare_p50, run_p50 = (statistics.median(x) for x in (ours, bare, direct))
-    return {"http_p50_ms": 1000 * http_p50, "run_p50_ms": 1000 * run_p50,
+    http_p50, bare_p50, run_p50, handle_p50 = (statistics.median(x) for x in (ours, bare, direct, handle))
+    return {"http_p50_ms": 1000 * http_p50, "run_p50_ms": 1000 * run_p50, "handle_p50_ms": 1000 * handle_p50,
             "overhead_p50_ms": 1000 * (http_p50 - run_p50), "bare_ray_p50_ms": 1000 * bare_p50,
             "over_bare_ray_p50_ms": 1000 * (http_p50 - bare_p50), "n": len(ours)}
 
@@ -318,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:9s} {key:14s} {row['throughput']:8.1f}/s  p50 {row['p50_ms']:8.2f} ms  "
                       f"p99 {row['p99_ms']:8.2f} ms  {row['mean_batch']:5.2f} samples/run  "
                       f"({row['n']} answers)")
+            print(f"{name:9s} kernels        per sample {json.dumps(result['kernel_batching'])}")
             print(json.dumps(result), flush=True)
         if args.overhead:
             print(json.dumps({"overhead": bench_overhead(Path(tmp), port, 5.0 if args.smoke else 20.0)}))
