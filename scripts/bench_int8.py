@@ -73,7 +73,7 @@ INTEGER_OPS = ("QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "
                "QLinearAdd", "QLinearMul", "QLinearConcat", "QLinearAveragePool", "QLinearGlobalAveragePool",
                "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "QGemm", "MatMulIntegerToFloat",
                "DynamicQuantizeMatMul", "QBinary", "QLookup", "QAveragePool", "QGlobalAveragePool",
-               "QSoftmax")
+               "QSoftmax", "PackedQConv", "QLSTM", "QLinearWhere")
 SEEDS = (0, 1, 2)
 
 
