@@ -14,15 +14,17 @@ onnxruntime's + 0.005). ``steps`` counts the artifact's integer steps (QLinearCo
 MatMulInteger, ...) and its steps on the reference kernels. ``--preprocess`` runs onnxruntime's
 recommended ``quant_pre_process`` first (BatchNormalization folded into the Conv before
 quantization; without it the quantizer quantizes each BatchNormalization on its own). A file that
-onnx-aot (or onnxruntime) cannot compile or run is a row saying why.
+onnx-aot (or onnxruntime) cannot compile or run is a row saying why. ``--profile`` prints, after
+each int8 row, our per-step profile summed by op type and the slowest steps
+(``scripts/bench_encoder.py: profile_feeds``).
 
 The machine is shared: quote ratios (both engines alternate run by run, with the fairness settings
 of scripts/bench_zoo.py), not times. Slow (minutes): not part of CI, except ``--smoke`` (SqueezeNet
 and a two-layer encoder, each in its forms, 2 runs).
 
 Usage: python -m scripts.bench_int8 [--models resnet50,squeezenet,...,minilm,bert_base]
-                                    [--forms qdq,qoperator,dynamic] [--preprocess] [--runs N]
-                                    [--threads N] [--smoke] [--json FILE]
+                                    [--forms qdq,qoperator,dynamic] [--preprocess] [--profile]
+                                    [--runs N] [--threads N] [--smoke] [--json FILE]
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from compiler.bench import import_onnxruntime  # noqa: E402
 from compiler.bench_cold import ort_session  # noqa: E402
 from runtime.session import Session  # noqa: E402
 from scripts.bench_encoder import SMOKE as SMOKE_ENCODER  # noqa: E402
+from scripts.bench_encoder import profile_feeds  # noqa: E402
 from scripts.bench_zoo import geomean  # noqa: E402
 from scripts.bench_zoo import machine_facts  # noqa: E402
 from scripts.bench_zoo import table_head  # noqa: E402
@@ -150,6 +153,8 @@ def bench_form(fp: Float, form: str, ours_fp32: Session, ort: Any, tmp: Path, ar
         a, c = alternate(lambda: ours.run(None, feeds), lambda: ours_fp32.run(None, feeds), args.runs, 3)
         row["fp32_s"] = statistics.median(c)
         row["vs_fp32"] = statistics.median(a) / row["fp32_s"]
+        if args.profile:
+            row["profile"] = profile_feeds(artifact, feeds, args.threads, args.runs)
     except Exception as exc:  # any engine's failure is this row's result, never the bench's end
         row["failed"] = f"{stage}: {_why(exc)}"
     return row
@@ -212,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=["qdq", "qoperator", "dynamic"])
     parser.add_argument("--preprocess", action="store_true",
                         help="onnxruntime's quant_pre_process before quantizing (folds BatchNormalization)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each int8 row, our per-step profile by op type and the slowest steps")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="SqueezeNet and a tiny encoder, 2 runs")
@@ -231,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in bench_model(name, ort, Path(tmp_name), args):
                 rows.append(row)
                 print(format_row(row), flush=True)
+                if "profile" in row:
+                    print(row["profile"], flush=True)
     print("\n".join(summary(rows)))
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": facts, "rows": rows}, indent=1) + "\n", encoding="utf-8")
