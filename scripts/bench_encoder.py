@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from compiler.bench import bench
@@ -40,10 +41,14 @@ SMOKE = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128}
 
 def profile(artifact: Path, model: onnx.ModelProto, threads: int, runs: int) -> str:
     """Per-step times of ``runs`` runs: the total by op type (ms per run) and the slowest steps."""
+    return profile_feeds(artifact, encoder_feeds(model), threads, runs)
+
+
+def profile_feeds(artifact: Path, feeds: dict[str, np.ndarray], threads: int, runs: int) -> str:
+    """``profile`` on given feeds (any model)."""
     from runtime import Session
 
     session = Session(artifact, threads=threads, profile=True)
-    feeds = encoder_feeds(model)
     for _ in range(runs):
         session.run(None, feeds)
     with tempfile.TemporaryDirectory(prefix="onnx-aot-profile-") as tmp:

@@ -1,27 +1,30 @@
 """Issue 32's int8 bench: quantized models against onnxruntime on the same file, and against our fp32.
 
 Builds the float models -- the random-weight light zoo's ResNet-50, SqueezeNet, DenseNet-121,
-ShuffleNet and Inception v1 (``tests/support/zoo.py``, converted to opset 13 first) and a MiniLM-size
-encoder (``tests/support/encoder_model.py``, seq 128) -- and quantizes each with onnxruntime's own
-quantizer (``tests/support/qdq_models.py: quantize_file``): the CNNs as QDQ (S8S8 per channel) and
-QOperator (U8S8), the encoder dynamically (``quantize_dynamic``) and as QDQ. Each file and its float
-model are compiled by onnx-aot (default level, C target) and run at ``--threads`` (2): each row gives,
-from runs alternating in this process (medians), our int8 time against onnxruntime's on the same
-file (``/ ORT``) and against our fp32 artifact (``/ fp32``), and the stray of each engine's int8 run
-from the fp32 model (onnxruntime's fp32 run): max |difference| / max |fp32 output| over the outputs
-and three seeded feeds, with issue 32's rule (ours <= 1.25x onnxruntime's + 0.005). ``steps`` counts
-the artifact's integer steps (QLinearConv, QLinearMatMul, MatMulInteger, ...) and its steps on the
-reference kernels. ``--preprocess`` runs onnxruntime's recommended ``quant_pre_process`` first
-(BatchNormalization folded into the Conv before quantization; without it the quantizer quantizes
-each BatchNormalization on its own). A file that onnx-aot (or onnxruntime) cannot compile or run
-is a row saying why.
+ShuffleNet and Inception v1 (``tests/support/zoo.py``, converted to opset 13 first), a MiniLM-size
+and a BERT-base-size encoder (``tests/support/encoder_model.py``, seq 128) -- and quantizes each
+with onnxruntime's own quantizer (``tests/support/qdq_models.py: quantize_file``): the CNNs as QDQ
+(S8S8 per channel) and QOperator (U8S8), the encoders dynamically (``quantize_dynamic``) and as QDQ.
+Each file and its float model are compiled by onnx-aot (default level, C target) and run at
+``--threads`` (2): each row gives, from runs alternating in this process (medians), our int8 time
+against onnxruntime's on the same file (``/ ORT``) and against our fp32 artifact (``/ fp32``), and
+the stray of each engine's int8 run from the fp32 model (onnxruntime's fp32 run): max |difference| /
+max |fp32 output| over the outputs and three seeded feeds, with issue 32's rule (ours <= 1.25x
+onnxruntime's + 0.005). ``steps`` counts the artifact's integer steps (QLinearConv, QLinearMatMul,
+MatMulInteger, ...) and its steps on the reference kernels. ``--preprocess`` runs onnxruntime's
+recommended ``quant_pre_process`` first (BatchNormalization folded into the Conv before
+quantization; without it the quantizer quantizes each BatchNormalization on its own). A file that
+onnx-aot (or onnxruntime) cannot compile or run is a row saying why. ``--profile`` prints, after
+each int8 row, our per-step profile summed by op type and the slowest steps
+(``scripts/bench_encoder.py: profile_feeds``).
 
 The machine is shared: quote ratios (both engines alternate run by run, with the fairness settings
 of scripts/bench_zoo.py), not times. Slow (minutes): not part of CI, except ``--smoke`` (SqueezeNet
 and a two-layer encoder, each in its forms, 2 runs).
 
-Usage: python -m scripts.bench_int8 [--models resnet50,squeezenet,...,minilm] [--forms qdq,qoperator,dynamic]
-                                    [--preprocess] [--runs N] [--threads N] [--smoke] [--json FILE]
+Usage: python -m scripts.bench_int8 [--models resnet50,squeezenet,...,minilm,bert_base]
+                                    [--forms qdq,qoperator,dynamic] [--preprocess] [--profile]
+                                    [--runs N] [--threads N] [--smoke] [--json FILE]
 """
 
 from __future__ import annotations
@@ -53,9 +56,11 @@ from compiler.bench import import_onnxruntime  # noqa: E402
 from compiler.bench_cold import ort_session  # noqa: E402
 from runtime.session import Session  # noqa: E402
 from scripts.bench_encoder import SMOKE as SMOKE_ENCODER  # noqa: E402
+from scripts.bench_encoder import profile_feeds  # noqa: E402
 from scripts.bench_zoo import geomean  # noqa: E402
 from scripts.bench_zoo import machine_facts  # noqa: E402
 from scripts.bench_zoo import table_head  # noqa: E402
+from tests.support.encoder_model import BERT_BASE  # noqa: E402
 from tests.support.encoder_model import MINILM  # noqa: E402
 from tests.support.encoder_model import encoder_feeds  # noqa: E402
 from tests.support.encoder_model import encoder_model  # noqa: E402
@@ -65,13 +70,13 @@ from tests.support.zoo import dummy_input  # noqa: E402
 from tests.support.zoo import zoo_model  # noqa: E402
 
 CNNS = ("resnet50", "squeezenet", "densenet121", "shufflenet", "inception_v1")
-ENCODERS = {"minilm": MINILM, "encoder_smoke": SMOKE_ENCODER}
+ENCODERS = {"minilm": MINILM, "bert_base": BERT_BASE, "encoder_smoke": SMOKE_ENCODER}
 FORMS = {"cnn": ("qdq", "qoperator"), "encoder": ("dynamic", "qdq")}
 INTEGER_OPS = ("QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear",
                "QLinearAdd", "QLinearMul", "QLinearConcat", "QLinearAveragePool", "QLinearGlobalAveragePool",
                "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "QGemm", "MatMulIntegerToFloat",
                "DynamicQuantizeMatMul", "QBinary", "QLookup", "QAveragePool", "QGlobalAveragePool",
-               "QSoftmax")
+               "QSoftmax", "PackedQConv", "QLSTM", "QLinearWhere")
 SEEDS = (0, 1, 2)
 
 
@@ -148,6 +153,8 @@ def bench_form(fp: Float, form: str, ours_fp32: Session, ort: Any, tmp: Path, ar
         a, c = alternate(lambda: ours.run(None, feeds), lambda: ours_fp32.run(None, feeds), args.runs, 3)
         row["fp32_s"] = statistics.median(c)
         row["vs_fp32"] = statistics.median(a) / row["fp32_s"]
+        if args.profile:
+            row["profile"] = profile_feeds(artifact, feeds, args.threads, args.runs)
     except Exception as exc:  # any engine's failure is this row's result, never the bench's end
         row["failed"] = f"{stage}: {_why(exc)}"
     return row
@@ -204,12 +211,14 @@ def _list(text: str, allowed: tuple[str, ...]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     models = (*CNNS, *ENCODERS)
-    parser.add_argument("--models", type=lambda t: _list(t, models), default=[*CNNS, "minilm"],
+    parser.add_argument("--models", type=lambda t: _list(t, models), default=[*CNNS, "minilm", "bert_base"],
                         help=f"comma-separated, from {', '.join(models)}")
     parser.add_argument("--forms", type=lambda t: _list(t, ("qdq", "qoperator", "dynamic")),
                         default=["qdq", "qoperator", "dynamic"])
     parser.add_argument("--preprocess", action="store_true",
                         help="onnxruntime's quant_pre_process before quantizing (folds BatchNormalization)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each int8 row, our per-step profile by op type and the slowest steps")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="SqueezeNet and a tiny encoder, 2 runs")
@@ -229,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in bench_model(name, ort, Path(tmp_name), args):
                 rows.append(row)
                 print(format_row(row), flush=True)
+                if "profile" in row:
+                    print(row["profile"], flush=True)
     print("\n".join(summary(rows)))
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": facts, "rows": rows}, indent=1) + "\n", encoding="utf-8")
