@@ -80,6 +80,9 @@ def test_avx512_tiles_pair_panels_with_outputs_unchanged(cpu: str, tmp_path: Pat
     # panels a chunk (64 channels) go as two pairs
     assert ("p += 2;" in texts[2] and f"vload(bk + {2 * 64 * 16})" in texts[2]) == (cpu == "x86-64-v4")
     assert "p += 2;" not in texts[1]
+    # weights prefetched 8 k steps ahead in the multi-panel tiles of segments >= 64 long (b: 72 or
+    # more, c: 64), not in a's (32 channels)
+    assert ["__builtin_prefetch" in text for text in texts] == [False] + [cpu == "x86-64-v4"] * 2
     monkeypatch.setattr(conv_nhwc, "PAIR_PANELS", False)
     single = compile_model(model, tmp_path / "single", cpu=cpu, golden_cases=0)
     assert all("++p;" not in text for text in _conv_kernels(single))
