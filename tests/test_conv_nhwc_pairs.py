@@ -1,7 +1,8 @@
-"""Channels-last conv tiles of two panels (compiler/providers/c/conv_nhwc.py: PAIR_PANELS): with
-AVX-512 (a 16-channel panel is one vector) a tile runs over two neighbouring full panels of its
-chunk, so each broadcast input value feeds two FMAs; a chunk's odd last panel, the partial panel
-and AVX2 builds (two vectors a panel) keep single-panel tiles. Each output channel's sum runs over
+"""Channels-last conv tiles of two or three panels (compiler/providers/c/conv_nhwc.py: PAIR_PANELS,
+SPAN_PANELS): with AVX-512 (a 16-channel panel is one vector) a tile runs over two or three
+neighbouring full panels of its chunk, so each broadcast input value feeds two or three FMAs; a
+chunk's odd last panel, the partial panel and AVX2 builds (two vectors a panel) keep single-panel
+tiles. Each output channel's sum runs over
 K in the same order either way: outputs bit for bit those of single-panel tiles."""
 
 from __future__ import annotations
@@ -75,6 +76,13 @@ def test_avx512_tiles_pair_panels_with_outputs_unchanged(cpu: str, tmp_path: Pat
     for text, stride in zip(texts, strides, strict=True):
         assert ("++p;" in text) == (cpu == "x86-64-v4"), cpu
         assert (f"vload(bk + {stride})" in text) == (cpu == "x86-64-v4"), cpu
+    # 96 channels, six panels a chunk: tiles of three (the third panel two strides on); four full
+    # panels a chunk (64 channels) go as two pairs
+    assert ("p += 2;" in texts[2] and f"vload(bk + {2 * 64 * 16})" in texts[2]) == (cpu == "x86-64-v4")
+    assert "p += 2;" not in texts[1]
+    # weights prefetched 8 k steps ahead in the multi-panel tiles of segments >= 64 long (b: 72 or
+    # more, c: 64), not in a's (32 channels)
+    assert ["__builtin_prefetch" in text for text in texts] == [False] + [cpu == "x86-64-v4"] * 2
     monkeypatch.setattr(conv_nhwc, "PAIR_PANELS", False)
     single = compile_model(model, tmp_path / "single", cpu=cpu, golden_cases=0)
     assert all("++p;" not in text for text in _conv_kernels(single))
