@@ -89,6 +89,29 @@ def _weights_line(weights: Mapping[str, Any]) -> str:
     return line
 
 
+def bf16_steps(plan: Plan) -> list[PlanStep]:
+    """The steps that read a constant stored as bfloat16 codes (``--precision bf16``'s GEMMs)."""
+    bf16 = {c.offset for c in plan.constants if c.stored is not None and c.stored.dtype == "bfloat16"}
+    return [step for step in plan.steps
+            if any(name is not None and plan.values[name].location.kind == "weights"
+                   and plan.values[name].location.offset in bf16 for name in step.inputs)]
+
+
+def precision_line(manifest: Mapping[str, Any], plan: Plan) -> str:
+    """``precision: ...``: the compile's ``--precision`` and the steps that read bf16 weights."""
+    options = manifest.get("options")
+    precision = options.get("precision", "fp32") if isinstance(options, Mapping) else "fp32"
+    steps = bf16_steps(plan)
+    if not steps:
+        return f"precision: {precision} (every step reads fp32 weights)"
+    ops: dict[str, int] = {}
+    for step in steps:
+        ops[step.op_type] = ops.get(step.op_type, 0) + 1
+    return (f"precision: {precision}: {len(steps)} steps read bf16 weights, widened to fp32 at load ("
+            + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) + "): "
+            + ", ".join(step.name for step in steps[:8]) + (", ..." if len(steps) > 8 else ""))
+
+
 def memory_summary(plan: Plan, report: dict[str, Any], *, top: int = 10) -> dict[str, Any]:
     """memory.json's data with what a reader needs added.
 
@@ -253,6 +276,7 @@ def format_text(ins: Inspection, *, steps: int | None = None) -> str:
                      + " (a dynamic plan: buffers placed per binding at run time; arenas at the max binding)")
     lines.append(_weights_line(summary["weights"]) if "weights" in summary else
                  f"weights: {format_bytes(plan.weights_nbytes)} bytes in {len(plan.constants)} constants")
+    lines.append(precision_line(ins.manifest, plan))
     providers: dict[str, int] = {}
     ops: dict[str, int] = {}
     for step in plan.steps:
