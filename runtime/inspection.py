@@ -62,7 +62,8 @@ def inspect_artifact(path: str | os.PathLike[str], *, top: int = 10) -> Inspecti
             or not isinstance(report.get("steps"), list):
         raise ArtifactError(f"{report_path}: not a memory report (expected 'arenas' and 'steps')")
     summary = {**memory_summary(art.plan, report, top=top), "weights": weights_summary(art.path, art.manifest,
-                                                                                       art.plan)}
+                                                                                       art.plan),
+               "precision": precision_summary(art.manifest, art.plan)}
     return Inspection(art.path, art.manifest, art.plan, report, summary)
 
 
@@ -97,10 +98,17 @@ def bf16_steps(plan: Plan) -> list[PlanStep]:
                    and plan.values[name].location.offset in bf16 for name in step.inputs)]
 
 
-def precision_line(manifest: Mapping[str, Any], plan: Plan) -> str:
-    """``precision: ...``: the compile's ``--precision`` and the steps that read bf16 weights."""
+def precision_summary(manifest: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """The compile's ``--precision`` (fp32 unless the manifest records another) and the names of
+    the steps that read bf16 weights (``inspect --json``'s ``precision``)."""
     options = manifest.get("options")
     precision = options.get("precision", "fp32") if isinstance(options, Mapping) else "fp32"
+    return {"precision": precision, "bf16_steps": [step.name for step in bf16_steps(plan)]}
+
+
+def precision_line(manifest: Mapping[str, Any], plan: Plan) -> str:
+    """``precision: ...``: the compile's ``--precision`` and the steps that read bf16 weights."""
+    precision = precision_summary(manifest, plan)["precision"]
     steps = bf16_steps(plan)
     if not steps:
         return f"precision: {precision} (every step reads fp32 weights)"

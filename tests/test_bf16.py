@@ -38,6 +38,7 @@ from runtime.errors import CompileError
 from runtime.inspection import bf16_steps
 from runtime.inspection import format_text
 from runtime.inspection import inspect_artifact
+from tests.support.commands import cli
 from tests.support.encoder_model import encoder_feeds
 from tests.support.encoder_model import encoder_model
 
@@ -165,3 +166,15 @@ def test_bf16_encoder_close_to_fp32(tmp_path: Path) -> None:
     # a normalized output (LayerNorm, |y| ~ 1..4): 2**-9 per weight over sums of ~64..256 terms of
     # random signs gives ~1e-3 of max |y|; 1e-2 is the bound the issue's --max-error example uses
     assert 0 < rel < 1e-2
+
+
+def test_cli_precision(tmp_path: Path, mlp: dict) -> None:
+    model = tmp_path / "mlp.onnx"
+    onnx.save(mlp["model"], model)
+    out = cli("compile", str(model), "-o", str(tmp_path / "auto"), "--cpu", CPU, "--precision", "auto")
+    assert f"--precision auto: fp32 (the --cpu target {CPU} has no native bf16" in out.stderr
+    cli("compile", str(model), "-o", str(tmp_path / "bf16"), "--cpu", CPU, "--precision", "bf16", "-q")
+    summary = json.loads(cli("inspect", str(tmp_path / "bf16"), "--json").stdout)
+    assert summary["precision"] == {"precision": "bf16", "bf16_steps": ["fc1", "fc2"]}
+    bad = cli("compile", str(model), "-o", str(tmp_path / "bad"), "--precision", "fp16", ok=False)
+    assert bad.returncode == 2 and "--precision" in bad.stderr
