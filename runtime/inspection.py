@@ -62,8 +62,10 @@ def inspect_artifact(path: str | os.PathLike[str], *, top: int = 10) -> Inspecti
             or not isinstance(report.get("steps"), list):
         raise ArtifactError(f"{report_path}: not a memory report (expected 'arenas' and 'steps')")
     summary = {**memory_summary(art.plan, report, top=top), "weights": weights_summary(art.path, art.manifest,
-                                                                                       art.plan),
-               "precision": precision_summary(art.manifest, art.plan)}
+                                                                                       art.plan)}
+    precision = precision_summary(art.manifest, art.plan)
+    if precision != {"precision": "fp32", "bf16_steps": []}:  # (an fp32 artifact's JSON as before)
+        summary["precision"] = precision
     return Inspection(art.path, art.manifest, art.plan, report, summary)
 
 
@@ -100,7 +102,8 @@ def bf16_steps(plan: Plan) -> list[PlanStep]:
 
 def precision_summary(manifest: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     """The compile's ``--precision`` (fp32 unless the manifest records another) and the names of
-    the steps that read bf16 weights (``inspect --json``'s ``precision``)."""
+    the steps that read bf16 weights (``inspect --json``'s ``precision``, present unless that is
+    fp32 and none)."""
     options = manifest.get("options")
     precision = options.get("precision", "fp32") if isinstance(options, Mapping) else "fp32"
     return {"precision": precision, "bf16_steps": [step.name for step in bf16_steps(plan)]}

@@ -178,3 +178,4 @@ def test_cli_precision(tmp_path: Path, mlp: dict) -> None:
     assert summary["precision"] == {"precision": "bf16", "bf16_steps": ["fc1", "fc2"]}
     bad = cli("compile", str(model), "-o", str(tmp_path / "bad"), "--precision", "fp16", ok=False)
     assert bad.returncode == 2 and "--precision" in bad.stderr
+    assert "precision" not in json.loads(cli("inspect", str(tmp_path / "auto"), "--json").stdout)
