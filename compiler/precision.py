@@ -9,9 +9,10 @@ the portable build of a bf16 artifact does on every CPU. Activations, elementwis
 and softmax stay float32. ``auto`` is bf16 where the ``--cpu`` target computes bf16 dot products
 natively (AVX512_BF16, ``TargetInfo.bf16_dot``), else fp32, and says which.
 
-The reference kernels run the same rounded panels, so the golden self-test compares like with like
-(its tolerance unchanged); the error against the fp32 model is what bfloat16's 8-bit significand
-gives the weights: a relative rounding of at most 2**-9 each (tests/test_bf16.py measures it).
+The golden cases take the fp32 model's outputs as their reference and the measured difference of
+the rounded weights as their added tolerance (``compiler/artifact/golden_precision.py``): the error
+is what bfloat16's 8-bit significand gives the weights, a relative rounding of at most 2**-9 each
+(tests/test_bf16.py bounds and measures it).
 """
 
 from __future__ import annotations

@@ -132,6 +132,15 @@ def test_plan_and_inspect_record_the_precision(mlp: dict) -> None:
 def test_golden_self_test_passes_on_bf16(mlp: dict) -> None:
     report = Session(mlp["bf16"]).verify()
     assert report.ok and report.cases == 2
+    # the reference is the fp32 model's (the fp32 artifact's golden outputs, bit for bit), the
+    # tolerance fp32's 2e-3 plus the measured bf16 error
+    golden = {p: json.loads((mlp[p] / "golden.json").read_text()) for p in ("fp32", "bf16")}
+    assert (mlp["bf16"] / "golden.bin").read_bytes() == (mlp["fp32"] / "golden.bin").read_bytes()
+    for case32, case16 in zip(golden["fp32"]["cases"], golden["bf16"]["cases"], strict=True):
+        out32, out16 = case32["outputs"][0], case16["outputs"][0]
+        assert "bf16_error" not in out32 and out32["tolerance"] == 2e-3
+        assert 0 < out16["bf16_error"] < 1e-2 and out16["tolerance"] == 2e-3 + out16["bf16_error"]
+        print(f"golden case: bf16 error {out16['bf16_error']:.3g} of max |y|")
 
 
 def test_auto_without_avx512_bf16_stays_fp32_and_says_so(mlp: dict) -> None:

@@ -84,6 +84,7 @@ def _panels(graph: Graph, b: Value, matrix: np.ndarray, transposed: bool, bf16: 
     value = add_constant(graph, f"{b.name}_panels", codes.astype(np.float32))
     assert value.const is not None
     graph.narrowing.record(value.const, Affine(codes, None, None))
+    graph.narrowing.rounded[id(value.const)] = (value.const, panels)
     return value
 
 
