@@ -113,8 +113,8 @@ def precision_line(manifest: Mapping[str, Any], plan: Plan) -> str:
     """``precision: ...``: the compile's ``--precision`` and the steps that read bf16 weights."""
     precision = precision_summary(manifest, plan)["precision"]
     steps = bf16_steps(plan)
-    if not steps:
-        return f"precision: {precision} (every step reads fp32 weights)"
+    if not steps:  # (a bf16 compile with --wide-weights stores its rounded weights as fp32)
+        return f"precision: {precision} (no step reads weights stored as bf16)"
     ops: dict[str, int] = {}
     for step in steps:
         ops[step.op_type] = ops.get(step.op_type, 0) + 1

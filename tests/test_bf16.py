@@ -126,7 +126,8 @@ def test_plan_and_inspect_record_the_precision(mlp: dict) -> None:
     assert "precision" not in json.loads((mlp["fp32"] / "manifest.json").read_text())["options"]
     text = format_text(inspect_artifact(mlp["bf16"]))
     assert "precision: bf16: 2 steps read bf16 weights" in text
-    assert "precision: fp32 (every step reads fp32 weights)" in format_text(inspect_artifact(mlp["fp32"]))
+    fp32_text = format_text(inspect_artifact(mlp["fp32"]))
+    assert "precision: fp32 (no step reads weights stored as bf16)" in fp32_text
 
 
 def test_golden_self_test_passes_on_bf16(mlp: dict) -> None:
@@ -188,3 +189,12 @@ def test_cli_precision(tmp_path: Path, mlp: dict) -> None:
     bad = cli("compile", str(model), "-o", str(tmp_path / "bad"), "--precision", "fp16", ok=False)
     assert bad.returncode == 2 and "--precision" in bad.stderr
     assert "precision" not in json.loads(cli("inspect", str(tmp_path / "auto"), "--json").stdout)
+
+
+def test_bf16_with_wide_weights_stores_the_rounded_values_as_fp32(tmp_path: Path, mlp: dict) -> None:
+    art = compile_model(mlp["model"], tmp_path / "wide", cpu=CPU, precision="bf16", narrow_weights=False)
+    assert (art / "weights.bin").stat().st_size == (mlp["fp32"] / "weights.bin").stat().st_size
+    x = np.random.default_rng(2).standard_normal((ROWS, IN)).astype(np.float32)
+    np.testing.assert_array_equal(_run(art, x), _run(mlp["bf16"], x))  # the same rounded weights
+    assert Session(art).verify().ok
+    assert "precision: bf16 (no step reads weights stored as bf16)" in format_text(inspect_artifact(art))
