@@ -203,6 +203,10 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
                    help="store weights the model ships narrow (int8 / fp16 behind a Cast or a "
                         "DequantizeLinear) widened, as the kernels read them: a bigger weights.bin, "
                         "no widening at load, and an artifact a C program can run (kernels/cpu/model.h)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
+                   help="the GEMM weights' precision: fp32 (default), bf16 (rounded to bfloat16, half "
+                        "their bytes, computed in fp32 sums), auto (bf16 where the --cpu target has "
+                        "AVX512_BF16, else fp32, and says so)")
     p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
                    help="seeded self-test cases stored for 'onnx-aot verify' and run on the built artifact "
                         "before it is written (default 2; 0: none, the artifact written unchecked)")
@@ -290,7 +294,7 @@ def _compile(args: argparse.Namespace) -> int:
                             plan_budget_ms=args.plan_budget_ms, max_arena_bytes=args.max_arena_bytes,
                             golden_cases=args.golden_cases, cpu=args.cpu, winograd=args.winograd,
                             opt_shapes=args.opt_shape or None, values=dict(args.value) or None,
-                            narrow_weights=args.narrow_weights)
+                            narrow_weights=args.narrow_weights, precision=args.precision)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0

@@ -45,6 +45,8 @@ from compiler.nested import optimize_bodies
 from compiler.passes import optimize
 from compiler.passes.materialize_outputs import materialize_outputs
 from compiler.plan import build_plan
+from compiler.precision import DEFAULT_PRECISION
+from compiler.precision import resolve_precision
 from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
 from runtime.errors import ArtifactCheckError
@@ -88,6 +90,7 @@ def compile_model(
     plan_budget_ms: float | None = None, max_arena_bytes: int | None = None,
     golden_cases: int = DEFAULT_CASES, run_check: bool = True,
     winograd: bool = True, compiled_control: bool = True, narrow_weights: bool = True,
+    precision: str = DEFAULT_PRECISION,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -113,26 +116,31 @@ def compile_model(
     ``narrow_weights`` False (``--wide-weights``) stores weights the model ships narrow (int8 / fp16
     behind a Cast or a DequantizeLinear) widened, as the kernels read them (compiler/ir/narrow.py):
     a bigger weights.bin that a C program maps as it is (kernels/cpu/model.h).
+    ``precision`` (``--precision``): "fp32", "bf16" (the packed GEMM weights rounded to bfloat16,
+    stored so) or "auto" (bf16 where the ``cpu`` target has AVX512_BF16), compiler/precision.py.
     """
     say = progress or (lambda _msg: None)
     if opt_level not in (0, 1, 2, 3):
         raise CompileError(f"optimization level must be 0-3, got {opt_level}")
     build = _cpu_build_options(build, cpu)
+    resolved = resolve_precision(precision, build, say)
     out = Path(out_dir)
     check_out_dir(out)  # a path that cannot be written fails before any work
     providers = default_providers(target) if providers is None else providers
     source = _source_identity(model)
     graph, policy = _front_half(model, shapes, binds, dims, values, opt_level=opt_level, target=target,
                                 winograd=winograd, compiled_control=compiled_control,
-                                narrow_weights=narrow_weights, say=say)
+                                narrow_weights=narrow_weights, precision=resolved, say=say)
     options = _recorded_options(opt_level=opt_level, target=target, shapes=shapes, dims=dims, values=values,
                                 binds=binds, plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                                 golden_cases=golden_cases, winograd=winograd, cpu=build.isa,
                                 compiled_control=compiled_control, narrow_weights=narrow_weights)
+    if precision != DEFAULT_PRECISION:  # (recorded only when asked for: fp32 manifests as before)
+        options["precision"] = resolved
     variants = _opt_variants(model, graph, policy, opt_shapes or (), binds, say, options, opt_level=opt_level,
                              target=target, build=build, cpu=cpu, winograd=winograd,
                              compiled_control=compiled_control, narrow_weights=narrow_weights,
-                             golden_cases=golden_cases, run_check=run_check)
+                             precision=resolved, golden_cases=golden_cases, run_check=run_check)
     return compile_graph(graph, out, providers=providers, build=build, progress=say,
                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                          golden_cases=golden_cases, source=source, options=options,
@@ -142,8 +150,8 @@ def compile_model(
 def _front_half(model: str | os.PathLike[str] | onnx.ModelProto,
                 shapes: Mapping[str, Sequence[DimSpec]] | None, binds: Mapping[str, Any] | None,
                 dims: Mapping[str, DimSpec] | None, values: Mapping[str, Any] | None,
-                *, opt_level: int, target: str, winograd: bool,
-                compiled_control: bool, narrow_weights: bool, say: Progress) -> tuple[Graph, MemoryPolicy]:
+                *, opt_level: int, target: str, winograd: bool, compiled_control: bool,
+                narrow_weights: bool, precision: str, say: Progress) -> tuple[Graph, MemoryPolicy]:
     """The model imported and optimized (the bodies of its control steps too, where the target
     compiles them), and its memory policy (chosen once, here)."""
     say("loading model")
@@ -151,9 +159,10 @@ def _front_half(model: str | os.PathLike[str] | onnx.ModelProto,
     graph.narrowing.enabled = narrow_weights
     policy = memory_policy(graph)
     say(f"optimizing (-O{opt_level}): {len(graph) + len(graph.eliminated)} ONNX nodes{policy.summary}")
-    graph = optimize(graph, opt_level, target=target, winograd=winograd)
+    graph = optimize(graph, opt_level, target=target, winograd=winograd, precision=precision)
     if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled
-        optimize_bodies(graph, lambda body: optimize(body, opt_level, target=target, winograd=winograd))
+        optimize_bodies(graph, lambda body: optimize(body, opt_level, target=target, winograd=winograd,
+                                                     precision=precision))
     return graph, policy
 
 

@@ -63,6 +63,9 @@ def inspect_artifact(path: str | os.PathLike[str], *, top: int = 10) -> Inspecti
         raise ArtifactError(f"{report_path}: not a memory report (expected 'arenas' and 'steps')")
     summary = {**memory_summary(art.plan, report, top=top), "weights": weights_summary(art.path, art.manifest,
                                                                                        art.plan)}
+    precision = precision_summary(art.manifest, art.plan)
+    if precision != {"precision": "fp32", "bf16_steps": []}:  # (an fp32 artifact's JSON as before)
+        summary["precision"] = precision
     return Inspection(art.path, art.manifest, art.plan, report, summary)
 
 
@@ -87,6 +90,37 @@ def _weights_line(weights: Mapping[str, Any]) -> str:
         line += (f"; the model file {format_bytes(weights['model_nbytes'])} bytes (weights.bin "
                  f"{weights['file_to_model']:.2f}x of it)")
     return line
+
+
+def bf16_steps(plan: Plan) -> list[PlanStep]:
+    """The steps that read a constant stored as bfloat16 codes (``--precision bf16``'s GEMMs)."""
+    bf16 = {c.offset for c in plan.constants if c.stored is not None and c.stored.dtype == "bfloat16"}
+    return [step for step in plan.steps
+            if any(name is not None and plan.values[name].location.kind == "weights"
+                   and plan.values[name].location.offset in bf16 for name in step.inputs)]
+
+
+def precision_summary(manifest: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """The compile's ``--precision`` (fp32 unless the manifest records another) and the names of
+    the steps that read bf16 weights (``inspect --json``'s ``precision``, present unless that is
+    fp32 and none)."""
+    options = manifest.get("options")
+    precision = options.get("precision", "fp32") if isinstance(options, Mapping) else "fp32"
+    return {"precision": precision, "bf16_steps": [step.name for step in bf16_steps(plan)]}
+
+
+def precision_line(manifest: Mapping[str, Any], plan: Plan) -> str:
+    """``precision: ...``: the compile's ``--precision`` and the steps that read bf16 weights."""
+    precision = precision_summary(manifest, plan)["precision"]
+    steps = bf16_steps(plan)
+    if not steps:  # (a bf16 compile with --wide-weights stores its rounded weights as fp32)
+        return f"precision: {precision} (no step reads weights stored as bf16)"
+    ops: dict[str, int] = {}
+    for step in steps:
+        ops[step.op_type] = ops.get(step.op_type, 0) + 1
+    return (f"precision: {precision}: {len(steps)} steps read bf16 weights, widened to fp32 at load ("
+            + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) + "): "
+            + ", ".join(step.name for step in steps[:8]) + (", ..." if len(steps) > 8 else ""))
 
 
 def memory_summary(plan: Plan, report: dict[str, Any], *, top: int = 10) -> dict[str, Any]:
@@ -253,6 +287,7 @@ def format_text(ins: Inspection, *, steps: int | None = None) -> str:
                      + " (a dynamic plan: buffers placed per binding at run time; arenas at the max binding)")
     lines.append(_weights_line(summary["weights"]) if "weights" in summary else
                  f"weights: {format_bytes(plan.weights_nbytes)} bytes in {len(plan.constants)} constants")
+    lines.append(precision_line(ins.manifest, plan))
     providers: dict[str, int] = {}
     ops: dict[str, int] = {}
     for step in plan.steps:

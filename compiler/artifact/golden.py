@@ -28,6 +28,7 @@ Everything is seeded and ordered, so two compiles stay byte-identical.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
@@ -37,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.artifact.golden_precision import with_fp32_reference
 from compiler.artifact.quantum import output_quantum
 from compiler.artifact.quantum import quantum_tolerance
 from compiler.ir.evaluate import Interpreter
@@ -180,6 +182,8 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
     for k in range(count if skip is None else 0):
         try:
             records, outputs = _case(graph, seed + k, binding(k))
+            rerun = functools.partial(_case, graph, seed + k, binding(k))
+            outputs, errors = with_fp32_reference(graph, rerun, outputs)
         except GoldenReferenceError as exc:
             # a binding of a range the model itself may not run at (a trip count past the data its
             # loop slices, a height its pooling cannot take): left out, said; none left: the error
@@ -193,7 +197,7 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
         for k_out, array in enumerate(outputs):
             share = budget // max(len(outputs), 1) // max(array.dtype.itemsize, 1)
             record = _put_output(blob, output_names[k_out], array, None if whole else max(1, share))
-            case["outputs"].append(_with_tolerance(record, array, quanta[k_out]))
+            case["outputs"].append(_with_tolerance(record, array, quanta[k_out], errors[k_out]))
         index["cases"].append(case)
     if failures and not index["cases"]:
         raise failures[0]
@@ -206,10 +210,15 @@ def make_golden(graph: Graph, output_names: list[str], *, seed: int = 0, cases: 
     return {GOLDEN_JSON: text.encode("utf-8"), GOLDEN_BIN: bytes(blob)}
 
 
-def _with_tolerance(record: dict[str, Any], array: np.ndarray, quantum: float | None) -> dict[str, Any]:
+def _with_tolerance(record: dict[str, Any], array: np.ndarray, quantum: float | None,
+                    bf16_error: float | None = None) -> dict[str, Any]:
     """``record`` with its output's tolerance: its dtype's, or for a quantized value (``quantum``,
-    its grid step) ``QUANTUM_STEPS`` steps where that is more (compiler/artifact/quantum.py)."""
+    its grid step) ``QUANTUM_STEPS`` steps where that is more (compiler/artifact/quantum.py); plus
+    the measured ``bf16_error`` of a --precision bf16 graph (compiler/artifact/golden_precision.py)."""
     record["tolerance"] = tolerance_for(array.dtype)
+    if bf16_error is not None:
+        record["bf16_error"] = bf16_error
+        record["tolerance"] += bf16_error
     if quantum is not None:
         record["quantum"] = quantum
         record["tolerance"] = max(record["tolerance"], quantum_tolerance(quantum, array))

@@ -72,6 +72,7 @@ class TargetInfo:
     # the int8 dot product the integer GEMM uses (templates/c/qgemm_tile.c.j2): "avx512vnni",
     # "avxvnni", "avx512bw", "avx2" or "portable"
     int8_dot: str = "portable"
+    bf16_dot: bool = False  # AVX512_BF16's vdpbf16ps (bf16 pairs, fp32 sums): --precision auto's bf16
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -124,7 +125,8 @@ def target_info(options: BuildOptions) -> TargetInfo:
         vector_bytes, registers = 32, 16
     else:
         vector_bytes, registers = 16, 16 if "__x86_64__" in macros else 32
-    return TargetInfo(_resolved_march(options.cc, options.isa), vector_bytes, registers, _int8_dot(macros))
+    return TargetInfo(_resolved_march(options.cc, options.isa), vector_bytes, registers, _int8_dot(macros),
+                      "__AVX512BF16__" in macros)
 
 
 def _int8_dot(macros: frozenset[str]) -> str:

@@ -98,6 +98,9 @@ class Narrowing:
     widths: tuple[np.dtype, ...] = ()
     forms: dict[int, tuple[np.ndarray, Affine]] = field(default_factory=dict)
     enabled: bool = True  # False: store every constant as the kernels read it (--wide-weights)
+    # id(constant) -> (the constant rounded to bf16, its fp32 original): --precision bf16's weights,
+    # which the golden cases run at fp32 too (compiler/artifact/golden.py measures the difference)
+    rounded: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def record(self, array: np.ndarray, affine: Affine) -> None:
         """``array`` (a constant's array) is ``affine``, exactly."""

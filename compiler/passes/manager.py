@@ -150,7 +150,7 @@ def _c_claims(node: Node) -> bool:
     return KERNELS.supports(node) or qconv_lowers(node) or qgemm_lowers(node)
 
 
-def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
+def lowerings_for(level: int, target: str, winograd: bool = True, precision: str = "fp32") -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
@@ -160,10 +160,11 @@ def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
     (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A graph of
-    symbolic dims gets the same lowerings: their C kernels all take run-time dims.
+    symbolic dims gets the same lowerings: their C kernels all take run-time dims. ``precision``
+    "bf16" packs the GEMM weights rounded to bfloat16 (compiler/precision.py).
     """
     cpu2 = level >= 2 and target == "cpu"
-    passes: list[Pass] = [PackGemmWeights(), PackQConvWeights(), FuseAttention()] if cpu2 else []
+    passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
         passes += [PackQLSTMWeights()]  # DynamicQuantizeLSTM's weights in the int8 tile's panels
@@ -176,13 +177,14 @@ def lowerings_for(level: int, target: str, winograd: bool = True) -> list[Pass]:
 
 def optimize(
     graph: Graph, level: int, verify: bool = True, target: str | None = None, winograd: bool = True,
+    precision: str = "fp32",
 ) -> Graph:
     """Run the passes of ``level`` over ``graph`` (changed in place) and return it.
 
     ``target`` ("cpu", "cuda") adds that target's lowerings (``lowerings_for``); None adds none.
     """
     graph = PassManager(passes_for_level(level, target), verify=verify).run(graph).graph
-    lowerings = lowerings_for(level, target, winograd) if target is not None else []
+    lowerings = lowerings_for(level, target, winograd, precision) if target is not None else []
     if lowerings:
         graph = PassManager(lowerings, verify=verify, max_iterations=1).run(graph).graph
     return graph

@@ -13,6 +13,10 @@ as it is; ``DOT_MAX_ROWS``), transA, a B whose padding would add more than an ei
 (a narrow B), and a constant read by anything but such Gemms (packing it would store the weights
 twice). A lowering for the C target (``compiler.passes.lowerings_for``), from level 2; in a dynamic
 graph too (rows an expression of the symbols: the C kernel takes them at run time).
+
+``precision="bf16"`` (``--precision``, compiler/precision.py) rounds each packed B to bfloat16 (to
+nearest even): the panels hold the rounded values, stored as bfloat16 codes in weights.bin (half
+the bytes) and widened to float32 at load; a B the model ships narrow already keeps its own form.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from compiler.ir.graph import AOT_DOMAIN
 from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.ir.graph import Value
+from compiler.ir.narrow import Affine
 from compiler.passes.base import NO_ACTIVATION
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import replace_nodes
+from compiler.precision import to_bf16
 from compiler.providers.c.gemm import DOT_MAX_ROWS
 from runtime.contract import FUSED_GEMM
 from runtime.contract import PACKED_GEMM
@@ -65,8 +71,28 @@ def _carry(graph: Graph, b: Value, panels: Value, transposed: bool) -> None:
     graph.narrowing.carry(b.const, panels.const, move)
 
 
+def _panels(graph: Graph, b: Value, matrix: np.ndarray, transposed: bool, bf16: bool) -> Value:
+    """B's packed panels as a new constant: rounded to bfloat16 where ``bf16`` and B has no
+    narrow form of its own (then recorded as those codes), else carried as B is stored."""
+    assert b.const is not None
+    panels = pack_b_panels(np.asarray(matrix))
+    if not bf16 or graph.narrowing.affine_of(b.const) is not None:
+        value = add_constant(graph, f"{b.name}_panels", panels)
+        _carry(graph, b, value, transposed)
+        return value
+    codes = to_bf16(panels)
+    value = add_constant(graph, f"{b.name}_panels", codes.astype(np.float32))
+    assert value.const is not None
+    graph.narrowing.record(value.const, Affine(codes, None, None))
+    graph.narrowing.rounded[id(value.const)] = (value.const, panels)
+    return value
+
+
 class PackGemmWeights(Pass):
     name = "pack_gemm_weights"
+
+    def __init__(self, precision: str = "fp32") -> None:
+        self.bf16 = precision == "bf16"
 
     def run(self, graph: Graph) -> PassResult:
         packed: dict[tuple[int, int], Value] = {}  # (id(B), transB) -> panels, shared by the Gemms of one B
@@ -78,8 +104,7 @@ class PackGemmWeights(Pass):
                 continue
             key = (id(b), int(node.attrs["transB"]))
             if key not in packed:
-                packed[key] = add_constant(graph, f"{b.name}_panels", pack_b_panels(np.asarray(matrix)))
-                _carry(graph, b, packed[key], bool(key[1]))
+                packed[key] = _panels(graph, b, matrix, bool(key[1]), self.bf16)
             attrs = {**(node.attrs if node.domain == AOT_DOMAIN else {**node.attrs, **NO_ACTIVATION}),
                      "n": int(matrix.shape[1])}
             del attrs["transB"]
