@@ -116,16 +116,12 @@ def compile_model(
     ``narrow_weights`` False (``--wide-weights``) stores weights the model ships narrow (int8 / fp16
     behind a Cast or a DequantizeLinear) widened, as the kernels read them (compiler/ir/narrow.py):
     a bigger weights.bin that a C program maps as it is (kernels/cpu/model.h).
-    ``precision`` (``--precision``): "fp32", "bf16" (the packed GEMM weights rounded to bfloat16,
-    stored so) or "auto" (bf16 where the ``cpu`` target has AVX512_BF16), compiler/precision.py.
+    ``precision`` (``--precision``): "fp32", "bf16" or "auto" (compiler/precision.py).
     """
     say = progress or (lambda _msg: None)
-    if opt_level not in (0, 1, 2, 3):
-        raise CompileError(f"optimization level must be 0-3, got {opt_level}")
+    out = _checked_start(out_dir, opt_level)
     build = _cpu_build_options(build, cpu)
     resolved = resolve_precision(precision, build, say)
-    out = Path(out_dir)
-    check_out_dir(out)  # a path that cannot be written fails before any work
     providers = default_providers(target) if providers is None else providers
     source = _source_identity(model)
     graph, policy = _front_half(model, shapes, binds, dims, values, opt_level=opt_level, target=target,
@@ -134,9 +130,8 @@ def compile_model(
     options = _recorded_options(opt_level=opt_level, target=target, shapes=shapes, dims=dims, values=values,
                                 binds=binds, plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                                 golden_cases=golden_cases, winograd=winograd, cpu=build.isa,
-                                compiled_control=compiled_control, narrow_weights=narrow_weights)
-    if precision != DEFAULT_PRECISION:  # (recorded only when asked for: fp32 manifests as before)
-        options["precision"] = resolved
+                                compiled_control=compiled_control, narrow_weights=narrow_weights,
+                                precision=None if precision == DEFAULT_PRECISION else resolved)
     variants = _opt_variants(model, graph, policy, opt_shapes or (), binds, say, options, opt_level=opt_level,
                              target=target, build=build, cpu=cpu, winograd=winograd,
                              compiled_control=compiled_control, narrow_weights=narrow_weights,
@@ -145,6 +140,16 @@ def compile_model(
                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                          golden_cases=golden_cases, source=source, options=options,
                          extra_files=variants, run_check=run_check, policy=policy)
+
+
+def _checked_start(out_dir: str | os.PathLike[str], opt_level: int) -> Path:
+    """The artifact folder, once the level is valid and the folder can be written: bad options fail
+    before any work (``CompileError``)."""
+    if opt_level not in (0, 1, 2, 3):
+        raise CompileError(f"optimization level must be 0-3, got {opt_level}")
+    out = Path(out_dir)
+    check_out_dir(out)
+    return out
 
 
 def _front_half(model: str | os.PathLike[str] | onnx.ModelProto,
@@ -170,8 +175,9 @@ def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Seque
                       dims: Mapping[str, DimSpec] | None, values: Mapping[str, Any] | None,
                       binds: Mapping[str, Any] | None, plan_budget_ms: float | None,
                       max_arena_bytes: int | None, golden_cases: int, winograd: bool, cpu: str,
-                      compiled_control: bool, narrow_weights: bool) -> dict[str, Any]:
-    """The compile options the manifest records (a flag that is on by default only when off)."""
+                      compiled_control: bool, narrow_weights: bool, precision: str | None) -> dict[str, Any]:
+    """The compile options the manifest records (a flag that is on by default only when off; the
+    precision only when ``--precision`` was given, so fp32 manifests stay as they were)."""
     return {
         "opt_level": opt_level,
         "target": target,
@@ -184,6 +190,7 @@ def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Seque
         "cpu": cpu,
         **({} if compiled_control else {"compiled_control": False}),
         **({} if narrow_weights else {"narrow_weights": False}),
+        **({} if precision is None else {"precision": precision}),
     }
 
 
