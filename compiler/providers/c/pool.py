@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from compiler.codegen.cdims import CDim
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
@@ -24,12 +26,15 @@ from compiler.providers.c.common import step_args
 from compiler.providers.c.conv import Decls
 from compiler.providers.c.conv import dynamic_geometry
 from compiler.providers.c.conv import is_dynamic
+from compiler.providers.c.elementwise_typed import value_ctype
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 
 __all__ = ["PoolContext", "PoolKernel"]
+
+_EIGHT_BIT = frozenset({np.dtype(np.int8), np.dtype(np.uint8)})
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class PoolContext(KernelContext):
     ow_lo: int | CDim  # output columns [ow_lo, ow_hi) have every window tap inside the input row
     ow_hi: int | CDim
     decls: Decls = ()  # a dynamic node's run-time sizes
+    ctype: str = "float"  # x's and y's C type: int8_t / uint8_t for an 8-bit MaxPool
+    lowest: int = 0  # an 8-bit MaxPool's result for a window wholly in the padding
     when: str = ""  # a dynamic node's C condition for running on the pool
 
 
@@ -50,7 +57,7 @@ class PoolKernel(CKernel):
     dynamic = True  # run-time batch and spatial sizes (floor mode)
 
     def supports(self, node: Node) -> bool:
-        if not float32_unary(node):
+        if not (float32_unary(node) or _eight_bit_max(node)):
             return False
         if node.op_type == "AveragePool" and "count_include_pad" not in node.attrs:
             return False
@@ -62,7 +69,8 @@ class PoolKernel(CKernel):
         if is_dynamic(node):
             return _build_dynamic(step)
         g = claimed(PoolGeometry.from_node(node, "NCHW"), node)
-        args = step_args(step)
+        ctype, lowest = _element(node)
+        args = step_args(step, ctype)
         ow_lo, ow_hi = g.cols.inside()
         ctx = PoolContext(
             params=params(["x", "y"], args, [True, True]),
@@ -73,8 +81,28 @@ class PoolKernel(CKernel):
             parallel=g.batch * g.c * g.oh * g.ow * g.kh * g.kw >= PARALLEL_MIN_WORK,
             ow_lo=ow_lo,
             ow_hi=ow_hi,
+            ctype=ctype,
+            lowest=lowest,
         )
         return StepCode("c/pool.c.j2", ctx, tuple(args))
+
+
+def _eight_bit_max(node: Node) -> bool:
+    """A MaxPool from int8 / uint8 to the same type, shapes known (QOperator files keep their
+    MaxPools on the quantized values: a max commutes with the monotone quantization)."""
+    x, y = node.input(0), node.outputs[0]
+    return (node.op_type == "MaxPool" and len(node.inputs) == 1 and len(node.outputs) == 1
+            and x is not None and y is not None and x.dtype in _EIGHT_BIT and y.dtype == x.dtype
+            and x.shape is not None and y.shape is not None and not is_dynamic(node))
+
+
+def _element(node: Node) -> tuple[str, int]:
+    """The pool's C element type and, for an 8-bit one, its type's lowest value."""
+    x = node.input(0)
+    assert x is not None and x.dtype is not None
+    if x.dtype == np.float32:
+        return "float", 0
+    return value_ctype(x.dtype), int(np.iinfo(x.dtype).min)
 
 
 def _build_dynamic(step: GenStep) -> StepCode:
