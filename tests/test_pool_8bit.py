@@ -55,3 +55,25 @@ def test_eight_bit_maxpool_matches_onnxruntime(case: str, dtype: type, level: st
     (got,) = Session(art).run(None, {"x": x})
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8], ids=["int8", "uint8"])
+def test_a_window_wholly_in_the_padding_gives_the_lowest_value(dtype: type, tmp_path: Path) -> None:
+    """Pads as large as the kernel (onnxruntime refuses them; ONNX does not): the top-left windows
+    see only padding and give the type's lowest value, as the reference kernels do."""
+    import onnx
+
+    from compiler.frontend.importer import import_model
+    from tests.support.graphs import run_graph
+
+    shape, attrs = (1, 2, 5, 5), dict(kernel_shape=[2, 2], strides=[2, 2], pads=[2, 2, 0, 0])
+    model = onnx.load_from_string(_model(np.dtype(dtype), shape, attrs, (1, 2, 3, 3)))
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(3).integers(info.min, info.max + 1, shape).astype(dtype)
+    (want,) = run_graph(import_model(model), {"x": x}).values()
+    art = compile_model(model, tmp_path / "art")
+    steps = json.loads((art / "plan.json").read_text())["steps"]
+    assert [(s["op_type"], s["provider"]) for s in steps] == [("MaxPool", "c")]
+    (got,) = Session(art).run(None, {"x": x})
+    assert want[0, 0, 0, 0] == info.min and want[0, 0, 1, 1] != info.min
+    np.testing.assert_array_equal(got, want)
