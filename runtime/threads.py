@@ -9,8 +9,11 @@ barrier (measured on a 2-core machine with one other process busy, OpenMP: Squee
 one thread, 31 ms on two). ``ThreadChoice`` picks the thread count per run from the run times it
 sees: it measures every candidate (all cores, and one) a few times, then runs the fastest by the
 median of its recent runs, and keeps re-measuring each other candidate once every
-``EXPLORE_EVERY`` runs, so it follows the machine when its load changes (within a few dozen
-runs): never slower than the better of the two by more than its exploring costs. A run's results
+``EXPLORE_EVERY`` runs, so it follows the machine when its load changes: a re-measurement faster
+than the count in use drops the explored count's older, slower samples and measures it again on the
+next run, so the way back after a brief burst of load takes about ``EXPLORE_EVERY`` runs, not one
+such period per sample of its median. Never slower than the better of the two by more than its
+exploring costs. A run's results
 do not depend on the thread count: the kernels split their work by output elements, never an
 accumulation across threads.
 """
@@ -73,9 +76,22 @@ class ThreadChoice:
             if self._runs <= 1 or threads not in self._times:
                 return  # the first run pays one-time costs (page faults, thread start)
             self._times[threads].append(seconds)
+            if threads != self.current:
+                self._forget_stale(threads, seconds)
             estimates = {n: _median(t) for n, t in self._times.items() if len(t) >= FIRST}
             if len(estimates) == len(self.candidates):
                 self.current = min(estimates, key=lambda n: (estimates[n], -n))
+
+    def _forget_stale(self, explored: int, seconds: float) -> None:
+        """A re-measurement that beats the count in use means the load has changed since the
+        explored count's older samples: those slower than the count in use are dropped, and the
+        start's rule (each candidate ``FIRST`` times) re-measures it on the next run, instead of
+        waiting ``EXPLORE_EVERY`` runs for each of the samples its median needs."""
+        current = self._times[self.current]
+        if len(current) < FIRST or seconds >= _median(current):
+            return
+        bar = _median(current)
+        self._times[explored] = deque((t for t in self._times[explored] if t < bar), maxlen=WINDOW)
 
     def estimates(self) -> dict[int, float | None]:
         """Each candidate's median recent run time in seconds (None before it has been measured)."""

@@ -39,6 +39,20 @@ def test_the_faster_count_wins_and_a_change_of_load_is_followed() -> None:
     assert choice.current == 2
 
 
+def test_after_a_burst_of_load_two_threads_come_back_within_one_exploring_period() -> None:
+    """A burst that made two threads look slow (every one of their samples) is forgotten as soon as
+    one re-measurement beats one thread: the next run measures two threads again and takes them."""
+    choice = ThreadChoice(2)
+    _drive(choice, {2: 1.0, 1: 1.9}, 3 * EXPLORE_EVERY)
+    _drive(choice, {2: 6.0, 1: 1.9}, 6 * EXPLORE_EVERY)  # long enough to fill two threads' window
+    assert choice.current == 1 and all(t == 6.0 for t in choice._times[2])
+    back = _drive(choice, {2: 1.0, 1: 1.9}, EXPLORE_EVERY + 2)
+    assert choice.current == 2
+    assert back[-2:] == [2, 2]  # not one exploring period per sample of the median (5 x 16 runs)
+    stays = _drive(choice, {2: 6.0, 1: 1.9}, 4 * EXPLORE_EVERY)  # a slower re-measurement changes nothing
+    assert choice.current == 1 and stays[-EXPLORE_EVERY:].count(2) == 1
+
+
 def test_one_core_has_nothing_to_choose() -> None:
     choice = ThreadChoice(1)
     assert _drive(choice, {1: 1.0}, 20) == [1] * 20
