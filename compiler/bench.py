@@ -57,7 +57,8 @@ if TYPE_CHECKING:
     from runtime import Session
 
 __all__ = ["BenchError", "bench", "bound_feeds", "for_onnxruntime", "format_report", "import_onnxruntime",
-           "initializers_as_inputs", "measure_overhead", "prepare_environment", "random_feeds", "cold_start",
+           "initializers_as_inputs", "measure_overhead", "round_robin", "prepare_environment", "random_feeds",
+           "cold_start",
            "RTOL", "ATOL"]
 
 RTOL = 1e-3
@@ -134,11 +135,18 @@ def error_stats(ours: list[np.ndarray], theirs: list[np.ndarray]) -> dict[str, A
 def alternate(first: Callable[[], object], second: Callable[[], object] | None, runs: int,
               warmup: int) -> tuple[list[float], list[float]]:
     """Wall times of ``first`` and ``second`` called alternately (A B A B ...), warm-up excluded."""
-    times: tuple[list[float], list[float]] = ([], [])
+    if second is None:
+        return round_robin([first], runs, warmup)[0], []
+    times = round_robin([first, second], runs, warmup)
+    return times[0], times[1]
+
+
+def round_robin(runners: list[Callable[[], object]], runs: int, warmup: int) -> list[list[float]]:
+    """Wall times of each of ``runners`` called in turn (A B C A B C ...), warm-up excluded, with
+    the pause that lets the next run start on idle cores."""
+    times: list[list[float]] = [[] for _ in runners]
     for i in range(warmup + runs):
-        for run, kept in ((first, times[0]), (second, times[1])):
-            if run is None:
-                continue
+        for run, kept in zip(runners, times, strict=True):
             t0 = time.perf_counter()
             run()
             t1 = time.perf_counter()

@@ -88,9 +88,9 @@ class ThreadChoice:
         start's rule (each candidate ``FIRST`` times) re-measures it on the next run, instead of
         waiting ``EXPLORE_EVERY`` runs for each of the samples its median needs."""
         current = self._times[self.current]
-        if len(current) < FIRST or seconds >= _median(current):
+        bar = _median(current) if len(current) >= FIRST else 0.0
+        if seconds >= bar:
             return
-        bar = _median(current)
         self._times[explored] = deque((t for t in self._times[explored] if t < bar), maxlen=WINDOW)
 
     def estimates(self) -> dict[int, float | None]:

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +30,9 @@ from compiler.bench import prepare_environment
 prepare_environment()  # before any kernel library loads libgomp
 
 from compiler import compile_model  # noqa: E402
-from compiler.bench import PAUSE_S  # noqa: E402
+from compiler.bench import round_robin  # noqa: E402
 from runtime.errors import OnnxAotError  # noqa: E402
+from runtime.selftest import relative_error  # noqa: E402
 from runtime.session import Session  # noqa: E402
 from scripts.bench_zoo import COMPUTE_BOUND  # noqa: E402
 from scripts.bench_zoo import geomean  # noqa: E402
@@ -63,27 +62,12 @@ def _openvino(model_path: Path, threads: int, precision: str | None) -> object:
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": str(threads)}
     if precision is not None:
         config["INFERENCE_PRECISION_HINT"] = precision
-    compiled = ov.Core().compile_model(str(model_path), "CPU", config)
-    return compiled
-
-
-def _round_robin(runners: list[Callable[[], object]], runs: int, warmup: int) -> list[float]:
-    """Median wall time of each runner, called in turn (A B C D A B C D ...), warm-up excluded."""
-    times: list[list[float]] = [[] for _ in runners]
-    for i in range(warmup + runs):
-        for run, kept in zip(runners, times, strict=True):
-            t0 = time.perf_counter()
-            run()
-            if i >= warmup:
-                kept.append(time.perf_counter() - t0)
-            time.sleep(PAUSE_S)
-    return [float(np.median(t)) * 1e3 for t in times]
+    return ov.Core().compile_model(str(model_path), "CPU", config)
 
 
 def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| over max |want| (the error measure of issue 34)."""
-    got = np.asarray(got, np.float64).reshape(want.shape)
-    return float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30))
+    """max |got - want| over max |want| (the error measure of issue 34), OpenVINO's output in our shape."""
+    return relative_error(np.asarray(got, want.dtype).reshape(want.shape), want)
 
 
 def compare(name: str, tmp: Path, threads: int, runs: int) -> dict[str, Any]:
@@ -102,12 +86,13 @@ def compare(name: str, tmp: Path, threads: int, runs: int) -> dict[str, Any]:
     ov_default_precision = str(getattr(hint, "get_type_name", lambda: hint)())
     ov_def = ov_default.create_infer_request()  # type: ignore[attr-defined]
     feeds = dummy_input(model)
-    want = np.asarray(fp32.run(None, feeds)[0], np.float64)
+    want = fp32.run(None, feeds)[0]
     errs = {"ours_bf16_err": _rel_err(bf16.run(None, feeds)[0], want),
             "ov_f32_err": _rel_err(next(iter(ov_f32.infer(feeds).values())), want),
             "ov_default_err": _rel_err(next(iter(ov_def.infer(feeds).values())), want)}
-    ms = _round_robin([lambda: fp32.run(None, feeds), lambda: ov_f32.infer(feeds),
-                       lambda: bf16.run(None, feeds), lambda: ov_def.infer(feeds)], runs, warmup=3)
+    ms = [float(np.median(t)) * 1e3 for t in round_robin(
+        [lambda: fp32.run(None, feeds), lambda: ov_f32.infer(feeds), lambda: bf16.run(None, feeds),
+         lambda: ov_def.infer(feeds)], runs, warmup=3)]
     return {"fp32_ms": ms[0], "ov_f32_ms": ms[1], "bf16_ms": ms[2], "ov_default_ms": ms[3],
             "ov_default_precision": ov_default_precision, **errs}
 
