@@ -80,12 +80,14 @@ class PoolStats:
     (0: the threads that submit jobs, w >= 1: worker w), ``busy`` the jobs that found no worker
     to reserve (every one in other threads' jobs, or the process's CPUs all busy with jobs) and ran
     on their caller alone, ``workers`` the workers started, ``peak`` the most threads inside jobs
-    at once (callers and their workers; None from a library that predates it)."""
+    at once (callers and their workers; None from a library that predates it), ``stalls`` the jobs
+    whose caller waited for a chunk claimed by a thread that had lost its core (None: as peak)."""
 
     chunks: tuple[int, ...]
     busy: int
     workers: int
     peak: int | None = None
+    stalls: int | None = None
 
 
 def pool_stats() -> PoolStats | None:
@@ -104,11 +106,17 @@ def pool_stats() -> PoolStats | None:
     slots = _POOL_SLOTS + 1
     chunks, busy = (ctypes.c_long * slots)(), ctypes.c_long()
     workers = int(fn(chunks, slots, ctypes.byref(busy)))
-    peak = getattr(lib, "onnx_aot_pool_peak", None)
-    if peak is not None:
-        peak.argtypes, peak.restype = [], ctypes.c_int
     return PoolStats(tuple(int(c) for c in chunks[: workers + 1]), int(busy.value), workers,
-                     None if peak is None else int(peak()))
+                     _count(lib, "onnx_aot_pool_peak", ctypes.c_int),
+                     _count(lib, "onnx_aot_pool_stalls", ctypes.c_long))
+
+
+def _count(lib: ctypes.CDLL, symbol: str, restype: Any) -> int | None:
+    fn = getattr(lib, symbol, None)
+    if fn is None:
+        return None  # a library that predates the count
+    fn.argtypes, fn.restype = [], restype
+    return int(fn())
 
 
 class CEntry:
