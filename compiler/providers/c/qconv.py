@@ -19,6 +19,7 @@ runs on the reference kernels).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import arg
 from compiler.providers.c.common import params
 from compiler.providers.c.conv import pool_condition
+from compiler.providers.c.qgemm import amx_target
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import _conv
 from compiler.providers.geometry import claimed
@@ -65,10 +67,11 @@ class QConvContext(KernelContext):
     k: int  # products per output: cg * kh * kw
     k4: int  # k padded to a multiple of 4 (a weight row's bytes)
     kq: int  # k4 / 4
+    kq16: int  # kq rounded up to 16: a panel's rows of 4 k (AMX reads whole tiles of 16; the rest unused)
     nv: int  # vectors of 16 pixels per panel
     np: int  # pixels per panel (16 * nv)
     npanels: int
-    panel_bytes: int  # one panel in scratch: kq * 4 * np bytes, then np int32 sums with a weight zero point
+    panel_bytes: int  # one panel in scratch: kq16 * 4 * np bytes, then np int32 sums with a weight zero point
     panels_at: int  # where the panels start in scratch (after the padded images)
     padded: bool  # the input is copied with its padding first ("pad")
     flat: bool  # 1x1, stride 1, unpadded: a panel's pixels are one run in each plane
@@ -85,6 +88,7 @@ class QConvContext(KernelContext):
     has_wz: bool
     pool_pad: str
     pool: str
+    amx: bool = False  # the AMX-INT8 loop too (x86-64 AVX-512), taken where onnx_aot_amx_usable says so
 
 
 @dataclass(frozen=True)
@@ -116,15 +120,18 @@ def _weights_ok(node: Node, g: ConvGeometry) -> bool:
 
 def _scratch(g: ConvGeometry, nv: int, has_wz: bool) -> tuple[int, int, int, int, int]:
     """(padded image bytes, panel bytes, panels per image and group, hs, ws)."""
-    k4 = -(-g.k // 4) * 4
     np_ = 16 * nv
     padded = max(g.pt, g.pb, g.pl, g.pr) > 0
     hs = max(g.pt + g.h, g.rows.reach) if padded else g.h
     ws = max(g.pl + g.w, g.cols.reach) if padded else g.w
     # the padded copy, and 64 bytes that the packing's 16-byte copies may read past its end
     image = -(-(g.batch * g.c * hs * ws) // 64) * 64 + 64 if padded else 0
-    panel = k4 * np_ + (4 * np_ if has_wz else 0)
+    panel = _kq16(g) * 4 * np_ + (4 * np_ if has_wz else 0)
     return image, panel, -(-(g.oh * g.ow) // np_), hs, ws
+
+
+def _kq16(g: ConvGeometry) -> int:
+    return -(-g.k // 64) * 16
 
 
 def _chunks(g: ConvGeometry, npanels: int) -> tuple[int, int]:
@@ -185,7 +192,8 @@ class QConvKernel(CKernel):
             ctx = QDepthwiseContext(step_params, g, max(g.pl + g.w, g.cols.reach), _CTYPES[x.dtype],
                                     int(a["x_zero"]), quant, pool_condition(work))
             return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
-        return StepCode("c/qconv.c.j2", _gemm_context(node, g, step_params, quant, work), tuple(args))
+        ctx = dataclasses.replace(_gemm_context(node, g, step_params, quant, work), amx=amx_target(target))
+        return StepCode("c/qconv.c.j2", ctx, tuple(args))
 
 
 def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], quant: Requant,
@@ -199,7 +207,7 @@ def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], q
     mblocks = -(-g.mg // MR)
     cb, nchunks = _chunks(g, npanels)
     return QConvContext(
-        params=step_params, g=g, k=g.k, k4=k4, kq=k4 // 4, nv=nv, np=16 * nv, npanels=npanels,
+        params=step_params, g=g, k=g.k, k4=k4, kq=k4 // 4, kq16=_kq16(g), nv=nv, np=16 * nv, npanels=npanels,
         panel_bytes=panel, panels_at=image, padded=image > 0, flat=_flat(g), hs=hs, ws=ws, flip=flip,
         xz=int(node.attrs["x_zero"]) + flip, q=quant, mr=MR, mblocks=mblocks, cb=cb, nchunks=nchunks,
         rem=g.mg % MR, has_wz=has_wz,
