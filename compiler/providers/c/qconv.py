@@ -192,8 +192,8 @@ class QConvKernel(CKernel):
             ctx = QDepthwiseContext(step_params, g, max(g.pl + g.w, g.cols.reach), _CTYPES[x.dtype],
                                     int(a["x_zero"]), quant, pool_condition(work))
             return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
-        ctx = dataclasses.replace(_gemm_context(node, g, step_params, quant, work), amx=amx_target(target))
-        return StepCode("c/qconv.c.j2", ctx, tuple(args))
+        gemm = dataclasses.replace(_gemm_context(node, g, step_params, quant, work), amx=amx_target(target))
+        return StepCode("c/qconv.c.j2", gemm, tuple(args))
 
 
 def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], quant: Requant,

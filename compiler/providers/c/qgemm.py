@@ -9,11 +9,14 @@ build shares the plan); A is copied into scratch per run (its +128 shift or its 
 quantization done there, with its row sums), so scratch depends on the node alone. An AVX-512BW
 target without VNNI (x86-64-v4, the default ``--cpu`` level of an AVX-512 host) carries the VNNI
 loops too and takes them at run time where the CPU has AVX512-VNNI (inline asm, so the build needs
-no VNNI flag and the artifact still runs on AVX-512 CPUs without it).
+no VNNI flag and the artifact still runs on AVX-512 CPUs without it). Every x86-64 AVX-512 target
+also carries AMX-INT8 tiles (``templates/c/qamx.c.j2``, inline asm too), taken at each run where
+the CPU has them and ``$ONNX_AOT_NO_AMX`` is unset; scratch pads A by 32 rows for their blocks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -194,9 +197,8 @@ class QGemmKernel(CKernel):
             b_scale_n=_size(ins[5]), bias=ins[9] is not None, output=str(node.attrs["output"]),
             y_ctype=_CTYPES[np.dtype(y.dtype)], qmin=int(info.min), qmax=int(info.max), act=activation(node),
             when="1" if 2 * m * n * k >= PARALLEL_MIN_WORK else "0", dispatch=target.int8_dot == "avx512bw",
-            **_amx_fields(target, m, panels, -(-m // mr) * mr),
         )
-        return StepCode("c/qgemm.c.j2", ctx, tuple(args))
+        return StepCode("c/qgemm.c.j2", _with_amx(ctx, target, panels), tuple(args))
 
 
 def amx_target(target: TargetInfo) -> bool:
@@ -204,11 +206,14 @@ def amx_target(target: TargetInfo) -> bool:
     return target.int8_dot in ("avx512vnni", "avx512bw")
 
 
-def _amx_fields(target: TargetInfo, m: int, panels: int, rows_padded: int) -> dict[str, object]:
+def _with_amx(ctx: QGemmContext, target: TargetInfo, panels: int) -> QGemmContext:
+    """``ctx`` with the AMX part's blocking where ``target`` carries it; A padded to every tile's rows."""
     if not amx_target(target):
-        return {"pack_rows": rows_padded}
-    return {"amx": True, "amx_nmb": -(-m // AMX_ROWS), "amx_ngroups": -(-panels // AMX_PANELS),
-            "amx_odd": panels % AMX_PANELS != 0, "pack_rows": max(rows_padded, round_up(m, AMX_ROWS))}
+        return dataclasses.replace(ctx, pack_rows=ctx.rows_padded)
+    m = ctx.m
+    return dataclasses.replace(ctx, amx=True, amx_nmb=-(-m // AMX_ROWS), amx_ngroups=-(-panels // AMX_PANELS),
+                               amx_odd=panels % AMX_PANELS != 0,
+                               pack_rows=max(ctx.rows_padded, round_up(m, AMX_ROWS)))
 
 
 def raise_scratch(step: GenStep, needed: int) -> None:
