@@ -46,6 +46,7 @@ __all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "Requant", "MR"]
 
 MR = 6  # output channels per register tile (x 4 vectors of 16 pixels: 24 accumulators)
 MIN_ITEMS = 8  # work items a conv aims for, so that threads get balanced shares
+AMX_MIN_ITEMS = 4  # the AMX loop's: its items cost mostly their packing, done once per item
 _CTYPES = {np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.int32): "int32_t"}
 
 
@@ -89,6 +90,8 @@ class QConvContext(KernelContext):
     pool_pad: str
     pool: str
     amx: bool = False  # the AMX-INT8 loop too (x86-64 AVX-512), taken where onnx_aot_amx_usable says so
+    amx_cc: int = 0  # its items' channels (a multiple of 32)
+    amx_nchunks: int = 0  # its items per panel (<= nchunks: scratch has a slot for each)
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,16 @@ def _chunks(g: ConvGeometry, npanels: int) -> tuple[int, int]:
     return cb, -(-mblocks // cb)
 
 
+def _amx_chunks(g: ConvGeometry, npanels: int, nchunks: int) -> tuple[int, int]:
+    """The AMX loop's (channels per item, items per panel): about AMX_MIN_ITEMS items, at most
+    ``nchunks`` a panel, whole blocks of 32 channels."""
+    panels = g.batch * g.groups * npanels
+    want = max(1, min(nchunks, -(-g.mg // 32), -(-AMX_MIN_ITEMS // panels)))
+    per_item = -(-g.mg // want)
+    cc = -(-per_item // 32) * 32
+    return cc, -(-g.mg // cc)
+
+
 def _flat(g: ConvGeometry) -> bool:
     return g.kh == g.kw == 1 and g.sh == g.sw == 1 and max(g.pt, g.pb, g.pl, g.pr) == 0
 
@@ -192,7 +205,10 @@ class QConvKernel(CKernel):
             ctx = QDepthwiseContext(step_params, g, max(g.pl + g.w, g.cols.reach), _CTYPES[x.dtype],
                                     int(a["x_zero"]), quant, pool_condition(work))
             return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
-        gemm = dataclasses.replace(_gemm_context(node, g, step_params, quant, work), amx=amx_target(target))
+        gemm = _gemm_context(node, g, step_params, quant, work)
+        if amx_target(target):
+            cc, nchunks = _amx_chunks(g, gemm.npanels, gemm.nchunks)
+            gemm = dataclasses.replace(gemm, amx=True, amx_cc=cc, amx_nchunks=nchunks)
         return StepCode("c/qconv.c.j2", gemm, tuple(args))
 
 
