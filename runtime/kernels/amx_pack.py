@@ -19,7 +19,7 @@ import numpy as np
 from runtime.errors import RuntimeKernelError
 from runtime.kernels.linalg import B_PANEL
 
-__all__ = ["AMX_K", "pack_amx_bf16", "unpack_amx_bf16", "amx_pack_shape", "round_bf16"]
+__all__ = ["AMX_K", "pack_amx_bf16", "unpack_amx_bf16", "unpack_amx_conv", "amx_pack_shape", "round_bf16"]
 
 AMX_K = 32  # k per A tile (16 rows of 32 bfloat16: 64 bytes) and per B tile (16 rows of pairs)
 
@@ -47,6 +47,12 @@ def unpack_amx_bf16(xp: Any, pack: Any, k: int, n: int) -> Any:
     p, kp, _, _ = (int(d) for d in pack.shape)
     rows = pack.transpose(1, 3, 0, 2).reshape(2 * kp, p * B_PANEL)[:k, :n]
     return (rows.astype(xp.uint32) << 16).view(xp.float32)
+
+
+def unpack_amx_conv(xp: Any, pack: Any, c: int, m: int, kernel: tuple[int, int]) -> Any:
+    """A ConvNhwc's (M, C, KH, KW) float32 weights from the pack of its (KH * KW * C, M) matrix."""
+    kh, kw = kernel
+    return unpack_amx_bf16(xp, pack, kh * kw * c, m).reshape(kh, kw, c, m).transpose(3, 2, 0, 1)
 
 
 def round_bf16(xp: Any, a: Any) -> Any:
