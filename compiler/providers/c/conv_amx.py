@@ -44,6 +44,37 @@ from runtime.kernels.linalg import B_PANEL
 __all__ = ["ConvAmxContext", "AMX_CONV", "amx_conv"]
 
 
+TAPS_MIN_WIDTH = 12  # output rows at least this wide read their taps in place (16-pixel tiles)
+
+
+@dataclass(frozen=True)
+class AmxTaps:
+    """The AMX path that reads each tap's A tiles in place from a zero-padded bfloat16 copy of the
+    input (``hp`` x ``wp`` pixels per image, then slack for the tiles' rows past the output: never
+    stored): a block is 16 pixels of two neighbouring output rows, k steps of 32 channels of one
+    tap. Taken where C is a multiple of 32 and the output rows are TAPS_MIN_WIDTH wide or more."""
+
+    hp: int
+    wp: int
+    ohp: int  # output row pairs
+    owb: int  # 16-pixel blocks per output row
+    pblocks: int  # pixel blocks: images x row pairs x row blocks
+    elems: int  # the copy's bfloat16 elements, slack included
+
+
+def amx_taps(g: ConvGeometry) -> AmxTaps | None:
+    n, c, ow = int(g.batch), int(g.c), int(g.ow)
+    if c % 32 or ow < TAPS_MIN_WIDTH or (g.kh * g.kw == 1 and g.sh == g.sw == 1 and not g.rows.padded
+                                         and not g.cols.padded):
+        return None  # (a 1x1 stride-1 conv's rows are the image's: the gathered path reads them so)
+    hp, wp = int(g.h + g.pt + g.pb), int(g.w + g.pl + g.pr)
+    ohp, owb = -(-int(g.oh) // 2), -(-ow // 16)
+    last_row = (n - 1) * hp + (2 * ohp - 1) * g.sh + (g.kh - 1) * g.dh
+    last_col = (16 * owb - 1) * g.sw + (g.kw - 1) * g.dw
+    elems = max(n * hp * wp, last_row * wp + last_col + 1) * c
+    return AmxTaps(hp=hp, wp=wp, ohp=ohp, owb=owb, pblocks=n * ohp * owb, elems=int(elems))
+
+
 @dataclass(frozen=True)
 class ConvAmxContext(KernelContext):
     t: Tiling  # the fallback's tile over P x M x K (also the AMX path's sizes: t.m, t.n, t.k)
@@ -52,6 +83,7 @@ class ConvAmxContext(KernelContext):
     conv: ConvGeometry
     b_floats: int  # the fallback's widened panels, ahead of its fp32 windows in scratch
     parallel: bool
+    taps: AmxTaps | None = None
 
 
 def _geometry(node: Node) -> ConvGeometry | None:
@@ -95,7 +127,9 @@ class ConvAmxKernel(CKernel):
 
     def scratch_nbytes(self, node: Node) -> int:
         g = claimed(_geometry(node), node)
-        return bf16_scratch_nbytes(_pixels(g), int(g.m), int(g.k), 4 * _pixels(g) * int(g.k))
+        taps = amx_taps(g)
+        gathered = bf16_scratch_nbytes(_pixels(g), int(g.m), int(g.k), 4 * _pixels(g) * int(g.k))
+        return max(gathered, 2 * taps.elems if taps is not None else 0)
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
@@ -110,7 +144,7 @@ class ConvAmxKernel(CKernel):
         p, m, k = _pixels(g), int(g.m), int(g.k)
         ctx = ConvAmxContext(params=params(names, args, restrict), t=choose_tiling(p, m, k, target, B_PANEL),
                              e=e, amx=amx_bf16(p, m, k), conv=g, b_floats=_b_floats(g),
-                             parallel=2 * p * m * k >= PARALLEL_MIN_WORK)
+                             parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g))
         return StepCode("c/conv_amx.c.j2", ctx, tuple(args))
 
 
