@@ -107,11 +107,12 @@ def bf16_steps(plan: Plan) -> list[PlanStep]:
 
 
 def amx_bf16_steps(plan: Plan) -> list[PlanStep]:
-    """The PackedGemm steps whose B is bfloat16 codes in the AMX layout (runtime/kernels/amx_pack.py):
-    bf16 products, fp32 sums, on AMX-BF16 where the CPU has it (else B widened per run)."""
+    """The PackedGemm and ConvNhwc steps whose weights are bfloat16 codes in the AMX layout
+    (runtime/kernels/amx_pack.py): bf16 products, fp32 sums, on AMX-BF16 where the CPU has it
+    (else the weights widened per run and fp32 products)."""
     return [step for step in plan.steps
-            if step.op_type == "PackedGemm" and len(step.inputs) > 1 and step.inputs[1] is not None
-            and plan.values[step.inputs[1]].dtype == np.uint16]
+            if step.op_type in ("PackedGemm", "ConvNhwc") and len(step.inputs) > 1
+            and step.inputs[1] is not None and plan.values[step.inputs[1]].dtype == np.uint16]
 
 
 def precision_summary(manifest: Mapping[str, Any], plan: Plan) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``--precision bf16``'s PackedGemm on AMX-BF16 (templates/c/gemm_amx.c.j2, providers/c/gemm_bf16.py).
+"""``--precision bf16``'s PackedGemm and ConvNhwc on AMX-BF16 (templates/c/gemm_amx.c.j2, conv_amx.c.j2).
 
 Gemm + bias + Relu cases with M, N and K not multiples of the tiles (16 / 32 rows, 32 columns,
 32 k), compiled for ``--cpu x86-64-v3`` (tests/cpu_targets.py: every x86-64 host runs it; the
@@ -11,13 +11,19 @@ build carries the AMX loop as inline asm and takes it where the CPU has AMX-BF16
 - the fallback (``$ONNX_AOT_NO_AMX=1``, what a CPU without AMX-BF16 runs) is the fp32 product on
   the bf16 weights, the same at 1 and 2 threads;
 - the golden self-test (verify) passes on either path; the generated text carries the tile loop
-  and the fp32 build of the same model does not.
+  and the fp32 build of the same model does not;
+- convolutions (Conv + residual Add + Relu, NCHW in and out: the NHWC region between) of both AMX
+  paths, windows gathered (C not a multiple of 32, or output rows under 12 wide: padding, stride,
+  1x1 of two images) and taps read in place (C = 32 / 64: 3x3 and 5x5 with padding, odd sizes,
+  stride 2), against onnxruntime on the bf16-rounded weights (and, on AMX, inputs) with the same
+  checks.
 AMX runs skip with the reason where the CPU lacks AMX-BF16.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -120,3 +126,71 @@ def test_the_steps_and_the_text(arts: dict, tmp_path: Path) -> None:
     assert "tdpbf16ps" not in (fp32 / "kernels" / "cpu" / "model.c").read_text()
     # half the weight bytes: B's 70 x 120 floats (k padded to 96, columns to 128) as bf16 codes
     assert (art / "weights.bin").stat().st_size < (fp32 / "weights.bin").stat().st_size
+
+
+# conv cases: (N, C, H, W, M, kernel, stride, pad); "taps" ones have C % 32 == 0 and outputs >= 12 wide
+CONVS = {"gather_pad": (1, 16, 9, 9, 24, 3, 1, 1), "gather_1x1": (2, 40, 7, 7, 70, 1, 1, 0),
+         "gather_s2": (1, 64, 14, 14, 40, 3, 2, 1), "taps_3x3": (2, 32, 13, 17, 40, 3, 1, 1),
+         "taps_5x5": (1, 64, 20, 14, 48, 5, 1, 2), "taps_s2": (1, 32, 30, 27, 33, 3, 2, 1)}
+
+
+def _conv_model(case: tuple[int, ...], w: np.ndarray) -> onnx.ModelProto:
+    n, c, h, wd, m, k, s, p = case
+    oh, ow = (h + 2 * p - k) // s + 1, (wd + 2 * p - k) // s + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", kernel_shape=[k, k],
+                              strides=[s, s], pads=[p] * 4),
+             helper.make_node("Add", ["c", "z"], ["s"], name="residual"),
+             helper.make_node("Relu", ["s"], ["y"], name="relu")]
+    bias = np.linspace(-1, 1, m, dtype=np.float32)
+    io = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+          for name, shape in (("x", [n, c, h, wd]), ("z", [n, m, oh, ow]), ("y", [n, m, oh, ow]))]
+    graph = helper.make_graph(nodes, "conv", io[:2], io[2:],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def conv_arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, onnx.ModelProto, Any]]:
+    root = tmp_path_factory.mktemp("amx_conv")
+    out = {}
+    for name, case in CONVS.items():
+        n, c, _, _, m, k = case[:6]
+        w = (np.random.default_rng(m).standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+        model = _conv_model(case, w)
+        out[name] = (compile_model(model, root / name, cpu=CPU, precision="bf16"), model, w)
+    return out
+
+
+def _ort(model: onnx.ModelProto, w: np.ndarray, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    rounded = onnx.ModelProto()
+    rounded.CopyFrom(model)
+    rounded.graph.initializer[0].CopyFrom(numpy_helper.from_array(_bf16(w), "w"))
+    session = ort.InferenceSession(rounded.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "fallback"])
+@pytest.mark.parametrize("case", list(CONVS))
+def test_conv_on_both_paths(conv_arts: dict, case: str, amx: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = _amx_reason()
+    if amx and reason:
+        pytest.skip(reason)
+    if amx:
+        monkeypatch.delenv("ONNX_AOT_NO_AMX", raising=False)
+    else:
+        monkeypatch.setenv("ONNX_AOT_NO_AMX", "1")
+    art, model, w = conv_arts[case]
+    rng = np.random.default_rng(5)
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    one, two = (Session(art, threads=threads).run(None, feeds)[0] for threads in (1, 2))
+    assert np.array_equal(one, two), "threads 1 and 2 differ"
+    want = _ort(model, w, {**feeds, "x": _bf16(feeds["x"])} if amx else feeds)
+    np.testing.assert_allclose(one, want, rtol=1e-4, atol=1e-4)
+    assert Session(art).verify().ok
+    plan = load_artifact(art).plan
+    assert [s.op_type for s in amx_bf16_steps(plan)] == ["ConvNhwc"]
+    text = (art / "kernels" / "cpu" / "model.c").read_text()
+    assert ("_amxtap_task" in text) == case.startswith("taps") and "zp" in text  # the residual fused

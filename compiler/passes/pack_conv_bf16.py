@@ -1,6 +1,7 @@
 """``--precision bf16``: the NHWC convolutions' weights as bfloat16 codes in the AMX-BF16 layout.
 
-After ``layout_nhwc``, each ``onnx_aot.ConvNhwc`` of one group with static shapes (not depthwise)
+After ``layout_nhwc``, each ``onnx_aot.ConvNhwc`` of one group with static shapes and at least
+MIN_CHANNELS input channels
 gets its packed weights (``runtime/kernels/nhwc.py: pack_conv_weights``) replaced by the AMX pack
 of its (K, M) matrix, k = (kh, kw, c) as the kernel gathers its input rows
 (``runtime/kernels/amx_pack.py``; half the bytes), rounded to nearest even; the fp32 original is
@@ -23,7 +24,12 @@ from runtime.contract import CONV_NHWC
 from runtime.kernels.amx_pack import pack_amx_bf16
 from runtime.kernels.nhwc import unpack_conv_weights
 
-__all__ = ["PackConvBf16", "conv_matrix"]
+__all__ = ["PackConvBf16", "conv_matrix", "MIN_CHANNELS"]
+
+# Convs of fewer input channels stay fp32 (the stems: 3 channels a tap): gathering their windows
+# for the tiles took longer than the fp32 kernel (ResNet-50's 7x7 stem 1.07 vs 0.68 ms, ShuffleNet's
+# 3x3 0.21 vs 0.13 ms, 2 threads, this SPR).
+MIN_CHANNELS = 16
 
 
 def conv_matrix(packed: np.ndarray, m: int) -> np.ndarray:
@@ -38,7 +44,8 @@ def _eligible(graph: Graph, node: Node) -> bool:
         return False
     shapes = [v.shape for v in (*node.inputs, y) if v is not None]
     static = all(s is not None and all(isinstance(d, int) for d in s) for s in shapes)
-    return (static and x is not None and w.const.dtype == np.float32 and w.const.ndim == 6
+    return (static and x is not None and x.shape is not None and x.shape[3] >= MIN_CHANNELS
+            and w.const.dtype == np.float32 and w.const.ndim == 6
             and graph.narrowing.affine_of(w.const) is None and len(w.consumers()) == 1)
 
 

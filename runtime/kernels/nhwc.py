@@ -150,9 +150,9 @@ def _conv_nhwc_kernel(
     def kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
         x, packed, b, z = fill_optional(kind, inputs, 4)
         if packed.dtype == xp.uint16:  # --precision bf16: bf16 products (runtime/kernels/amx_pack.py)
-            kernel_shape = tuple(int(d) for d in attrs["kernel_shape"])
+            kh, kw = (int(d) for d in attrs["kernel_shape"])
             x, w = round_bf16(xp, x), unpack_amx_conv(xp, packed, int(x.shape[3]), int(outputs[0][0][3]),
-                                                      kernel_shape)
+                                                      (kh, kw))
         else:
             w = unpack(packed, int(outputs[0][0][3]))
         y = _nhwc(xp, conv_nchw(xp, _nchw(xp, x, op_name(kind)), w, attrs))
