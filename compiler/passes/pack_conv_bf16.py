@@ -1,7 +1,7 @@
 """``--precision bf16``: the NHWC convolutions' weights as bfloat16 codes in the AMX-BF16 layout.
 
-After ``layout_nhwc``, each ``onnx_aot.ConvNhwc`` of one group with static shapes and at least
-MIN_CHANNELS input channels
+After ``layout_nhwc``, each ``onnx_aot.ConvNhwc`` of one group with static shapes, at least
+MIN_CHANNELS input channels and MIN_PIXEL_PRODUCTS products per output pixel
 gets its packed weights (``runtime/kernels/nhwc.py: pack_conv_weights``) replaced by the AMX pack
 of its (K, M) matrix, k = (kh, kw, c) as the kernel gathers its input rows
 (``runtime/kernels/amx_pack.py``; half the bytes), rounded to nearest even; the fp32 original is
@@ -30,6 +30,10 @@ __all__ = ["PackConvBf16", "conv_matrix", "MIN_CHANNELS"]
 # for the tiles took longer than the fp32 kernel (ResNet-50's 7x7 stem 1.07 vs 0.68 ms, ShuffleNet's
 # 3x3 0.21 vs 0.13 ms, 2 threads, this SPR).
 MIN_CHANNELS = 16
+# And convs of fewer products per output pixel (K x M): rounding the input into scratch and the
+# tile passes cost more than they save (DenseNet-121's 1x1 64 -> 128 at 56x56: 0.263 ms against
+# fp32's 0.157; 96 -> 128 0.237 against 0.262; ResNet-50's 64 -> 256 0.33 against 0.43).
+MIN_PIXEL_PRODUCTS = 12288
 
 
 def conv_matrix(packed: np.ndarray, m: int) -> np.ndarray:
@@ -44,8 +48,10 @@ def _eligible(graph: Graph, node: Node) -> bool:
         return False
     shapes = [v.shape for v in (*node.inputs, y) if v is not None]
     static = all(s is not None and all(isinstance(d, int) for d in s) for s in shapes)
-    return (static and x is not None and x.shape is not None and x.shape[3] >= MIN_CHANNELS
-            and w.const.dtype == np.float32 and w.const.ndim == 6
+    if not static or x is None or x.shape is None or y.shape is None or w.const.ndim != 6:
+        return False
+    products = int(np.prod(w.const.shape[2:5])) * int(y.shape[3])  # (KH, KW, C) x M
+    return (x.shape[3] >= MIN_CHANNELS and products >= MIN_PIXEL_PRODUCTS and w.const.dtype == np.float32
             and graph.narrowing.affine_of(w.const) is None and len(w.consumers()) == 1)
 
 
