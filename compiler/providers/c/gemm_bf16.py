@@ -25,6 +25,10 @@ from runtime.kernels.linalg import B_PANEL
 __all__ = ["AmxBf16", "amx_bf16", "bf16_packed", "bf16_scratch_nbytes", "AMX_BLOCK"]
 
 AMX_BLOCK = 32  # rows and columns of C per block: 2 x 2 fp32 tiles of 16 x 16
+# A B of at most this many bytes stays in L2 while a chunk's row blocks run over all its column
+# blocks (rows outer: each block of A read once); a larger one is read once per chunk, column
+# blocks outer (ResNet-50's 1x1 256 -> 128 at 56x56: 0.36 ms columns outer, A 1.6 MB re-read)
+ROWS_OUTER_MAX_B = 512 * 1024
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class AmxBf16:
     mblocks: int  # row blocks of AMX_BLOCK
     nblocks: int  # column blocks of AMX_BLOCK holding at least one of the n columns
     panel: int  # uint16 codes per panel of B_PANEL columns (kp / 2 pair rows of B_PANEL pairs)
+    rows_outer: bool  # blocks ordered row block first (B fits ROWS_OUTER_MAX_B)
 
 
 def bf16_packed(node: Node) -> bool:
@@ -55,7 +60,9 @@ def bf16_packed(node: Node) -> bool:
 def amx_bf16(m: int, n: int, k: int) -> AmxBf16:
     mp = -(-m // AMX_BLOCK) * AMX_BLOCK
     kp = -(-k // AMX_K) * AMX_K
-    return AmxBf16(mp=mp, kp=kp, mblocks=mp // AMX_BLOCK, nblocks=-(-n // AMX_BLOCK), panel=kp * B_PANEL)
+    panel = kp * B_PANEL
+    return AmxBf16(mp=mp, kp=kp, mblocks=mp // AMX_BLOCK, nblocks=-(-n // AMX_BLOCK), panel=panel,
+                   rows_outer=2 * panel * -(-n // B_PANEL) <= ROWS_OUTER_MAX_B)
 
 
 def bf16_scratch_nbytes(m: int, n: int, k: int, a_blocks: int) -> int:
