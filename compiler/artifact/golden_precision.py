@@ -5,11 +5,12 @@ The GEMM and convolution weights of such a graph are rounded to bfloat16
 each one's fp32 original). A golden case runs the reference kernels twice on its inputs: with the
 rounded weights (what the artifact computes: for weights in the AMX layout the reference rounds the
 step's input too, as the AMX-BF16 path does, so the measured error covers it; a CPU without AMX
-computes closer to fp32) and with the fp32 originals (what the model computes). A float output's reference is the fp32 one and its tolerance
-its dtype's plus the measured difference, ``bf16_error`` (max |bf16 - fp32| / max |fp32|, recorded
-in golden.json): ``verify`` checks the artifact stays within the error it had when compiled, against
-the model as given. Integer and bool outputs (an argmax) keep the rounded run as their reference,
-exact as ever. A graph without rounded weights runs once, as before.
+computes closer to fp32) and with the fp32 originals (what the model computes). A float output's
+reference is the fp32 one and its tolerance its dtype's plus the measured difference,
+``bf16_error`` (max |bf16 - fp32| / max |fp32|, recorded in golden.json): ``verify`` checks the
+artifact stays within the error it had when compiled, against the model as given. Integer and bool
+outputs (an argmax) keep the rounded run as their reference, exact as ever. A graph without
+rounded weights runs once, as before.
 """
 
 from __future__ import annotations
