@@ -204,9 +204,10 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
                         "DequantizeLinear) widened, as the kernels read them: a bigger weights.bin, "
                         "no widening at load, and an artifact a C program can run (kernels/cpu/model.h)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
-                   help="the GEMM weights' precision: fp32 (default), bf16 (rounded to bfloat16, half "
-                        "their bytes, computed in fp32 sums), auto (bf16 where the --cpu target has "
-                        "AVX512_BF16, else fp32, and says so)")
+                   help="the GEMM and convolution weights' precision: fp32 (default), bf16 (rounded to "
+                        "bfloat16, half their bytes; bf16 products in fp32 sums on AMX-BF16, fp32 "
+                        "elsewhere), auto (bf16 where the --cpu target has AVX512_BF16, else fp32, and "
+                        "says so)")
     p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
                    help="seeded self-test cases stored for 'onnx-aot verify' and run on the built artifact "
                         "before it is written (default 2; 0: none, the artifact written unchecked)")

@@ -1,18 +1,23 @@
-"""``--precision {fp32,bf16,auto}``: the precision the GEMM weights are stored and read in.
+"""``--precision {fp32,bf16,auto}``: the precision the GEMM and convolution weights are stored and read in.
 
 ``fp32`` (the default) keeps every weight as the model gives it. ``bf16`` rounds the weights of the
-packed GEMM steps (``compiler/passes/pack_gemm_weights.py``) to bfloat16, to nearest even, at
-compile time: the packed panels hold those rounded values, weights.bin stores them as bfloat16
-codes (half their bytes, ``compiler/ir/narrow.py``'s stored forms), and the loader widens them to
-float32 (``runtime/narrow_weights.py``), so every kernel computes in float32 on bf16 weights -- what
-the portable build of a bf16 artifact does on every CPU. Activations, elementwise, normalization
-and softmax stay float32. ``auto`` is bf16 where the ``--cpu`` target computes bf16 dot products
-natively (AVX512_BF16, ``TargetInfo.bf16_dot``), else fp32, and says which.
+packed GEMM steps (``compiler/passes/pack_gemm_weights.py``) and of the NHWC convolutions of one
+group (``compiler/passes/pack_conv_bf16.py``; the stems and other small convs stay fp32) to
+bfloat16, to nearest even, at compile time, and stores them as bfloat16 codes in AMX-BF16's pair
+layout (``runtime/kernels/amx_pack.py``: half their bytes). Those steps compute bf16 products in
+fp32 sums on AMX-BF16 tiles where the CPU has them (the GEMM input rounded to bf16 per run), and in
+fp32 on the weights widened per run elsewhere (``templates/c/gemm_amx.c.j2``, ``conv_amx.c.j2``):
+one artifact runs on every CPU. A Gemm whose rows are known at run time only keeps fp32 panels of
+the rounded weights, stored as bfloat16 codes and widened at load (``runtime/narrow_weights.py``).
+Activations between steps, elementwise, normalization and softmax stay float32. ``auto`` is bf16
+where the ``--cpu`` target computes bf16 dot products natively (AVX512_BF16,
+``TargetInfo.bf16_dot``), else fp32, and says which.
 
 The golden cases take the fp32 model's outputs as their reference and the measured difference of
-the rounded weights as their added tolerance (``compiler/artifact/golden_precision.py``): the error
-is what bfloat16's 8-bit significand gives the weights, a relative rounding of at most 2**-9 each
-(tests/test_bf16.py bounds and measures it).
+the bf16 steps (the reference kernels round the weights, and the input of each AMX step, as the
+artifact does) as their added tolerance (``compiler/artifact/golden_precision.py``): bfloat16's
+8-bit significand rounds each operand by at most 2**-9 of itself (tests/test_bf16.py and
+tests/test_amx_bf16.py bound and measure it).
 """
 
 from __future__ import annotations

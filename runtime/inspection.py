@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from runtime.artifact import load_artifact
 from runtime.contract import round_up
 from runtime.dynamic import describe_spec
@@ -93,11 +95,24 @@ def _weights_line(weights: Mapping[str, Any]) -> str:
 
 
 def bf16_steps(plan: Plan) -> list[PlanStep]:
-    """The steps that read a constant stored as bfloat16 codes (``--precision bf16``'s GEMMs)."""
+    """The steps of ``--precision bf16``: the GEMMs that compute in bf16 (``amx_bf16_steps``) and
+    those that read a constant stored as bfloat16 codes (widened to fp32 at load)."""
     bf16 = {c.offset for c in plan.constants if c.stored is not None and c.stored.dtype == "bfloat16"}
+    amx = {step.index for step in amx_bf16_steps(plan)}
+    def reads_codes(name: str | None) -> bool:
+        return name is not None and plan.values[name].location.kind == "weights" \
+            and plan.values[name].location.offset in bf16
+
+    return [step for step in plan.steps if step.index in amx or any(map(reads_codes, step.inputs))]
+
+
+def amx_bf16_steps(plan: Plan) -> list[PlanStep]:
+    """The PackedGemm and ConvNhwc steps whose weights are bfloat16 codes in the AMX layout
+    (runtime/kernels/amx_pack.py): bf16 products, fp32 sums, on AMX-BF16 where the CPU has it
+    (else the weights widened per run and fp32 products)."""
     return [step for step in plan.steps
-            if any(name is not None and plan.values[name].location.kind == "weights"
-                   and plan.values[name].location.offset in bf16 for name in step.inputs)]
+            if step.op_type in ("PackedGemm", "ConvNhwc") and len(step.inputs) > 1
+            and step.inputs[1] is not None and plan.values[step.inputs[1]].dtype == np.uint16]
 
 
 def precision_summary(manifest: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
@@ -113,13 +128,24 @@ def precision_line(manifest: Mapping[str, Any], plan: Plan) -> str:
     """``precision: ...``: the compile's ``--precision`` and the steps that read bf16 weights."""
     precision = precision_summary(manifest, plan)["precision"]
     steps = bf16_steps(plan)
-    if not steps:  # (a bf16 compile with --wide-weights stores its rounded weights as fp32)
+    if not steps:  # (a bf16 compile of a graph without packed GEMMs)
         return f"precision: {precision} (no step reads weights stored as bf16)"
+    amx = {step.index for step in amx_bf16_steps(plan)}
+    parts = [_steps_text(f"{len(amx)} steps compute in bf16 (bf16 products, fp32 sums, on AMX-BF16 where "
+                         "the CPU has it; else in fp32 on the bf16 weights)",
+                         [s for s in steps if s.index in amx]),
+             _steps_text(f"{len(steps) - len(amx)} steps read bf16 weights, widened to fp32 at load",
+                         [s for s in steps if s.index not in amx])]
+    return f"precision: {precision}: " + "; ".join(p for p in parts if p)
+
+
+def _steps_text(head: str, steps: list[PlanStep]) -> str:
+    if not steps:
+        return ""
     ops: dict[str, int] = {}
     for step in steps:
         ops[step.op_type] = ops.get(step.op_type, 0) + 1
-    return (f"precision: {precision}: {len(steps)} steps read bf16 weights, widened to fp32 at load ("
-            + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) + "): "
+    return (f"{head} (" + ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) + "): "
             + ", ".join(step.name for step in steps[:8]) + (", ..." if len(steps) > 8 else ""))
 
 

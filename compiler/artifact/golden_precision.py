@@ -1,13 +1,16 @@
 """The golden cases of a ``--precision bf16`` graph: the fp32 model's outputs, with the measured error.
 
-The GEMM weights of such a graph are rounded to bfloat16 (``compiler/passes/pack_gemm_weights.py``;
-``Graph.narrowing.rounded`` keeps each one's fp32 original). A golden case runs the reference kernels
-twice on its inputs: with the rounded weights (what the artifact computes) and with the fp32
-originals (what the model computes). A float output's reference is the fp32 one and its tolerance
-its dtype's plus the measured difference, ``bf16_error`` (max |bf16 - fp32| / max |fp32|, recorded
-in golden.json): ``verify`` checks the artifact stays within the error it had when compiled, against
-the model as given. Integer and bool outputs (an argmax) keep the rounded run as their reference,
-exact as ever. A graph without rounded weights runs once, as before.
+The GEMM and convolution weights of such a graph are rounded to bfloat16
+(``compiler/passes/pack_gemm_weights.py``, ``pack_conv_bf16.py``; ``Graph.narrowing.rounded`` keeps
+each one's fp32 original). A golden case runs the reference kernels twice on its inputs: with the
+rounded weights (what the artifact computes: for weights in the AMX layout the reference rounds the
+step's input too, as the AMX-BF16 path does, so the measured error covers it; a CPU without AMX
+computes closer to fp32) and with the fp32 originals (what the model computes). A float output's
+reference is the fp32 one and its tolerance its dtype's plus the measured difference,
+``bf16_error`` (max |bf16 - fp32| / max |fp32|, recorded in golden.json): ``verify`` checks the
+artifact stays within the error it had when compiled, against the model as given. Integer and bool
+outputs (an argmax) keep the rounded run as their reference, exact as ever. A graph without
+rounded weights runs once, as before.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from compiler.passes.fuse_dynamic_qgemm import FuseDynamicQGemm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
+from compiler.passes.pack_conv_bf16 import PackConvBf16
 from compiler.passes.pack_gemm_weights import PackGemmWeights
 from compiler.passes.pack_qconv_weights import PackQConvWeights
 from compiler.passes.pack_qconv_weights import lowers as qconv_lowers
@@ -161,17 +162,19 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
     (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A graph of
     symbolic dims gets the same lowerings: their C kernels all take run-time dims. ``precision``
-    "bf16" packs the GEMM weights rounded to bfloat16 (compiler/precision.py).
+    "bf16" packs the GEMM and NHWC convolution weights rounded to bfloat16 for AMX-BF16
+    (compiler/precision.py; ``pack_conv_bf16``) and leaves out Winograd.
     """
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
         passes += [PackQLSTMWeights()]  # DynamicQuantizeLSTM's weights in the int8 tile's panels
-    if level >= 2 and target == "cpu" and winograd:
+    if level >= 2 and target == "cpu" and winograd and precision != "bf16":  # (bf16: AMX tiles instead)
         passes.append(UseWinograd())
     if level >= 3 and target == "cpu":
         passes += [LayoutNhwc(), FuseElementwise()]
+        passes += [PackConvBf16()] if precision == "bf16" else []
     return passes
 
 

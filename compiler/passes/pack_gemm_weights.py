@@ -15,8 +15,9 @@ twice). A lowering for the C target (``compiler.passes.lowerings_for``), from le
 graph too (rows an expression of the symbols: the C kernel takes them at run time).
 
 ``precision="bf16"`` (``--precision``, compiler/precision.py) rounds each packed B to bfloat16 (to
-nearest even): the panels hold the rounded values, stored as bfloat16 codes in weights.bin (half
-the bytes) and widened to float32 at load; a B the model ships narrow already keeps its own form.
+nearest even) and stores the codes in AMX-BF16's pair layout (``runtime/kernels/amx_pack.py``: half
+the bytes, read as they are by the C kernel's AMX path and widened per run where the CPU lacks
+AMX-BF16); a B the model ships narrow already keeps its own form.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from compiler.providers.c.gemm import DOT_MAX_ROWS
 from runtime.contract import FUSED_GEMM
 from runtime.contract import PACKED_GEMM
 from runtime.contract import op_name
+from runtime.kernels.amx_pack import pack_amx_bf16
 from runtime.kernels.linalg import B_PANEL
 from runtime.kernels.linalg import pack_b_panels
 
@@ -71,21 +73,34 @@ def _carry(graph: Graph, b: Value, panels: Value, transposed: bool) -> None:
     graph.narrowing.carry(b.const, panels.const, move)
 
 
-def _panels(graph: Graph, b: Value, matrix: np.ndarray, transposed: bool, bf16: bool) -> Value:
-    """B's packed panels as a new constant: rounded to bfloat16 where ``bf16`` and B has no
-    narrow form of its own (then recorded as those codes), else carried as B is stored."""
+def _panels(graph: Graph, b: Value, matrix: np.ndarray, transposed: bool, bf16: str) -> Value:
+    """B's packed panels as a new constant. Where ``bf16`` ("amx" or "panels") and B has no narrow
+    form of its own, rounded to bfloat16: "amx" laid out for AMX-BF16 (uint16 codes), "panels" (run-
+    time rows) fp32 panels of the rounded values stored as bfloat16 codes; the fp32 original panels
+    recorded for the golden cases. Else carried as B is stored."""
     assert b.const is not None
     panels = pack_b_panels(np.asarray(matrix))
     if not bf16 or graph.narrowing.affine_of(b.const) is not None:
         value = add_constant(graph, f"{b.name}_panels", panels)
         _carry(graph, b, value, transposed)
         return value
-    codes = to_bf16(panels)
-    value = add_constant(graph, f"{b.name}_panels", codes.astype(np.float32))
+    if bf16 == "amx":
+        codes = to_bf16(np.ascontiguousarray(matrix, np.float32)).view(np.uint16)
+        value = add_constant(graph, f"{b.name}_bf16", pack_amx_bf16(codes))
+    else:
+        rounded = to_bf16(panels)
+        value = add_constant(graph, f"{b.name}_panels", rounded.astype(np.float32))
+        assert value.const is not None
+        graph.narrowing.record(value.const, Affine(rounded, None, None))
     assert value.const is not None
-    graph.narrowing.record(value.const, Affine(codes, None, None))
     graph.narrowing.rounded[id(value.const)] = (value.const, panels)
     return value
+
+
+def _static_rows(b: Value) -> bool:
+    """Every Gemm reading ``b`` has a static row count (the AMX-BF16 kernel's A blocks)."""
+    return all((a := c.input(0)) is not None and a.shape is not None and isinstance(a.shape[0], int)
+               for c in b.consumers())
 
 
 class PackGemmWeights(Pass):
@@ -104,7 +119,8 @@ class PackGemmWeights(Pass):
                 continue
             key = (id(b), int(node.attrs["transB"]))
             if key not in packed:
-                packed[key] = _panels(graph, b, matrix, bool(key[1]), self.bf16)
+                layout = ("amx" if _static_rows(b) else "panels") if self.bf16 else ""
+                packed[key] = _panels(graph, b, matrix, bool(key[1]), layout)
             attrs = {**(node.attrs if node.domain == AOT_DOMAIN else {**node.attrs, **NO_ACTIVATION}),
                      "n": int(matrix.shape[1])}
             del attrs["transB"]

@@ -54,4 +54,4 @@ KERNEL_MODULES = (elementwise, reduce, movement, indexing, math_ops, linalg, con
                   qoperator, qrecurrent, sampling, spectral, control)
 # The modules they share, which register nothing: a module of this package is in one of the two lists
 # (a test checks it), so a new kernel module cannot be left out of the registry unnoticed.
-SUPPORT_MODULES = ("common", "registry", "window")
+SUPPORT_MODULES = ("common", "registry", "window", "amx_pack")

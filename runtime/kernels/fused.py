@@ -19,6 +19,8 @@ from runtime.contract import MULTI_HEAD_ATTENTION
 from runtime.contract import PACKED_GEMM
 from runtime.errors import RuntimeKernelError
 from runtime.errors import UnsupportedOpError
+from runtime.kernels.amx_pack import round_bf16
+from runtime.kernels.amx_pack import unpack_amx_bf16
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
 from runtime.kernels.conv import conv
@@ -87,7 +89,11 @@ def packed_gemm_kernel(
     """FusedGemm (transA 0, transB 0) with B packed ahead of time in column panels (attribute
     ``n``: B's columns; ``runtime/kernels/linalg.py: pack_b_panels``)."""
     a, bp, c = fill_optional(PACKED_GEMM, inputs, 3)
-    b = unpack_b_panels(xp, bp, int(attrs["n"]))
+    n = int(attrs["n"])  # a bf16 artifact's B: uint16 codes in the AMX layout (runtime/kernels/amx_pack.py)
+    if bp.dtype == xp.uint16:
+        a, b = round_bf16(xp, a), unpack_amx_bf16(xp, bp, int(a.shape[-1]), n)
+    else:
+        b = unpack_b_panels(xp, bp, n)
     y = apply_activation(xp, gemm(xp, a, b, c, {**attrs, "transA": 0, "transB": 0}), attrs)
     return finish(xp, PACKED_GEMM, [y], outputs)
 

@@ -34,6 +34,8 @@ from runtime.contract import MAX_POOL_NHWC
 from runtime.contract import WINOGRAD_CONV_NHWC
 from runtime.contract import op_name
 from runtime.errors import RuntimeKernelError
+from runtime.kernels.amx_pack import round_bf16
+from runtime.kernels.amx_pack import unpack_amx_conv
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
 from runtime.kernels.conv import conv
@@ -147,7 +149,12 @@ def _conv_nhwc_kernel(
 
     def kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
         x, packed, b, z = fill_optional(kind, inputs, 4)
-        w = unpack(packed, int(outputs[0][0][3]))
+        if packed.dtype == xp.uint16:  # --precision bf16: bf16 products (runtime/kernels/amx_pack.py)
+            kh, kw = (int(d) for d in attrs["kernel_shape"])
+            x, w = round_bf16(xp, x), unpack_amx_conv(xp, packed, int(x.shape[3]), int(outputs[0][0][3]),
+                                                      (kh, kw))
+        else:
+            w = unpack(packed, int(outputs[0][0][3]))
         y = _nhwc(xp, conv_nchw(xp, _nchw(xp, x, op_name(kind)), w, attrs))
         y = conv_epilogue(xp, y, b, z, attrs, channel_axis=3)
         return finish(xp, kind, [y], outputs)

@@ -71,6 +71,8 @@ from compiler.providers.c.conv import dynamic_conv_operands
 from compiler.providers.c.conv import dynamic_geometry
 from compiler.providers.c.conv import epilogue_operands_ok
 from compiler.providers.c.conv import is_dynamic
+from compiler.providers.c.conv_amx import AMX_CONV
+from compiler.providers.c.conv_amx import amx_conv
 from compiler.providers.c.gemm import Epilogue
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import claimed
@@ -231,10 +233,14 @@ class ConvNhwcKernel(CKernel):
     dynamic = True  # run-time batch and spatial sizes: tiling and threads decided in C
 
     def supports(self, node: Node) -> bool:
+        if amx_conv(node):  # --precision bf16's weights (compiler/providers/c/conv_amx.py)
+            return AMX_CONV.supports(node)
         g = _geometry(node)
         return g is not None and epilogue_operands_ok(node, g.m)
 
     def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
+        if amx_conv(node):
+            return AMX_CONV.scratch_nbytes(node)
         g = claimed(_geometry(node), node)
         mode = tap_mode(g)
         if g.depthwise or mode != "copy":
@@ -244,6 +250,8 @@ class ConvNhwcKernel(CKernel):
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
+        if amx_conv(node):
+            return AMX_CONV.build(step, target)
         if is_dynamic(node):
             return _build_dynamic(step, target, self.scratch_nbytes(node))
         g = claimed(ConvGeometry.from_node(node, "NHWC"), node)

@@ -45,6 +45,10 @@ from compiler.providers.c.common import input_args
 from compiler.providers.c.common import output_args
 from compiler.providers.c.common import params
 from compiler.providers.c.common import scratch_arg
+from compiler.providers.c.gemm_bf16 import AmxBf16
+from compiler.providers.c.gemm_bf16 import amx_bf16
+from compiler.providers.c.gemm_bf16 import bf16_packed
+from compiler.providers.c.gemm_bf16 import bf16_scratch_nbytes
 from compiler.providers.geometry import MatmulProduct
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import KernelContext
@@ -125,6 +129,7 @@ class GemmContext(KernelContext):
     b_off: tuple[int, ...]
     parallel: bool
     parallel_if: str = ""  # run-time rows: the threads start when the run's work is large enough
+    amx: AmxBf16 | None = None  # a bf16 PackedGemm (compiler/providers/c/gemm_bf16.py)
 
 
 def choose_tiling(m: int, n: int, k: int, target: TargetInfo, panel: int | None = None) -> Tiling:
@@ -248,7 +253,8 @@ def _packed_product(node: Node) -> _Product | None:
     if a is None or bp is None or a.shape is None or bp.shape is None or y.shape is None:
         return None
     (m, k), n = a.shape, int(node.attrs.get("n", -1))
-    if len(a.shape) != 2 or bp.shape != (-(-n // B_PANEL), k, B_PANEL) or y.shape != (m, n):
+    fp32 = bp.shape == (-(-n // B_PANEL), k, B_PANEL)
+    if len(a.shape) != 2 or not (fp32 or bf16_packed(node)) or y.shape != (m, n):
         return None
     return _Product(MatmulProduct(m, n, k, k, 1, B_PANEL, 1, (), (), ()), (0,), (0,), "prepacked")
 
@@ -386,7 +392,7 @@ class GemmKernel(CKernel):
     dynamic = True  # run-time rows (M): _run_time_product
 
     def supports(self, node: Node) -> bool:
-        if not all_float32(node) or not fused_ok(node) or len(node.outputs) != 1:
+        if not (all_float32(node) or bf16_packed(node)) or not fused_ok(node) or len(node.outputs) != 1:
             return False
         n_in = 2 if node.op_type == "MatMul" else 3
         if node.input(0) is None or node.input(1) is None or len(node.inputs) > n_in:
@@ -408,6 +414,8 @@ class GemmKernel(CKernel):
     def scratch_nbytes(self, node: Node) -> Dim:  # type: ignore[override]  # an Expr: run-time scratch
         prod = claimed(_product(node), node)
         a_blocks = 4 * len(prod.a_off) * (prod.p.m + MAX_ROWS - 1) * prod.p.k if _pack_a(prod) else 0
+        if bf16_packed(node):
+            return bf16_scratch_nbytes(prod.p.m, prod.p.n, prod.p.k, a_blocks)  # type: ignore[arg-type]
         return a_blocks + (packed_nbytes(prod.p.k, prod.p.n) if prod.path == "packed" else 0)
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
@@ -418,6 +426,9 @@ class GemmKernel(CKernel):
         t = _tiling(prod, target, kernel_dims(step.symbols) if run_time else None)
         c = node.input(2)
         ins = input_args(step)
+        amx = amx_bf16(p.m, p.n, p.k) if bf16_packed(node) else None  # type: ignore[arg-type]
+        if amx is not None:  # B: bfloat16 codes
+            ins[1] = dataclasses.replace(ins[1], ctype="uint16_t")
         scratch = sized_scratch(step, self.scratch_nbytes(node))
         args = [*ins, *output_args(step), *scratch]
         names = ["a", "b"] + (["biasp"] if c is not None else []) + ["y"] + (["scratch"] if scratch else [])
@@ -432,7 +443,8 @@ class GemmKernel(CKernel):
             e=_epilogue(node, p),
             path=prod.path,
             pack_a=_pack_a(prod),
-            b_floats=packed_nbytes(p.k, p.n) // 4 if prod.path == "packed" else 0,
+            b_floats=_b_floats(prod, amx is not None),
+            amx=amx,
             p=p,
             nb=len(prod.a_off),
             a_off=prod.a_off,
@@ -442,6 +454,13 @@ class GemmKernel(CKernel):
         if run_time:
             ctx = dataclasses.replace(ctx, **_run_time_context(prod, kernel_dims(step.symbols)))
         return StepCode("c/gemm.c.j2", ctx, tuple(args))
+
+
+def _b_floats(prod: _Product, bf16: bool) -> int:
+    """Scratch floats ahead of A's blocks: B's panels (packed per run, or a bf16 B widened)."""
+    if bf16:
+        return -(-int(prod.p.n) // B_PANEL) * B_PANEL * int(prod.p.k)
+    return packed_nbytes(prod.p.k, prod.p.n) // 4 if prod.path == "packed" else 0  # type: ignore[arg-type]
 
 
 def _tiling(prod: _Product, target: TargetInfo, dims: Callable[[object], int | CDim] | None) -> Tiling:

@@ -1,0 +1,76 @@
+"""``--precision bf16``: the NHWC convolutions' weights as bfloat16 codes in the AMX-BF16 layout.
+
+After ``layout_nhwc``, each ``onnx_aot.ConvNhwc`` of one group with static shapes, at least
+MIN_CHANNELS input channels and MIN_PIXEL_PRODUCTS products per output pixel
+gets its packed weights (``runtime/kernels/nhwc.py: pack_conv_weights``) replaced by the AMX pack
+of its (K, M) matrix, k = (kh, kw, c) as the kernel gathers its input rows
+(``runtime/kernels/amx_pack.py``; half the bytes), rounded to nearest even; the fp32 original is
+recorded for the golden cases (``compiler/artifact/golden_precision.py``). The C kernel
+(``templates/c/conv_amx.c.j2``) computes in bf16 on AMX-BF16 and in fp32 elsewhere; the reference
+kernel rounds the input as the AMX path does. A weight the model ships narrow keeps its form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.ir.graph import Graph
+from compiler.ir.graph import Node
+from compiler.passes.base import Pass
+from compiler.passes.base import PassResult
+from compiler.passes.base import add_constant
+from compiler.precision import to_bf16
+from runtime.contract import CONV_NHWC
+from runtime.kernels.amx_pack import pack_amx_bf16
+from runtime.kernels.nhwc import unpack_conv_weights
+
+__all__ = ["PackConvBf16", "conv_matrix", "MIN_CHANNELS"]
+
+# Convs of fewer input channels stay fp32 (the stems: 3 channels a tap): gathering their windows
+# for the tiles took longer than the fp32 kernel (ResNet-50's 7x7 stem 1.07 vs 0.68 ms, ShuffleNet's
+# 3x3 0.21 vs 0.13 ms, 2 threads, this SPR).
+MIN_CHANNELS = 16
+# And convs of fewer products per output pixel (K x M): rounding the input into scratch and the
+# tile passes cost more than they save (DenseNet-121's 1x1 64 -> 128 at 56x56: 0.263 ms against
+# fp32's 0.157; 96 -> 128 0.237 against 0.262; ResNet-50's 64 -> 256 0.33 against 0.43).
+MIN_PIXEL_PRODUCTS = 12288
+
+
+def conv_matrix(packed: np.ndarray, m: int) -> np.ndarray:
+    """ConvNhwc's packed weights of ``m`` output channels (one group) as the (KH * KW * C, M) matrix."""
+    w = unpack_conv_weights(packed, m)  # (M, C, KH, KW)
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(-1, m))
+
+
+def _eligible(graph: Graph, node: Node) -> bool:
+    w, x, y = node.input(1), node.input(0), node.outputs[0]
+    if node.kind != CONV_NHWC or int(node.attrs.get("group", 1)) != 1 or w is None or w.const is None:
+        return False
+    shapes = [v.shape for v in (*node.inputs, y) if v is not None]
+    static = all(s is not None and all(isinstance(d, int) for d in s) for s in shapes)
+    if not static or x is None or x.shape is None or y.shape is None or w.const.ndim != 6:
+        return False
+    products = int(np.prod(w.const.shape[2:5])) * int(y.shape[3])  # (KH, KW, C) x M
+    return (x.shape[3] >= MIN_CHANNELS and products >= MIN_PIXEL_PRODUCTS and w.const.dtype == np.float32
+            and graph.narrowing.affine_of(w.const) is None and len(w.consumers()) == 1)
+
+
+class PackConvBf16(Pass):
+    name = "pack_conv_bf16"
+
+    def run(self, graph: Graph) -> PassResult:
+        modified = False
+        for node in list(graph):
+            if not _eligible(graph, node):
+                continue
+            w = node.input(1)
+            assert w is not None and w.const is not None and node.outputs[0].shape is not None
+            matrix = conv_matrix(w.const, int(node.outputs[0].shape[3]))
+            value = add_constant(graph, f"{w.name}_bf16", pack_amx_bf16(to_bf16(matrix).view(np.uint16)))
+            assert value.const is not None
+            graph.narrowing.rounded[id(value.const)] = (value.const, w.const)
+            graph.set_input(node, 1, value)
+            modified = True
+        if modified:
+            graph.prune_constants()
+        return PassResult(graph, modified)

@@ -1,0 +1,152 @@
+"""C kernel for a ``--precision bf16`` ConvNhwc: weights in the AMX-BF16 pack (``compiler/passes/
+pack_conv_bf16.py``), one group, static shapes.
+
+The conv is a GEMM of P = N * OH * OW output pixels by M channels over K = KH * KW * C: each
+pixel's window (its taps' channel rows, zeros in the padding) is gathered into scratch, rounded to
+bfloat16 for the AMX path (``templates/c/gemm_amx.c.j2``, shared with PackedGemm) or in fp32 for
+the fallback (the register tile of ``gemm_tile.c.j2`` on the pack widened to fp32 panels), then
+bias (per channel), residual and activation as the output is stored (NHWC: the output is the
+GEMM's P x M result as it is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.providers.base import GenStep
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import params
+from compiler.providers.c.common import scratch_arg
+from compiler.providers.c.common import step_args
+from compiler.providers.c.gemm import Epilogue
+from compiler.providers.c.gemm import Tiling
+from compiler.providers.c.gemm import activation
+from compiler.providers.c.gemm import choose_tiling
+from compiler.providers.c.gemm import fused_ok
+from compiler.providers.c.gemm_bf16 import AmxBf16
+from compiler.providers.c.gemm_bf16 import amx_bf16
+from compiler.providers.c.gemm_bf16 import bf16_scratch_nbytes
+from compiler.providers.geometry import ConvGeometry
+from compiler.providers.geometry import _conv
+from compiler.providers.geometry import claimed
+from compiler.providers.kit import KernelContext
+from runtime.contract import CONV_NHWC
+from runtime.kernels.amx_pack import amx_pack_shape
+from runtime.kernels.linalg import B_PANEL
+
+__all__ = ["ConvAmxContext", "AMX_CONV", "amx_conv"]
+
+
+TAPS_MIN_WIDTH = 7  # output rows at least this wide read their taps in place (16-pixel tiles; 3x3 512
+# channels at 7x7: 244 us in place, 343 us gathered, 2 threads)
+
+
+@dataclass(frozen=True)
+class AmxTaps:
+    """The AMX path that reads each tap's A tiles in place from a zero-padded bfloat16 copy of the
+    input (``hp`` x ``wp`` pixels per image, then slack for the tiles' rows past the output: never
+    stored): a block is 16 pixels of two neighbouring output rows, k steps of 32 channels of one
+    tap. Taken where C is a multiple of 32 and the output rows are TAPS_MIN_WIDTH wide or more."""
+
+    hp: int
+    wp: int
+    ohp: int  # output row pairs
+    owb: int  # 16-pixel blocks per output row
+    pblocks: int  # pixel blocks: images x row pairs x row blocks
+    elems: int  # the copy's bfloat16 elements, slack included
+
+
+def amx_taps(g: ConvGeometry) -> AmxTaps | None:
+    n, c, ow = int(g.batch), int(g.c), int(g.ow)
+    if c % 32 or ow < TAPS_MIN_WIDTH or (g.kh * g.kw == 1 and g.sh == g.sw == 1 and not g.rows.padded
+                                         and not g.cols.padded):
+        return None  # (a 1x1 stride-1 conv's rows are the image's: the gathered path reads them so)
+    hp, wp = int(g.h + g.pt + g.pb), int(g.w + g.pl + g.pr)
+    ohp, owb = -(-int(g.oh) // 2), -(-ow // 16)
+    last_row = (n - 1) * hp + (2 * ohp - 1) * g.sh + (g.kh - 1) * g.dh
+    last_col = (16 * owb - 1) * g.sw + (g.kw - 1) * g.dw
+    elems = max(n * hp * wp, last_row * wp + last_col + 1) * c
+    return AmxTaps(hp=hp, wp=wp, ohp=ohp, owb=owb, pblocks=n * ohp * owb, elems=int(elems))
+
+
+@dataclass(frozen=True)
+class ConvAmxContext(KernelContext):
+    t: Tiling  # the fallback's tile over P x M x K (also the AMX path's sizes: t.m, t.n, t.k)
+    e: Epilogue
+    amx: AmxBf16
+    conv: ConvGeometry
+    b_floats: int  # the fallback's widened panels, ahead of its fp32 windows in scratch
+    parallel: bool
+    taps: AmxTaps | None = None
+
+
+def _geometry(node: Node) -> ConvGeometry | None:
+    """The conv, when ``node`` is a ConvNhwc of one group on an AMX pack with static float32
+    operands otherwise."""
+    w = node.input(1)
+    if node.kind != CONV_NHWC or w is None or w.dtype != np.uint16 or w.shape is None or w.is_symbolic:
+        return None
+    if any(v is not None and (v.is_symbolic or v.dtype != np.float32 or v.shape is None)
+           for v in (*node.inputs, *node.outputs) if v is not w):
+        return None
+    g = _conv(node, "NHWC", (2,))
+    if g is None or g.groups != 1 or tuple(w.shape) != amx_pack_shape(int(g.k), int(g.m)):
+        return None
+    return g
+
+
+def _pixels(g: ConvGeometry) -> int:
+    return int(g.batch * g.oh * g.ow)
+
+
+def _b_floats(g: ConvGeometry) -> int:
+    return -(-int(g.m) // B_PANEL) * B_PANEL * int(g.k)
+
+
+def amx_conv(node: Node) -> bool:
+    """``node`` is a ConvNhwc whose weights are an AMX pack (``ConvNhwcKernel`` hands it to AMX_CONV)."""
+    w = node.input(1)
+    return node.kind == CONV_NHWC and w is not None and w.dtype == np.uint16
+
+
+class ConvAmxKernel(CKernel):
+    kinds: tuple[str, ...] = ()  # (not registered: ConvNhwcKernel's part for AMX packs)
+
+    def supports(self, node: Node) -> bool:
+        g = _geometry(node)
+        if g is None or not fused_ok(node) or len(node.inputs) > 4 or len(node.outputs) != 1:
+            return False
+        b, z = node.input(2), node.input(3)
+        return (b is None or b.shape == (g.m,)) and (z is None or z.shape == node.outputs[0].shape)
+
+    def scratch_nbytes(self, node: Node) -> int:
+        g = claimed(_geometry(node), node)
+        taps = amx_taps(g)
+        gathered = bf16_scratch_nbytes(_pixels(g), int(g.m), int(g.k), 4 * _pixels(g) * int(g.k))
+        return max(gathered, 2 * taps.elems if taps is not None else 0)
+
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
+        node = step.node
+        g = claimed(_geometry(node), node)
+        has_bias, has_res = node.input(2) is not None, node.input(3) is not None
+        e = Epilogue("", has_bias, "", 0, 1, has_res, activation(node), activation(node, vector=True))
+        scratch = scratch_arg(step, self.scratch_nbytes(node))
+        args = [*step_args(step), *scratch]
+        args[1] = dataclasses.replace(args[1], ctype="uint16_t")
+        names = ["a", "b"] + (["biasp"] if has_bias else []) + (["zp"] if has_res else []) + ["y", "scratch"]
+        restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else []) + [False, True]
+        p, m, k = _pixels(g), int(g.m), int(g.k)
+        ctx = ConvAmxContext(params=params(names, args, restrict), t=choose_tiling(p, m, k, target, B_PANEL),
+                             e=e, amx=amx_bf16(p, m, k), conv=g, b_floats=_b_floats(g),
+                             parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g))
+        return StepCode("c/conv_amx.c.j2", ctx, tuple(args))
+
+
+AMX_CONV = ConvAmxKernel()

@@ -1,0 +1,197 @@
+"""``--precision bf16``'s PackedGemm and ConvNhwc on AMX-BF16 (templates/c/gemm_amx.c.j2, conv_amx.c.j2).
+
+Gemm + bias + Relu cases with M, N and K not multiples of the tiles (16 / 32 rows, 32 columns,
+32 k), compiled for ``--cpu x86-64-v3`` (tests/cpu_targets.py: every x86-64 host runs it; the
+build carries the AMX loop as inline asm and takes it where the CPU has AMX-BF16):
+
+- the AMX path computes bf16(x) . bf16(w) in fp32 sums: equal to that product (float64 numpy) up
+  to fp32 summation (1e-5 of the output's scale), bit for bit the same at 1 and 2 threads, and
+  within bf16's rounding bound of the fp32 model (each of x and w moves by at most 2**-9 of itself:
+  |err| <= (2 u + u**2) |x| . |w|);
+- the fallback (``$ONNX_AOT_NO_AMX=1``, what a CPU without AMX-BF16 runs) is the fp32 product on
+  the bf16 weights, the same at 1 and 2 threads;
+- the golden self-test (verify) passes on either path; the generated text carries the tile loop
+  and the fp32 build of the same model does not;
+- convolutions (Conv + residual Add + Relu, NCHW in and out: the NHWC region between) of both AMX
+  paths, windows gathered (C not a multiple of 32, or output rows under 7 wide: padding, stride,
+  1x1 of two images) and taps read in place (C = 32 / 64: 3x3 and 5x5 with padding, odd sizes,
+  stride 2), against onnxruntime on the bf16-rounded weights (and, on AMX, inputs) with the same
+  checks.
+AMX runs skip with the reason where the CPU lacks AMX-BF16.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper
+from onnx import numpy_helper
+
+from compiler import compile_model
+from runtime import Session
+from runtime.artifact import load_artifact
+from runtime.inspection import amx_bf16_steps
+from runtime.isa import host_cpu_flags
+
+CPU = "x86-64-v3"  # (tests/cpu_targets.py) runs on every x86-64 host the suite supports
+CASES = {"tails": (45, 70, 120), "k_tail": (17, 33, 250), "exact": (64, 64, 64), "wide": (100, 300, 250)}
+U = 2.0 ** -9
+
+
+def _model(m: int, k: int, n: int) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(m * 7 + k)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y0"], name="fc"),
+             helper.make_node("Relu", ["y0"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w, bias
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    return a.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def _amx_reason() -> str | None:
+    flags = host_cpu_flags()
+    if flags is None or not {"amx_tile", "amx_bf16"} <= flags:
+        return "this CPU has no AMX-BF16 (the tile path is not taken here)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, np.ndarray, np.ndarray]]:
+    root = tmp_path_factory.mktemp("amx_bf16")
+    out = {}
+    for name, (m, k, n) in CASES.items():
+        model, w, bias = _model(m, k, n)
+        out[name] = (compile_model(model, root / name, cpu=CPU, precision="bf16"), w, bias)
+    return out
+
+
+def _runs(art: Path, x: np.ndarray) -> list[np.ndarray]:
+    return [Session(art, threads=threads).run(None, {"x": x})[0] for threads in (1, 2)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_amx_bf16_products_in_fp32_sums(arts: dict, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = _amx_reason()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.delenv("ONNX_AOT_NO_AMX", raising=False)
+    art, w, bias = arts[case]
+    m, k, _ = CASES[case]
+    x = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
+    one, two = _runs(art, x)
+    assert np.array_equal(one, two), "threads 1 and 2 differ"
+    exact = np.maximum(_bf16(x).astype(np.float64) @ _bf16(w) + bias, 0)
+    scale = np.abs(x).astype(np.float64) @ np.abs(w) + np.abs(bias)
+    assert (np.abs(one - exact) <= 1e-5 * scale + 1e-6).all()
+    fp32 = np.maximum(x.astype(np.float64) @ w + bias, 0)
+    err = np.abs(one - fp32)
+    bound = (2 * U + U * U) * (np.abs(x).astype(np.float64) @ np.abs(w)) + 1e-5 * scale
+    print(f"{case}: AMX max |err| / max |y| {err.max() / np.abs(fp32).max():.3g}, "
+          f"worst err / bound {(err / bound).max():.3f}")
+    assert (err <= bound).all() and err.max() > 0
+    assert Session(art).verify().ok
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fallback_is_fp32_on_the_bf16_weights(arts: dict, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONNX_AOT_NO_AMX", "1")
+    art, w, bias = arts[case]
+    m, k, _ = CASES[case]
+    x = np.random.default_rng(4).standard_normal((m, k)).astype(np.float32)
+    one, two = _runs(art, x)
+    assert np.array_equal(one, two), "threads 1 and 2 differ"
+    np.testing.assert_allclose(one, np.maximum(x @ _bf16(w) + bias, 0), rtol=1e-4, atol=1e-4)
+    assert Session(art).verify().ok
+
+
+def test_the_steps_and_the_text(arts: dict, tmp_path: Path) -> None:
+    art = arts["tails"][0]
+    assert [s.op_type for s in amx_bf16_steps(load_artifact(art).plan)] == ["PackedGemm"]
+    text = (art / "kernels" / "cpu" / "model.c").read_text()
+    assert "tdpbf16ps" in text and "onnx_aot_amx_usable(ONNX_AOT_AMX_BF16)" in text
+    model = _model(*CASES["tails"])[0]
+    fp32 = compile_model(model, tmp_path / "fp32", cpu=CPU)
+    assert "tdpbf16ps" not in (fp32 / "kernels" / "cpu" / "model.c").read_text()
+    # half the weight bytes: B's 70 x 120 floats (k padded to 96, columns to 128) as bf16 codes
+    assert (art / "weights.bin").stat().st_size < (fp32 / "weights.bin").stat().st_size
+
+
+# conv cases: (N, C, H, W, M, kernel, stride, pad); "taps" ones have C % 32 == 0 and outputs >= 7 wide
+# (each with K x M >= pack_conv_bf16.MIN_PIXEL_PRODUCTS: smaller convs stay fp32)
+CONVS = {"gather_pad": (1, 16, 9, 9, 96, 3, 1, 1), "gather_1x1": (2, 40, 7, 7, 330, 1, 1, 0),
+         "gather_s2": (1, 48, 14, 14, 40, 3, 2, 1), "taps_3x3": (2, 32, 13, 17, 48, 3, 1, 1),
+         "taps_5x5": (1, 64, 20, 14, 48, 5, 1, 2), "taps_s2": (1, 32, 30, 27, 50, 3, 2, 1)}
+
+
+def _conv_model(case: tuple[int, ...], w: np.ndarray) -> onnx.ModelProto:
+    n, c, h, wd, m, k, s, p = case
+    oh, ow = (h + 2 * p - k) // s + 1, (wd + 2 * p - k) // s + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", kernel_shape=[k, k],
+                              strides=[s, s], pads=[p] * 4),
+             helper.make_node("Add", ["c", "z"], ["s"], name="residual"),
+             helper.make_node("Relu", ["s"], ["y"], name="relu")]
+    bias = np.linspace(-1, 1, m, dtype=np.float32)
+    io = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+          for name, shape in (("x", [n, c, h, wd]), ("z", [n, m, oh, ow]), ("y", [n, m, oh, ow]))]
+    graph = helper.make_graph(nodes, "conv", io[:2], io[2:],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def conv_arts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, onnx.ModelProto, Any]]:
+    root = tmp_path_factory.mktemp("amx_conv")
+    out = {}
+    for name, case in CONVS.items():
+        n, c, _, _, m, k = case[:6]
+        w = (np.random.default_rng(m).standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+        model = _conv_model(case, w)
+        out[name] = (compile_model(model, root / name, cpu=CPU, precision="bf16"), model, w)
+    return out
+
+
+def _ort(model: onnx.ModelProto, w: np.ndarray, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    rounded = onnx.ModelProto()
+    rounded.CopyFrom(model)
+    rounded.graph.initializer[0].CopyFrom(numpy_helper.from_array(_bf16(w), "w"))
+    session = ort.InferenceSession(rounded.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "fallback"])
+@pytest.mark.parametrize("case", list(CONVS))
+def test_conv_on_both_paths(conv_arts: dict, case: str, amx: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = _amx_reason()
+    if amx and reason:
+        pytest.skip(reason)
+    if amx:
+        monkeypatch.delenv("ONNX_AOT_NO_AMX", raising=False)
+    else:
+        monkeypatch.setenv("ONNX_AOT_NO_AMX", "1")
+    art, model, w = conv_arts[case]
+    rng = np.random.default_rng(5)
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    one, two = (Session(art, threads=threads).run(None, feeds)[0] for threads in (1, 2))
+    assert np.array_equal(one, two), "threads 1 and 2 differ"
+    want = _ort(model, w, {**feeds, "x": _bf16(feeds["x"])} if amx else feeds)
+    np.testing.assert_allclose(one, want, rtol=1e-4, atol=1e-4)
+    assert Session(art).verify().ok
+    plan = load_artifact(art).plan
+    assert [s.op_type for s in amx_bf16_steps(plan)] == ["ConvNhwc"]
+    text = (art / "kernels" / "cpu" / "model.c").read_text()
+    assert ("_amxtap_task" in text) == case.startswith("taps") and "zp" in text  # the residual fused
