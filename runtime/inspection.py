@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 
 from runtime.artifact import load_artifact
+from runtime.contract import CONV_NHWC
+from runtime.contract import PACKED_GEMM
+from runtime.contract import op_name
 from runtime.contract import round_up
 from runtime.dynamic import describe_spec
 from runtime.dynamic import interface
@@ -111,7 +114,7 @@ def amx_bf16_steps(plan: Plan) -> list[PlanStep]:
     (runtime/kernels/amx_pack.py): bf16 products, fp32 sums, on AMX-BF16 where the CPU has it
     (else the weights widened per run and fp32 products)."""
     return [step for step in plan.steps
-            if step.op_type in ("PackedGemm", "ConvNhwc") and len(step.inputs) > 1
+            if step.op_type in (op_name(PACKED_GEMM), op_name(CONV_NHWC)) and len(step.inputs) > 1
             and step.inputs[1] is not None and plan.values[step.inputs[1]].dtype == np.uint16]
 
 
