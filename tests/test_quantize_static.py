@@ -29,6 +29,7 @@ from runtime import Session
 from runtime.errors import CompileError
 from tests.support.encoder_model import encoder_feeds
 from tests.support.encoder_model import encoder_model
+from tests.support.ort_quantize import ort_quantized
 from tests.support.qdq_models import stray
 
 SAMPLES = 8
@@ -89,36 +90,6 @@ CASES = {"cnn": (small_cnn, lambda model, seed: cnn_feeds(seed), "PackedQConv"),
 def stacked(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The calibration file's arrays: each input's samples along a new leading axis."""
     return {name: np.stack([f[name] for f in feeds]) for name in feeds[0]}
-
-
-def ort_quantized(fp32: Path, out: Path, feeds: list[dict[str, np.ndarray]], method: str) -> Path:
-    """onnxruntime's quantize_static (QDQ, S8S8, per channel, quant_pre_process first) on ``feeds``."""
-    import warnings
-
-    from onnxruntime.quantization import CalibrationDataReader
-    from onnxruntime.quantization import CalibrationMethod
-    from onnxruntime.quantization import QuantFormat
-    from onnxruntime.quantization import QuantType
-    from onnxruntime.quantization import quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.left = list(feeds)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return self.left.pop(0) if self.left else None
-
-    methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-               "percentile": CalibrationMethod.Percentile}
-    pre = out.with_name("pre.onnx")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
-        quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=methods[method])
-    return out
 
 
 @pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])

@@ -46,10 +46,9 @@ def _fold_batchnorms(graph: onnx.GraphProto) -> None:
     outputs = {o.name for o in graph.output}
     dropped = []
     for bn in graph.node:
-        conv = producer.get(bn.input[0])
-        if (bn.op_type != "BatchNormalization" or conv is None or conv.op_type != "Conv"
-                or len(bn.output) != 1 or uses[bn.input[0]] != 1 or bn.input[0] in outputs
-                or not all(n in consts for n in [*conv.input[1:], *bn.input[1:]])):
+        conv = producer.get(bn.input[0]) if bn.op_type == "BatchNormalization" else None
+        if (conv is None or conv.op_type != "Conv" or len(bn.output) != 1 or uses[bn.input[0]] != 1
+                or bn.input[0] in outputs or not all(n in consts for n in [*conv.input[1:], *bn.input[1:]])):
             continue
         _fold_one(graph, conv, bn, consts)
         dropped.append(bn)
