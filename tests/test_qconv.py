@@ -173,7 +173,8 @@ def test_node_suite_case_on_the_c_kernel(case: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("cpu", ["x86-64-v4"])
 def test_generated_code(cpu: str, tmp_path: Path) -> None:
     """The text of the x86-64-v4 build: each conv's work is one pool job (the packing runs inside the
-    GEMM's items) plus the padded copy where it pads; the three dot-product paths and the vector
+    GEMM's items, or its AMX-INT8 alternative) plus the padded copy where it pads; the four
+    dot-product paths (AMX tiles, VNNI, pmaddwd, portable) and the vector
     requantizing store are there; the depthwise kernel has its own loop and no scratch."""
     cases = {"pw": QConvCase(c=64, m=32, hw=(28, 28), kernel=(1, 1), pads=(0, 0, 0, 0), batch=1),
              "k3": QConvCase(c=16, m=32, hw=(28, 28), batch=1),
@@ -188,9 +189,12 @@ def test_generated_code(cpu: str, tmp_path: Path) -> None:
     for step in plan["steps"]:
         name = kernels[step["index"]]
         body = source[source.index(f"void {name}(") :]
-        jobs[step["name"]] = body[: body.index("\n}\n")].count("onnx_aot_parallel(")
-    assert jobs == {"pw_conv": 1, "k3_conv": 2, "dw_conv": 1}
+        body = body[: body.index("\n}\n")]
+        # the AMX-INT8 loop is the GEMM job's alternative, taken where the CPU has the tiles
+        amx = re.search(r"if \(onnx_aot_amx_usable\(ONNX_AOT_AMX_INT8\)\) \{.*?return;\n  \}", body, re.S)
+        jobs[step["name"]] = (body.count("onnx_aot_parallel("), amx is not None)
+    assert jobs == {"pw_conv": (2, True), "k3_conv": (3, True), "dw_conv": (1, False)}
     assert {s["name"] for s in plan["steps"] if s.get("scratch")} == {"pw_conv", "k3_conv"}
-    for text in ("vpdpbusd", "_mm512_madd_epi16", "_mm512_roundscale_pd", "_store16(", "rint("):
+    for text in ("vpdpbusd", "_mm512_madd_epi16", "_mm512_roundscale_pd", "_store16(", "rint(", "tdpbsud"):
         assert text in source, text
     assert "_mm512_maddubs" not in source  # pmaddubsw's 16-bit sums saturate

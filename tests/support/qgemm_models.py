@@ -38,11 +38,11 @@ def _scale(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return rng.uniform(0.001, 0.02, shape).astype(np.float32)
 
 
-def integer_matmuls(seed: int = 0) -> onnx.ModelProto:
-    """Every case of ``CASES`` as one node of one graph (inputs a0, a1, ...; outputs y0, y1, ...)."""
+def integer_matmuls(seed: int = 0, cases: tuple[tuple, ...] = CASES) -> onnx.ModelProto:
+    """Every case of ``cases`` as one node of one graph (inputs a0, a1, ...; outputs y0, y1, ...)."""
     rng = np.random.default_rng(seed)
     nodes, inits, ins, outs = [], [], [], []
-    for i, (shape, n, at, bt, per_col, qlinear) in enumerate(CASES):
+    for i, (shape, n, at, bt, per_col, qlinear) in enumerate(cases):
         k = shape[-1]
         cols = (n,) if per_col else ()
         b = _ints(rng, bt, (k, n))
@@ -66,9 +66,9 @@ def integer_matmuls(seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def integer_feeds(seed: int = 1) -> dict[str, np.ndarray]:
+def integer_feeds(seed: int = 1, cases: tuple[tuple, ...] = CASES) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {f"a{i}": _ints(rng, at, shape) for i, (shape, _, at, *_rest) in enumerate(CASES)}
+    return {f"a{i}": _ints(rng, at, shape) for i, (shape, _, at, *_rest) in enumerate(cases)}
 
 
 def dynamic_quantize_model(shapes: tuple[tuple[int, ...], ...]) -> onnx.ModelProto:

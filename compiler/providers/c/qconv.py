@@ -19,6 +19,7 @@ runs on the reference kernels).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import arg
 from compiler.providers.c.common import params
 from compiler.providers.c.conv import pool_condition
+from compiler.providers.c.qgemm import amx_target
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import _conv
 from compiler.providers.geometry import claimed
@@ -44,6 +46,7 @@ __all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "Requant", "MR"]
 
 MR = 6  # output channels per register tile (x 4 vectors of 16 pixels: 24 accumulators)
 MIN_ITEMS = 8  # work items a conv aims for, so that threads get balanced shares
+AMX_MIN_ITEMS = 4  # the AMX loop's: its items cost mostly their packing, done once per item
 _CTYPES = {np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.int32): "int32_t"}
 
 
@@ -65,10 +68,11 @@ class QConvContext(KernelContext):
     k: int  # products per output: cg * kh * kw
     k4: int  # k padded to a multiple of 4 (a weight row's bytes)
     kq: int  # k4 / 4
+    kq16: int  # kq rounded up to 16: a panel's rows of 4 k (AMX reads whole tiles of 16; the rest unused)
     nv: int  # vectors of 16 pixels per panel
     np: int  # pixels per panel (16 * nv)
     npanels: int
-    panel_bytes: int  # one panel in scratch: kq * 4 * np bytes, then np int32 sums with a weight zero point
+    panel_bytes: int  # one panel in scratch: kq16 * 4 * np bytes, then np int32 sums with a weight zero point
     panels_at: int  # where the panels start in scratch (after the padded images)
     padded: bool  # the input is copied with its padding first ("pad")
     flat: bool  # 1x1, stride 1, unpadded: a panel's pixels are one run in each plane
@@ -85,6 +89,9 @@ class QConvContext(KernelContext):
     has_wz: bool
     pool_pad: str
     pool: str
+    amx: bool = False  # the AMX-INT8 loop too (x86-64 AVX-512), taken where onnx_aot_amx_usable says so
+    amx_cc: int = 0  # its items' channels (a multiple of 32)
+    amx_nchunks: int = 0  # its items per panel (<= nchunks: scratch has a slot for each)
 
 
 @dataclass(frozen=True)
@@ -116,15 +123,18 @@ def _weights_ok(node: Node, g: ConvGeometry) -> bool:
 
 def _scratch(g: ConvGeometry, nv: int, has_wz: bool) -> tuple[int, int, int, int, int]:
     """(padded image bytes, panel bytes, panels per image and group, hs, ws)."""
-    k4 = -(-g.k // 4) * 4
     np_ = 16 * nv
     padded = max(g.pt, g.pb, g.pl, g.pr) > 0
     hs = max(g.pt + g.h, g.rows.reach) if padded else g.h
     ws = max(g.pl + g.w, g.cols.reach) if padded else g.w
     # the padded copy, and 64 bytes that the packing's 16-byte copies may read past its end
     image = -(-(g.batch * g.c * hs * ws) // 64) * 64 + 64 if padded else 0
-    panel = k4 * np_ + (4 * np_ if has_wz else 0)
+    panel = _kq16(g) * 4 * np_ + (4 * np_ if has_wz else 0)
     return image, panel, -(-(g.oh * g.ow) // np_), hs, ws
+
+
+def _kq16(g: ConvGeometry) -> int:
+    return -(-g.k // 64) * 16
 
 
 def _chunks(g: ConvGeometry, npanels: int) -> tuple[int, int]:
@@ -136,6 +146,16 @@ def _chunks(g: ConvGeometry, npanels: int) -> tuple[int, int]:
     want = min(mblocks, -(-MIN_ITEMS // panels))
     cb = -(-mblocks // want)
     return cb, -(-mblocks // cb)
+
+
+def _amx_chunks(g: ConvGeometry, npanels: int, nchunks: int) -> tuple[int, int]:
+    """The AMX loop's (channels per item, items per panel): about AMX_MIN_ITEMS items, at most
+    ``nchunks`` a panel, whole blocks of 32 channels."""
+    panels = g.batch * g.groups * npanels
+    want = max(1, min(nchunks, -(-g.mg // 32), -(-AMX_MIN_ITEMS // panels)))
+    per_item = -(-g.mg // want)
+    cc = -(-per_item // 32) * 32
+    return cc, -(-g.mg // cc)
 
 
 def _flat(g: ConvGeometry) -> bool:
@@ -185,7 +205,11 @@ class QConvKernel(CKernel):
             ctx = QDepthwiseContext(step_params, g, max(g.pl + g.w, g.cols.reach), _CTYPES[x.dtype],
                                     int(a["x_zero"]), quant, pool_condition(work))
             return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
-        return StepCode("c/qconv.c.j2", _gemm_context(node, g, step_params, quant, work), tuple(args))
+        gemm = _gemm_context(node, g, step_params, quant, work)
+        if amx_target(target):
+            cc, nchunks = _amx_chunks(g, gemm.npanels, gemm.nchunks)
+            gemm = dataclasses.replace(gemm, amx=True, amx_cc=cc, amx_nchunks=nchunks)
+        return StepCode("c/qconv.c.j2", gemm, tuple(args))
 
 
 def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], quant: Requant,
@@ -199,7 +223,7 @@ def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], q
     mblocks = -(-g.mg // MR)
     cb, nchunks = _chunks(g, npanels)
     return QConvContext(
-        params=step_params, g=g, k=g.k, k4=k4, kq=k4 // 4, nv=nv, np=16 * nv, npanels=npanels,
+        params=step_params, g=g, k=g.k, k4=k4, kq=k4 // 4, kq16=_kq16(g), nv=nv, np=16 * nv, npanels=npanels,
         panel_bytes=panel, panels_at=image, padded=image > 0, flat=_flat(g), hs=hs, ws=ws, flip=flip,
         xz=int(node.attrs["x_zero"]) + flip, q=quant, mr=MR, mblocks=mblocks, cb=cb, nchunks=nchunks,
         rem=g.mg % MR, has_wz=has_wz,

@@ -9,11 +9,14 @@ build shares the plan); A is copied into scratch per run (its +128 shift or its 
 quantization done there, with its row sums), so scratch depends on the node alone. An AVX-512BW
 target without VNNI (x86-64-v4, the default ``--cpu`` level of an AVX-512 host) carries the VNNI
 loops too and takes them at run time where the CPU has AVX512-VNNI (inline asm, so the build needs
-no VNNI flag and the artifact still runs on AVX-512 CPUs without it).
+no VNNI flag and the artifact still runs on AVX-512 CPUs without it). Every x86-64 AVX-512 target
+also carries AMX-INT8 tiles (``templates/c/qamx.c.j2``, inline asm too), taken at each run where
+the CPU has them and ``$ONNX_AOT_NO_AMX`` is unset; scratch pads A by 32 rows for their blocks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -45,7 +48,8 @@ __all__ = ["QISA_TILES", "QGemmContext", "qtile_shape"]
 QISA_TILES: dict[str, tuple[int, int]] = {
     "avx512vnni": (6, 4), "avxvnni": (4, 1), "avx512bw": (6, 2), "avx2": (3, 1), "portable": (4, 1),
 }
-MAX_TILE_ROWS = 8  # scratch holds A padded to this many rows more, whatever the target's tile
+MAX_TILE_ROWS = 32  # scratch holds A padded to this many rows more, whatever the target's tile (AMX: 32)
+AMX_ROWS, AMX_PANELS = 32, 2  # the AMX-INT8 tile step (templates/c/qamx.c.j2): 2 x 2 tiles of 16 x 16
 _NAMES = ("a", "bpack", "bsum", "a_scale", "a_zero", "b_scale", "b_zero", "y_scale", "y_zero", "bias")
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.int8): "int8_t", np.dtype(np.uint8): "uint8_t",
            np.dtype(np.int32): "int32_t"}
@@ -87,6 +91,11 @@ class QGemmContext(KernelContext):
     act: str
     when: str
     dispatch: bool = False  # AVX-512BW: the VNNI loops too, taken where the CPU has AVX512-VNNI
+    amx: bool = False  # x86-64 AVX-512: the AMX-INT8 part too, taken where onnx_aot_amx_usable says so
+    amx_nmb: int = 0  # AMX row blocks of 32
+    amx_ngroups: int = 0  # AMX column groups of 2 panels (the last of one where amx_odd)
+    amx_odd: bool = False
+    pack_rows: int = 0  # rows of A copied into scratch (padded with zero rows to every tile's)
 
 
 def _size(v: Value | None) -> int:
@@ -189,7 +198,22 @@ class QGemmKernel(CKernel):
             y_ctype=_CTYPES[np.dtype(y.dtype)], qmin=int(info.min), qmax=int(info.max), act=activation(node),
             when="1" if 2 * m * n * k >= PARALLEL_MIN_WORK else "0", dispatch=target.int8_dot == "avx512bw",
         )
-        return StepCode("c/qgemm.c.j2", ctx, tuple(args))
+        return StepCode("c/qgemm.c.j2", _with_amx(ctx, target, panels), tuple(args))
+
+
+def amx_target(target: TargetInfo) -> bool:
+    """Whether ``target``'s build carries the AMX-INT8 loops (x86-64 with AVX-512BW; inline asm)."""
+    return target.int8_dot in ("avx512vnni", "avx512bw")
+
+
+def _with_amx(ctx: QGemmContext, target: TargetInfo, panels: int) -> QGemmContext:
+    """``ctx`` with the AMX part's blocking where ``target`` carries it; A padded to every tile's rows."""
+    if not amx_target(target):
+        return dataclasses.replace(ctx, pack_rows=ctx.rows_padded)
+    m = ctx.m
+    return dataclasses.replace(ctx, amx=True, amx_nmb=-(-m // AMX_ROWS), amx_ngroups=-(-panels // AMX_PANELS),
+                               amx_odd=panels % AMX_PANELS != 0,
+                               pack_rows=max(ctx.rows_padded, round_up(m, AMX_ROWS)))
 
 
 def raise_scratch(step: GenStep, needed: int) -> None:
