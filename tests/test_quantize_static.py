@@ -79,6 +79,22 @@ def cnn_feeds(seed: int) -> dict[str, np.ndarray]:
 ENCODER = {"layers": 1, "hidden": 64, "heads": 4, "ffn": 128, "seq": 16}
 
 
+def test_the_placement_is_onnxruntimes_qdq_form() -> None:
+    """BatchNormalization folded; the Relus kept after their Conv / Add with their outputs quantized;
+    MaxPool and Flatten at their inputs' scales; weights per output channel, int32 biases."""
+    from compiler.quantize.prepare import prepare_model
+    from compiler.quantize.qdq_plan import plan_qdq
+
+    prepared = prepare_model(small_cnn())
+    assert [n.op_type for n in prepared.graph.node] == ["Conv", "Relu", "MaxPool", "Conv", "Add", "Relu",
+                                                        "GlobalAveragePool", "Flatten", "Gemm"]
+    plan = plan_qdq(prepared)
+    assert plan.own == ["image", "r1", "c2.bn", "r2", "gap", "logits"]
+    assert plan.same == {"p1": "r1", "flat": "gap"}
+    assert plan.weights == {(0, 1): 0, (3, 1): 0, (8, 1): 0}  # Gemm transB=1: axis 0 of B
+    assert plan.biases == {(0, 2): ("image", 1), (3, 2): ("p1", 1), (8, 2): ("flat", 1)}
+
+
 def small_encoder() -> onnx.ModelProto:
     return encoder_model(**ENCODER, seed=3)
 

@@ -7,10 +7,12 @@ the forms ``compiler/passes/fold_qdq.py`` and ``fold_qdq_integer.py`` turn into 
   weight per output channel (Conv axis 0, MatMul axis 1, Gemm 0 with ``transB`` else 1), a constant
   1-D bias as int32 at ``x_scale * w_scale``. A Relu / Clip that is the output's one consumer is
   kept after the op and its output quantized instead (the clamp folds into the requantization).
-- **Add, Mul, Sum of two, Concat, GlobalAveragePool, Softmax**: the inputs and the output (a
-  non-scalar constant operand of Add / Mul per tensor, a scalar one left float: a lookup).
-- **MaxPool, AveragePool, Reshape, Transpose, Flatten, Squeeze, Unsqueeze**: the output at its
-  input's quantization, when the input is quantized (values only move or are averaged).
+- **Add, Mul, Sum of two, Concat, AveragePool, GlobalAveragePool, Softmax**: the inputs and the
+  output (a non-scalar constant operand of Add / Mul per tensor, a scalar one left float: a lookup).
+  An average gets its own range, narrower than its input's (onnxruntime leaves ResNet-50's last
+  pool float and quantizes the Gemm's input at its own range, the finer scale).
+- **MaxPool, Reshape, Transpose, Flatten, Squeeze, Unsqueeze**: the output at its input's
+  quantization, when the input is quantized (values only move).
 
 A quantized graph output is the DequantizeLinear of its codes (as onnxruntime writes it: the
 integer op requantizes, the output dequantizes). Every other op (LayerNormalization, Erf, Div,
@@ -30,8 +32,8 @@ from onnx import numpy_helper
 __all__ = ["QdqPlan", "plan_qdq"]
 
 _WEIGHTED = ("Conv", "MatMul", "Gemm")
-_OWN = ("Add", "Mul", "Sum", "Concat", "GlobalAveragePool", "Softmax")
-_SAME = ("MaxPool", "AveragePool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
+_OWN = ("Add", "Mul", "Sum", "Concat", "AveragePool", "GlobalAveragePool", "Softmax")
+_SAME = ("MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
 _CLAMPS = ("Relu", "Clip")
 
 
