@@ -10,7 +10,9 @@ quantizes is watched as it is written. The methods (``--calibration-method``):
   TensorRT", 2017) and onnxruntime's ``EntropyCalibrater`` computes it: a histogram of |x| in
   ``HIST_BINS`` (2048) bins over [0, max |x|]; for each candidate threshold of ``i`` bins
   (``ENTROPY_QUANT_BINS`` = 128 .. 2048) the clipped distribution P (outliers into the last bin) is
-  compared with Q, P merged into 128 levels and expanded back; the threshold of least KL(P || Q).
+  compared with Q, P merged into 128 levels (256 for a tensor that is never negative, a ReLU's: its
+  asymmetric int8 spends every code on [0, t], as pytorch-quantization's unsigned case) and expanded
+  back; the threshold of least KL(P || Q).
   The zero bin counts as its neighbour (NVIDIA's pytorch-quantization does the same): a ReLU output's
   zeros would otherwise pull the threshold down to a few bins.
 - ``percentile``: the ``PERCENTILE`` (99.999th) percentile of |x| from the same histogram.
@@ -100,9 +102,12 @@ def observe(graph: Graph, feeds: Sequence[Mapping[str, np.ndarray]], watched: se
     for k, feed in enumerate(feeds):
         say(f"calibrating ({method}): feed {k + 1}/{len(feeds)}, pass 2/2")
         _Watching(graph, watched, histogram).run(feed)
-    pick = _entropy_threshold if method == "entropy" else _percentile_threshold
     for name in sorted(low):
-        t = pick(hists[name]) * top[name] / HIST_BINS if top[name] > 0 else 0.0
+        if method == "entropy":  # a tensor >= 0 (a ReLU's) spends all 256 codes on [0, t]
+            bins = _entropy_threshold(hists[name], ENTROPY_QUANT_BINS * (2 if low[name] >= 0 else 1))
+        else:
+            bins = _percentile_threshold(hists[name])
+        t = bins * top[name] / HIST_BINS if top[name] > 0 else 0.0
         found.ranges[name] = (max(-t, low[name]), min(t, high[name]))
     return found
 
@@ -113,10 +118,9 @@ def _percentile_threshold(hist: np.ndarray) -> float:
     return float(min(int(np.searchsorted(cdf, PERCENTILE / 100.0)) + 1, hist.size))
 
 
-def _entropy_threshold(hist: np.ndarray) -> float:
+def _entropy_threshold(hist: np.ndarray, levels: int) -> float:
     """The threshold, in bins, of least KL divergence between ``hist`` clipped there and its
-    ENTROPY_QUANT_BINS-level quantization (TensorRT's calibration)."""
-    levels = ENTROPY_QUANT_BINS
+    ``levels``-level quantization (TensorRT's calibration)."""
     best, best_div = hist.size, np.inf
     hist = hist.astype(np.float64)
     hist[0] = hist[1]  # the zeros (half of a ReLU's output) would outweigh the rest (pytorch-quantization)
