@@ -49,6 +49,9 @@ from compiler.precision import DEFAULT_PRECISION
 from compiler.precision import resolve_precision
 from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
+from compiler.quantize import check_options as check_quantize_options
+from compiler.quantize import quantize_model
+from compiler.quantize import report_error
 from runtime.errors import ArtifactCheckError
 from runtime.errors import CompileError
 from runtime.errors import GoldenReferenceError
@@ -90,7 +93,9 @@ def compile_model(
     plan_budget_ms: float | None = None, max_arena_bytes: int | None = None,
     golden_cases: int = DEFAULT_CASES, run_check: bool = True,
     winograd: bool = True, compiled_control: bool = True, narrow_weights: bool = True,
-    precision: str = DEFAULT_PRECISION,
+    precision: str = DEFAULT_PRECISION, quantize: str | None = None,
+    calibration: str | os.PathLike[str] | Mapping[str, np.ndarray] | None = None,
+    calibration_method: str = "minmax",
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
 
@@ -117,13 +122,24 @@ def compile_model(
     behind a Cast or a DequantizeLinear) widened, as the kernels read them (compiler/ir/narrow.py):
     a bigger weights.bin that a C program maps as it is (kernels/cpu/model.h).
     ``precision`` (``--precision``): "fp32", "bf16" or "auto" (compiler/precision.py).
+    ``quantize`` "int8" (``--quantize``) with ``calibration`` (``--calibration DATA.npz``, or its
+    arrays by input name) and ``calibration_method`` (minmax, entropy, percentile): post-training
+    static quantization of the fp32 model before the compile (compiler/quantize/); the error against
+    fp32 on the calibration feeds is measured and reported at the end.
     """
     say = progress or (lambda _msg: None)
+    check_quantize_options(quantize, calibration, calibration_method, precision)
     out = _checked_start(out_dir, opt_level)
     build = _cpu_build_options(build, cpu)
     resolved = resolve_precision(precision, build, say)
     providers = default_providers(target) if providers is None else providers
     source = _source_identity(model)
+    quantized = None
+    if quantize is not None:
+        assert calibration is not None  # (checked above)
+        quantized = quantize_model(model, calibration, calibration_method,
+                                   {"shapes": shapes, "binds": binds, "dims": dims, "values": values}, say)
+        model = quantized.model
     graph, policy = _front_half(model, shapes, binds, dims, values, opt_level=opt_level, target=target,
                                 winograd=winograd, compiled_control=compiled_control,
                                 narrow_weights=narrow_weights, precision=resolved, say=say)
@@ -132,14 +148,19 @@ def compile_model(
                                 golden_cases=golden_cases, winograd=winograd, cpu=build.isa,
                                 compiled_control=compiled_control, narrow_weights=narrow_weights,
                                 precision=None if precision == DEFAULT_PRECISION else resolved)
+    if quantized is not None:
+        options["quantize"] = quantized.record
     variants = _opt_variants(model, graph, policy, opt_shapes or (), binds, say, options, opt_level=opt_level,
                              target=target, build=build, cpu=cpu, winograd=winograd,
                              compiled_control=compiled_control, narrow_weights=narrow_weights,
                              precision=resolved, golden_cases=golden_cases, run_check=run_check)
-    return compile_graph(graph, out, providers=providers, build=build, progress=say,
-                         plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
-                         golden_cases=golden_cases, source=source, options=options,
-                         extra_files=variants, run_check=run_check, policy=policy)
+    final = compile_graph(graph, out, providers=providers, build=build, progress=say,
+                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
+                          golden_cases=golden_cases, source=source, options=options,
+                          extra_files=variants, run_check=run_check, policy=policy)
+    if quantized is not None:
+        report_error(final, quantized, say)
+    return final
 
 
 def _checked_start(out_dir: str | os.PathLike[str], opt_level: int) -> Path:

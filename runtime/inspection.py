@@ -71,6 +71,9 @@ def inspect_artifact(path: str | os.PathLike[str], *, top: int = 10) -> Inspecti
     precision = precision_summary(art.manifest, art.plan)
     if precision != {"precision": "fp32", "bf16_steps": []}:  # (an fp32 artifact's JSON as before)
         summary["precision"] = precision
+    quantized = quantize_record(art.manifest)
+    if quantized is not None:
+        summary["quantize"] = quantized
     return Inspection(art.path, art.manifest, art.plan, report, summary)
 
 
@@ -125,6 +128,23 @@ def precision_summary(manifest: Mapping[str, Any], plan: Plan) -> dict[str, Any]
     options = manifest.get("options")
     precision = options.get("precision", "fp32") if isinstance(options, Mapping) else "fp32"
     return {"precision": precision, "bf16_steps": [step.name for step in bf16_steps(plan)]}
+
+
+def quantize_record(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The compile's ``--quantize`` record (scheme, calibration method, samples), if it had one."""
+    options = manifest.get("options")
+    record = options.get("quantize") if isinstance(options, Mapping) else None
+    return dict(record) if isinstance(record, Mapping) else None
+
+
+def quantize_line(manifest: Mapping[str, Any]) -> str | None:
+    """``quantized: int8 (...)``: how ``--quantize`` calibrated the artifact, or None."""
+    record = quantize_record(manifest)
+    if record is None:
+        return None
+    return (f"quantized: {record.get('scheme')} (post-training static, --calibration-method "
+            f"{record.get('method')}, {record.get('samples')} calibration samples; activations "
+            f"{record.get('activations')}, weights {record.get('weights')})")
 
 
 def precision_line(manifest: Mapping[str, Any], plan: Plan) -> str:
@@ -317,6 +337,9 @@ def format_text(ins: Inspection, *, steps: int | None = None) -> str:
     lines.append(_weights_line(summary["weights"]) if "weights" in summary else
                  f"weights: {format_bytes(plan.weights_nbytes)} bytes in {len(plan.constants)} constants")
     lines.append(precision_line(ins.manifest, plan))
+    quantized = quantize_line(ins.manifest)
+    if quantized is not None:
+        lines.append(quantized)
     providers: dict[str, int] = {}
     ops: dict[str, int] = {}
     for step in plan.steps:
