@@ -203,6 +203,19 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
                    help="store weights the model ships narrow (int8 / fp16 behind a Cast or a "
                         "DequantizeLinear) widened, as the kernels read them: a bigger weights.bin, "
                         "no widening at load, and an artifact a C program can run (kernels/cpu/model.h)")
+    _add_precision(p)
+    p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
+                   help="seeded self-test cases stored for 'onnx-aot verify' and run on the built artifact "
+                        "before it is written (default 2; 0: none, the artifact written unchecked)")
+    p.add_argument("--cpu", default=None, choices=["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"],
+                   help="the C kernels' target (default: this machine's x86-64 level; 'native' "
+                        "elsewhere); x86-64 artifacts also carry a portable x86-64-v2 build, which "
+                        "the runtime falls back to on a CPU that lacks the target's features")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+
+def _add_precision(p: argparse.ArgumentParser) -> None:
+    """``compile``'s reduced-precision options: --precision, --quantize and its calibration."""
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
                    help="the GEMM and convolution weights' precision: fp32 (default), bf16 (rounded to "
                         "bfloat16, half their bytes; bf16 products in fp32 sums on AMX-BF16, fp32 "
@@ -220,14 +233,6 @@ def _add_compile(sub: argparse._SubParsersAction) -> None:
                    help="how --quantize picks each activation's range from the feeds: minmax (default: "
                         "smallest to largest value seen), entropy (least KL divergence, TensorRT's: 2048-bin "
                         "histogram of |x|, 128 levels), percentile (the 99.999th percentile of |x|)")
-    p.add_argument("--golden-cases", type=_count, default=2, metavar="N",
-                   help="seeded self-test cases stored for 'onnx-aot verify' and run on the built artifact "
-                        "before it is written (default 2; 0: none, the artifact written unchecked)")
-    p.add_argument("--cpu", default=None, choices=["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"],
-                   help="the C kernels' target (default: this machine's x86-64 level; 'native' "
-                        "elsewhere); x86-64 artifacts also carry a portable x86-64-v2 build, which "
-                        "the runtime falls back to on a CPU that lacks the target's features")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:

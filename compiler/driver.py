@@ -3,6 +3,35 @@
 frontend -> passes -> partition + schedule -> memory plan -> codegen -> artifact, as in
 ARCHITECTURE.md. The artifact is written into a temporary sibling folder and renamed into place,
 so a failed or interrupted compile never leaves a half-written folder where one is expected.
+
+``compile_model``'s options:
+``shapes`` binds input shapes (``--shape``): each dim a size or a range ``(LO, HI)``; ``dims``
+binds named dims (``dim_param``) to a size or range wherever they appear (``--dim``). A range
+is a symbol: the artifact runs at every shape in range (docs/dynamic-shapes.md). ``binds``
+turns graph inputs into constants (``--bind``), for inputs that carry shapes, axes or sizes.
+``max_arena_bytes`` fails the compile (``ArenaLimitError``) when an arena needs more;
+``golden_cases`` seeded self-test cases are stored for ``Session.verify()`` and run on the built
+artifact before it is put in place (``compiler/artifact/check.py``): a reference run that fails
+(``GoldenReferenceError``) or an artifact that fails or disagrees (``ArtifactCheckError``) leaves
+``out_dir`` as it was; 0: none, unchecked, with an ``UncheckedArtifactWarning``. ``run_check``
+False skips the run alone (for providers that build no code, e.g. the fuzzer's).
+``cpu`` picks the C kernels' target (``--cpu``; None: ``build.isa``, else this machine's level,
+``resolve_cpu``); x86-64 artifacts also ship a portable x86-64-v2 build.
+``winograd`` False (``--no-winograd``): 3x3 stride-1 convolutions stay direct (docs/ops.md).
+``compiled_control`` False runs If / Loop / Scan steps as on a target that cannot compile them:
+their programs on the reference kernels, not their nested schedules (compiler/back_half.py).
+``opt_shapes`` (``--opt-shape``, a compile with ranges only): bindings to specialize for as well,
+each given by some inputs' shapes (``{"x": (1, 3, 48, 320)}``); each becomes a static artifact
+``opt/<k>/`` inside this one, which a run at exactly that binding dispatches to. ``values``
+(``--value``, ``{"M": (0, 64)}``): inputs made value symbols (compiler/frontend/value_symbols.py).
+``narrow_weights`` False (``--wide-weights``) stores weights the model ships narrow (int8 / fp16
+behind a Cast or a DequantizeLinear) widened, as the kernels read them (compiler/ir/narrow.py):
+a bigger weights.bin that a C program maps as it is (kernels/cpu/model.h).
+``precision`` (``--precision``): "fp32", "bf16" or "auto" (compiler/precision.py).
+``quantize`` "int8" (``--quantize``) with ``calibration`` (``--calibration DATA.npz``, or its
+arrays by input name) and ``calibration_method`` (minmax, entropy, percentile): post-training
+static quantization of the fp32 model before the compile (compiler/quantize/); the error against
+fp32 on the calibration feeds is measured and reported at the end.
 """
 
 from __future__ import annotations
@@ -49,6 +78,7 @@ from compiler.precision import DEFAULT_PRECISION
 from compiler.precision import resolve_precision
 from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
+from compiler.quantize import Quantized
 from compiler.quantize import check_options as check_quantize_options
 from compiler.quantize import quantize_model
 from compiler.quantize import report_error
@@ -97,36 +127,8 @@ def compile_model(
     calibration: str | os.PathLike[str] | Mapping[str, np.ndarray] | None = None,
     calibration_method: str = "minmax",
 ) -> Path:
-    """Compile ``model`` into the artifact folder ``out_dir`` and return its path.
-
-    ``shapes`` binds input shapes (``--shape``): each dim a size or a range ``(LO, HI)``; ``dims``
-    binds named dims (``dim_param``) to a size or range wherever they appear (``--dim``). A range
-    is a symbol: the artifact runs at every shape in range (docs/dynamic-shapes.md). ``binds``
-    turns graph inputs into constants (``--bind``), for inputs that carry shapes, axes or sizes.
-    ``max_arena_bytes`` fails the compile (``ArenaLimitError``) when an arena needs more;
-    ``golden_cases`` seeded self-test cases are stored for ``Session.verify()`` and run on the built
-    artifact before it is put in place (``compiler/artifact/check.py``): a reference run that fails
-    (``GoldenReferenceError``) or an artifact that fails or disagrees (``ArtifactCheckError``) leaves
-    ``out_dir`` as it was; 0: none, unchecked, with an ``UncheckedArtifactWarning``. ``run_check``
-    False skips the run alone (for providers that build no code, e.g. the fuzzer's).
-    ``cpu`` picks the C kernels' target (``--cpu``; None: ``build.isa``, else this machine's level,
-    ``resolve_cpu``); x86-64 artifacts also ship a portable x86-64-v2 build.
-    ``winograd`` False (``--no-winograd``): 3x3 stride-1 convolutions stay direct (docs/ops.md).
-    ``compiled_control`` False runs If / Loop / Scan steps as on a target that cannot compile them:
-    their programs on the reference kernels, not their nested schedules (compiler/back_half.py).
-    ``opt_shapes`` (``--opt-shape``, a compile with ranges only): bindings to specialize for as well,
-    each given by some inputs' shapes (``{"x": (1, 3, 48, 320)}``); each becomes a static artifact
-    ``opt/<k>/`` inside this one, which a run at exactly that binding dispatches to. ``values``
-    (``--value``, ``{"M": (0, 64)}``): inputs made value symbols (compiler/frontend/value_symbols.py).
-    ``narrow_weights`` False (``--wide-weights``) stores weights the model ships narrow (int8 / fp16
-    behind a Cast or a DequantizeLinear) widened, as the kernels read them (compiler/ir/narrow.py):
-    a bigger weights.bin that a C program maps as it is (kernels/cpu/model.h).
-    ``precision`` (``--precision``): "fp32", "bf16" or "auto" (compiler/precision.py).
-    ``quantize`` "int8" (``--quantize``) with ``calibration`` (``--calibration DATA.npz``, or its
-    arrays by input name) and ``calibration_method`` (minmax, entropy, percentile): post-training
-    static quantization of the fp32 model before the compile (compiler/quantize/); the error against
-    fp32 on the calibration feeds is measured and reported at the end.
-    """
+    """Compile ``model`` into the artifact folder ``out_dir`` and return its path (the options: the
+    module's docstring)."""
     say = progress or (lambda _msg: None)
     check_quantize_options(quantize, calibration, calibration_method, precision)
     out = _checked_start(out_dir, opt_level)
@@ -134,12 +136,9 @@ def compile_model(
     resolved = resolve_precision(precision, build, say)
     providers = default_providers(target) if providers is None else providers
     source = _source_identity(model)
-    quantized = None
-    if quantize is not None:
-        assert calibration is not None  # (checked above)
-        quantized = quantize_model(model, calibration, calibration_method,
-                                   {"shapes": shapes, "binds": binds, "dims": dims, "values": values}, say)
-        model = quantized.model
+    quantized = _quantized(model, quantize, calibration, calibration_method,
+                           {"shapes": shapes, "binds": binds, "dims": dims, "values": values}, say)
+    model = model if quantized is None else quantized.model
     graph, policy = _front_half(model, shapes, binds, dims, values, opt_level=opt_level, target=target,
                                 winograd=winograd, compiled_control=compiled_control,
                                 narrow_weights=narrow_weights, precision=resolved, say=say)
@@ -161,6 +160,16 @@ def compile_model(
     if quantized is not None:
         report_error(final, quantized, say)
     return final
+
+
+def _quantized(model: str | os.PathLike[str] | onnx.ModelProto, quantize: str | None,
+               calibration: str | os.PathLike[str] | Mapping[str, np.ndarray] | None, method: str,
+               import_args: dict[str, Any], say: Progress) -> Quantized | None:
+    """``--quantize``: the model calibrated and rewritten into QDQ form (None without it)."""
+    if quantize is None:
+        return None
+    assert calibration is not None  # (check_quantize_options)
+    return quantize_model(model, calibration, method, import_args, say)
 
 
 def _checked_start(out_dir: str | os.PathLike[str], opt_level: int) -> Path:

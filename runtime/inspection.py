@@ -320,6 +320,12 @@ def _buffer_rows(buffers: list[dict[str, Any]]) -> list[str]:
     return _table(rows, (True, True, False, False, False, False), "      ")
 
 
+def _precision_lines(manifest: Mapping[str, Any], plan: Plan) -> list[str]:
+    """The precision line, and the quantization line where the compile quantized the model."""
+    quantized = quantize_line(manifest)
+    return [precision_line(manifest, plan)] + ([quantized] if quantized is not None else [])
+
+
 def format_text(ins: Inspection, *, steps: int | None = None) -> str:
     """The ``onnx-aot inspect`` text: artifact facts, then per arena its numbers, peak and largest
     buffers, then the live bytes of each step (only the ``steps`` fullest ones when given)."""
@@ -336,10 +342,7 @@ def format_text(ins: Inspection, *, steps: int | None = None) -> str:
                      + " (a dynamic plan: buffers placed per binding at run time; arenas at the max binding)")
     lines.append(_weights_line(summary["weights"]) if "weights" in summary else
                  f"weights: {format_bytes(plan.weights_nbytes)} bytes in {len(plan.constants)} constants")
-    lines.append(precision_line(ins.manifest, plan))
-    quantized = quantize_line(ins.manifest)
-    if quantized is not None:
-        lines.append(quantized)
+    lines += _precision_lines(ins.manifest, plan)
     providers: dict[str, int] = {}
     ops: dict[str, int] = {}
     for step in plan.steps:

@@ -73,11 +73,12 @@ def quantize_model(model: str | os.PathLike[str] | onnx.ModelProto, calibration:
     """``model`` calibrated on ``calibration`` and rewritten into QDQ form; ``import_args``: the
     compile's ``shapes`` / ``binds`` / ``dims`` / ``values`` (the calibration runs at those)."""
     from compiler.frontend.importer import import_model
+    from compiler.memory_policy import memory_policy
 
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model))
     prepared = prepare_model(proto)
     graph = import_model(prepared, **import_args)
-    if graph.symbols:
+    if memory_policy(graph).dims:  # symbolic dims
         raise CalibrationError("--quantize needs static input shapes (the calibration runs at one shape): "
                                "bind the model's symbolic dims with --shape or --dim N")
     inputs = {v.name: (tuple(int(d) for d in v.shape or ()), np.dtype(v.dtype)) for v in graph.inputs}
