@@ -37,6 +37,7 @@ from compiler.passes.use_qgemm import UseQGemm
 from compiler.passes.use_qgemm import lowers as qgemm_lowers
 from compiler.passes.use_winograd import UseWinograd
 from runtime.contract import Q_BINARY
+from runtime.contract import Q_CHANNEL_LOOKUP
 from runtime.contract import Q_LOOKUP
 from runtime.errors import CompileError
 from runtime.errors import InternalError
@@ -134,7 +135,7 @@ C_FOLDABLE = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "MaxPool", "Resize",
     "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Identity",
     "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "Cast", "Mul", "Add",
-    Q_LOOKUP, Q_BINARY,
+    Q_LOOKUP, Q_BINARY, Q_CHANNEL_LOOKUP,
 })
 
 
