@@ -28,6 +28,7 @@ from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
 from compiler.passes.fuse_dynamic_qgemm import FuseDynamicQGemm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
+from compiler.passes.fuse_qconv_lookup import FuseQConvLookup
 from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_gemm_weights import PackGemmWeights
 from compiler.passes.pack_qconv_weights import PackQConvWeights
@@ -166,6 +167,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     """
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
+    passes += [FuseQConvLookup()] if cpu2 else []  # after the convs are packed
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
         passes += [PackQLSTMWeights()]  # DynamicQuantizeLSTM's weights in the int8 tile's panels
