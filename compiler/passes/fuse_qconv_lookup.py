@@ -104,9 +104,15 @@ def _fuse_one(graph: Graph, node: Node) -> bool:
         composed = np.take_along_axis(rows, first.view(np.uint8).astype(np.int64), axis=1)
         _replace(graph, [src, node], _lookup(graph, src.inputs[0], composed, [src, node], node.name))
         return True
-    if src.kind == PACKED_QCONV and src.input(4) is not None and len(src.inputs) == 5:
-        lut = np.concatenate([rows.reshape(-1), np.zeros(4, rows.dtype)])
-        conv = Node(src.op_type, [*src.inputs, add_constant(graph, f"{src.name}_lut", lut)], [y],
+    if src.kind == PACKED_QCONV and src.input(4) is not None:
+        lut = src.input(5)
+        if lut is not None:  # a lookup already in the store: the composition
+            assert lut.const is not None
+            first = lut.const[: channels * 256].reshape(channels, 256)
+            rows = np.take_along_axis(rows, first.view(np.uint8).astype(np.int64), axis=1)
+        padded = np.concatenate([rows.reshape(-1), np.zeros(4, rows.dtype)])  # the C store reads 4 bytes
+        lut = add_constant(graph, f"{src.name}_lut", padded)
+        conv = Node(src.op_type, [*src.inputs[:5], lut], [y],
                     src.attrs, name=src.name, domain=src.domain, origin=merged_origin([src, node]))
         _replace(graph, [src, node], conv)
         return True
