@@ -100,9 +100,10 @@ def _fuse_one(graph: Graph, node: Node) -> bool:
     rows, src = _rows(node, channels), x.producer
     if rows is None or sole_consumer(graph, x) is not node:
         return False
-    if src.kind in _LOOKUPS and (first := _rows(src, channels)) is not None and src.input(0) is not None:
+    first, codes = (_rows(src, channels), src.input(0)) if src.kind in _LOOKUPS else (None, None)
+    if first is not None and codes is not None:
         composed = np.take_along_axis(rows, first.view(np.uint8).astype(np.int64), axis=1)
-        _replace(graph, [src, node], _lookup(graph, src.inputs[0], composed, [src, node], node.name))
+        _replace(graph, [src, node], _lookup(graph, codes, composed, [src, node], node.name))
         return True
     if src.kind == PACKED_QCONV and src.input(4) is not None:
         lut = src.input(5)
