@@ -174,3 +174,18 @@ def test_quantized_cnn_runs_its_bn_chains_in_the_conv_store(
     float_run = ort.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"])
     (fp32,) = float_run.run(None, feeds)
     assert stray([ours], [fp32]) <= 1.25 * stray([theirs], [fp32]) + 0.005  # issue 32's bound
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7, 9), (1, 40, 13, 13), (1, 3, 33)])
+def test_a_lone_channel_lookup_runs_in_c_as_the_reference(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    """A BatchNormalization after no conv: the C QChannelLookup step (16 codes a gather, the last
+    channel and the tails scalar) equals the float graph on the reference kernels bit for bit."""
+    b = QdqBuilder(seed=4)
+    y = _bn(b, b.qdq("x", 0.05, 4), shape[1])
+    model = b.model({"x": shape}, [b.qdq(y, 0.04, -3)])
+    artifact = compile_model(model, tmp_path / "art")
+    steps = [s["op_type"] for s in json.loads((artifact / "plan.json").read_text())["steps"]]
+    assert steps.count("QChannelLookup") == 1 and "BatchNormalization" not in steps
+    feeds = {"x": (np.random.default_rng(1).standard_normal(shape) * 3).astype(np.float32)}
+    ((ours,), (ref,)) = Session(artifact).run(None, feeds), evaluate(optimize(import_model(model), 1), feeds)
+    assert ours.tobytes() == ref.tobytes()
