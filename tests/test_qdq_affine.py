@@ -189,3 +189,21 @@ def test_a_lone_channel_lookup_runs_in_c_as_the_reference(tmp_path: Path, shape:
     feeds = {"x": (np.random.default_rng(1).standard_normal(shape) * 3).astype(np.float32)}
     ((ours,), (ref,)) = Session(artifact).run(None, feeds), evaluate(optimize(import_model(model), 1), feeds)
     assert ours.tobytes() == ref.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("shape", [(1, 8, 9, 11), (2, 64, 32, 33)])
+def test_a_residual_add_runs_in_float64_lanes_as_the_reference(tmp_path: Path, dtype: type,
+                                                               shape: tuple[int, ...]) -> None:
+    """QBinary Add of two operands of the output's shape (a residual Add + Relu): the C step's
+    AVX-512 lanes and its scalar tail equal the reference kernels bit for bit."""
+    b = QdqBuilder(seed=4, dtype=dtype)
+    z = 4 if dtype == np.int8 else 130
+    y = b.node("Relu", [b.node("Add", [b.qdq("x", 0.05, z), b.qdq("w", 0.031, z - 7)])])
+    model = b.model({"x": shape, "w": shape}, [b.qdq(y, 0.04, z - 3)])
+    artifact = compile_model(model, tmp_path / "art")
+    assert "QBinary" in [s["op_type"] for s in json.loads((artifact / "plan.json").read_text())["steps"]]
+    rng = np.random.default_rng(1)
+    feeds = {k: (rng.standard_normal(shape) * 3).astype(np.float32) for k in ("x", "w")}
+    (want,) = evaluate(PassManager([FoldQdq()]).run(optimize(import_model(model), 1)).graph, feeds)
+    assert Session(artifact).run(None, feeds)[0].tobytes() == want.tobytes()
