@@ -41,7 +41,7 @@ __all__ = [
     "GLOBAL_AVERAGE_POOL_NHWC", "LRN_NHWC", "MULTI_HEAD_ATTENTION", "FUSED_ELEMENTWISE", "IF", "LOOP",
     "PACKED_QCONV",
     "SCAN", "CONTROL_KINDS", "QGEMM", "BODIES", "NO_ACTIVATION", "Q_BINARY", "Q_LOOKUP", "Q_AVERAGE_POOL",
-    "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX", "Q_LSTM",
+    "Q_CHANNEL_LOOKUP", "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX", "Q_LSTM",
     "HOST", "CUDA", "SPACES", "LOCATION_KINDS",
     "PLACEHOLDER_PREFIX", "placeholder", "placeholder_index", "DYN_EXT", "ALIGNMENT", "WEIGHT_ALIGNMENT",
     "round_up",
@@ -134,7 +134,8 @@ _TABLE = (
         b_type=REQUIRED, output=REQUIRED, dynamic=0, **NO_ACTIVATION),
     _op("MultiHeadAttention", "Q K V mask?", scale=REQUIRED),
     # QLinearConv / ConvInteger on weights packed ahead of time (runtime/kernels/qconv.py)
-    _op("PackedQConv", "X Wp Corr Wz? Scale?", **_CONV, method=REQUIRED, x_zero=REQUIRED, y_zero=0,
+    # Lut: codes of channel m mapped through row m of an (M, 256) table, stored flat + 4 bytes
+    _op("PackedQConv", "X Wp Corr Wz? Scale? Lut?", **_CONV, method=REQUIRED, x_zero=REQUIRED, y_zero=0,
         qmin=REQUIRED, qmax=REQUIRED),
     _op("FusedElementwise", "X...", program=REQUIRED),
     _op("If", "cond V...", then_branch=REQUIRED, else_branch=REQUIRED, **{BODIES: None}),
@@ -144,6 +145,7 @@ _TABLE = (
     # (the output's dtype) are inputs; an omitted zero point is 0
     _op("QBinary", "A A_scale A_zero? B B_scale B_zero? C_scale C_zero?", op=REQUIRED),  # "Add" / "Mul"
     _op("QLookup", "X table"),  # y = table[the byte of x], a 256-entry table of the output's dtype
+    _op("QChannelLookup", "X table"),  # y[n, c, ...] = table[c, the byte of x]: a (C, 256) table
     _op("QAveragePool", "X X_scale X_zero? Y_scale Y_zero?", **_POOL, count_include_pad=0),
     _op("QGlobalAveragePool", "X X_scale X_zero? Y_scale Y_zero?", channels_last=0),
     _op("QSoftmax", "X X_scale Y_scale Y_zero?"),  # over the last axis
@@ -181,6 +183,7 @@ SCAN: Final = aot_kind("Scan")
 CONTROL_KINDS: Final = (IF, LOOP, SCAN)
 Q_BINARY: Final = aot_kind("QBinary")
 Q_LOOKUP: Final = aot_kind("QLookup")
+Q_CHANNEL_LOOKUP: Final = aot_kind("QChannelLookup")
 Q_AVERAGE_POOL: Final = aot_kind("QAveragePool")
 Q_GLOBAL_AVERAGE_POOL: Final = aot_kind("QGlobalAveragePool")
 Q_SOFTMAX: Final = aot_kind("QSoftmax")

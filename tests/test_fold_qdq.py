@@ -260,8 +260,9 @@ def test_a_clamp_between_equal_quantizations_is_a_table(op: str, attrs: dict[str
 
 def test_folded_integer_steps_compile_and_run(tmp_path: Path) -> None:
     """The C provider's gate takes the folded conv (pack_qconv_weights lowers it to the integer
-    conv kernel) and its clamp (a lookup table): the integer steps go through the whole compile and
-    the artifact matches onnxruntime's int8 run of the file."""
+    conv kernel) and its clamp (a lookup table, which fuse_qconv_lookup puts into the conv's store):
+    the integer steps go through the whole compile and the artifact matches onnxruntime's int8 run
+    of the file."""
     from compiler.driver import compile_model
     from runtime.session import Session
 
@@ -269,7 +270,8 @@ def test_folded_integer_steps_compile_and_run(tmp_path: Path) -> None:
     artifact = compile_model(model, tmp_path / "conv")
     steps = json.loads((artifact / "plan.json").read_text())["steps"]
     kinds = [s["op_type"] for s in steps if s["op_type"] in ("PackedQConv", "QLinearConv", "QLookup", "Conv")]
-    assert kinds == ["PackedQConv", "QLookup"]
+    assert kinds == ["PackedQConv"]
+    assert len(next(s for s in steps if s["op_type"] == "PackedQConv")["inputs"]) == 6  # its Lut
     feeds = _feeds(optimize(import_model(model), 0))
     (ours,), (theirs,) = Session(artifact).run(None, feeds), _ort(model, feeds)
     _within_a_step(ours, theirs, Y_SCALE)

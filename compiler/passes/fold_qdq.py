@@ -19,7 +19,9 @@ use, and replaces the float op (and ``q``) by integer steps when that is exact:
   the quantized domain (``Q(0)`` is the zero point); it disappears where it clamps nothing there,
   else a QLookup clamping the codes follows.
 - **elementwise ops** between DequantizeLinear and ``q`` (a Relu, Sigmoid, GELU, Add, Mul, pools,
-  Softmax, a Concat of other quantizations): the integer ops of ``fold_qdq_integer.py``.
+  Softmax, a Concat of other quantizations): the integer ops of ``fold_qdq_integer.py``; with
+  per-channel constants (a BatchNormalization, Mul / Add by a [C, 1, 1] constant) a
+  QChannelLookup (``fold_qdq_channel.py``).
 
 A rewrite happens only where ``claims`` (the target provider's ``supports``) takes every new node:
 on the C target that keeps the float form until the integer kernels exist, so folding never makes
@@ -44,6 +46,7 @@ from compiler.passes.base import bypass
 from compiler.passes.base import merged_origin
 from compiler.passes.base import replace_nodes
 from compiler.passes.base import sole_consumer
+from compiler.passes.fold_qdq_channel import channel_lookup
 from compiler.passes.fuse_matmul_add import per_column
 from compiler.passes.qdq_forms import QParams
 from compiler.passes.qdq_forms import dq_params
@@ -122,7 +125,7 @@ def _candidates(src: Node) -> list[Candidate]:
         return [lambda g, q, qp: integer.pool(src, q, qp)]
     if src.kind == "Softmax":
         return [lambda g, q, qp: integer.softmax(src, q, qp)]
-    return [_linear, integer.lookup, integer.binary]
+    return [_linear, integer.lookup, channel_lookup, integer.binary]
 
 
 def _cancel(graph: Graph, q: Node, qp: QParams) -> bool:

@@ -28,6 +28,7 @@ from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
 from compiler.passes.fuse_dynamic_qgemm import FuseDynamicQGemm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
+from compiler.passes.fuse_qconv_lookup import FuseQConvLookup
 from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_conv_bf16 import PackConvBf16
 from compiler.passes.pack_gemm_weights import PackGemmWeights
@@ -38,6 +39,7 @@ from compiler.passes.use_qgemm import UseQGemm
 from compiler.passes.use_qgemm import lowers as qgemm_lowers
 from compiler.passes.use_winograd import UseWinograd
 from runtime.contract import Q_BINARY
+from runtime.contract import Q_CHANNEL_LOOKUP
 from runtime.contract import Q_LOOKUP
 from runtime.errors import CompileError
 from runtime.errors import InternalError
@@ -135,7 +137,7 @@ C_FOLDABLE = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "MaxPool", "Resize",
     "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Identity",
     "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "Cast", "Mul", "Add",
-    Q_LOOKUP, Q_BINARY,
+    Q_LOOKUP, Q_BINARY, Q_CHANNEL_LOOKUP,
 })
 
 
@@ -167,6 +169,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     """
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
+    passes += [FuseQConvLookup()] if cpu2 else []  # after the convs are packed
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
         passes += [PackQLSTMWeights()]  # DynamicQuantizeLSTM's weights in the int8 tile's panels

@@ -120,8 +120,9 @@ def _depthwise_acc(xp: Any, x: Any, wp: Any, attrs: dict[str, Any]) -> Any:
 @register(PACKED_QCONV)
 def packed_qconv_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                         outputs: list[OutputSpec]) -> list[Any]:
-    """PackedQConv: X, Wp, Corr, Wz?, Scale? -> the requantized (or int32) convolution."""
-    x, wp, corr, wz, scale = fill_optional(PACKED_QCONV, inputs, 5)
+    """PackedQConv: X, Wp, Corr, Wz?, Scale?, Lut? -> the requantized (or int32) convolution; with
+    Lut (M rows of 256 then padding) each requantized code q of channel m becomes Lut[m, byte of q]."""
+    x, wp, corr, wz, scale, lut = fill_optional(PACKED_QCONV, inputs, 6)
     rank = x.ndim
     if attrs["method"] == "depthwise":
         acc = _depthwise_acc(xp, x, wp, attrs)
@@ -134,4 +135,8 @@ def packed_qconv_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
     factor = scale.astype(np.float64).reshape((1, -1) + (1,) * (rank - 2))
     y = xp.rint(acc32.astype(np.float64) * factor) + float(int(attrs["y_zero"]))
     y = xp.clip(y, float(int(attrs["qmin"])), float(int(attrs["qmax"])))
+    if lut is not None:
+        m = int(corr.size)
+        channel = np.arange(m).reshape((1, -1) + (1,) * (rank - 2))
+        y = lut.reshape(-1)[: m * 256].reshape(m, 256)[channel, y.astype(np.int64).astype(np.uint8)]
     return finish(xp, PACKED_QCONV, [y.astype(outputs[0][1])], outputs)

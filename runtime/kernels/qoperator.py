@@ -19,6 +19,7 @@ import numpy as np
 
 from runtime.contract import Q_AVERAGE_POOL
 from runtime.contract import Q_BINARY
+from runtime.contract import Q_CHANNEL_LOOKUP
 from runtime.contract import Q_GLOBAL_AVERAGE_POOL
 from runtime.contract import Q_LOOKUP
 from runtime.contract import Q_SOFTMAX
@@ -100,6 +101,16 @@ def qlookup_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: l
     """QLookup: ``table[byte of x]``."""
     x, table = inputs
     return finish(xp, Q_LOOKUP, [table.reshape(-1)[x.astype(np.uint8)]], outputs)
+
+
+@register(Q_CHANNEL_LOOKUP)
+def qchannel_lookup_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
+                           outputs: list[OutputSpec]) -> list[Any]:
+    """QChannelLookup: ``table[c, byte of x]`` for the elements of channel c (axis 1)."""
+    x, table = inputs
+    channel = np.arange(x.shape[1]).reshape((1, -1) + (1,) * (x.ndim - 2))
+    y = table.reshape(x.shape[1], 256)[channel, x.astype(np.uint8)]
+    return finish(xp, Q_CHANNEL_LOOKUP, [y], outputs)
 
 
 def _pool_sum(xf: Any, kernel: list[int], strides: list[int], begins: list[int], out: tuple[int, ...]) -> Any:

@@ -63,6 +63,7 @@ from compiler.providers.c import norm
 from compiler.providers.c import pad
 from compiler.providers.c import pool
 from compiler.providers.c import pool_nhwc
+from compiler.providers.c import qchannel
 from compiler.providers.c import qconv
 from compiler.providers.c import qgemm
 from compiler.providers.c import qgemm_dynamic
@@ -88,8 +89,8 @@ __all__ = [
 # The modules whose ``KERNELS`` the C provider runs; every other module of this package is named in
 # SUPPORT_MODULES (a test checks that none is left out).
 KERNEL_MODULES = (attention, conv, conv_nhwc, einsum, elementwise, elementwise_typed, gemm, indexing,
-                  movement, norm, pad, pool, pool_nhwc, qconv, qgemm, qgemm_dynamic, qlstm, qoperator,
-                  recurrent, reduce, spatial, winograd, winograd_nhwc)
+                  movement, norm, pad, pool, pool_nhwc, qchannel, qconv, qgemm, qgemm_dynamic, qlstm,
+                  qoperator, recurrent, reduce, spatial, winograd, winograd_nhwc)
 SUPPORT_MODULES = ("provider", "common", "dtypes", "elementwise_vector", "rundims", "resize_runtime",
                    "pad_runtime", "gemm_bf16", "conv_amx")
 KERNELS: KernelTable[CKernel] = KernelTable("C", KERNEL_MODULES)

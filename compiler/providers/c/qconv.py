@@ -60,6 +60,7 @@ class Requant:
     qmin: int
     qmax: int
     out_ctype: str
+    lut: bool = False  # the code then mapped through the channel's row of Lut (M x 256, + 4 bytes)
 
 
 @dataclass(frozen=True)
@@ -175,13 +176,16 @@ class QConvKernel(CKernel):
         x, y = node.input(0), node.outputs[0]
         if g is None or x is None or x.dtype not in _CTYPES or y.dtype not in _CTYPES:
             return False
-        if x.dtype == np.int32 or len(node.inputs) > 5 or not _weights_ok(node, g):
+        if x.dtype == np.int32 or len(node.inputs) > 6 or not _weights_ok(node, g):
             return False
         corr, wz, scale = node.input(2), node.input(3), node.input(4)
         if _shape(corr) != (g.m,) or (wz is not None and _shape(wz) != (g.m,)):
             return False
         if scale is None:
-            return y.dtype == np.int32
+            return y.dtype == np.int32 and len(node.inputs) < 6
+        lut = node.input(5)
+        if lut is not None and (lut.dtype != y.dtype or _shape(lut) != (g.m * 256 + 4,)):
+            return False
         return _shape(scale) == (g.m,) and scale.dtype == np.float32 and y.dtype != np.int32
 
     def scratch_nbytes(self, node: Node) -> int:
@@ -199,7 +203,7 @@ class QConvKernel(CKernel):
         assert x is not None and x.dtype is not None and y.dtype is not None
         a = node.attrs
         quant = Requant(node.input(4) is not None, int(a["y_zero"]), int(a["qmin"]), int(a["qmax"]),
-                        _CTYPES[y.dtype])
+                        _CTYPES[y.dtype], node.input(5) is not None)
         work = 2 * g.batch * g.m * g.oh * g.ow * g.k
         if a["method"] == "depthwise":
             ctx = QDepthwiseContext(step_params, g, max(g.pl + g.w, g.cols.reach), _CTYPES[x.dtype],
@@ -232,13 +236,13 @@ def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], q
 
 
 def _operands(step: GenStep) -> tuple[list[Arg], tuple[Param, ...]]:
-    """x, wp, corr, wz?, scale?, y, scratch? as the step function's parameters."""
+    """x, wp, corr, wz?, scale?, lut?, y, scratch? as the step function's parameters."""
     node = step.node
     x, y = node.input(0), node.outputs[0]
     assert x is not None and x.dtype is not None and y.dtype is not None
     wtype = "int16_t" if node.attrs["method"] == "depthwise" else "int8_t"
     roles = [("x", _CTYPES[x.dtype]), ("wp", wtype), ("corr", "int32_t"), ("wz", "int32_t"),
-             ("scale", "float")]
+             ("scale", "float"), ("lut", _CTYPES[y.dtype])]
     names: list[str] = []
     args: list[Arg] = []
     for i, (name, ctype) in enumerate(roles):

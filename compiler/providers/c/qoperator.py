@@ -39,6 +39,7 @@ from compiler.providers.c.common import output_args
 from compiler.providers.c.common import params
 from compiler.providers.c.elementwise_typed import MapContext
 from compiler.providers.c.elementwise_typed import value_ctype
+from compiler.providers.c.qchannel import add_code
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import KernelContext
@@ -230,6 +231,9 @@ class QBinaryKernel(CKernel):
         da, db = f"(double)((int)a0 - ({za}))", f"(double)((int)a1 - ({zb}))"
         if op == "Add":  # exact in double (products of 8-bit differences and float32 factors)
             expr = _saturated(f"rint({_double(ra)} * {da} + {_double(rb)} * {db} + {zc}.0)", node)
+            same = add_code(step, (_double(ra), _double(rb)), (za, zb, zc), expr)
+            if same is not None:
+                return same
         else:  # the exact product scaled in float32, the zero point added in float32 (cast by cast)
             scaled = f"(double)(float)({da} * {db} * {_double(ra)})"
             expr = _saturated(f"rintf((float)({scaled} + {zc}.0))", node, "float")

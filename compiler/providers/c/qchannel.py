@@ -1,0 +1,110 @@
+"""The C kernel of ``onnx_aot.QChannelLookup`` (runtime/contract.py; the reference kernel in
+runtime/kernels/qoperator.py): one (C, 256) table, each NCHW plane read through its channel's row
+(``templates/c/qchannel_lookup.c.j2``). Static 8-bit shapes of rank 3 and up. Also ``add_code``:
+QBinary "Add" of two operands of the output's shape in AVX-512 float64 lanes
+(``templates/c/qbinary_add.c.j2``; qoperator.py's QBinary kernel takes it there)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.codegen.toolchain import TargetInfo
+from compiler.ir.graph import Node
+from compiler.providers.base import GenStep
+from compiler.providers.base import shape_of
+from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import CKernel
+from compiler.providers.c.common import StepCode
+from compiler.providers.c.common import arg
+from compiler.providers.c.common import output_args
+from compiler.providers.c.common import params
+from compiler.providers.c.elementwise_typed import value_ctype
+from compiler.providers.kit import KernelContext
+from runtime.contract import Q_CHANNEL_LOOKUP
+
+__all__ = ["QAddContext", "QChannelContext", "QChannelLookupKernel", "add_code"]
+
+_EIGHT_BIT = frozenset({np.dtype(np.int8), np.dtype(np.uint8)})
+
+
+@dataclass(frozen=True)
+class QChannelContext(KernelContext):
+    ctype: str
+    out_ctype: str
+    c: int
+    size: int  # elements per plane
+    planes: int  # N * C
+    parallel: bool
+
+
+class QChannelLookupKernel(CKernel):
+    kinds: tuple[str, ...] = (Q_CHANNEL_LOOKUP,)
+
+    def supports(self, node: Node) -> bool:
+        x, table, y = node.input(0), node.input(1), node.outputs[0]
+        if len(node.inputs) != 2 or x is None or table is None or x.shape is None or x.is_symbolic:
+            return False
+        if len(x.shape) < 3 or x.shape != y.shape or table.const is None or table.dtype != y.dtype:
+            return False
+        return table.const.shape == (int(x.shape[1]), 256) and {x.dtype, y.dtype} <= _EIGHT_BIT
+
+    def build(self, step: GenStep, target: TargetInfo) -> StepCode:
+        node = step.node
+        x, y = node.input(0), node.outputs[0]
+        assert x is not None and x.dtype is not None and y.dtype is not None
+        shape = shape_of(x)
+        ctype, out_ctype = value_ctype(x.dtype), value_ctype(y.dtype)
+        args = (arg(step.inputs[0], ctype, True, step, "input 0"),
+                arg(step.inputs[1], out_ctype, True, step, "input 1 (table)"), *output_args(step, out_ctype))
+        size = int(np.prod(shape[2:]))
+        planes = int(shape[0]) * int(shape[1])
+        ctx = QChannelContext(params=params(["x", "table", "y"], args, [True, True, True]), ctype=ctype,
+                              out_ctype=out_ctype, c=int(shape[1]), size=size, planes=planes,
+                              parallel=planes * size >= PARALLEL_MIN_WORK)
+        return StepCode("c/qchannel_lookup.c.j2", ctx, args)
+
+
+@dataclass(frozen=True)
+class QAddContext(KernelContext):
+    ctype: str
+    widen: str  # the intrinsic widening 16 input bytes to int32 lanes
+    n: int
+    chunk: int
+    chunks: int
+    ra: str  # float64 literals of the float32 factors
+    rb: str
+    za: int
+    zb: int
+    zc: int
+    lo: int
+    hi: int
+    result: str  # the element map's expression (the tail)
+    parallel: bool
+
+
+_ADD_CHUNK = 16384
+
+
+def add_code(step: GenStep, factors: tuple[str, str], zeros: tuple[int, int, int],
+             result: str) -> StepCode | None:
+    """QBinary "Add" whose operands both have the output's shape; None elsewhere."""
+    node = step.node
+    a, b, y = node.input(0), node.input(3), node.outputs[0]
+    if a is None or b is None or not (shape_of(a) == shape_of(b) == shape_of(y)) or y.dtype is None:
+        return None
+    ctype = value_ctype(y.dtype)
+    args = (arg(step.inputs[0], ctype, True, step, "input 0"),
+            arg(step.inputs[3], ctype, True, step, "input 3"), *output_args(step, ctype))
+    n = int(np.prod(shape_of(y)))
+    info = np.iinfo(y.dtype)
+    ctx = QAddContext(params=params(["in0", "in1", "y"], args, [True, True, True]), ctype=ctype,
+                      widen="cvtepi8_epi32" if y.dtype == np.int8 else "cvtepu8_epi32", n=n, chunk=_ADD_CHUNK,
+                      chunks=-(-n // _ADD_CHUNK), ra=factors[0], rb=factors[1], za=zeros[0], zb=zeros[1],
+                      zc=zeros[2], lo=int(info.min), hi=int(info.max), result=result,
+                      parallel=n >= PARALLEL_MIN_WORK)
+    return StepCode("c/qbinary_add.c.j2", ctx, args)
+
+
+KERNELS = (QChannelLookupKernel(),)
