@@ -22,6 +22,7 @@ from compiler.passes.qdq_forms import QParams
 from compiler.passes.qdq_rewrite import Maker
 from compiler.passes.qdq_rewrite import Rewrite
 from compiler.passes.qdq_rewrite import activation_input
+from compiler.passes.qdq_rewrite import dequantized_region
 from runtime.contract import Q_CHANNEL_LOOKUP
 from runtime.contract import op_name
 from runtime.kernels.elementwise import ELEMENTWISE_OPS
@@ -56,35 +57,13 @@ def _operands_ok(node: Node, rank: int) -> bool:
 def _nodes(graph: Graph, y: Value) -> tuple[Value, dict[int, Node]] | None:
     """The nodes computing ``y`` from one DequantizeLinear output (the root), or None."""
     assert y.shape is not None
-    rank, nodes, roots, stack = len(y.shape), {}, {}, [y]
-    while stack:
-        value = stack.pop()
-        node = value.producer
-        if node is None or id(node) in nodes:
-            continue
-        if node.kind == "DequantizeLinear":
-            roots[id(value)] = value
-            continue
-        out = node.outputs[0]
-        if node.kind not in _KINDS or len(node.outputs) != 1 or out.dtype != np.float32:
-            return None
-        if out.shape != y.shape:
-            return None
-        if node.kind == "BatchNormalization" and int(node.attrs.get("training_mode", 0)):
-            return None
-        if not _operands_ok(node, rank):
-            return None
-        nodes[id(node)] = node
-        stack.extend(v for v in node.inputs if v is not None and v.const is None)
-    if len(roots) != 1 or not nodes:
-        return None
-    for node in nodes.values():
-        out = node.outputs[0]
-        if graph.is_graph_output(out) or (out is not y and any(id(u.node) not in nodes for u in out.uses)):
-            return None
-    (root,) = roots.values()
-    return root, nodes
+    rank = len(y.shape)
 
+    def accepts(node: Node) -> bool:
+        return node.kind in _KINDS and _operands_ok(node, rank) and not (
+            node.kind == "BatchNormalization" and int(node.attrs.get("training_mode", 0)))
+
+    return dequantized_region(graph, y, accepts)
 
 def _evaluate(region: list[Node], root: Value, y: Value, channels: int, rank: int) -> Any:
     """The region on (channels, 256) dequantized codes (the reference kernels' arithmetic)."""

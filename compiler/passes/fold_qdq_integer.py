@@ -37,6 +37,7 @@ from compiler.passes.qdq_rewrite import Rewrite
 from compiler.passes.qdq_rewrite import activation_chain
 from compiler.passes.qdq_rewrite import activation_input
 from compiler.passes.qdq_rewrite import activation_operand
+from compiler.passes.qdq_rewrite import dequantized_region
 from compiler.passes.qdq_rewrite import dq_scale_zero
 from compiler.passes.qdq_rewrite import operand_inputs
 from compiler.passes.qdq_rewrite import with_clamp
@@ -61,40 +62,21 @@ def _aot(op: str) -> str:
     return op.split(".", 1)[1]
 
 
+def _scalar_operands(node: Node) -> bool:
+    """An elementwise node whose every operand is present, a one-element constant where constant."""
+    return node.kind in _ELEMENTWISE and all(
+        operand is not None and (operand.const is None or operand.const.size == 1) for operand in node.inputs)
+
+
 def _region(graph: Graph, y: Value) -> tuple[Value, Node, QParams, list[Node]] | None:
     """The elementwise nodes computing ``y`` from one per-tensor DequantizeLinear's output (the
     root), every other operand a one-element constant, nothing else using their results; in
     graph order. None when ``y`` is no such computation."""
-    nodes: dict[int, Node] = {}
-    roots: dict[int, Value] = {}
-    stack = [y]
-    while stack:
-        value = stack.pop()
-        node = value.producer
-        if node is None or id(node) in nodes:
-            continue
-        if node.kind == "DequantizeLinear":
-            roots[id(value)] = value
-            continue
-        out = node.outputs[0]
-        if (node.kind not in _ELEMENTWISE or len(node.outputs) != 1 or out.dtype != np.float32
-                or out.shape != y.shape):
-            return None
-        nodes[id(node)] = node
-        for operand in node.inputs:
-            if operand is None or (operand.const is not None and operand.const.size != 1):
-                return None
-            if operand.const is None:
-                stack.append(operand)
-    if len(roots) != 1 or not nodes:
+    region = dequantized_region(graph, y, _scalar_operands)
+    if region is None:
         return None
-    (root,) = roots.values()
+    root, nodes = region
     found = activation_input(root)
-    inside = set(nodes)
-    for node in nodes.values():
-        out = node.outputs[0]
-        if graph.is_graph_output(out) or (out is not y and any(id(u.node) not in inside for u in out.uses)):
-            return None
     if found is None or root.shape != y.shape:
         return None
     order = {id(node): i for i, node in enumerate(graph.nodes)}

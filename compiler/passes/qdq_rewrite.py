@@ -27,7 +27,7 @@ from compiler.passes.qdq_forms import quantize_bound
 from runtime.contract import Q_LOOKUP
 
 __all__ = ["Build", "MakeOp", "Maker", "Rewrite", "activation_chain", "activation_input", "bounds",
-           "dq_scale_zero", "producer", "with_clamp"]
+           "dequantized_region", "dq_scale_zero", "producer", "with_clamp"]
 
 
 class Maker:
@@ -79,6 +79,37 @@ def activation_chain(graph: Graph, q: Node, qp: QParams) -> tuple[list[Node], No
         return None
     lo, hi = quantize_bound(interval[0], qp), quantize_bound(interval[1], qp)
     return [node, *chain], node, (max(lo, int(info.min)), min(hi, int(info.max)))
+
+
+def dequantized_region(graph: Graph, y: Value,
+                       accepts: Callable[[Node], bool]) -> tuple[Value, dict[int, Node]] | None:
+    """The float32 nodes of ``y``'s shape that compute ``y`` from exactly one DequantizeLinear's
+    output (the root), each one ``accepts``, their results used by nothing outside them (nor graph
+    outputs, but ``y``): (root, the nodes by id), or None."""
+    nodes: dict[int, Node] = {}
+    roots: dict[int, Value] = {}
+    stack = [y]
+    while stack:
+        value = stack.pop()
+        node = value.producer
+        if node is None or id(node) in nodes:
+            continue
+        if node.kind == "DequantizeLinear":
+            roots[id(value)] = value
+            continue
+        out = node.outputs[0]
+        if len(node.outputs) != 1 or out.dtype != np.float32 or out.shape != y.shape or not accepts(node):
+            return None
+        nodes[id(node)] = node
+        stack.extend(v for v in node.inputs if v is not None and v.const is None)
+    if len(roots) != 1 or not nodes:
+        return None
+    for node in nodes.values():
+        out = node.outputs[0]
+        if graph.is_graph_output(out) or (out is not y and any(id(u.node) not in nodes for u in out.uses)):
+            return None
+    (root,) = roots.values()
+    return root, nodes
 
 
 def activation_input(value: Value | None) -> tuple[Value, Node, QParams] | None:
