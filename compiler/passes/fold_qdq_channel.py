@@ -21,7 +21,6 @@ from compiler.passes.base import merged_origin
 from compiler.passes.qdq_forms import QParams
 from compiler.passes.qdq_rewrite import Maker
 from compiler.passes.qdq_rewrite import Rewrite
-from compiler.passes.qdq_rewrite import activation_input
 from compiler.passes.qdq_rewrite import dequantized_region
 from runtime.contract import Q_CHANNEL_LOOKUP
 from runtime.contract import op_name
@@ -54,7 +53,7 @@ def _operands_ok(node: Node, rank: int) -> bool:
     return True
 
 
-def _nodes(graph: Graph, y: Value) -> tuple[Value, dict[int, Node]] | None:
+def _nodes(graph: Graph, y: Value) -> tuple[Value, tuple[Value, Node, QParams], dict[int, Node]] | None:
     """The nodes computing ``y`` from one DequantizeLinear output (the root), or None."""
     assert y.shape is not None
     rank = len(y.shape)
@@ -89,11 +88,7 @@ def channel_lookup(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
     got = _nodes(graph, y)
     if got is None:
         return None
-    root, nodes = got
-    found = activation_input(root)
-    if found is None or root.shape != y.shape:
-        return None
-    codes, _, p = found
+    root, (codes, _, p), nodes = got
     order = {id(node): i for i, node in enumerate(graph.nodes)}
     region = sorted(nodes.values(), key=lambda n: order[id(n)])
     channels = int(y.shape[1])

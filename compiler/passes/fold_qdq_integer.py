@@ -75,10 +75,7 @@ def _region(graph: Graph, y: Value) -> tuple[Value, Node, QParams, list[Node]] |
     region = dequantized_region(graph, y, _scalar_operands)
     if region is None:
         return None
-    root, nodes = region
-    found = activation_input(root)
-    if found is None or root.shape != y.shape:
-        return None
+    _, found, nodes = region
     order = {id(node): i for i, node in enumerate(graph.nodes)}
     return found[0], found[1], found[2], sorted(nodes.values(), key=lambda n: order[id(n)])
 

@@ -81,11 +81,12 @@ def activation_chain(graph: Graph, q: Node, qp: QParams) -> tuple[list[Node], No
     return [node, *chain], node, (max(lo, int(info.min)), min(hi, int(info.max)))
 
 
-def dequantized_region(graph: Graph, y: Value,
-                       accepts: Callable[[Node], bool]) -> tuple[Value, dict[int, Node]] | None:
+def dequantized_region(graph: Graph, y: Value, accepts: Callable[[Node], bool]
+                       ) -> tuple[Value, tuple[Value, Node, QParams], dict[int, Node]] | None:
     """The float32 nodes of ``y``'s shape that compute ``y`` from exactly one DequantizeLinear's
-    output (the root), each one ``accepts``, their results used by nothing outside them (nor graph
-    outputs, but ``y``): (root, the nodes by id), or None."""
+    output of that shape (the root, an activation's), each one ``accepts``, their results used by
+    nothing outside them (nor graph outputs, but ``y``): (root, ``activation_input(root)``, the
+    nodes by id), or None."""
     nodes: dict[int, Node] = {}
     roots: dict[int, Value] = {}
     stack = [y]
@@ -109,7 +110,10 @@ def dequantized_region(graph: Graph, y: Value,
         if graph.is_graph_output(out) or (out is not y and any(id(u.node) not in nodes for u in out.uses)):
             return None
     (root,) = roots.values()
-    return root, nodes
+    found = activation_input(root)
+    if found is None or root.shape != y.shape:
+        return None
+    return root, found, nodes
 
 
 def activation_input(value: Value | None) -> tuple[Value, Node, QParams] | None:
