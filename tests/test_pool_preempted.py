@@ -55,3 +55,61 @@ def test_workers_preempted_on_a_shared_cpu_leave_results_exact(tmp_path: Path) -
     assert result["mismatches"] == 0, result
     assert sum(result["worker_chunks"]) > 0, result  # the worker did run chunks of the jobs
     assert isinstance(result["stalls"], int) and result["stalls"] >= 0, result
+
+
+# The caller on CPU a, a nice-19 spinner on CPU b, and before each run the worker put on CPU a (its
+# mask narrowed to {a} and widened again: the kernel leaves it there), as the kernel itself wakes
+# it where no CPU is idle. Prints the mismatches against threads=1 and the pool's collision counts.
+_COLLIDE = r"""
+import json, os, subprocess, sys
+import numpy as np
+from runtime import Session
+from runtime.providers.c import pool_stats
+a, b = sorted(os.sched_getaffinity(0))[:2]
+art, runs = sys.argv[1], int(sys.argv[2])
+feeds = dict(np.load(sys.argv[3]))
+expected = Session(art, threads=1).run(None, feeds)
+before = set(os.listdir("/proc/self/task"))
+session = Session(art, threads=2)
+session.run(None, feeds)  # starts the pool's worker
+workers = [int(t) for t in set(os.listdir("/proc/self/task")) - before]
+os.sched_setaffinity(0, {a})
+spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                           preexec_fn=lambda: (os.sched_setaffinity(0, {b}), os.nice(19)))
+def asleep(w):  # the worker is back on its futex, not finishing a late look at the last job
+    with open(f"/proc/self/task/{w}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+mismatches = 0
+for _ in range(runs):
+    for w in workers:
+        while not asleep(w):
+            pass
+        os.sched_setaffinity(w, {a})
+        os.sched_setaffinity(w, {a, b})
+    got = session.run(None, feeds)
+    mismatches += not all(np.array_equal(x, y) for x, y in zip(got, expected))
+spinner.kill()
+stats = pool_stats()
+print(json.dumps({"mismatches": mismatches, "collided": stats.collided, "moved": stats.moved,
+                  "workers": len(workers)}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs sched_setaffinity (Linux) and two CPUs")
+def test_a_worker_on_its_callers_cpu_moves_to_another(tmp_path: Path) -> None:
+    """A worker that starts a job on its caller's CPU leaves it for another CPU of its mask
+    (``onnx_aot_pool_leave``): every such job counted in ``collided`` is one in ``moved``, and the
+    results stay those of one thread."""
+    model, feeds = _model("convs")
+    art = compile_model(model, tmp_path / "convs", golden_cases=0)
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    done = subprocess.run([sys.executable, "-c", _COLLIDE, str(art), "30", str(tmp_path / "feeds.npz")],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["mismatches"] == 0, result
+    assert result["workers"] >= 1, result
+    if result["collided"] == 0:
+        pytest.skip(f"this kernel never started the worker on its caller's CPU: {result}")
+    assert result["moved"] == result["collided"], result

@@ -81,13 +81,17 @@ class PoolStats:
     to reserve (every one in other threads' jobs, or the process's CPUs all busy with jobs) and ran
     on their caller alone, ``workers`` the workers started, ``peak`` the most threads inside jobs
     at once (callers and their workers; None from a library that predates it), ``stalls`` the jobs
-    whose caller waited for a chunk claimed by a thread that had lost its core (None: as peak)."""
+    whose caller waited for a chunk claimed by a thread that had lost its core, ``collided`` the
+    jobs a worker started on the CPU its caller ran on and ``moved`` those after which it moved to
+    another of its CPUs (None: as peak)."""
 
     chunks: tuple[int, ...]
     busy: int
     workers: int
     peak: int | None = None
     stalls: int | None = None
+    collided: int | None = None
+    moved: int | None = None
 
 
 def pool_stats() -> PoolStats | None:
@@ -108,7 +112,16 @@ def pool_stats() -> PoolStats | None:
     workers = int(fn(chunks, slots, ctypes.byref(busy)))
     return PoolStats(tuple(int(c) for c in chunks[: workers + 1]), int(busy.value), workers,
                      _count(lib, "onnx_aot_pool_peak", ctypes.c_int),
-                     _count(lib, "onnx_aot_pool_stalls", ctypes.c_long))
+                     _count(lib, "onnx_aot_pool_stalls", ctypes.c_long),
+                     *_collisions(lib))
+
+
+def _collisions(lib: ctypes.CDLL) -> tuple[int | None, int | None]:
+    fn = getattr(lib, "onnx_aot_pool_collisions", None)
+    if fn is None:
+        return None, None  # a library that predates the counts
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_long
+    return int(fn(0)), int(fn(1))
 
 
 def _count(lib: ctypes.CDLL, symbol: str, restype: Any) -> int | None:
