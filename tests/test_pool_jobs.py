@@ -68,10 +68,13 @@ def test_two_concurrent_runs_each_get_workers_where_the_cpus_allow(tmp_path: Pat
     """Six CPUs, two sessions at threads=3 at once: the second job reserves workers the first one
     does not hold (workers 3 and 4 claim chunks, a team of 3 alone would only ever use 1 and 2),
     and every output is the serial run's."""
-    got = _concurrent(tmp_path, cpus=6, threads=3, runs=40)
-    used = got["used"]
-    assert isinstance(used, list)
-    assert got["mismatches"] == 0
+    for _ in range(3):  # on a busy 2-core machine a round can pass with workers 3 and 4 never run
+        got = _concurrent(tmp_path, cpus=6, threads=3, runs=40)
+        used = got["used"]
+        assert isinstance(used, list)
+        assert got["mismatches"] == 0
+        if sum(used[3:]) > 0:
+            break
     assert sum(used[3:]) > 0, got  # a second job served at once, beside the first one's workers
 
 
