@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.accuracy import bounded_checks
+from runtime.accuracy import check_record
 from runtime.errors import ArtifactError
 from runtime.errors import OnnxAotError
 
@@ -281,6 +283,10 @@ def run_golden_cases(root: Path, manifest: Mapping[str, Any], run: Run, *,
             raise ArtifactError(f"{root}: golden case {number} does not run: {exc}") from exc
         for (name, ref, record), array in zip(expected, got, strict=True):
             report.checks.append(_check(number, name, np.asarray(array), ref, record))
+    # the --max-error bound holds on the golden cases too (runtime/accuracy.py)
+    outputs = [str(r.get("name")) for c in index["cases"] if isinstance(c, dict)
+               for r in c.get("outputs", [])]
+    report.checks = bounded_checks(check_record(root, manifest, outputs), report.checks)
     if not report.checks:
         report.skipped = "golden.json lists no outputs"
     elif raise_on_mismatch and not report.ok:
