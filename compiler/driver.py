@@ -61,6 +61,7 @@ import onnx
 from compiler.accuracy import Hook
 from compiler.accuracy import check_max_error
 from compiler.accuracy import compile_bf16
+from compiler.accuracy.int8 import compile_int8
 from compiler.accuracy.int8 import int8_hook
 from compiler.artifact.check import check_artifact
 from compiler.artifact.check import warn_unchecked
@@ -147,13 +148,14 @@ def compile_model(
     resolved = resolve_precision(precision, build, say)
     providers = default_providers(target) if providers is None else providers
     source = _source_identity(model)
-    quantized = _quantized(model, quantize, calibration, calibration_method,
-                           {"shapes": shapes, "binds": binds, "dims": dims, "values": values}, say)
+    import_args = {"shapes": shapes, "binds": binds, "dims": dims, "values": values}
+    quantized = _quantized(model, quantize, calibration, calibration_method, import_args, say)
     model = model if quantized is None else quantized.model
-    front = functools.partial(_front_half, model, shapes, binds, dims, values, opt_level=opt_level,
-                              target=target, winograd=winograd, compiled_control=compiled_control,
-                              narrow_weights=narrow_weights, precision=resolved, say=say)
-    graph, policy = front()
+    front_of = functools.partial(_front_half, shapes=shapes, binds=binds, dims=dims, values=values,
+                                 opt_level=opt_level, target=target, winograd=winograd,
+                                 compiled_control=compiled_control, narrow_weights=narrow_weights,
+                                 precision=resolved, say=say)
+    graph, policy = front_of(model)
     options = _recorded_options(opt_level=opt_level, target=target, shapes=shapes, dims=dims, values=values,
                                 binds=binds, plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                                 golden_cases=golden_cases, winograd=winograd, cpu=build.isa,
@@ -174,21 +176,14 @@ def compile_model(
                              golden_cases=golden_cases, source=source, options=options,
                              extra_files=variants, run_check=run_check, policy=p, accuracy=hook)
 
-    first = [(graph, policy)]  # the graph already optimized, then fresh ones for more tries
-    return _back_half(lambda: first.pop() if first else front(), back, resolved, quantized, max_error,
-                      golden_cases, say)
-
-
-def _back_half(front: Callable[[], tuple[Graph, MemoryPolicy]], back: Callable[..., Path], precision: str,
-               quantized: Quantized | None, max_error: float | None, cases: int, say: Progress) -> Path:
-    """The build: in fp32 as it is; in bf16 (``compiler/accuracy``) or int8 with the error measured
-    and recorded, steps put back in fp32 under ``max_error``."""
-    if precision == "bf16":
-        return compile_bf16(front, back, max_error, cases, say)
+    if quantized is not None and max_error is not None:
+        return compile_int8(quantized, import_args, front_of, back, max_error, say)
     if quantized is not None:
-        graph, policy = front()
-        return back(graph, policy, int8_hook(quantized, max_error, say))
-    graph, policy = front()
+        return back(graph, policy, int8_hook(quantized, None, say))
+    if resolved == "bf16":
+        first = [(graph, policy)]  # the graph already optimized, then fresh ones for more tries
+        return compile_bf16(lambda: first.pop() if first else front_of(model), back, max_error,
+                            golden_cases, say)
     return back(graph, policy, None)
 
 

@@ -4,11 +4,12 @@
 max |fp32|, the largest over the feeds it is measured on -- the golden feeds for bf16 (the inputs
 the golden self-test stores, so ``verify`` re-checks the bound on any machine), the calibration
 feeds for int8. The compile measures the error of the steps it would reduce with the reference
-kernels first and puts steps back in fp32, most sensitive first, until that error is under E
-(``search.py``; bf16: ``bf16.py``, int8: ``int8.py``); it then builds the artifact and measures the
-artifact itself (``record.py``): under E, the manifest records the error per output, the bound and
-which steps run reduced; at or over it (the artifact computes a little differently from the
-reference kernels), half the steps still reduced go back too and it builds again, then all of them.
+kernels first and puts steps back in fp32, most sensitive first, until that error is under
+``MARGIN`` x E (``search.py``; bf16: ``bf16.py``, int8: ``int8.py``); it then builds the artifact
+and measures the artifact itself (``record.py``): under E, the manifest records the error per
+output, the bound and which steps run reduced; at or over it (the artifact computes a little
+differently from the reference kernels), half the steps still reduced go back too and it builds
+again, then all of them.
 
 A bound that even the all-fp32 artifact misses (below fp32's own rounding against the reference,
 ~1e-7) is an ``AccuracyBoundError`` naming the bound and the error reached: the compile writes
@@ -30,22 +31,26 @@ from compiler.accuracy.record import BoundMissed
 from compiler.accuracy.record import StepCounts
 from compiler.accuracy.record import accuracy_hook
 from compiler.accuracy.record import golden_errors
+from compiler.accuracy.record import missed_bound
 from compiler.accuracy.search import Choice
 from compiler.accuracy.search import choose_restored
 from compiler.accuracy.search import more_restored
 from compiler.ir.graph import Graph
 from compiler.memory_policy import MemoryPolicy
-from runtime.errors import AccuracyBoundError
 from runtime.errors import CompileError
 from runtime.selftest import VerifyReport
 
-__all__ = ["Hook", "check_max_error", "compile_bf16", "missed_bound"]
+__all__ = ["MARGIN", "Hook", "check_max_error", "compile_bf16", "missed_bound"]
 
 Front = Callable[[], tuple[Graph, MemoryPolicy]]
 Hook = Callable[[Path, VerifyReport | None], None]
 Back = Callable[[Graph, MemoryPolicy, Hook], Path]
 Say = Callable[[str], None]
 ATTEMPTS = 3  # builds at most: the search's choice, half the rest back, all back
+# The search aims under MARGIN x E on its feeds, the built artifact must be under E: a margin for
+# feeds the choice never saw (on the light zoo, held-out feeds measured up to 1.18x the error of
+# the two golden feeds the steps were chosen on; scripts/check_max_error.py)
+MARGIN = 0.8
 
 
 def check_max_error(max_error: float | None, precision: str, quantize: str | None, golden_cases: int,
@@ -66,19 +71,10 @@ def check_max_error(max_error: float | None, precision: str, quantize: str | Non
         raise CompileError("--max-error does not combine with --opt-shape yet")
 
 
-def missed_bound(bound: float, error: float, steps: StepCounts, feeds: str) -> AccuracyBoundError:
-    """The error for a bound missed with every step back in fp32."""
-    return AccuracyBoundError(
-        f"--max-error {bound:g} cannot be met: with all {steps.total} {steps.precision} step(s) back in "
-        f"fp32 the artifact's error against the fp32 model on the {feeds} feeds is still {error:.3g} "
-        f"(fp32 kernels round differently from the reference); nothing was written: ask for a bound "
-        f"above {error:.3g}, or compile without --max-error")
-
-
 def _choose(steps: Bf16Steps, choice: Choice | None, missed: float | None, bound: float, say: Say) -> Choice:
     """The search's choice first; after a built artifact missed the bound, half the rest back too."""
     if choice is None:
-        return choose_restored(list(steps.steps), steps.measure, steps.sensitivity, bound, say)
+        return choose_restored(list(steps.steps), steps.measure, steps.sensitivity, bound * MARGIN, say)
     assert missed is not None
     return more_restored(choice, missed, steps.sensitivity, say)
 

@@ -23,10 +23,11 @@ from typing import Any
 from compiler.artifact.writer import dump_json
 from runtime.accuracy import RECORD_KEY
 from runtime.artifact import MANIFEST
+from runtime.errors import AccuracyBoundError
 from runtime.errors import CompileError
 from runtime.selftest import VerifyReport
 
-__all__ = ["BoundMissed", "StepCounts", "accuracy_hook", "golden_errors", "write_record"]
+__all__ = ["BoundMissed", "StepCounts", "accuracy_hook", "golden_errors", "missed_bound", "write_record"]
 
 Measure = Callable[[Path, VerifyReport | None], tuple[dict[str, float], int] | None]
 
@@ -107,3 +108,12 @@ def accuracy_hook(measure: Measure, bound: float | None, steps: StepCounts, feed
         write_record(folder, _record(errors, bound, steps, feeds, count))
 
     return hook
+
+
+def missed_bound(bound: float, error: float, steps: StepCounts, feeds: str) -> AccuracyBoundError:
+    """The error for a bound missed with every step back in fp32."""
+    return AccuracyBoundError(
+        f"--max-error {bound:g} cannot be met: with all {steps.total} {steps.precision} step(s) back in "
+        f"fp32 the artifact's error against the fp32 model on the {feeds} feeds is still {error:.3g} "
+        f"(its fp32 kernels round differently from the reference); nothing was written: ask for a bound "
+        f"above {error:.3g}, or compile without --max-error")

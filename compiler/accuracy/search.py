@@ -46,7 +46,8 @@ def choose_restored(candidates: Sequence[str], measure: Measure, sensitivity: Ca
     (all of them when nothing less does; the caller reports a bound even that misses)."""
     names = tuple(candidates)
     first = measure(frozenset())
-    say(f"--max-error {bound:g}: {len(names)} reduced-precision step(s), error {first:.3g} with all reduced")
+    say(f"--max-error: {len(names)} reduced-precision step(s), error {first:.3g} with all reduced (the "
+        f"search aims under {bound:.3g})")
     if first < bound or not names:
         return Choice(names, 0, first, first, 1, ranked=not names)
     order = rank(names, sensitivity, say)

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from compiler.quantize.feeds import load_feeds
 from compiler.quantize.observe import METHODS
 from compiler.quantize.observe import observe
 from compiler.quantize.prepare import prepare_model
+from compiler.quantize.qdq_plan import QdqPlan
 from compiler.quantize.qdq_plan import plan_qdq
 from compiler.quantize.qdq_writer import write_qdq
 from runtime.errors import CompileError
@@ -48,6 +50,26 @@ class Quantized:
     record: dict[str, Any]
     feeds: list[dict[str, np.ndarray]]
     reference: list[list[np.ndarray]]
+    prepared: onnx.ModelProto  # the fp32 model as planned, its ranges, the tensor names after import
+    ranges: Mapping[str, tuple[float, float]]
+    names: frozenset[str]
+    steps: tuple[int, ...] = ()  # the nodes (of ``prepared``) computed on quantized operands
+
+    def step_name(self, k: int) -> str:
+        node = self.prepared.graph.node[k]
+        return node.name or f"{node.op_type} #{k}"
+
+    def variant(self, skip: frozenset[int]) -> Quantized:
+        """The same calibration with the nodes ``skip`` left float (``--max-error``)."""
+        plan = _kept(plan_qdq(self.prepared, skip), self.names)
+        return replace(self, model=write_qdq(self.prepared, plan, self.ranges), steps=tuple(plan.steps))
+
+
+def _kept(plan: QdqPlan, names: frozenset[str]) -> QdqPlan:
+    """``plan`` without the tensors the import renamed (they stay float)."""
+    plan.own = [n for n in plan.own if n in names]
+    plan.same = {k: v for k, v in plan.same.items() if v in plan.own}
+    return plan
 
 
 def check_options(quantize: str | None, calibration: Calibration | None, method: str, precision: str) -> None:
@@ -84,19 +106,21 @@ def quantize_model(model: str | os.PathLike[str] | onnx.ModelProto, calibration:
     inputs = {v.name: (tuple(int(d) for d in v.shape or ()), np.dtype(v.dtype)) for v in graph.inputs}
     feeds = load_feeds(calibration, inputs, bound=sorted(import_args.get("binds") or {}))
     plan = plan_qdq(prepared)
-    names = {v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs}
+    names = frozenset({v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs})
     lost = [n for n in plan.own if n not in names]
     if lost:  # (the importer keeps the ONNX tensor names; one it renamed stays float)
         say(f"--quantize: {len(lost)} tensor(s) left float, not found after import: {', '.join(lost[:5])}")
-        plan.own = [n for n in plan.own if n in names]
-        plan.same = {k: v for k, v in plan.same.items() if v in plan.own}
+        plan = _kept(plan, names)
     say(f"quantizing int8: {len(plan.own)} activation ranges to calibrate on {len(feeds)} feed(s), "
         f"{len(plan.weights)} weights per channel")
-    observed = observe(graph, feeds, set(plan.own), method, say)
+    # the tensors at another's scale get a range too: with that one's step left float (--max-error)
+    # they are quantized on their own
+    observed = observe(graph, feeds, set(plan.own) | (set(plan.same) & names), method, say)
     record = {"scheme": "int8", "method": method, "samples": len(feeds),
               "activations": "int8 per tensor, asymmetric", "weights": "int8 per output channel, symmetric",
               "quantized_tensors": len(plan.own) + len(plan.same)}
-    return Quantized(write_qdq(prepared, plan, observed.ranges), record, feeds, observed.outputs)
+    return Quantized(write_qdq(prepared, plan, observed.ranges), record, feeds, observed.outputs, prepared,
+                     observed.ranges, names, tuple(plan.steps))
 
 
 def measure_error(artifact: str | os.PathLike[str], quantized: Quantized) -> dict[str, float]:
