@@ -160,11 +160,10 @@ def compile_model(
                                 binds=binds, plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                                 golden_cases=golden_cases, winograd=winograd, cpu=build.isa,
                                 compiled_control=compiled_control, narrow_weights=narrow_weights,
-                                precision=None if precision == DEFAULT_PRECISION else resolved)
+                                precision=None if precision == DEFAULT_PRECISION else resolved,
+                                max_error=max_error)
     if quantized is not None:
         options["quantize"] = quantized.record
-    if max_error is not None:
-        options["max_error"] = max_error
     variants = _opt_variants(model, graph, policy, opt_shapes or (), binds, say, options, opt_level=opt_level,
                              target=target, build=build, cpu=cpu, winograd=winograd,
                              compiled_control=compiled_control, narrow_weights=narrow_weights,
@@ -176,14 +175,24 @@ def compile_model(
                              golden_cases=golden_cases, source=source, options=options,
                              extra_files=variants, run_check=run_check, policy=p, accuracy=hook)
 
+    first = [(graph, policy)]  # the graph already optimized, then fresh ones for more tries
+    return _build(lambda m: first.pop() if first and m is model else front_of(m), back, model, resolved,
+                  quantized, import_args, max_error, golden_cases, say)
+
+
+def _build(front_of: Callable[[Any], tuple[Graph, MemoryPolicy]], back: Callable[..., Path], model: Any,
+           precision: str, quantized: Quantized | None, import_args: dict[str, Any], max_error: float | None,
+           cases: int, say: Progress) -> Path:
+    """The back half as the precision asks: fp32 as it is; bf16 and int8 with their error measured
+    and recorded, and steps put back in fp32 under ``max_error`` (compiler/accuracy/)."""
     if quantized is not None and max_error is not None:
         return compile_int8(quantized, import_args, front_of, back, max_error, say)
     if quantized is not None:
+        graph, policy = front_of(model)
         return back(graph, policy, int8_hook(quantized, None, say))
-    if resolved == "bf16":
-        first = [(graph, policy)]  # the graph already optimized, then fresh ones for more tries
-        return compile_bf16(lambda: first.pop() if first else front_of(model), back, max_error,
-                            golden_cases, say)
+    if precision == "bf16":
+        return compile_bf16(lambda: front_of(model), back, max_error, cases, say)
+    graph, policy = front_of(model)
     return back(graph, policy, None)
 
 
@@ -230,9 +239,11 @@ def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Seque
                       dims: Mapping[str, DimSpec] | None, values: Mapping[str, Any] | None,
                       binds: Mapping[str, Any] | None, plan_budget_ms: float | None,
                       max_arena_bytes: int | None, golden_cases: int, winograd: bool, cpu: str,
-                      compiled_control: bool, narrow_weights: bool, precision: str | None) -> dict[str, Any]:
+                      compiled_control: bool, narrow_weights: bool, precision: str | None,
+                      max_error: float | None = None) -> dict[str, Any]:
     """The compile options the manifest records (a flag that is on by default only when off; the
-    precision only when ``--precision`` was given, so fp32 manifests stay as they were)."""
+    precision only when ``--precision`` was given, so fp32 manifests stay as they were; the bound
+    only with ``--max-error``)."""
     return {
         "opt_level": opt_level,
         "target": target,
@@ -246,6 +257,7 @@ def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Seque
         **({} if compiled_control else {"compiled_control": False}),
         **({} if narrow_weights else {"narrow_weights": False}),
         **({} if precision is None else {"precision": precision}),
+        **({} if max_error is None else {"max_error": max_error}),
     }
 
 
