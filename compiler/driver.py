@@ -190,7 +190,7 @@ def _build(front_of: Callable[[Any], tuple[Graph, MemoryPolicy]], back: Callable
     if quantized is not None:
         graph, policy = front_of(model)
         return back(graph, policy, int8_hook(quantized, None, say))
-    if precision == "bf16":
+    if precision == "bf16" or max_error is not None:  # (--precision auto that chose fp32: no bf16 steps)
         return compile_bf16(lambda: front_of(model), back, max_error, cases, say)
     graph, policy = front_of(model)
     return back(graph, policy, None)

@@ -41,26 +41,28 @@ __all__ = ["Int8Steps", "calibration_errors", "compile_int8", "int8_hook"]
 Hook = Callable[[Path, VerifyReport | None], None]
 Front = Callable[[onnx.ModelProto], tuple[Graph, MemoryPolicy]]
 SEARCH_FEEDS = 8  # the search measures on the first feeds; the built artifact on every one
+SENSITIVITY_FEEDS = 2  # and ranks the steps on fewer (one measurement per step)
 ATTEMPTS = 3  # builds at most: the search's choice, half the rest back, all back
 
 
 class Int8Steps:
     """The nodes ``quantized`` computes on int8 operands, by name; ``measure`` runs the
     QDQ model of a choice (imported, its QuantizeLinear / DequantizeLinear on the reference kernels)
-    on the first SEARCH_FEEDS calibration feeds against the fp32 outputs."""
+    on the first SEARCH_FEEDS calibration feeds (a sensitivity on SENSITIVITY_FEEDS) against the
+    fp32 outputs."""
 
     def __init__(self, quantized: Quantized, import_args: Mapping[str, Any]) -> None:
         self.quantized = quantized
         self.import_args = dict(import_args)
         self.index = {quantized.step_name(k): k for k in quantized.steps}
 
-    def measure(self, restored: frozenset[str]) -> float:
+    def measure(self, restored: frozenset[str], feeds: int = SEARCH_FEEDS) -> float:
         from compiler.frontend.importer import import_model
 
         variant = self.quantized.variant(frozenset(self.index[n] for n in restored))
         graph = import_model(variant.model, **self.import_args)
         worst = 0.0
-        pairs = list(zip(self.quantized.feeds, self.quantized.reference, strict=True))[:SEARCH_FEEDS]
+        pairs = list(zip(self.quantized.feeds, self.quantized.reference, strict=True))[:feeds]
         for feed, refs in pairs:
             for got, ref in zip(Interpreter(graph).run(feed), refs, strict=True):
                 if np.asarray(ref).dtype.kind == "f":
@@ -68,7 +70,7 @@ class Int8Steps:
         return worst
 
     def sensitivity(self, name: str) -> float:
-        return self.measure(frozenset(self.index) - {name})
+        return self.measure(frozenset(self.index) - {name}, SENSITIVITY_FEEDS)
 
 
 def compile_int8(quantized: Quantized, import_args: Mapping[str, Any], front: Front,

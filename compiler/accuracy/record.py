@@ -4,11 +4,13 @@ A reduced-precision compile (``--precision bf16``, ``--quantize int8``) measures
 built, in its temporary folder before it is put in place (``compile_graph``'s ``accuracy`` hook,
 after the golden check): for bf16 the golden check's own figures (the golden cases' references are
 the fp32 model's outputs, ``compiler/artifact/golden_precision.py``), so ``verify`` recomputes the
-very same numbers on a deploy machine; for int8 a run on the calibration feeds against the fp32
-model's outputs on them. The record (``RECORD_KEY`` in manifest.json; ``runtime/accuracy.py`` reads
-it) holds the metric, the feeds, the bound (``--max-error``, null without it), the error per output
-and which steps run reduced. An error at or over the bound raises ``BoundMissed``: the compile puts
-more steps back in fp32 and builds again (``compiler/accuracy/__init__.py``).
+very same numbers on a deploy machine (an output too large for the golden budget is stored and
+checked as a sample with its max |.|: there the error is over that sample); for int8 a run on the
+calibration feeds against the fp32 model's outputs on them. The record (``RECORD_KEY`` in
+manifest.json; ``runtime/accuracy.py`` reads it) holds the metric, the feeds, the bound
+(``--max-error``, null without it), the error per output and which steps run reduced. An error at
+or over the bound raises ``BoundMissed``: the compile puts more steps back in fp32 and builds again
+(``compiler/accuracy/__init__.py``).
 """
 
 from __future__ import annotations
