@@ -235,3 +235,18 @@ def test_a_bound_even_fp32_misses_is_an_error_naming_both(int8: dict) -> None:
         compile_model(int8["model"], out, cpu=CPU, quantize="int8", calibration=stacked(int8["feeds"]),
                       max_error=1e-15)
     assert not out.exists()
+
+
+def test_cli_max_error_and_auto_that_chose_fp32(built: dict, tmp_path: Path) -> None:
+    """``--max-error`` on the command line; ``--precision auto`` at a target without AVX512_BF16 is
+    fp32: no step to put back, the error still measured and recorded under the bound."""
+    out = tmp_path / "cli"
+    done = cli("compile", str(built["root"] / "mlp.onnx"), "-o", str(out), "--cpu", CPU, "--precision",
+               "bf16", "--max-error", str(BOUND))
+    assert "bf16 error against fp32 on the 2 golden feed(s)" in done.stderr
+    assert f"(bound {BOUND:g})" in done.stderr
+    assert _record(out)["restored_to_fp32"] == _record(built["bounded"])["restored_to_fp32"]
+    auto = compile_model(built["model"], tmp_path / "auto", cpu=CPU, precision="auto", max_error=BOUND)
+    record = _record(auto)
+    assert record["steps_total"] == 0 and record["max_error"] == BOUND
+    assert all(error < 1e-5 for error in record["outputs"].values()), record
