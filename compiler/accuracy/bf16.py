@@ -6,7 +6,8 @@ reads). The error of a choice is measured with the reference kernels on the gold
 inputs the golden cases get, ``compiler/artifact/golden.py: case_feeds``): the rounded weights where
 a step stays bf16 (the reference rounds an AMX step's input too, as AMX-BF16 does), the originals
 elsewhere, against the run with every original. One fp32 run per feed keeps every value, so a
-step's sensitivity (its error alone reduced) reruns only the nodes downstream of it. Restoring a
+step's sensitivity (its error alone reduced, on the first feed) reruns only the nodes downstream
+of it. Restoring a
 step gives its node a constant holding the fp32 original: the ordinary fp32 PackedGemm / ConvNhwc.
 """
 
@@ -114,7 +115,7 @@ class Bf16Steps:
 
     def _error(self, outputs: Sequence[list[Any]]) -> float:
         worst = 0.0
-        for got, refs in zip(outputs, self.refs, strict=True):
+        for got, refs in zip(outputs, self.refs[:len(outputs)], strict=True):
             for array, ref in zip(got, refs, strict=True):
                 if ref.dtype.kind == "f":
                     worst = max(worst, relative_error(np.asarray(array), ref))
@@ -126,7 +127,8 @@ class Bf16Steps:
             return self._error([Interpreter(self.graph, binding=b).run(f) for f, b in self.cases])
 
     def sensitivity(self, name: str) -> float:
-        """The error with step ``name`` alone in bf16 (only the nodes downstream of it rerun)."""
+        """The error with step ``name`` alone in bf16 on the first feed (only the nodes downstream of
+        it rerun: a ranking, one per step; the bisection measures on every feed)."""
         dirty = {id(self.steps[name])}
         nodes = []
         for node in self.graph.nodes:
@@ -134,8 +136,8 @@ class Bf16Steps:
                 nodes.append(node)
                 dirty.update(id(v) for v in node.outputs)
         with self.weights(frozenset(self.steps) - {name}):
-            return self._error([_Replay(self.graph, nodes, base, b).run(f)
-                                for (f, b), base in zip(self.cases, self.base, strict=True)])
+            (feeds, binding), base = self.cases[0], self.base[0]
+            return self._error([_Replay(self.graph, nodes, base, binding).run(feeds)])
 
     def restore(self, names: Sequence[str]) -> None:
         """Put the steps ``names`` back in fp32 in the graph (their constants: the fp32 originals)."""
