@@ -95,7 +95,8 @@ class Bf16Steps:
                 failure = exc
                 continue
             self.cases.append((feeds, binding))
-            self.base.append(interpreter.env)
+            if not self.base:  # (the sensitivities rerun the first feed only)
+                self.base.append(interpreter.env)
             self.refs.append([np.asarray(o) for o in outputs])
             return
         raise GoldenReferenceError(f"--max-error: the reference run on golden case {seed}'s inputs failed "

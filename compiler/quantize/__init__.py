@@ -7,8 +7,9 @@ or percentile); the model is rewritten into the QDQ form onnxruntime's ``quantiz
 (S8S8, per-channel weights: ``prepare.py``, ``qdq_plan.py``, ``qdq_writer.py``) and that model is
 compiled, so the QDQ passes (``compiler/passes/fold_qdq*.py``) give it the same integer steps
 (PackedQConv, QGemm, QBinary, ...) a QDQ file gets. The manifest's compile options record the
-scheme, method and number of samples (``inspect`` shows them); after the compile the artifact's
-error against the fp32 model on the calibration feeds is measured and reported (``measure_error``).
+scheme, method and number of samples (``inspect`` shows them); the built artifact's error against
+the fp32 model on the calibration feeds is measured, reported and recorded
+(``compiler/accuracy/int8.py``; ``--max-error`` bounds it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,8 +34,7 @@ from compiler.quantize.qdq_plan import plan_qdq
 from compiler.quantize.qdq_writer import write_qdq
 from runtime.errors import CompileError
 
-__all__ = ["CalibrationError", "METHODS", "SCHEMES", "Quantized", "check_options", "measure_error",
-           "quantize_model", "report_error"]
+__all__ = ["CalibrationError", "METHODS", "SCHEMES", "Quantized", "check_options", "quantize_model"]
 
 SCHEMES = ("int8",)
 Calibration = str | os.PathLike[str] | Mapping[str, np.ndarray]
@@ -121,29 +120,3 @@ def quantize_model(model: str | os.PathLike[str] | onnx.ModelProto, calibration:
               "quantized_tensors": len(plan.own) + len(plan.same)}
     return Quantized(write_qdq(prepared, plan, observed.ranges), record, feeds, observed.outputs, prepared,
                      observed.ranges, names, tuple(plan.steps))
-
-
-def measure_error(artifact: str | os.PathLike[str], quantized: Quantized) -> dict[str, float]:
-    """Per output: max |int8 - fp32| / max |fp32| over the calibration feeds (the artifact against
-    the fp32 model on the reference kernels)."""
-    from runtime.session import Session
-
-    session = Session(Path(artifact))
-    diff: dict[int, float] = {}
-    top: dict[int, float] = {}
-    for feed, ref in zip(quantized.feeds, quantized.reference, strict=True):
-        for k, (got, want) in enumerate(zip(session.run(None, feed), ref, strict=True)):
-            want64 = np.asarray(want, np.float64)
-            gap = np.abs(np.asarray(got, np.float64) - want64)
-            diff[k] = max(diff.get(k, 0.0), float(np.max(gap, initial=0)))
-            top[k] = max(top.get(k, 0.0), float(np.max(np.abs(want64), initial=0)))
-    return {session.outputs[k].name: diff[k] / (top[k] or 1.0) for k in sorted(diff)}
-
-
-def report_error(artifact: str | os.PathLike[str], quantized: Quantized,
-                 say: Callable[[str], None]) -> dict[str, float]:
-    """Measure the artifact's error against fp32 on the calibration feeds and say it, per output."""
-    errors = measure_error(artifact, quantized)
-    say(f"int8 error against fp32 on the {len(quantized.feeds)} calibration feed(s), max |int8 - fp32| / "
-        f"max |fp32|: " + ", ".join(f"{name} {value:.4f}" for name, value in errors.items()))
-    return errors
