@@ -7,8 +7,10 @@ artifact does not have, a value that is no number, an error at or over its bound
 damaged manifest) with an ``ArtifactError``. Where the record was measured on the golden feeds
 (bf16: the golden cases' references are the fp32 model's outputs), ``bounded_checks`` holds each
 recorded output's golden check to the bound as well as to its own tolerance, so ``verify`` fails
-on this machine when the error reaches the bound. A record measured on calibration feeds (int8;
-the artifact does not carry them) is checked for consistency only, and ``verify`` says so.
+on this machine when the error reaches the bound. A record measured on calibration feeds (int8)
+keeps the first of them and their fp32 outputs in ``STORED_FEEDS_FILE`` (optional: ``strip``
+removes it, and then the record is checked for consistency only, as ``verify`` says):
+``runtime/selftest.py: stored_checks`` reruns them, each output held to the bound.
 """
 
 from __future__ import annotations
@@ -20,11 +22,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from runtime.errors import ArtifactError
 
-__all__ = ["RECORD_KEY", "accuracy_line", "accuracy_record", "bounded_checks", "check_record", "verify_note"]
+__all__ = ["RECORD_KEY", "STORED_FEEDS_FILE", "accuracy_line", "accuracy_record", "bounded_checks",
+           "check_record", "stored_array", "verify_note"]
 
 RECORD_KEY = "accuracy"
+STORED_FEEDS_FILE = "accuracy.bin"  # feeds the artifact cannot regenerate (int8: calibration), optional
 
 
 def accuracy_record(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -71,6 +77,20 @@ def bounded_checks(record: Mapping[str, Any] | None, checks: Sequence[Any]) -> l
     return [replace(c, tolerance=min(c.tolerance, below)) if c.output in names else c for c in checks]
 
 
+def stored_array(path: Path, blob: bytes, entry: Any) -> np.ndarray:
+    """One array of STORED_FEEDS_FILE (``blob``) by its index ``entry``."""
+    try:
+        dtype = np.dtype(str(entry["dtype"])).newbyteorder("<")
+        shape = tuple(int(d) for d in entry["shape"])
+        offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
+        if offset < 0 or nbytes != math.prod(shape) * dtype.itemsize or offset + nbytes > len(blob):
+            raise ValueError("offset or size outside the file")
+        array = np.frombuffer(blob, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{path}: bad stored-feed record {entry!r}: {exc}") from None
+    return array.astype(array.dtype.newbyteorder("="))
+
+
 def verify_note(record: Mapping[str, Any] | None) -> str | None:
     """What ``verify`` checked of the accuracy record (None: the artifact has none)."""
     if record is None:
@@ -83,6 +103,10 @@ def verify_note(record: Mapping[str, Any] | None) -> str | None:
     if record.get("feeds") == "golden":
         return (f"accuracy: every output held to the --max-error bound {bound:g} on the golden cases "
                 f"(compiled with error {worst:.3g})")
+    if record.get("stored_feeds"):
+        return (f"accuracy: every output held to the --max-error bound {bound:g} on "
+                f"{len(record['stored_feeds'])} of the {record.get('feed_count')} {record.get('feeds')} "
+                f"feeds, which the artifact carries (compiled with error {worst:.3g} over all of them)")
     return (f"accuracy: --max-error {bound:g} was measured on {record.get('feed_count')} "
             f"{record.get('feeds')} feed(s) at compile time (error {worst:.3g}); the artifact does not "
             f"carry them: the record is consistent, and the golden cases check the steps")

@@ -224,7 +224,27 @@ def test_int8_bound_puts_quantized_steps_back(int8: dict) -> None:
     precisions = set(inspect_artifact(int8["bounded"]).summary["step_precision"].values())
     assert "fp32" in precisions
     shown = cli("verify", str(int8["bounded"])).stdout
-    assert ": OK:" in shown and "measured on 8 calibration feed(s) at compile time" in shown
+    assert ": OK:" in shown
+    assert f"bound {bound:g} on 2 of the 8 calibration feeds, which the artifact carries" in shown
+
+
+def test_int8_verify_reruns_the_stored_calibration_feeds(int8: dict, tmp_path: Path) -> None:
+    """The first two calibration feeds and their fp32 outputs travel in accuracy.bin (optional):
+    verify holds them to the bound; a tightened bound fails; stripped, the record is only checked."""
+    manifest = json.loads((int8["bounded"] / "manifest.json").read_text())
+    assert manifest["files"]["accuracy.bin"]["optional"] is True
+    report = Session(int8["bounded"]).verify()
+    stored = [c for c in report.checks if c.case >= 2]  # (after the two golden cases)
+    assert len(stored) == 2 and all(c.error < int8["bound"] for c in stored), report.checks
+    copy = tmp_path / "tight"
+    shutil.copytree(int8["bounded"], copy)
+    manifest["accuracy"].update({"max_error": 2e-9, "outputs": {"logits": 1e-9}})
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert not Session(copy).verify(raise_on_mismatch=False).ok
+    cli("strip", str(copy))
+    assert not (copy / "accuracy.bin").exists()
+    shown = cli("verify", str(copy), ok=False).stdout  # (stripped: no golden cases either)
+    assert "cannot verify" in shown
 
 
 def test_a_bound_even_fp32_misses_is_an_error_naming_both(int8: dict) -> None:

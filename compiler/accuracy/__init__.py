@@ -3,13 +3,13 @@
 ``E`` bounds the artifact's error against the fp32 model: per output, max |artifact - fp32| over
 max |fp32|, the largest over the feeds it is measured on -- the golden feeds for bf16 (the inputs
 the golden self-test stores, so ``verify`` re-checks the bound on any machine), the calibration
-feeds for int8. The compile measures the error of the steps it would reduce with the reference
-kernels first and puts steps back in fp32, most sensitive first, until that error is under
-``MARGIN`` x E (``search.py``; bf16: ``bf16.py``, int8: ``int8.py``); it then builds the artifact
-and measures the artifact itself (``record.py``): under E, the manifest records the error per
-output, the bound and which steps run reduced; at or over it (the artifact computes a little
-differently from the reference kernels), half the steps still reduced go back too and it builds
-again, then all of them.
+feeds for int8 (the artifact keeps two of them for ``verify``). The compile measures the error of
+the steps it would reduce with the reference kernels first and puts steps back in fp32, most
+sensitive first, until that error is under ``MARGIN`` x E (``search.py``; bf16: ``bf16.py``, int8:
+``int8.py``); it then builds the artifact and measures the artifact itself (``record.py``): under
+E, the manifest records the error per output, the bound and which steps run reduced; at or over
+it (the artifact computes a little differently from the reference kernels), half the steps still
+reduced go back too and it builds again, then all of them.
 
 A bound that even the all-fp32 artifact misses (below fp32's own rounding against the reference,
 ~1e-7) is an ``AccuracyBoundError`` naming the bound and the error reached: the compile writes

@@ -8,7 +8,9 @@ step needs them), over the same calibrated ranges; with every one restored nothi
 The calibration feeds ran through the fp32 model on the reference kernels when the ranges were
 observed (``compiler/quantize/observe.py``), so their fp32 outputs are at hand: the built artifact
 (still in its temporary folder) runs each feed once, and the error per output (max |int8 - fp32| /
-max |fp32| per feed, the largest over the feeds) goes into the manifest's accuracy record.
+max |fp32| per feed, the largest over the feeds) goes into the manifest's accuracy record. The
+first STORED_FEEDS feeds and their fp32 outputs stay in the artifact (``accuracy.bin``, optional:
+``strip`` removes it) for ``verify`` to rerun against the bound.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from compiler.accuracy.record import BoundMissed
 from compiler.accuracy.record import StepCounts
 from compiler.accuracy.record import accuracy_hook
 from compiler.accuracy.record import missed_bound
+from compiler.accuracy.record import store_feeds
 from compiler.accuracy.search import Choice
 from compiler.accuracy.search import choose_restored
 from compiler.accuracy.search import more_restored
@@ -42,6 +45,7 @@ Hook = Callable[[Path, VerifyReport | None], None]
 Front = Callable[[onnx.ModelProto], tuple[Graph, MemoryPolicy]]
 SEARCH_FEEDS = 8  # the search measures on the first feeds; the built artifact on every one
 SENSITIVITY_FEEDS = 2  # and ranks the steps on fewer (one measurement per step)
+STORED_FEEDS = 2  # calibration feeds (and fp32 outputs) the artifact keeps for verify
 ATTEMPTS = 3  # builds at most: the search's choice, half the rest back, all back
 
 
@@ -128,4 +132,11 @@ def int8_hook(quantized: Quantized, bound: float | None, say: Callable[[str], No
     def measure(folder: Path, _report: VerifyReport | None) -> tuple[dict[str, float], int]:
         return calibration_errors(folder, quantized), len(quantized.feeds)
 
-    return accuracy_hook(measure, bound, counts, "calibration", say)
+    def store(folder: Path) -> list[dict[str, Any]]:
+        names = [o.name for o in quantized.prepared.graph.output]
+        kept = list(zip(quantized.feeds, quantized.reference, strict=True))[:STORED_FEEDS]
+        pairs = [(feed, [(n, np.asarray(r)) for n, r in zip(names, refs, strict=True)
+                         if np.asarray(r).dtype.kind == "f"]) for feed, refs in kept]
+        return store_feeds(folder, pairs)
+
+    return accuracy_hook(measure, bound, counts, "calibration", say, store)

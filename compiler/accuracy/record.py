@@ -18,20 +18,28 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from compiler.artifact.writer import dump_json
 from runtime.accuracy import RECORD_KEY
+from runtime.accuracy import STORED_FEEDS_FILE
 from runtime.artifact import MANIFEST
+from runtime.artifact import sha256_file
 from runtime.errors import AccuracyBoundError
 from runtime.errors import CompileError
 from runtime.selftest import VerifyReport
 
-__all__ = ["BoundMissed", "StepCounts", "accuracy_hook", "golden_errors", "missed_bound", "write_record"]
+__all__ = ["BoundMissed", "StepCounts", "accuracy_hook", "golden_errors", "missed_bound", "store_feeds",
+           "write_record"]
 
+# (errors per output, feed count), or None: not measured here
 Measure = Callable[[Path, VerifyReport | None], tuple[dict[str, float], int] | None]
+Stored = Callable[[Path], list[dict[str, Any]]]
 
 
 class BoundMissed(CompileError):
@@ -69,11 +77,38 @@ def golden_errors(folder: Path, report: VerifyReport | None) -> tuple[dict[str, 
 
 
 def write_record(folder: Path, record: Mapping[str, Any]) -> None:
-    """Add ``record`` to the manifest of the artifact at ``folder`` (not yet in place)."""
+    """Add ``record`` to the manifest of the artifact at ``folder`` (not yet in place), and the
+    file of its stored feeds (``store_feeds``), optional, to the manifest's files."""
     path = folder / MANIFEST
     manifest = json.loads(path.read_text(encoding="utf-8"))
     manifest[RECORD_KEY] = dict(record)
+    stored = folder / STORED_FEEDS_FILE
+    if stored.is_file():
+        manifest["files"][STORED_FEEDS_FILE] = {"size": stored.stat().st_size, "sha256": sha256_file(stored),
+                                                "optional": True}
     path.write_bytes(dump_json(manifest))
+
+
+Pair = tuple[Mapping[str, np.ndarray], Sequence[tuple[str, np.ndarray]]]
+
+
+def store_feeds(folder: Path, pairs: Sequence[Pair]) -> list[dict[str, Any]]:
+    """Write the (feeds, named fp32 outputs) ``pairs`` into the artifact's STORED_FEEDS_FILE, raw
+    little-endian, 64-byte aligned; their index for the record (``verify`` reruns them)."""
+    blob = bytearray()
+
+    def put(name: str, array: np.ndarray) -> dict[str, Any]:
+        blob.extend(b"\0" * (-len(blob) % 64))
+        data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False)
+        entry = {"name": name, "dtype": data.dtype.name, "shape": list(data.shape), "offset": len(blob),
+                 "nbytes": int(data.nbytes)}
+        blob.extend(data.tobytes())
+        return entry
+
+    index = [{"inputs": [put(n, a) for n, a in sorted(feeds.items())],
+              "outputs": [put(n, a) for n, a in outs]} for feeds, outs in pairs]
+    (folder / STORED_FEEDS_FILE).write_bytes(bytes(blob))
+    return index
 
 
 def _record(errors: Mapping[str, float], bound: float | None, steps: StepCounts, feeds: str,
@@ -87,7 +122,8 @@ def _record(errors: Mapping[str, float], bound: float | None, steps: StepCounts,
 
 
 def accuracy_hook(measure: Measure, bound: float | None, steps: StepCounts, feeds: str,
-                  say: Callable[[str], None]) -> Callable[[Path, VerifyReport | None], None]:
+                  say: Callable[[str], None], store: Stored | None = None
+                  ) -> Callable[[Path, VerifyReport | None], None]:
     """The hook ``compile_graph`` calls on the built, checked artifact: measure it (``measure``), say
     the error, raise ``BoundMissed`` at or over ``bound``, else record it in the manifest."""
 
@@ -107,7 +143,10 @@ def accuracy_hook(measure: Measure, bound: float | None, steps: StepCounts, feed
                f"step(s) in {steps.precision}"))
         if bound is not None and not worst < bound:
             raise BoundMissed(worst, errors)
-        write_record(folder, _record(errors, bound, steps, feeds, count))
+        record = _record(errors, bound, steps, feeds, count)
+        if store is not None:  # feeds verify cannot regenerate, kept for it
+            record["stored_feeds"] = store(folder)
+        write_record(folder, record)
 
     return hook
 
