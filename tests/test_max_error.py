@@ -270,3 +270,20 @@ def test_cli_max_error_and_auto_that_chose_fp32(built: dict, tmp_path: Path) -> 
     record = _record(auto)
     assert record["steps_total"] == 0 and record["max_error"] == BOUND
     assert all(error < 1e-5 for error in record["outputs"].values()), record
+
+
+def test_an_artifact_over_the_bound_builds_again(built: dict, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the built artifact measures over the bound though the reference kernels said under it
+    (here: a search told every choice has error 0), half the steps still in bf16 go back, most
+    sensitive first, and it builds again."""
+    from compiler.accuracy.bf16 import Bf16Steps
+
+    monkeypatch.setattr(Bf16Steps, "measure", lambda self, restored: 0.0)
+    said: list[str] = []
+    out = compile_model(built["model"], tmp_path / "retry", cpu=CPU, precision="bf16", max_error=BOUND,
+                        progress=said.append)
+    record = _record(out)
+    assert any("the built artifact's error is" in line for line in said), said
+    assert len(record["restored_to_fp32"]) == 3 and set(record["restored_to_fp32"][:2]) == {"fc_a", "fc_b"}
+    assert all(error < BOUND for error in record["outputs"].values()), record

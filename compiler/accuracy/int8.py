@@ -36,6 +36,7 @@ from compiler.ir.evaluate import Interpreter
 from compiler.ir.graph import Graph
 from compiler.memory_policy import MemoryPolicy
 from compiler.quantize import Quantized
+from runtime.errors import InternalError
 from runtime.selftest import VerifyReport
 from runtime.selftest import relative_error
 
@@ -46,7 +47,6 @@ Front = Callable[[onnx.ModelProto], tuple[Graph, MemoryPolicy]]
 SEARCH_FEEDS = 8  # the search measures on the first feeds; the built artifact on every one
 SENSITIVITY_FEEDS = 2  # and ranks the steps on fewer (one measurement per step)
 STORED_FEEDS = 2  # calibration feeds (and fp32 outputs) the artifact keeps for verify
-ATTEMPTS = 3  # builds at most: the search's choice, half the rest back, all back
 
 
 class Int8Steps:
@@ -82,20 +82,23 @@ def compile_int8(quantized: Quantized, import_args: Mapping[str, Any], front: Fr
                  say: Callable[[str], None]) -> Path:
     """A ``--quantize int8 --max-error`` compile: quantized steps back to fp32 until the artifact's
     error on the calibration feeds is under ``bound``."""
+    from compiler.accuracy import ATTEMPTS
     from compiler.accuracy import MARGIN
 
     steps = Int8Steps(quantized, import_args)
     choice: Choice | None = None
+    missed = 0.0
     for attempt in range(ATTEMPTS):
         if choice is None:
             choice = choose_restored(list(steps.index), steps.measure, steps.sensitivity, bound * MARGIN, say)
         else:
-            choice = more_restored(choice, choice.error, steps.sensitivity, say)
+            choice = more_restored(choice, missed, steps.sensitivity, say)
         if attempt == ATTEMPTS - 1:
             choice = dataclasses.replace(choice, restored=len(choice.order))
         variant = quantized.variant(frozenset(steps.index[n] for n in choice.restored_names))
         say(f"--max-error {bound:g}: building with {len(steps.index) - choice.restored} of "
-            f"{len(steps.index)} quantized step(s) in int8 (reference error {choice.error:.3g})")
+            f"{len(steps.index)} quantized step(s) in int8"
+            + (f" (reference error {choice.error:.3g})" if attempt == 0 else ""))
         graph, policy = front(variant.model)
         hook = int8_hook(variant, bound, say, choice.restored_names, len(steps.index))
         try:
@@ -104,9 +107,9 @@ def compile_int8(quantized: Quantized, import_args: Mapping[str, Any], front: Fr
             counts = StepCounts("int8", len(steps.index), choice.restored_names)
             if choice.restored >= len(choice.order):
                 raise missed_bound(bound, exc.error, counts, "calibration") from None
-            choice = dataclasses.replace(choice, error=exc.error)
+            missed = exc.error
             say(f"--max-error {bound:g}: the built artifact's error is {exc.error:.3g}: more steps back")
-    raise AssertionError("unreachable: the last attempt restores every step")
+    raise InternalError("--max-error: the last attempt restores every step, so it returns or raises")
 
 
 def calibration_errors(folder: Path, quantized: Quantized) -> dict[str, float]:
