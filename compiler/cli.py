@@ -229,6 +229,11 @@ def _add_precision(p: argparse.ArgumentParser) -> None:
                    help="with --quantize: an .npz of one array per input name, samples along a leading "
                         "axis: for an input (1, 3, 224, 224) an array (N, 1, 3, 224, 224), or (N, 3, 224, "
                         "224) where the input's first dim is 1")
+    p.add_argument("--max-error", type=float, default=None, metavar="E",
+                   help="with --precision bf16 or --quantize int8: put steps back in fp32, most sensitive "
+                        "first, until the error against the fp32 model (max |difference| / max |fp32 "
+                        "output|, per output, on the golden feeds for bf16, the calibration feeds for "
+                        "int8) is under E; recorded in the manifest, re-checked by verify")
     p.add_argument("--calibration-method", default="minmax", choices=["minmax", "entropy", "percentile"],
                    help="how --quantize picks each activation's range from the feeds: minmax (default: "
                         "smallest to largest value seen), entropy (least KL divergence, TensorRT's: 2048-bin "
@@ -314,7 +319,7 @@ def _compile(args: argparse.Namespace) -> int:
                             opt_shapes=args.opt_shape or None, values=dict(args.value) or None,
                             narrow_weights=args.narrow_weights, precision=args.precision,
                             quantize=args.quantize, calibration=args.calibration,
-                            calibration_method=args.calibration_method)
+                            calibration_method=args.calibration_method, max_error=args.max_error)
     if not args.quiet:
         print(f"compiled {args.model} -> {out} in {time.perf_counter() - start:.2f} s")
     return 0

@@ -32,11 +32,17 @@ a bigger weights.bin that a C program maps as it is (kernels/cpu/model.h).
 arrays by input name) and ``calibration_method`` (minmax, entropy, percentile): post-training
 static quantization of the fp32 model before the compile (compiler/quantize/); the error against
 fp32 on the calibration feeds is measured and reported at the end.
+``max_error`` (``--max-error E``, with bf16 or int8): steps go back to fp32, most sensitive first,
+until the artifact's error against the fp32 model (max |difference| / max |fp32 output|, per output
+and feed: the golden feeds for bf16, the calibration feeds for int8) is under E; the manifest records
+the error per output and the bound, ``verify`` re-checks it, ``inspect`` shows the steps' precisions;
+a bound even the all-fp32 artifact misses is an ``AccuracyBoundError`` (compiler/accuracy/).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import platform
@@ -52,6 +58,11 @@ from typing import Any
 import numpy as np
 import onnx
 
+from compiler.accuracy import Hook
+from compiler.accuracy import check_max_error
+from compiler.accuracy import compile_bf16
+from compiler.accuracy.int8 import compile_int8
+from compiler.accuracy.int8 import int8_hook
 from compiler.artifact.check import check_artifact
 from compiler.artifact.check import warn_unchecked
 from compiler.artifact.conditioning import widen_for_conditioning
@@ -81,13 +92,13 @@ from compiler.providers.reference import ReferenceProvider
 from compiler.quantize import Quantized
 from compiler.quantize import check_options as check_quantize_options
 from compiler.quantize import quantize_model
-from compiler.quantize import report_error
 from runtime.errors import ArtifactCheckError
 from runtime.errors import CompileError
 from runtime.errors import GoldenReferenceError
 from runtime.errors import UncheckedArtifactWarning
 from runtime.isa import X86_LEVELS
 from runtime.isa import host_x86_level
+from runtime.selftest import VerifyReport
 
 __all__ = ["compile_model", "compile_graph", "TARGETS", "CPU_TARGETS", "default_providers", "resolve_cpu"]
 
@@ -125,41 +136,64 @@ def compile_model(
     winograd: bool = True, compiled_control: bool = True, narrow_weights: bool = True,
     precision: str = DEFAULT_PRECISION, quantize: str | None = None,
     calibration: str | os.PathLike[str] | Mapping[str, np.ndarray] | None = None,
-    calibration_method: str = "minmax",
+    calibration_method: str = "minmax", max_error: float | None = None,
 ) -> Path:
     """Compile ``model`` into the artifact folder ``out_dir`` and return its path (the options: the
     module's docstring)."""
     say = progress or (lambda _msg: None)
     check_quantize_options(quantize, calibration, calibration_method, precision)
+    check_max_error(max_error, precision, quantize, golden_cases, run_check, opt_shapes)
     out = _checked_start(out_dir, opt_level)
     build = _cpu_build_options(build, cpu)
     resolved = resolve_precision(precision, build, say)
     providers = default_providers(target) if providers is None else providers
     source = _source_identity(model)
-    quantized = _quantized(model, quantize, calibration, calibration_method,
-                           {"shapes": shapes, "binds": binds, "dims": dims, "values": values}, say)
+    import_args = {"shapes": shapes, "binds": binds, "dims": dims, "values": values}
+    quantized = _quantized(model, quantize, calibration, calibration_method, import_args, say)
     model = model if quantized is None else quantized.model
-    graph, policy = _front_half(model, shapes, binds, dims, values, opt_level=opt_level, target=target,
-                                winograd=winograd, compiled_control=compiled_control,
-                                narrow_weights=narrow_weights, precision=resolved, say=say)
+    front_of = functools.partial(_front_half, shapes=shapes, binds=binds, dims=dims, values=values,
+                                 opt_level=opt_level, target=target, winograd=winograd,
+                                 compiled_control=compiled_control, narrow_weights=narrow_weights,
+                                 precision=resolved, say=say)
+    graph, policy = front_of(model)
     options = _recorded_options(opt_level=opt_level, target=target, shapes=shapes, dims=dims, values=values,
                                 binds=binds, plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
                                 golden_cases=golden_cases, winograd=winograd, cpu=build.isa,
                                 compiled_control=compiled_control, narrow_weights=narrow_weights,
-                                precision=None if precision == DEFAULT_PRECISION else resolved)
+                                precision=None if precision == DEFAULT_PRECISION else resolved,
+                                max_error=max_error)
     if quantized is not None:
         options["quantize"] = quantized.record
     variants = _opt_variants(model, graph, policy, opt_shapes or (), binds, say, options, opt_level=opt_level,
                              target=target, build=build, cpu=cpu, winograd=winograd,
                              compiled_control=compiled_control, narrow_weights=narrow_weights,
                              precision=resolved, golden_cases=golden_cases, run_check=run_check)
-    final = compile_graph(graph, out, providers=providers, build=build, progress=say,
-                          plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
-                          golden_cases=golden_cases, source=source, options=options,
-                          extra_files=variants, run_check=run_check, policy=policy)
+
+    def back(g: Graph, p: MemoryPolicy, hook: Hook | None) -> Path:
+        return compile_graph(g, out, providers=providers, build=build, progress=say,
+                             plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
+                             golden_cases=golden_cases, source=source, options=options,
+                             extra_files=variants, run_check=run_check, policy=p, accuracy=hook)
+
+    first = [(graph, policy)]  # the graph already optimized, then fresh ones for more tries
+    return _build(lambda m: first.pop() if first and m is model else front_of(m), back, model, resolved,
+                  quantized, import_args, max_error, golden_cases, say)
+
+
+def _build(front_of: Callable[[Any], tuple[Graph, MemoryPolicy]], back: Callable[..., Path], model: Any,
+           precision: str, quantized: Quantized | None, import_args: dict[str, Any], max_error: float | None,
+           cases: int, say: Progress) -> Path:
+    """The back half as the precision asks: fp32 as it is; bf16 and int8 with their error measured
+    and recorded, and steps put back in fp32 under ``max_error`` (compiler/accuracy/)."""
+    if quantized is not None and max_error is not None:
+        return compile_int8(quantized, import_args, front_of, back, max_error, say)
     if quantized is not None:
-        report_error(final, quantized, say)
-    return final
+        graph, policy = front_of(model)
+        return back(graph, policy, int8_hook(quantized, None, say))
+    if precision == "bf16" or max_error is not None:  # (--precision auto that chose fp32: no bf16 steps)
+        return compile_bf16(lambda: front_of(model), back, max_error, cases, say)
+    graph, policy = front_of(model)
+    return back(graph, policy, None)
 
 
 def _quantized(model: str | os.PathLike[str] | onnx.ModelProto, quantize: str | None,
@@ -205,9 +239,11 @@ def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Seque
                       dims: Mapping[str, DimSpec] | None, values: Mapping[str, Any] | None,
                       binds: Mapping[str, Any] | None, plan_budget_ms: float | None,
                       max_arena_bytes: int | None, golden_cases: int, winograd: bool, cpu: str,
-                      compiled_control: bool, narrow_weights: bool, precision: str | None) -> dict[str, Any]:
+                      compiled_control: bool, narrow_weights: bool, precision: str | None,
+                      max_error: float | None = None) -> dict[str, Any]:
     """The compile options the manifest records (a flag that is on by default only when off; the
-    precision only when ``--precision`` was given, so fp32 manifests stay as they were)."""
+    precision only when ``--precision`` was given, so fp32 manifests stay as they were; the bound
+    only with ``--max-error``)."""
     return {
         "opt_level": opt_level,
         "target": target,
@@ -221,6 +257,7 @@ def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Seque
         **({} if compiled_control else {"compiled_control": False}),
         **({} if narrow_weights else {"narrow_weights": False}),
         **({} if precision is None else {"precision": precision}),
+        **({} if max_error is None else {"max_error": max_error}),
     }
 
 
@@ -285,6 +322,7 @@ def compile_graph(
     extra_files: Mapping[str, bytes] | None = None,
     run_check: bool = True,
     policy: MemoryPolicy | None = None,
+    accuracy: Callable[[Path, VerifyReport | None], None] | None = None,
 ) -> Path:
     """Compile an already imported and optimized IR ``graph`` (changed in place) into ``out_dir``.
 
@@ -292,7 +330,9 @@ def compile_graph(
     graphs built directly too, e.g. tests of onnx-aot's own ops; CPU providers unless ``providers``
     is given. ``source`` is the (name, sha256) recorded as the model's source, ``options`` the
     compile options recorded in the manifest; ``golden_cases`` and ``run_check`` as for
-    compile_model; ``policy`` the graph's memory policy (None: compiler/memory_policy.py's choice).
+    compile_model; ``policy`` the graph's memory policy (None: compiler/memory_policy.py's choice);
+    ``accuracy`` gets the built folder and its golden check's report after the check
+    (compiler/accuracy/record.py).
     """
     say = progress or (lambda _msg: None)
     policy = memory_policy(graph) if policy is None else policy
@@ -312,12 +352,17 @@ def compile_graph(
     check_arena_limit(source.file, planned.mem_plans, max_arena_bytes)
     plan = build_plan(planned)
     say(f"generating kernels for {len(plan.partitions)} partition(s)")
-    check = None if unchecked is not None or not run_check else (
-        lambda folder: check_artifact(folder, plan.plan, out, say))
+    checked = unchecked is None and run_check
+
+    def check(folder: Path) -> None:
+        report = check_artifact(folder, plan.plan, out, say) if checked else None
+        if accuracy is not None:
+            accuracy(folder, report)
 
     def write(golden_files: Mapping[str, bytes]) -> Path:
         return write_artifact(out, plan, planned.providers, build, source, options, say,
-                              extra_files={**golden_files, **(extra_files or {})}, check=check)
+                              extra_files={**golden_files, **(extra_files or {})},
+                              check=check if checked or accuracy is not None else None)
 
     final = _write_checked(write, graph, attrs_of, golden, say)
     say(f"wrote {final}")

@@ -303,11 +303,18 @@ def _timing_line(times: list[float]) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from runtime.accuracy import accuracy_record
+    from runtime.accuracy import verify_note
+    from runtime.artifact import MANIFEST
     from runtime.session import Session
 
     session = Session(args.artifact, threads=args.threads, verify_weights=args.verify_weights)
     report = session.verify(raise_on_mismatch=False)
     print(report.summary())
+    manifest = json.loads((session.path / MANIFEST).read_text(encoding="utf-8"))
+    note = verify_note(accuracy_record(manifest)) if report.skipped is None else None
+    if note is not None:
+        print(note)
     return 0 if report.ok and report.skipped is None else 1
 
 

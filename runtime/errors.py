@@ -21,6 +21,7 @@ __all__ = [
     "ShapeError",
     "GoldenReferenceError",
     "ArtifactCheckError",
+    "AccuracyBoundError",
     "CpuFallbackWarning",
     "UncheckedArtifactWarning",
 ]
@@ -105,6 +106,12 @@ class ArtifactCheckError(CompileError):
     def __init__(self, message: str, mismatches: tuple[tuple[int, str, float], ...] = ()) -> None:
         super().__init__(message)
         self.mismatches = mismatches
+
+
+class AccuracyBoundError(CompileError):
+    """``--max-error E`` cannot be met: with every reduced-precision step back in fp32 the measured
+    error is still E or more (the message names the bound and that error); the compile wrote
+    nothing."""
 
 
 class UncheckedArtifactWarning(UserWarning):

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.accuracy import accuracy_line
+from runtime.accuracy import accuracy_record
 from runtime.artifact import load_artifact
 from runtime.contract import CONV_NHWC
 from runtime.contract import PACKED_GEMM
@@ -74,6 +76,11 @@ def inspect_artifact(path: str | os.PathLike[str], *, top: int = 10) -> Inspecti
     quantized = quantize_record(art.manifest)
     if quantized is not None:
         summary["quantize"] = quantized
+    accuracy = accuracy_record(art.manifest)
+    if accuracy is not None:
+        summary["accuracy"] = accuracy
+    if "precision" in summary or quantized is not None or accuracy is not None:
+        summary["step_precision"] = step_precisions(art.plan)
     return Inspection(art.path, art.manifest, art.plan, report, summary)
 
 
@@ -119,6 +126,30 @@ def amx_bf16_steps(plan: Plan) -> list[PlanStep]:
     return [step for step in plan.steps
             if step.op_type in (op_name(PACKED_GEMM), op_name(CONV_NHWC)) and len(step.inputs) > 1
             and step.inputs[1] is not None and plan.values[step.inputs[1]].dtype == np.uint16]
+
+
+def step_precisions(plan: Plan) -> dict[str, str]:
+    """Each step's compute precision: ``bf16`` (reads bf16 weights), ``int8`` (reads int8 / uint8
+    operands), else ``fp32``."""
+    bf16 = {step.index for step in bf16_steps(plan)}
+    narrow = (np.dtype(np.int8), np.dtype(np.uint8))
+
+    def precision(step: PlanStep) -> str:
+        if step.index in bf16:
+            return "bf16"
+        if any(name is not None and plan.values[name].dtype in narrow for name in step.inputs):
+            return "int8"
+        return "fp32"
+
+    return {step.name: precision(step) for step in plan.steps}
+
+
+def _step_precision_line(plan: Plan) -> str:
+    counts: dict[str, int] = {}
+    for precision in step_precisions(plan).values():
+        counts[precision] = counts.get(precision, 0) + 1
+    return "steps by precision: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) + \
+        " (inspect --json: step_precision, per step)"
 
 
 def precision_summary(manifest: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
@@ -323,7 +354,11 @@ def _buffer_rows(buffers: list[dict[str, Any]]) -> list[str]:
 def _precision_lines(manifest: Mapping[str, Any], plan: Plan) -> list[str]:
     """The precision line, and the quantization line where the compile quantized the model."""
     quantized = quantize_line(manifest)
-    return [precision_line(manifest, plan)] + ([quantized] if quantized is not None else [])
+    accuracy = accuracy_line(manifest)
+    lines = [precision_line(manifest, plan)] + ([quantized] if quantized is not None else [])
+    if quantized is not None or accuracy is not None or bf16_steps(plan):
+        lines.append(_step_precision_line(plan))
+    return lines + ([accuracy] if accuracy is not None else [])
 
 
 def format_text(ins: Inspection, *, steps: int | None = None) -> str:

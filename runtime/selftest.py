@@ -32,6 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from runtime.accuracy import STORED_FEEDS_FILE
+from runtime.accuracy import bounded_checks
+from runtime.accuracy import check_record
+from runtime.accuracy import stored_array
 from runtime.errors import ArtifactError
 from runtime.errors import OnnxAotError
 
@@ -281,8 +285,41 @@ def run_golden_cases(root: Path, manifest: Mapping[str, Any], run: Run, *,
             raise ArtifactError(f"{root}: golden case {number} does not run: {exc}") from exc
         for (name, ref, record), array in zip(expected, got, strict=True):
             report.checks.append(_check(number, name, np.asarray(array), ref, record))
+    # the --max-error bound holds on the golden cases too (runtime/accuracy.py)
+    outputs = [str(r.get("name")) for c in index["cases"] if isinstance(c, dict)
+               for r in c.get("outputs", [])]
+    record = check_record(root, manifest, outputs)
+    report.checks = bounded_checks(record, report.checks) + stored_checks(root, manifest, record, run,
+                                                                          len(index["cases"]))
     if not report.checks:
         report.skipped = "golden.json lists no outputs"
     elif raise_on_mismatch and not report.ok:
         raise SelfTestError(report.summary(), report)
     return report
+
+
+def stored_checks(root: Path, manifest: Mapping[str, Any], record: Mapping[str, Any] | None, run: Run,
+                  first_case: int) -> list[OutputCheck]:
+    """The stored feeds (``STORED_FEEDS_FILE``, int8's calibration feeds) rerun through ``run``, each
+    output held to the bound against its stored fp32 output (``runtime.selftest.OutputCheck``s,
+    numbered from ``first_case``); none where the record has no bound or the file was stripped."""
+    files = manifest.get("files", {})
+    if record is None or record.get("max_error") is None or not record.get("stored_feeds") \
+            or STORED_FEEDS_FILE not in files or not (root / STORED_FEEDS_FILE).is_file():
+        return []
+    path = root / STORED_FEEDS_FILE
+    blob = path.read_bytes()
+    below = math.nextafter(float(record["max_error"]), 0.0)
+    checks = []
+    for k, entry in enumerate(record["stored_feeds"]):
+        if not isinstance(entry, Mapping):
+            raise ArtifactError(f"{path}: stored feed {k} is not an object")
+        feeds = {str(e.get("name")): stored_array(path, blob, e) for e in entry.get("inputs", [])}
+        refs = [(str(e.get("name")), stored_array(path, blob, e)) for e in entry.get("outputs", [])]
+        try:
+            got = run([name for name, _ in refs], feeds)
+        except OnnxAotError as exc:
+            raise ArtifactError(f"{root}: stored feed {k} does not run: {exc}") from exc
+        checks += [OutputCheck(first_case + k, name, relative_error(np.asarray(array), ref), below)
+                   for (name, ref), array in zip(refs, got, strict=True)]
+    return checks

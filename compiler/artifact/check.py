@@ -32,6 +32,7 @@ from runtime.errors import ArtifactError
 from runtime.errors import CpuFallbackWarning
 from runtime.errors import UncheckedArtifactWarning
 from runtime.plan_schema import Plan
+from runtime.selftest import VerifyReport
 
 __all__ = ["check_artifact", "warn_unchecked"]
 
@@ -63,9 +64,10 @@ def _no_build_for_this_cpu(folder: Path) -> str | None:
     return None
 
 
-def check_artifact(folder: Path, plan: Plan, out: Path, say: Progress) -> None:
-    """Run the golden cases of the artifact written at ``folder`` (to become ``out``): return when
-    every output is within its tolerance, else raise ``ArtifactCheckError``."""
+def check_artifact(folder: Path, plan: Plan, out: Path, say: Progress) -> VerifyReport | None:
+    """Run the golden cases of the artifact written at ``folder`` (to become ``out``): return their
+    report when every output is within its tolerance (None: not run here), else raise
+    ``ArtifactCheckError``."""
     from runtime.session import Session
 
     spaces = {a.memory_space for a in plan.arenas} | {p.memory_space for p in plan.partitions}
@@ -75,12 +77,12 @@ def check_artifact(folder: Path, plan: Plan, out: Path, say: Progress) -> None:
         if not cuda_available():
             say("no usable CUDA device here (cupy and a GPU): the artifact's first run is not checked")
             warn_unchecked(out, "this host has no usable CUDA device to run it on (cupy and a GPU)")
-            return
+            return None
     foreign = _no_build_for_this_cpu(folder)
     if foreign is not None:  # compiled for another machine (--cpu above this host's, no portable build)
         say(f"no C build of the artifact runs on this CPU: its first run is not checked ({foreign})")
         warn_unchecked(out, f"no C build of it runs on this CPU ({foreign})")
-        return
+        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CpuFallbackWarning)  # said below, as a progress line
         try:
@@ -99,7 +101,7 @@ def check_artifact(folder: Path, plan: Plan, out: Path, say: Progress) -> None:
         raise ArtifactCheckError(f"{out}: the built artifact fails its first run on the golden inputs: "
                                  f"{message}; nothing was written") from None
     if report.skipped is not None:  # make_golden stored no case; its reason was given already
-        return
+        return None
     if not report.ok:
         bad = [c for c in report.checks if not c.ok]
         detail = ", ".join(f"case {c.case} output {c.output!r}: relative error {c.error:.3g} over "
@@ -111,3 +113,4 @@ def check_artifact(folder: Path, plan: Plan, out: Path, say: Progress) -> None:
     assert worst is not None
     say(f"checked the artifact: {report.cases} golden case(s) ran and match the reference "
         f"(worst relative error {worst.error:.3g}, output {worst.output!r})")
+    return report

@@ -54,8 +54,8 @@ from runtime.selftest import array_sha256
 from runtime.selftest import generate_input
 from runtime.selftest import sample_indices
 
-__all__ = ["GOLDEN_BIN", "GOLDEN_JSON", "DEFAULT_CASES", "DEFAULT_MAX_BYTES", "make_golden", "skipped_reason",
-           "tolerance_for"]
+__all__ = ["GOLDEN_BIN", "GOLDEN_JSON", "DEFAULT_CASES", "DEFAULT_MAX_BYTES", "case_feeds", "make_golden",
+           "skipped_reason", "tolerance_for"]
 
 GOLDEN_JSON = "golden.json"
 GOLDEN_BIN = "golden.bin"
@@ -98,23 +98,31 @@ def _input_kind(dtype: np.dtype, integers: bool) -> str:
     return "int0to3" if integers else "zeros"  # zeros: a safe index / count where random ones are not
 
 
+def case_feeds(graph: Graph, seed: int, binding: Binding | None,
+               integers: bool = True) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """(input records, feeds) of golden case ``seed``: float inputs uniform, integer inputs 0..3
+    (``integers``) or zeros, value-symbol inputs their ``binding``."""
+    valued = {name: symbol for symbol, name in graph.value_symbols.items()}  # fed their binding
+    records, feeds = [], {}
+    for k, value in enumerate(graph.inputs):
+        assert value.dtype is not None and value.shape is not None
+        kind, input_seed = _input_kind(value.dtype, integers), (seed << 16) + k
+        if value.name in valued and binding is not None:
+            kind, input_seed = "fill", binding[valued[value.name]]
+        shape = concrete_shape(value.shape, binding)
+        array = generate_input(kind, value.dtype, shape, input_seed)
+        feeds[value.name] = array
+        records.append({"name": value.name, "dtype": value.dtype.name, "shape": list(shape),
+                        "generator": kind, "seed": input_seed, "sha256": array_sha256(array)})
+    return records, feeds
+
+
 def _case(graph: Graph, seed: int, binding: Binding | None) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
     """(input records, reference outputs) for case ``seed`` (symbolic dims at ``binding``): integer
     inputs 0..3, else zeros; ``GoldenReferenceError`` naming the step when neither runs."""
     failure = ""
-    valued = {name: symbol for symbol, name in graph.value_symbols.items()}  # fed their binding
     for integers in (True, False):
-        records, feeds = [], {}
-        for k, value in enumerate(graph.inputs):
-            assert value.dtype is not None and value.shape is not None
-            kind, input_seed = _input_kind(value.dtype, integers), (seed << 16) + k
-            if value.name in valued and binding is not None:
-                kind, input_seed = "fill", binding[valued[value.name]]
-            shape = concrete_shape(value.shape, binding)
-            array = generate_input(kind, value.dtype, shape, input_seed)
-            feeds[value.name] = array
-            records.append({"name": value.name, "dtype": value.dtype.name, "shape": list(shape),
-                            "generator": kind, "seed": input_seed, "sha256": array_sha256(array)})
+        records, feeds = case_feeds(graph, seed, binding, integers)
         interpreter = _Tracked(graph, binding=binding)
         try:
             return records, interpreter.run(feeds)

@@ -7,8 +7,9 @@ or percentile); the model is rewritten into the QDQ form onnxruntime's ``quantiz
 (S8S8, per-channel weights: ``prepare.py``, ``qdq_plan.py``, ``qdq_writer.py``) and that model is
 compiled, so the QDQ passes (``compiler/passes/fold_qdq*.py``) give it the same integer steps
 (PackedQConv, QGemm, QBinary, ...) a QDQ file gets. The manifest's compile options record the
-scheme, method and number of samples (``inspect`` shows them); after the compile the artifact's
-error against the fp32 model on the calibration feeds is measured and reported (``measure_error``).
+scheme, method and number of samples (``inspect`` shows them); the built artifact's error against
+the fp32 model on the calibration feeds is measured, reported and recorded
+(``compiler/accuracy/int8.py``; ``--max-error`` bounds it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,12 +29,12 @@ from compiler.quantize.feeds import load_feeds
 from compiler.quantize.observe import METHODS
 from compiler.quantize.observe import observe
 from compiler.quantize.prepare import prepare_model
+from compiler.quantize.qdq_plan import QdqPlan
 from compiler.quantize.qdq_plan import plan_qdq
 from compiler.quantize.qdq_writer import write_qdq
 from runtime.errors import CompileError
 
-__all__ = ["CalibrationError", "METHODS", "SCHEMES", "Quantized", "check_options", "measure_error",
-           "quantize_model", "report_error"]
+__all__ = ["CalibrationError", "METHODS", "SCHEMES", "Quantized", "check_options", "quantize_model"]
 
 SCHEMES = ("int8",)
 Calibration = str | os.PathLike[str] | Mapping[str, np.ndarray]
@@ -48,6 +49,26 @@ class Quantized:
     record: dict[str, Any]
     feeds: list[dict[str, np.ndarray]]
     reference: list[list[np.ndarray]]
+    prepared: onnx.ModelProto  # the fp32 model as planned, its ranges, the tensor names after import
+    ranges: Mapping[str, tuple[float, float]]
+    names: frozenset[str]
+    steps: tuple[int, ...] = ()  # the nodes (of ``prepared``) computed on quantized operands
+
+    def step_name(self, k: int) -> str:
+        node = self.prepared.graph.node[k]
+        return node.name or f"{node.op_type} #{k}"
+
+    def variant(self, skip: frozenset[int]) -> Quantized:
+        """The same calibration with the nodes ``skip`` left float (``--max-error``)."""
+        plan = _kept(plan_qdq(self.prepared, skip), self.names)
+        return replace(self, model=write_qdq(self.prepared, plan, self.ranges), steps=tuple(plan.steps))
+
+
+def _kept(plan: QdqPlan, names: frozenset[str]) -> QdqPlan:
+    """``plan`` without the tensors the import renamed (they stay float)."""
+    plan.own = [n for n in plan.own if n in names]
+    plan.same = {k: v for k, v in plan.same.items() if v in plan.own}
+    return plan
 
 
 def check_options(quantize: str | None, calibration: Calibration | None, method: str, precision: str) -> None:
@@ -84,42 +105,18 @@ def quantize_model(model: str | os.PathLike[str] | onnx.ModelProto, calibration:
     inputs = {v.name: (tuple(int(d) for d in v.shape or ()), np.dtype(v.dtype)) for v in graph.inputs}
     feeds = load_feeds(calibration, inputs, bound=sorted(import_args.get("binds") or {}))
     plan = plan_qdq(prepared)
-    names = {v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs}
+    names = frozenset({v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs})
     lost = [n for n in plan.own if n not in names]
     if lost:  # (the importer keeps the ONNX tensor names; one it renamed stays float)
         say(f"--quantize: {len(lost)} tensor(s) left float, not found after import: {', '.join(lost[:5])}")
-        plan.own = [n for n in plan.own if n in names]
-        plan.same = {k: v for k, v in plan.same.items() if v in plan.own}
+        plan = _kept(plan, names)
     say(f"quantizing int8: {len(plan.own)} activation ranges to calibrate on {len(feeds)} feed(s), "
         f"{len(plan.weights)} weights per channel")
-    observed = observe(graph, feeds, set(plan.own), method, say)
+    # the tensors at another's scale get a range too: with that one's step left float (--max-error)
+    # they are quantized on their own
+    observed = observe(graph, feeds, set(plan.own) | (set(plan.same) & names), method, say)
     record = {"scheme": "int8", "method": method, "samples": len(feeds),
               "activations": "int8 per tensor, asymmetric", "weights": "int8 per output channel, symmetric",
               "quantized_tensors": len(plan.own) + len(plan.same)}
-    return Quantized(write_qdq(prepared, plan, observed.ranges), record, feeds, observed.outputs)
-
-
-def measure_error(artifact: str | os.PathLike[str], quantized: Quantized) -> dict[str, float]:
-    """Per output: max |int8 - fp32| / max |fp32| over the calibration feeds (the artifact against
-    the fp32 model on the reference kernels)."""
-    from runtime.session import Session
-
-    session = Session(Path(artifact))
-    diff: dict[int, float] = {}
-    top: dict[int, float] = {}
-    for feed, ref in zip(quantized.feeds, quantized.reference, strict=True):
-        for k, (got, want) in enumerate(zip(session.run(None, feed), ref, strict=True)):
-            want64 = np.asarray(want, np.float64)
-            gap = np.abs(np.asarray(got, np.float64) - want64)
-            diff[k] = max(diff.get(k, 0.0), float(np.max(gap, initial=0)))
-            top[k] = max(top.get(k, 0.0), float(np.max(np.abs(want64), initial=0)))
-    return {session.outputs[k].name: diff[k] / (top[k] or 1.0) for k in sorted(diff)}
-
-
-def report_error(artifact: str | os.PathLike[str], quantized: Quantized,
-                 say: Callable[[str], None]) -> dict[str, float]:
-    """Measure the artifact's error against fp32 on the calibration feeds and say it, per output."""
-    errors = measure_error(artifact, quantized)
-    say(f"int8 error against fp32 on the {len(quantized.feeds)} calibration feed(s), max |int8 - fp32| / "
-        f"max |fp32|: " + ", ".join(f"{name} {value:.4f}" for name, value in errors.items()))
-    return errors
+    return Quantized(write_qdq(prepared, plan, observed.ranges), record, feeds, observed.outputs, prepared,
+                     observed.ranges, names, tuple(plan.steps))

@@ -47,6 +47,7 @@ class QdqPlan:
     same: dict[str, str] = field(default_factory=dict)
     weights: dict[tuple[int, int], int | None] = field(default_factory=dict)
     biases: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
+    steps: list[int] = field(default_factory=list)  # the nodes computed on quantized operands
 
     def quantized(self, name: str) -> bool:
         return name in self.same or name in self.own
@@ -81,13 +82,19 @@ class _Facts:
         return clamp if all(not b or b in self.consts for b in clamp.input[1:]) else None
 
 
-def plan_qdq(model: onnx.ModelProto) -> QdqPlan:
-    """The placement for ``model`` (shape-inferred: the float tensors are read off value_info)."""
+def plan_qdq(model: onnx.ModelProto, skip: frozenset[int] = frozenset()) -> QdqPlan:
+    """The placement for ``model`` (shape-inferred: the float tensors are read off value_info); the
+    Conv / MatMul / Gemm and Add / Mul / Concat / pool / Softmax nodes of index in ``skip`` stay
+    float (``--max-error``; the ops that only move values follow their input)."""
     facts, plan = _Facts(model.graph), QdqPlan()
     for k, node in enumerate(model.graph.node):
+        if k in skip:
+            continue
         if node.op_type in _WEIGHTED and _weighted(k, node, facts, plan):
+            plan.steps.append(k)
             _output(node.output[0], facts, plan)
         elif node.op_type in _OWN and _own_inputs(k, node, facts, plan):
+            plan.steps.append(k)
             _output(node.output[0], facts, plan)
         elif node.op_type in _SAME and plan.quantized(node.input[0]) and facts.activation(node.output[0]):
             plan.same[node.output[0]] = _root(plan, node.input[0])

@@ -146,6 +146,11 @@ def write_qdq(model: onnx.ModelProto, plan: QdqPlan,
     kept = [t for t in model.graph.initializer if t.name not in replaced or _still_read(t.name, out.graph)]
     del out.graph.initializer[:]
     out.graph.initializer.extend([*kept, *w.inits])
+    # an IR-3 model lists its initializers as graph inputs too: a replaced one must not stay an input
+    dropped = replaced - {t.name for t in kept}
+    inputs = [i for i in out.graph.input if i.name not in dropped]
+    del out.graph.input[:]
+    out.graph.input.extend(inputs)
     return out
 
 
