@@ -60,11 +60,25 @@ def _bf16(a: np.ndarray) -> np.ndarray:
     return a.astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-def _amx_reason() -> str | None:
-    flags = host_cpu_flags()
-    if flags is None or not {"amx_tile", "amx_bf16"} <= flags:
-        return "this CPU has no AMX-BF16 (the tile path is not taken here)"
-    return None
+# the three paths a bf16 kernel takes at run time, by the environment it reads each run
+# ($ONNX_AOT_BF16_DOT=1 takes the vdpbf16ps path wherever the CPU has it, even where it measures
+# slower than fp32, as on Intel's; =0 never)
+PATHS = {"amx": {}, "dpbf16": {"ONNX_AOT_NO_AMX": "1", "ONNX_AOT_BF16_DOT": "1"},
+         "fallback": {"ONNX_AOT_NO_AMX": "1", "ONNX_AOT_BF16_DOT": "0"}}
+
+
+def _use_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Skips where this CPU cannot take ``path``; else sets the environment that selects it."""
+    flags = host_cpu_flags() or set()
+    if path == "amx" and not {"amx_tile", "amx_bf16"} <= flags:
+        pytest.skip("this CPU has no AMX-BF16 (the tile path is not taken here)")
+    if path == "dpbf16" and "avx512_bf16" not in flags:
+        pytest.skip("this CPU has no AVX512_BF16 (the vdpbf16ps path is not taken here)")
+    for name in ("ONNX_AOT_NO_AMX", "ONNX_AOT_BF16_DOT"):
+        if name in PATHS[path]:
+            monkeypatch.setenv(name, PATHS[path][name])
+        else:
+            monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +95,11 @@ def _runs(art: Path, x: np.ndarray) -> list[np.ndarray]:
     return [Session(art, threads=threads).run(None, {"x": x})[0] for threads in (1, 2)]
 
 
+@pytest.mark.parametrize("path", ["amx", "dpbf16"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_amx_bf16_products_in_fp32_sums(arts: dict, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    reason = _amx_reason()
-    if reason:
-        pytest.skip(reason)
-    monkeypatch.delenv("ONNX_AOT_NO_AMX", raising=False)
+def test_bf16_products_in_fp32_sums(arts: dict, case: str, path: str,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _use_path(path, monkeypatch)
     art, w, bias = arts[case]
     m, k, _ = CASES[case]
     x = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
@@ -98,7 +111,7 @@ def test_amx_bf16_products_in_fp32_sums(arts: dict, case: str, monkeypatch: pyte
     fp32 = np.maximum(x.astype(np.float64) @ w + bias, 0)
     err = np.abs(one - fp32)
     bound = (2 * U + U * U) * (np.abs(x).astype(np.float64) @ np.abs(w)) + 1e-5 * scale
-    print(f"{case}: AMX max |err| / max |y| {err.max() / np.abs(fp32).max():.3g}, "
+    print(f"{case}: {path} max |err| / max |y| {err.max() / np.abs(fp32).max():.3g}, "
           f"worst err / bound {(err / bound).max():.3f}")
     assert (err <= bound).all() and err.max() > 0
     assert Session(art).verify().ok
@@ -106,7 +119,7 @@ def test_amx_bf16_products_in_fp32_sums(arts: dict, case: str, monkeypatch: pyte
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_fallback_is_fp32_on_the_bf16_weights(arts: dict, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ONNX_AOT_NO_AMX", "1")
+    _use_path("fallback", monkeypatch)
     art, w, bias = arts[case]
     m, k, _ = CASES[case]
     x = np.random.default_rng(4).standard_normal((m, k)).astype(np.float32)
@@ -121,6 +134,7 @@ def test_the_steps_and_the_text(arts: dict, tmp_path: Path) -> None:
     assert [s.op_type for s in amx_bf16_steps(load_artifact(art).plan)] == ["PackedGemm"]
     text = (art / "kernels" / "cpu" / "model.c").read_text()
     assert "tdpbf16ps" in text and "onnx_aot_amx_usable(ONNX_AOT_AMX_BF16)" in text
+    assert "_mm512_dpbf16_ps" in text and "onnx_aot_dpbf16_usable()" in text
     model = _model(*CASES["tails"])[0]
     fp32 = compile_model(model, tmp_path / "fp32", cpu=CPU)
     assert "tdpbf16ps" not in (fp32 / "kernels" / "cpu" / "model.c").read_text()
@@ -172,16 +186,11 @@ def _ort(model: onnx.ModelProto, w: np.ndarray, feeds: dict[str, np.ndarray]) ->
     return session.run(None, feeds)[0]
 
 
-@pytest.mark.parametrize("amx", [True, False], ids=["amx", "fallback"])
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("case", list(CONVS))
-def test_conv_on_both_paths(conv_arts: dict, case: str, amx: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    reason = _amx_reason()
-    if amx and reason:
-        pytest.skip(reason)
-    if amx:
-        monkeypatch.delenv("ONNX_AOT_NO_AMX", raising=False)
-    else:
-        monkeypatch.setenv("ONNX_AOT_NO_AMX", "1")
+def test_conv_on_each_path(conv_arts: dict, case: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _use_path(path, monkeypatch)
+    amx = path != "fallback"  # both bf16 paths round the input
     art, model, w = conv_arts[case]
     rng = np.random.default_rng(5)
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}

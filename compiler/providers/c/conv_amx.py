@@ -82,7 +82,6 @@ class ConvAmxContext(KernelContext):
     e: Epilogue
     amx: AmxBf16
     conv: ConvGeometry
-    b_floats: int  # the fallback's widened panels, ahead of its fp32 windows in scratch
     parallel: bool
     taps: AmxTaps | None = None
 
@@ -104,10 +103,6 @@ def _geometry(node: Node) -> ConvGeometry | None:
 
 def _pixels(g: ConvGeometry) -> int:
     return int(g.batch * g.oh * g.ow)
-
-
-def _b_floats(g: ConvGeometry) -> int:
-    return -(-int(g.m) // B_PANEL) * B_PANEL * int(g.k)
 
 
 def amx_conv(node: Node) -> bool:
@@ -144,7 +139,7 @@ class ConvAmxKernel(CKernel):
         restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else []) + [False, True]
         p, m, k = _pixels(g), int(g.m), int(g.k)
         ctx = ConvAmxContext(params=params(names, args, restrict), t=choose_tiling(p, m, k, target, B_PANEL),
-                             e=e, amx=amx_bf16(p, m, k), conv=g, b_floats=_b_floats(g),
+                             e=e, amx=amx_bf16(p, m, k), conv=g,
                              parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g))
         return StepCode("c/conv_amx.c.j2", ctx, tuple(args))
 

@@ -457,9 +457,9 @@ class GemmKernel(CKernel):
 
 
 def _b_floats(prod: _Product, bf16: bool) -> int:
-    """Scratch floats ahead of A's blocks: B's panels (packed per run, or a bf16 B widened)."""
+    """Scratch floats ahead of A's blocks: B's panels packed per run (a bf16 B is read as it is)."""
     if bf16:
-        return -(-int(prod.p.n) // B_PANEL) * B_PANEL * int(prod.p.k)
+        return 0
     return packed_nbytes(prod.p.k, prod.p.n) // 4 if prod.path == "packed" else 0  # type: ignore[arg-type]
 
 

@@ -5,9 +5,11 @@ for a Gemm with static rows. The kernel (``templates/c/gemm_amx.c.j2``) takes on
 run time: where ``onnx_aot_amx_usable(ONNX_AOT_AMX_BF16)`` holds, A is rounded to bfloat16 (to
 nearest even) into scratch, rows padded to 32 and k to the pack's, and each 32 x 32 block of C is
 four fp32 AMX tiles summed over ``tdpbf16ps`` of A and B tiles, then the Gemm's epilogue (alpha,
-bias, activation); elsewhere (no AMX, or ``$ONNX_AOT_NO_AMX``) B is widened to the fp32 panels of
-an fp32 PackedGemm in scratch and the register tile runs as it does there (A in fp32). So one
-artifact runs on every CPU; the fallback costs one pass over B per run.
+bias, activation); on AVX512_BF16 without AMX, where its dot product measures faster than fp32's FMA, the same
+blocks by ``vdpbf16ps`` (``templates/c/gemm_dpbf16.c.j2``); elsewhere (no AMX, or
+``$ONNX_AOT_NO_AMX``) the fp32 register tile reads the pack's bf16 pairs as they are, each
+widened in registers (a shift or a mask, ``gemm_tile.c.j2``'s ``pairs``), A in fp32. So one
+artifact runs on every CPU, at its fp32 speed where it has no bf16 unit, with half the weight bytes.
 """
 
 from __future__ import annotations
@@ -66,8 +68,7 @@ def amx_bf16(m: int, n: int, k: int) -> AmxBf16:
 
 
 def bf16_scratch_nbytes(m: int, n: int, k: int, a_blocks: int) -> int:
-    """The AMX path's bfloat16 A, or the fallback's widened B panels and its A blocks (``a_blocks``
-    bytes: the fp32 path's k-major copy of A), whichever is larger."""
+    """The bf16 paths' rounded A, or the fallback's A blocks (``a_blocks`` bytes: the fp32 path's
+    k-major copy of A, or a conv's fp32 windows), whichever is larger."""
     amx = amx_bf16(m, n, k)
-    widened = 4 * -(-n // B_PANEL) * B_PANEL * k
-    return max(2 * amx.mp * amx.kp, widened + a_blocks)
+    return max(2 * amx.mp * amx.kp, a_blocks)
