@@ -85,6 +85,7 @@ class ConvAmxContext(KernelContext):
     b_floats: int  # the fallback's widened panels, ahead of its fp32 windows in scratch
     parallel: bool
     taps: AmxTaps | None = None
+    pre_relu: int | None = None  # X * S + T (then Relu where 1) in the input pass (fuse_conv_prescale)
 
 
 def _geometry(node: Node) -> ConvGeometry | None:
@@ -100,6 +101,16 @@ def _geometry(node: Node) -> ConvGeometry | None:
     if g is None or g.groups != 1 or tuple(w.shape) != amx_pack_shape(int(g.k), int(g.m)):
         return None
     return g
+
+
+def _prescale_ok(node: Node, g: ConvGeometry) -> bool:
+    """No S / T (``fuse_conv_prescale``), or both, (C,), on a 1x1 conv without padding (its
+    gathered rows are the input's pixels, the channels in order)."""
+    s, t = node.input(4), node.input(5)
+    if s is None and t is None:
+        return True
+    return (s is not None and t is not None and s.shape == t.shape == (g.c,) and g.kh == g.kw == 1
+            and not g.rows.padded and not g.cols.padded and amx_taps(g) is None)
 
 
 def _pixels(g: ConvGeometry) -> int:
@@ -121,10 +132,11 @@ class ConvAmxKernel(CKernel):
 
     def supports(self, node: Node) -> bool:
         g = _geometry(node)
-        if g is None or not fused_ok(node) or len(node.inputs) > 4 or len(node.outputs) != 1:
+        if g is None or not fused_ok(node) or len(node.inputs) > 6 or len(node.outputs) != 1:
             return False
         b, z = node.input(2), node.input(3)
-        return (b is None or b.shape == (g.m,)) and (z is None or z.shape == node.outputs[0].shape)
+        return ((b is None or b.shape == (g.m,)) and (z is None or z.shape == node.outputs[0].shape)
+                and _prescale_ok(node, g))
 
     def scratch_nbytes(self, node: Node) -> int:
         g = claimed(_geometry(node), node)
@@ -135,17 +147,19 @@ class ConvAmxKernel(CKernel):
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         g = claimed(_geometry(node), node)
-        has_bias, has_res = node.input(2) is not None, node.input(3) is not None
+        has_bias, has_res, pre = (node.input(i) is not None for i in (2, 3, 4))
         e = Epilogue("", has_bias, "", 0, 1, has_res, activation(node), activation(node, vector=True))
         scratch = scratch_arg(step, self.scratch_nbytes(node))
         args = [*step_args(step), *scratch]
         args[1] = dataclasses.replace(args[1], ctype="uint16_t")
-        names = ["a", "b"] + (["biasp"] if has_bias else []) + (["zp"] if has_res else []) + ["y", "scratch"]
-        restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else []) + [False, True]
+        names = (["a", "b"] + (["biasp"] if has_bias else []) + (["zp"] if has_res else [])
+                 + (["pres", "pret"] if pre else []) + ["y", "scratch"])
+        restrict = [True, True] + [True] * has_bias + [False] * has_res + [True, True] * pre + [False, True]
         p, m, k = _pixels(g), int(g.m), int(g.k)
         ctx = ConvAmxContext(params=params(names, args, restrict), t=choose_tiling(p, m, k, target, B_PANEL),
                              e=e, amx=amx_bf16(p, m, k), conv=g, b_floats=_b_floats(g),
-                             parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g))
+                             parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g),
+                             pre_relu=int(node.attrs.get("pre_relu", 0)) if pre else None)
         return StepCode("c/conv_amx.c.j2", ctx, tuple(args))
 
 
