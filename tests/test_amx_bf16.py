@@ -129,8 +129,10 @@ def test_the_steps_and_the_text(arts: dict, tmp_path: Path) -> None:
 
 
 # conv cases: (N, C, H, W, M, kernel, stride, pad); "taps" ones have C % 32 == 0 and outputs >= 7 wide
-# (each with K x M >= pack_conv_bf16.MIN_PIXEL_PRODUCTS: smaller convs stay fp32)
+# (each with K x M >= pack_conv_bf16.MIN_PIXEL_PRODUCTS, or K >= MIN_DEEP_K into M >= MIN_DEEP_M:
+# "gather_deep", 144 x 48; smaller convs stay fp32)
 CONVS = {"gather_pad": (1, 16, 9, 9, 96, 3, 1, 1), "gather_1x1": (2, 40, 7, 7, 330, 1, 1, 0),
+         "gather_deep": (1, 16, 15, 13, 48, 3, 1, 1),
          "gather_s2": (1, 48, 14, 14, 40, 3, 2, 1), "taps_3x3": (2, 32, 13, 17, 48, 3, 1, 1),
          "taps_5x5": (1, 64, 20, 14, 48, 5, 1, 2), "taps_s2": (1, 32, 30, 27, 50, 3, 2, 1)}
 

@@ -1,7 +1,8 @@
 """``--precision bf16``: the NHWC convolutions' weights as bfloat16 codes in the AMX-BF16 layout.
 
 After ``layout_nhwc``, each ``onnx_aot.ConvNhwc`` of one group with static shapes, at least
-MIN_CHANNELS input channels and MIN_PIXEL_PRODUCTS products per output pixel
+MIN_CHANNELS input channels and MIN_PIXEL_PRODUCTS products per output pixel (or a window of
+MIN_DEEP_K products into at least MIN_DEEP_M channels)
 gets its packed weights (``runtime/kernels/nhwc.py: pack_conv_weights``) replaced by the AMX pack
 of its (K, M) matrix, k = (kh, kw, c) as the kernel gathers its input rows
 (``runtime/kernels/amx_pack.py``; half the bytes), rounded to nearest even; the fp32 original is
@@ -34,6 +35,13 @@ MIN_CHANNELS = 16
 # tile passes cost more than they save (DenseNet-121's 1x1 64 -> 128 at 56x56: 0.263 ms against
 # fp32's 0.157; 96 -> 128 0.237 against 0.262; ResNet-50's 64 -> 256 0.33 against 0.43).
 MIN_PIXEL_PRODUCTS = 12288
+# Or a deep enough window with a full tile of output channels (median step times, alternating runs,
+# 2 threads, this SPR, after the gather took each kernel row's taps as one run): SqueezeNet's 3x3
+# 16 -> 64 at 55x55 (K 144) 0.094 ms against fp32's 0.190, its 1x1 256 -> 32 at 27x27 0.061 against
+# 0.081, Inception v1's 256 -> 32 0.063 against 0.078, 192 -> 32 even; still fp32: K 64 at 56x56
+# (ResNet-50's 64 -> 64 0.125 against 0.103, DenseNet-121's 64 -> 128 0.213 against 0.187) and
+# M 16 (Inception v1's 480 -> 16 0.026 against 0.016: half of each tile's columns unused).
+MIN_DEEP_K, MIN_DEEP_M = 128, 32
 
 
 def conv_matrix(packed: np.ndarray, m: int) -> np.ndarray:
@@ -50,8 +58,9 @@ def _eligible(graph: Graph, node: Node) -> bool:
     static = all(s is not None and all(isinstance(d, int) for d in s) for s in shapes)
     if not static or x is None or x.shape is None or y.shape is None or w.const.ndim != 6:
         return False
-    products = int(np.prod(w.const.shape[2:5])) * int(y.shape[3])  # (KH, KW, C) x M
-    return (x.shape[3] >= MIN_CHANNELS and products >= MIN_PIXEL_PRODUCTS and w.const.dtype == np.float32
+    k, m = int(np.prod(w.const.shape[2:5])), int(y.shape[3])  # (KH, KW, C) x M
+    big = k * m >= MIN_PIXEL_PRODUCTS or (k >= MIN_DEEP_K and m >= MIN_DEEP_M)
+    return (x.shape[3] >= MIN_CHANNELS and big and w.const.dtype == np.float32
             and graph.narrowing.affine_of(w.const) is None and len(w.consumers()) == 1)
 
 
