@@ -31,6 +31,9 @@ __all__ = ["PackConvBf16", "conv_matrix", "MIN_CHANNELS"]
 # for the tiles took longer than the fp32 kernel (ResNet-50's 7x7 stem 1.07 vs 0.68 ms, ShuffleNet's
 # 3x3 0.21 vs 0.13 ms, 2 threads, this SPR).
 MIN_CHANNELS = 16
+# unless the window has this many taps (a 7x7 stem: gathered block by block into cache,
+# conv_amx_fused.c.j2)
+STEM_MIN_TAPS = 9
 # And convs of fewer products per output pixel (K x M): rounding the input into scratch and the
 # tile passes cost more than they save (DenseNet-121's 1x1 64 -> 128 at 56x56: 0.263 ms against
 # fp32's 0.157; 96 -> 128 0.237 against 0.262; ResNet-50's 64 -> 256 0.33 against 0.43).
@@ -60,7 +63,8 @@ def _eligible(graph: Graph, node: Node) -> bool:
         return False
     k, m = int(np.prod(w.const.shape[2:5])), int(y.shape[3])  # (KH, KW, C) x M
     big = k * m >= MIN_PIXEL_PRODUCTS or (k >= MIN_DEEP_K and m >= MIN_DEEP_M)
-    return (x.shape[3] >= MIN_CHANNELS and big and w.const.dtype == np.float32
+    taps = int(w.const.shape[2]) * int(w.const.shape[3])
+    return ((x.shape[3] >= MIN_CHANNELS or taps >= STEM_MIN_TAPS) and big and w.const.dtype == np.float32
             and graph.narrowing.affine_of(w.const) is None and len(w.consumers()) == 1)
 
 

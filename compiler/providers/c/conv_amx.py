@@ -76,6 +76,17 @@ def amx_taps(g: ConvGeometry) -> AmxTaps | None:
     return AmxTaps(hp=hp, wp=wp, ohp=ohp, owb=owb, pblocks=n * ohp * owb, elems=int(elems))
 
 
+FUSED_MAX_KP = 512  # the fused path's windows of one block (32 x kp bf16, 32 KiB) on the stack
+
+
+def amx_fused(g: ConvGeometry, amx: AmxBf16) -> bool:
+    """The AMX path that gathers each block's windows into a stack buffer from a bf16 copy of the
+    input (``templates/c/conv_amx_fused.c.j2``): windows of several taps (gathering expands the
+    input), not read in place, B small enough that every block runs over all of it."""
+    return (g.kh * g.kw > 1 and amx_taps(g) is None and amx.rows_outer and amx.kp <= FUSED_MAX_KP
+            and g.dw == 1)
+
+
 @dataclass(frozen=True)
 class ConvAmxContext(KernelContext):
     t: Tiling  # the fallback's tile over P x M x K (also the AMX path's sizes: t.m, t.n, t.k)
@@ -85,6 +96,7 @@ class ConvAmxContext(KernelContext):
     b_floats: int  # the fallback's widened panels, ahead of its fp32 windows in scratch
     parallel: bool
     taps: AmxTaps | None = None
+    fused: bool = False
     pre_relu: int | None = None  # X * S + T (then Relu where 1) in the input pass (fuse_conv_prescale)
 
 
@@ -142,7 +154,8 @@ class ConvAmxKernel(CKernel):
         g = claimed(_geometry(node), node)
         taps = amx_taps(g)
         gathered = bf16_scratch_nbytes(_pixels(g), int(g.m), int(g.k), 4 * _pixels(g) * int(g.k))
-        return max(gathered, 2 * taps.elems if taps is not None else 0)
+        image = 2 * int(g.batch * g.h * g.w * g.c)  # the fused path's bf16 copy of the input
+        return max(gathered, 2 * taps.elems if taps is not None else 0, image)
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
@@ -156,9 +169,11 @@ class ConvAmxKernel(CKernel):
                  + (["pres", "pret"] if pre else []) + ["y", "scratch"])
         restrict = [True, True] + [True] * has_bias + [False] * has_res + [True, True] * pre + [False, True]
         p, m, k = _pixels(g), int(g.m), int(g.k)
+        amx = amx_bf16(p, m, k)
         ctx = ConvAmxContext(params=params(names, args, restrict), t=choose_tiling(p, m, k, target, B_PANEL),
-                             e=e, amx=amx_bf16(p, m, k), conv=g, b_floats=_b_floats(g),
+                             e=e, amx=amx, conv=g, b_floats=_b_floats(g),
                              parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g),
+                             fused=amx_fused(g, amx),
                              pre_relu=int(node.attrs.get("pre_relu", 0)) if pre else None)
         return StepCode("c/conv_amx.c.j2", ctx, tuple(args))
 
