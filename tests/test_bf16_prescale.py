@@ -36,7 +36,9 @@ from runtime.isa import host_cpu_flags
 CPU = "x86-64-v3"  # (tests/cpu_targets.py) runs on every x86-64 host the suite supports
 U = 2.0 ** -9
 # (N, C, H, W, M): K x M >= pack_conv_bf16.MIN_PIXEL_PRODUCTS; C not a multiple of 32 in one
-CASES = {"one_image": (1, 96, 9, 11, 160), "two_images": (2, 72, 7, 5, 200)}
+# "big_b": B over gemm_bf16.ROWS_OUTER_MAX_B, so rounded in its own pass (gemm_amx.c.j2's "amxa"), the
+# others gathered block by block (conv_amx_fused.c.j2)
+CASES = {"one_image": (1, 96, 9, 11, 160), "two_images": (2, 72, 7, 5, 200), "big_b": (1, 512, 3, 5, 600)}
 
 
 def _params(c: int, m: int, k: int) -> dict[str, np.ndarray]:
@@ -105,6 +107,7 @@ def test_prescaled_conv_on_both_paths(arts: dict, case: str, amx: bool,
     p = _model(CASES[case])[1]
     plan = load_artifact(art).plan
     assert [s.op_type for s in plan.steps if s.op_type in ("FusedElementwise", "ConvNhwc")] == ["ConvNhwc"]
+    assert ("_amxg_task" in (art / "kernels" / "cpu" / "model.c").read_text()) == (case != "big_b")
     x = np.random.default_rng(6).standard_normal((n, c, h, w)).astype(np.float32)
     one, two = (Session(art, threads=threads).run(None, {"x": x})[0] for threads in (1, 2))
     assert np.array_equal(one, two), "threads 1 and 2 differ"

@@ -80,11 +80,11 @@ FUSED_MAX_KP = 512  # the fused path's windows of one block (32 x kp bf16, 32 Ki
 
 
 def amx_fused(g: ConvGeometry, amx: AmxBf16) -> bool:
-    """The AMX path that gathers each block's windows into a stack buffer from a bf16 copy of the
-    input (``templates/c/conv_amx_fused.c.j2``): windows of several taps (gathering expands the
-    input), not read in place, B small enough that every block runs over all of it."""
-    return (g.kh * g.kw > 1 and amx_taps(g) is None and amx.rows_outer and amx.kp <= FUSED_MAX_KP
-            and g.dw == 1)
+    """The AMX path that gathers each block's windows into a stack buffer
+    (``templates/c/conv_amx_fused.c.j2``: from a bf16 copy of the input, or a 1x1's rows rounded
+    from the input itself): windows not read in place, B small enough that every block runs over
+    all of it."""
+    return amx_taps(g) is None and amx.rows_outer and amx.kp <= FUSED_MAX_KP and g.dw == 1
 
 
 @dataclass(frozen=True)
