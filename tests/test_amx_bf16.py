@@ -131,11 +131,13 @@ def test_the_steps_and_the_text(arts: dict, tmp_path: Path) -> None:
 
 # conv cases: (N, C, H, W, M, kernel, stride, pad); "taps" ones have C % 32 == 0 and outputs >= 7 wide
 # (each with K x M >= pack_conv_bf16.MIN_PIXEL_PRODUCTS, or K >= MIN_DEEP_K into M >= MIN_DEEP_M:
-# "gather_deep", 144 x 48, "stem_7x7" (3 channels: STEM_MIN_TAPS); smaller convs stay fp32). FUSED:
+# "gather_deep", 144 x 48, "small_1x1", 64 x 64, "stem_7x7" (3 channels: STEM_MIN_TAPS); smaller
+# convs stay fp32). FUSED:
 # the windows gathered block by block (conv_amx_fused.c.j2: not read in place, B in cache)
-FUSED = {"gather_pad", "gather_1x1", "gather_s2", "gather_deep", "stem_7x7"}
+FUSED = {"gather_pad", "gather_1x1", "gather_s2", "gather_deep", "stem_7x7", "small_1x1"}
 CONVS = {"gather_pad": (1, 16, 9, 9, 96, 3, 1, 1), "gather_1x1": (2, 40, 7, 7, 330, 1, 1, 0),
          "gather_deep": (1, 16, 15, 13, 48, 3, 1, 1), "stem_7x7": (1, 3, 29, 31, 64, 7, 2, 3),
+         "small_1x1": (1, 64, 12, 10, 64, 1, 1, 0),
          "gather_s2": (1, 48, 14, 14, 40, 3, 2, 1), "taps_3x3": (2, 32, 13, 17, 48, 3, 1, 1),
          "taps_5x5": (1, 64, 20, 14, 48, 5, 1, 2), "taps_s2": (1, 32, 30, 27, 50, 3, 2, 1)}
 
