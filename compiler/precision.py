@@ -2,7 +2,8 @@
 
 ``fp32`` (the default) keeps every weight as the model gives it. ``bf16`` rounds the weights of the
 packed GEMM steps (``compiler/passes/pack_gemm_weights.py``) and of the NHWC convolutions of one
-group (``compiler/passes/pack_conv_bf16.py``; the stems and other small convs stay fp32) to
+group (``compiler/passes/pack_conv_bf16.py``; the small convs stay fp32; a per-channel affine +
+Relu ahead of a 1x1 one is folded into its input pass, ``fuse_conv_prescale.py``) to
 bfloat16, to nearest even, at compile time, and stores them as bfloat16 codes in AMX-BF16's pair
 layout (``runtime/kernels/amx_pack.py``: half their bytes). Those steps compute bf16 products in
 fp32 sums on AMX-BF16 tiles where the CPU has them (the GEMM input rounded to bf16 per run), and in

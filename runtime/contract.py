@@ -121,7 +121,9 @@ _TABLE = (
     _op("BatchNormTraining", "X scale B mean var", epsilon=1e-5, momentum=0.9),
     _op("FusedConv", "X W B? Z?", **_CONV, **NO_ACTIVATION),
     _op("WinogradConv", "X U B? Z?", **_CONV, **NO_ACTIVATION),
-    _op("ConvNhwc", "X W B? Z?", **_CONV, **NO_ACTIVATION),
+    # S, T (--precision bf16, compiler/passes/fuse_conv_prescale.py): X * S + T per input channel,
+    # then Relu where pre_relu, before the conv (a 1x1 unpadded conv of an AMX pack only)
+    _op("ConvNhwc", "X W B? Z? S? T?", **_CONV, **NO_ACTIVATION, pre_relu=0),
     _op("WinogradConvNhwc", "X U B? Z?", **_CONV, **NO_ACTIVATION),
     _op("MaxPoolNhwc", "X", **_POOL, storage_order=0),
     _op("AveragePoolNhwc", "X", **_POOL, count_include_pad=0),

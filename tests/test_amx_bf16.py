@@ -15,7 +15,8 @@ build carries the AMX loop as inline asm and takes it where the CPU has AMX-BF16
 - convolutions (Conv + residual Add + Relu, NCHW in and out: the NHWC region between) of both AMX
   paths, windows gathered (C not a multiple of 32, or output rows under 7 wide: padding, stride,
   1x1 of two images) and taps read in place (C = 32 / 64: 3x3 and 5x5 with padding, odd sizes,
-  stride 2), against onnxruntime on the bf16-rounded weights (and, on AMX, inputs) with the same
+  stride 2), and windows gathered block by block (several taps: a 7x7 stride-2 stem of 3 channels,
+  3x3 of 16 and 48), against onnxruntime on the bf16-rounded weights (and, on AMX, inputs) with the same
   checks.
 AMX runs skip with the reason where the CPU lacks AMX-BF16.
 """
@@ -143,8 +144,14 @@ def test_the_steps_and_the_text(arts: dict, tmp_path: Path) -> None:
 
 
 # conv cases: (N, C, H, W, M, kernel, stride, pad); "taps" ones have C % 32 == 0 and outputs >= 7 wide
-# (each with K x M >= pack_conv_bf16.MIN_PIXEL_PRODUCTS: smaller convs stay fp32)
+# (each with K x M >= pack_conv_bf16.MIN_PIXEL_PRODUCTS, or K >= MIN_DEEP_K into M >= MIN_DEEP_M:
+# "gather_deep", 144 x 48, "small_1x1", 64 x 64, "stem_7x7" (3 channels: STEM_MIN_TAPS); smaller
+# convs stay fp32). FUSED:
+# the windows gathered block by block (conv_amx_fused.c.j2: not read in place, B in cache)
+FUSED = {"gather_pad", "gather_1x1", "gather_s2", "gather_deep", "stem_7x7", "small_1x1"}
 CONVS = {"gather_pad": (1, 16, 9, 9, 96, 3, 1, 1), "gather_1x1": (2, 40, 7, 7, 330, 1, 1, 0),
+         "gather_deep": (1, 16, 15, 13, 48, 3, 1, 1), "stem_7x7": (1, 3, 29, 31, 64, 7, 2, 3),
+         "small_1x1": (1, 64, 12, 10, 64, 1, 1, 0),
          "gather_s2": (1, 48, 14, 14, 40, 3, 2, 1), "taps_3x3": (2, 32, 13, 17, 48, 3, 1, 1),
          "taps_5x5": (1, 64, 20, 14, 48, 5, 1, 2), "taps_s2": (1, 32, 30, 27, 50, 3, 2, 1)}
 
@@ -204,3 +211,4 @@ def test_conv_on_each_path(conv_arts: dict, case: str, path: str, monkeypatch: p
     assert [s.op_type for s in amx_bf16_steps(plan)] == ["ConvNhwc"]
     text = (art / "kernels" / "cpu" / "model.c").read_text()
     assert ("_amxtap_task" in text) == case.startswith("taps") and "zp" in text  # the residual fused
+    assert ("_amxg_task" in text) == (case in FUSED)

@@ -25,6 +25,7 @@ from compiler.passes.fold_qdq import FoldQdq
 from compiler.passes.fuse_attention import FuseAttention
 from compiler.passes.fuse_conv_activation import FuseConvActivation
 from compiler.passes.fuse_conv_batchnorm import FuseConvBatchNorm
+from compiler.passes.fuse_conv_prescale import FuseConvPrescale
 from compiler.passes.fuse_dynamic_qgemm import FuseDynamicQGemm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
@@ -165,7 +166,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A graph of
     symbolic dims gets the same lowerings: their C kernels all take run-time dims. ``precision``
     "bf16" packs the GEMM and NHWC convolution weights rounded to bfloat16 for AMX-BF16
-    (compiler/precision.py; ``pack_conv_bf16``) and leaves out Winograd.
+    (compiler/precision.py; ``pack_conv_bf16``, then ``fuse_conv_prescale``) and leaves out Winograd.
     """
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
@@ -177,7 +178,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
         passes.append(UseWinograd())
     if level >= 3 and target == "cpu":
         passes += [LayoutNhwc(), FuseElementwise()]
-        passes += [PackConvBf16()] if precision == "bf16" else []
+        passes += [PackConvBf16(), FuseConvPrescale()] if precision == "bf16" else []
     return passes
 
 

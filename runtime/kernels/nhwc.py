@@ -140,15 +140,24 @@ def _nhwc(xp: Any, y: Any) -> Any:
     return xp.ascontiguousarray(y.transpose(TO_NHWC))
 
 
+def prescale(xp: Any, x: Any, s: Any, t: Any, relu: int) -> Any:
+    """ConvNhwc's X * S + T per channel (the last axis), then Relu where ``relu``, as the C kernel
+    computes it (one rounding: the product of two float32 is exact in float64)."""
+    y = (x.astype(xp.float64) * s.reshape(-1).astype(xp.float64) + t.reshape(-1)).astype(xp.float32)
+    return xp.maximum(y, xp.float32(0)) if relu else y
+
+
 def _conv_nhwc_kernel(
     kind: str, unpack: Callable[[Any, int], Any], conv_nchw: Callable[[Any, Any, Any, dict[str, Any]], Any]
 ) -> Kernel:
-    """The kernel of ``kind`` (X, W, B?, Z?): act(conv(X, W) + B + Z) in NHWC, the packed
+    """The kernel of ``kind`` (X, W, B?, Z?, S?, T?): act(conv(pre(X), W) + B + Z) in NHWC (pre: X * S
+    + T, Relu where pre_relu, when S is given; :func:`prescale`), the packed
     weights unpacked by ``unpack(packed, M)`` for the NCHW ``conv_nchw(xp, x, w, attrs)`` between two
     transposes, then the fused epilogue (:func:`conv_epilogue`) on the NHWC result."""
 
     def kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
-        x, packed, b, z = fill_optional(kind, inputs, 4)
+        x, packed, b, z, s, t = fill_optional(kind, inputs, 6)
+        x = x if s is None else prescale(xp, x, s, t, int(attrs.get("pre_relu", 0)))
         if packed.dtype == xp.uint16:  # --precision bf16: bf16 products (runtime/kernels/amx_pack.py)
             kh, kw = (int(d) for d in attrs["kernel_shape"])
             x, w = round_bf16(xp, x), unpack_amx_conv(xp, packed, int(x.shape[3]), int(outputs[0][0][3]),

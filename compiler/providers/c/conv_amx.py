@@ -76,6 +76,17 @@ def amx_taps(g: ConvGeometry) -> AmxTaps | None:
     return AmxTaps(hp=hp, wp=wp, ohp=ohp, owb=owb, pblocks=n * ohp * owb, elems=int(elems))
 
 
+FUSED_MAX_KP = 512  # the fused path's windows of one block (32 x kp bf16, 32 KiB) on the stack
+
+
+def amx_fused(g: ConvGeometry, amx: AmxBf16) -> bool:
+    """The AMX path that gathers each block's windows into a stack buffer
+    (``templates/c/conv_amx_fused.c.j2``: from a bf16 copy of the input, or a 1x1's rows rounded
+    from the input itself): windows not read in place, B small enough that every block runs over
+    all of it."""
+    return amx_taps(g) is None and amx.rows_outer and amx.kp <= FUSED_MAX_KP and g.dw == 1
+
+
 @dataclass(frozen=True)
 class ConvAmxContext(KernelContext):
     t: Tiling  # the fallback's tile over P x M x K (also the AMX path's sizes: t.m, t.n, t.k)
@@ -84,6 +95,8 @@ class ConvAmxContext(KernelContext):
     conv: ConvGeometry
     parallel: bool
     taps: AmxTaps | None = None
+    fused: bool = False
+    pre_relu: int | None = None  # X * S + T (then Relu where 1) in the input pass (fuse_conv_prescale)
 
 
 def _geometry(node: Node) -> ConvGeometry | None:
@@ -101,6 +114,16 @@ def _geometry(node: Node) -> ConvGeometry | None:
     return g
 
 
+def _prescale_ok(node: Node, g: ConvGeometry) -> bool:
+    """No S / T (``fuse_conv_prescale``), or both, (C,), on a 1x1 conv without padding (its
+    gathered rows are the input's pixels, the channels in order)."""
+    s, t = node.input(4), node.input(5)
+    if s is None and t is None:
+        return True
+    return (s is not None and t is not None and s.shape == t.shape == (g.c,) and g.kh == g.kw == 1
+            and not g.rows.padded and not g.cols.padded and amx_taps(g) is None)
+
+
 def _pixels(g: ConvGeometry) -> int:
     return int(g.batch * g.oh * g.ow)
 
@@ -116,31 +139,37 @@ class ConvAmxKernel(CKernel):
 
     def supports(self, node: Node) -> bool:
         g = _geometry(node)
-        if g is None or not fused_ok(node) or len(node.inputs) > 4 or len(node.outputs) != 1:
+        if g is None or not fused_ok(node) or len(node.inputs) > 6 or len(node.outputs) != 1:
             return False
         b, z = node.input(2), node.input(3)
-        return (b is None or b.shape == (g.m,)) and (z is None or z.shape == node.outputs[0].shape)
+        return ((b is None or b.shape == (g.m,)) and (z is None or z.shape == node.outputs[0].shape)
+                and _prescale_ok(node, g))
 
     def scratch_nbytes(self, node: Node) -> int:
         g = claimed(_geometry(node), node)
         taps = amx_taps(g)
         gathered = bf16_scratch_nbytes(_pixels(g), int(g.m), int(g.k), 4 * _pixels(g) * int(g.k))
-        return max(gathered, 2 * taps.elems if taps is not None else 0)
+        image = 2 * int(g.batch * g.h * g.w * g.c)  # the fused path's bf16 copy of the input
+        return max(gathered, 2 * taps.elems if taps is not None else 0, image)
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         g = claimed(_geometry(node), node)
-        has_bias, has_res = node.input(2) is not None, node.input(3) is not None
+        has_bias, has_res, pre = (node.input(i) is not None for i in (2, 3, 4))
         e = Epilogue("", has_bias, "", 0, 1, has_res, activation(node), activation(node, vector=True))
         scratch = scratch_arg(step, self.scratch_nbytes(node))
         args = [*step_args(step), *scratch]
         args[1] = dataclasses.replace(args[1], ctype="uint16_t")
-        names = ["a", "b"] + (["biasp"] if has_bias else []) + (["zp"] if has_res else []) + ["y", "scratch"]
-        restrict = [True, True] + ([True] if has_bias else []) + ([False] if has_res else []) + [False, True]
+        names = (["a", "b"] + (["biasp"] if has_bias else []) + (["zp"] if has_res else [])
+                 + (["pres", "pret"] if pre else []) + ["y", "scratch"])
+        restrict = [True, True] + [True] * has_bias + [False] * has_res + [True, True] * pre + [False, True]
         p, m, k = _pixels(g), int(g.m), int(g.k)
+        amx = amx_bf16(p, m, k)
         ctx = ConvAmxContext(params=params(names, args, restrict), t=choose_tiling(p, m, k, target, B_PANEL),
-                             e=e, amx=amx_bf16(p, m, k), conv=g,
-                             parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g))
+                             e=e, amx=amx, conv=g,
+                             parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g),
+                             fused=amx_fused(g, amx),
+                             pre_relu=int(node.attrs.get("pre_relu", 0)) if pre else None)
         return StepCode("c/conv_amx.c.j2", ctx, tuple(args))
 
 

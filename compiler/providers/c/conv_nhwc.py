@@ -236,6 +236,8 @@ class ConvNhwcKernel(CKernel):
         if amx_conv(node):  # --precision bf16's weights (compiler/providers/c/conv_amx.py)
             return AMX_CONV.supports(node)
         g = _geometry(node)
+        if len(node.inputs) > 4:  # a pre-scale (fuse_conv_prescale): the AMX kernel's only
+            return False
         return g is not None and epilogue_operands_ok(node, g.m)
 
     def scratch_nbytes(self, node: Node) -> int | Expr:  # type: ignore[override]
