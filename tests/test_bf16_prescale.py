@@ -28,6 +28,7 @@ from compiler.ir.graph import Node
 from compiler.passes.fuse_conv_prescale import affine_of
 from runtime import Session
 from runtime.artifact import load_artifact
+from runtime.inspection import amx_bf16_steps
 from runtime.contract import AOT_DOMAIN
 from runtime.contract import FUSED_ELEMENTWISE
 from runtime.contract import op_name
@@ -153,3 +154,20 @@ def test_affine_of_folds_mul_add_relu_only() -> None:
     assert affine_of(_fe(relu_first, [s]), 3) is None
     full = np.ones((1, 2, 2, 3), np.float32)  # not per channel
     assert affine_of(_fe([{"op": "Mul", "args": ["i0", "i1"]}], [full]), 3) is None
+
+
+def test_a_prescaled_conv_put_back_in_fp32_stays_on_c(tmp_path: Path) -> None:
+    """``--max-error`` putting the prescaled conv back in fp32: its affine goes back ahead of it as
+    Mul, Add and Relu steps (compiler/accuracy/bf16.py), so every step stays on the C kernels, and
+    the result is the fp32 model's."""
+    model, p = _model(CASES["one_image"])
+    art = compile_model(model, tmp_path / "restored", cpu=CPU, precision="bf16", max_error=1e-5)
+    plan = load_artifact(art).plan
+    assert {s.provider for s in plan.steps} == {"c"}, [(s.op_type, s.provider) for s in plan.steps]
+    kinds = [s.op_type for s in plan.steps]
+    assert "ConvNhwc" in kinds and not amx_bf16_steps(plan), kinds
+    n, c, h, w, _ = CASES["one_image"]
+    x = np.random.default_rng(7).standard_normal((n, c, h, w)).astype(np.float32)
+    got = Session(art).run(None, {"x": x})[0]
+    want = _conv1x1(_pre(x, p), p["w"], p["b"])
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

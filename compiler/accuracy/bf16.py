@@ -151,5 +151,27 @@ class Bf16Steps:
                 for k, operand in enumerate(node.inputs):
                     if operand is value:
                         self.graph.set_input(node, k, wide)
+                _unfold_prescale(self.graph, node)
         if names:
             self.graph.prune_constants()
+
+
+def _unfold_prescale(graph: Graph, conv: Node) -> None:
+    """A conv put back in fp32 that ``fuse_conv_prescale`` gave its input's per-channel affine (S, T
+    at inputs 4 and 5, ``pre_relu``): the affine goes back ahead of it as Mul, Add (and Relu), since
+    only the bf16 conv computes it in its input pass (the fp32 C conv would leave it to the
+    reference kernels)."""
+    if "pre_relu" not in conv.attrs or len(conv.inputs) < 6:
+        return
+    x, scale, shift = conv.input(0), conv.input(4), conv.input(5)
+    assert x is not None and scale is not None and shift is not None
+    steps = [("Mul", scale), ("Add", shift)] + ([("Relu", None)] if conv.attrs.pop("pre_relu") else [])
+    for op, operand in steps:
+        out = graph.make_value(f"{conv.name}_pre_{op.lower()}", x.dtype, x.shape)
+        graph.add_node(Node(op, [x] if operand is None else [x, operand], [out], {},
+                            name=f"{conv.name}_pre_{op.lower()}"), before=conv)
+        x = out
+    inputs = list(conv.inputs[:4])
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    graph.set_inputs(conv, [x, *inputs[1:]])
