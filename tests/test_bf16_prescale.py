@@ -28,10 +28,10 @@ from compiler.ir.graph import Node
 from compiler.passes.fuse_conv_prescale import affine_of
 from runtime import Session
 from runtime.artifact import load_artifact
-from runtime.inspection import amx_bf16_steps
 from runtime.contract import AOT_DOMAIN
 from runtime.contract import FUSED_ELEMENTWISE
 from runtime.contract import op_name
+from runtime.inspection import amx_bf16_steps
 from runtime.isa import host_cpu_flags
 
 CPU = "x86-64-v3"  # (tests/cpu_targets.py) runs on every x86-64 host the suite supports
