@@ -52,6 +52,25 @@ def _linear(dtype: type, bias_first: bool) -> onnx.ModelProto:
     return b.model({"x": (1, M, K), "r": (1, M, N)}, [out, res])
 
 
+def _gelu_linear(dtype: type) -> onnx.ModelProto:
+    """gelu(x W + b) as the quantizer writes an encoder's up-projection: erf, + 1, * x, * 0.5, each
+    output between QuantizeLinear / DequantizeLinear."""
+    b = QdqBuilder(seed=5, dtype=dtype)
+    z = 0 if dtype == np.int8 else 128
+    w, _ = b.weight((K, N), axis=1)
+    mm = b.qdq(b.node("MatMul", [b.qdq("x", 0.0213, z - 5), w]), 0.0457, z + 3)
+    codes: np.ndarray = (b.rng.integers(-120, 120, N) + z).astype(dtype)
+    bias = b.node("DequantizeLinear", [b.const(codes, "bias"), b.const(np.float32(0.0031), "bias_scale"),
+                                       b.const(np.array(z + 4, dtype), "bias_zp")])
+    up = b.qdq(b.node("Add", [bias, mm]), OUT_SCALE, z - 9)
+    scaled = b.qdq(b.node("Div", [up, b.const(np.float32(1.4142135), "sqrt2")]), 0.028, z)
+    erf = b.qdq(b.node("Erf", [scaled]), 1 / 127, z)
+    plus = b.qdq(b.node("Add", [erf, b.const(np.float32(1), "one")]), 2 / 255, z - 128 if z else -128)
+    xp = b.qdq(b.node("Mul", [up, plus]), 0.061, z - 40)
+    y = b.qdq(b.node("Mul", [xp, b.const(np.float32(0.5), "half")]), 0.0305, z - 20)
+    return b.model({"x": (1, M, K)}, [y])
+
+
 class _Off(Pass):
     name = "fuse_qgemm_add_off"
 
@@ -123,3 +142,33 @@ def test_reference_kernel_of_the_fused_step_and_onnxruntime_agree(tmp_path: Path
             assert np.array_equal(g, w), k
         theirs = sess.run(None, feeds)
         assert float(np.max(np.abs(ours[0] - theirs[0]))) <= OUT_SCALE * 1.0001
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8], ids=["s8", "u8"])
+def test_gelu_after_the_projection_is_one_table_in_the_epilogue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: type) -> None:
+    """The GELU's lookup, Mul by that lookup and lookup compose into one table (compose_qbinary),
+    which the QGemm applies to its codes: one step, the unfused steps' bits, the reference's."""
+    if not host_runs("x86-64-v4"):
+        pytest.skip("this host does not run x86-64-v4 code")
+    model = _gelu_linear(dtype)
+    fused = compile_model(model, tmp_path / "fused", cpu="x86-64-v4", golden_cases=0)
+    with monkeypatch.context() as patch:
+        patch.setattr(manager, "FuseQGemmAdd", _Off)
+        patch.setattr(manager, "ComposeQBinary", _Off)
+        unfused = compile_model(model, tmp_path / "unfused", cpu="x86-64-v4", golden_cases=0)
+    integer = {"QGemm", "QBinary", "QLookup", "QChannelLookup"}
+    assert {k: v for k, v in _steps(fused).items() if k in integer} == {"QGemm": 1}, _steps(fused)
+    assert _steps(unfused)["QBinary"] == 2, _steps(unfused)
+    graph = optimize(import_model(model), 3, target="cpu")
+    for seed in (0, 1):
+        feeds = {"x": _feeds(seed)["x"]}
+        want = _run(unfused, feeds, 1)[0]
+        assert np.array_equal(evaluate(graph, feeds)[0], want)
+        for no_amx in ("1", None):
+            if no_amx is None:
+                monkeypatch.delenv("ONNX_AOT_NO_AMX", raising=False)
+            else:
+                monkeypatch.setenv("ONNX_AOT_NO_AMX", "1")
+            for threads in (1, 2):
+                assert np.array_equal(_run(fused, feeds, threads)[0], want), (seed, no_amx, threads)

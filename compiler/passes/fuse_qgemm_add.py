@@ -13,7 +13,9 @@ never reach memory.
 Taken where the QGemm's output has that one use, the QBinary's scales and zero points are
 constant scalars, every code has the QGemm output's type, and the other operand is a constant of
 N values along the last axis (a bias) or a value of the output's shape (a residual). A QGemm that
-already has an addend keeps it; the next Add stays a QBinary. For the C target, from level 2, after
+already has an addend keeps it; the next Add stays a QBinary. A QLookup (or a QChannelLookup of
+equal rows) that is then the only use goes into the epilogue too (``lut``: each code by its byte,
+as the lookup's kernel): the GELU after a QDQ up-projection. For the C target, from level 2, after
 ``use_qgemm``.
 """
 
@@ -31,6 +33,7 @@ from compiler.passes.base import merged_origin
 from compiler.passes.base import replace_nodes
 from compiler.passes.base import rewrite_each
 from compiler.passes.base import sole_consumer
+from compiler.passes.compose_qbinary import lookup_table
 from compiler.passes.use_qgemm import sized
 from runtime.contract import Q_BINARY
 from runtime.contract import QGEMM
@@ -38,6 +41,7 @@ from runtime.contract import QGEMM
 __all__ = ["FuseQGemmAdd"]
 
 _ADDEND = 10  # QGemm's input index of the addend (then its scale, zero, the output's scale, zero)
+_LUT = 15  # of the lookup table
 
 
 def _scalar(value: Value | None, dtype: np.dtype | None = None) -> bool:
@@ -71,16 +75,17 @@ def _zero(graph: Graph, value: Value | None, name: str, dtype: np.dtype) -> Valu
     return value if value is not None else add_constant(graph, name, np.zeros((), dtype))
 
 
-def _fuse(graph: Graph, gemm: Node) -> bool:
-    if str(gemm.attrs["output"]) != "quantized" or len(gemm.inputs) > _ADDEND:
-        return False
+def _fuse_add(graph: Graph, gemm: Node) -> Node | None:
+    """The QGemm with the QBinary Add after it in its epilogue, or None."""
+    if len(gemm.inputs) > _ADDEND:
+        return None
     y = gemm.outputs[0]
     add = sole_consumer(graph, y)
     if add is None or add.kind != Q_BINARY or y.dtype is None:
-        return False
+        return None
     found = _addend(gemm, add)
     if found is None:
-        return False
+        return None
     mine, other = found
     ins = list(add.inputs) + [None] * (8 - len(add.inputs))
     base = add.name or gemm.name
@@ -93,8 +98,29 @@ def _fuse(graph: Graph, gemm: Node) -> bool:
               ins[6], _zero(graph, ins[7], f"{base}_out_zero", y.dtype)]
     new = Node(gemm.op_type, inputs, list(add.outputs), dict(gemm.attrs), name=gemm.name, domain=gemm.domain,
                origin=merged_origin([gemm, add]))
-    replace_nodes(graph, [gemm, add], new)
+    return replace_nodes(graph, [gemm, add], new)
+
+
+def _fuse_lookup(graph: Graph, gemm: Node) -> bool:
+    """The lookup that is the QGemm's output's only use into its epilogue (``lut``)."""
+    y = gemm.outputs[0]
+    lookup = sole_consumer(graph, y)
+    table = lookup_table(lookup)
+    if lookup is None or table is None or len(gemm.inputs) > _LUT or lookup.outputs[0].dtype != y.dtype:
+        return False
+    lut = add_constant(graph, f"{lookup.name}_lut", np.concatenate([table, np.zeros(4, table.dtype)]))
+    inputs = [*gemm.inputs, *[None] * (_LUT - len(gemm.inputs)), lut]
+    new = Node(gemm.op_type, inputs, list(lookup.outputs), dict(gemm.attrs), name=gemm.name,
+               domain=gemm.domain, origin=merged_origin([gemm, lookup]))
+    replace_nodes(graph, [gemm, lookup], new)
     return True
+
+
+def _fuse(graph: Graph, gemm: Node) -> bool:
+    if str(gemm.attrs["output"]) != "quantized":
+        return False
+    added = _fuse_add(graph, gemm)
+    return _fuse_lookup(graph, added or gemm) or added is not None
 
 
 class FuseQGemmAdd(Pass):

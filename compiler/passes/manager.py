@@ -16,6 +16,7 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
+from compiler.passes.compose_qbinary import ComposeQBinary
 from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
 from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.eliminate_identity import EliminateIdentity
@@ -170,7 +171,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     """
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
-    passes += [FuseQConvLookup()] if cpu2 else []  # after the convs are packed
+    passes += [FuseQConvLookup(), ComposeQBinary()] if cpu2 else []  # after the convs are packed
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
         passes += [FuseQGemmAdd()]  # a QDQ bias / residual Add (QBinary) into its requantizing epilogue

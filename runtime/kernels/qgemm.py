@@ -17,7 +17,9 @@ the column sums of that int8 B. One layout for every target. The op's inputs and
 - "quantized" with ``addend`` (int8 / uint8 of the output's dtype: one row of n, or the output's
   shape) then adds it to those codes exactly as QBinary's Add does (``binary_codes``: addend_scale /
   addend_zero its quantization, out_scale / out_zero the result's): the QLinearMatMul -> QBinary
-  chain of a QDQ bias or residual Add in one step (compiler/passes/fuse_qgemm_add.py).
+  chain of a QDQ bias or residual Add in one step (compiler/passes/fuse_qgemm_add.py); ``lut``
+  (256 entries of the output's dtype, then 4 bytes of padding) then maps each code by its byte, as
+  a QLookup after the step would.
 """
 
 from __future__ import annotations
@@ -77,9 +79,9 @@ def _column(param: Any | None, n: int) -> Any:
 @register(QGEMM)
 def qgemm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """The integer GEMM: A, Bp, Bsum, a_scale?, a_zero?, b_scale?, b_zero?, y_scale?, y_zero?, bias?,
-    addend?, addend_scale?, addend_zero?, out_scale?, out_zero?"""
+    addend?, addend_scale?, addend_zero?, out_scale?, out_zero?, lut?"""
     a, bp, _bsum, a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, bias, *add = fill_optional(
-        QGEMM, inputs, 15)
+        QGEMM, inputs, 16)
     k, n, mode = int(attrs["k"]), int(attrs["n"]), str(attrs["output"])
     if int(attrs["dynamic"]):
         a, a_scale, a_zero = dynamic_quantize_kernel(xp, [a], {}, _dq_specs(a))
@@ -106,7 +108,9 @@ def qgemm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: lis
     codes = np.clip(y, info.min, info.max).astype(y_zero.dtype)
     if add[0] is not None:  # QBinary's Add of the codes and the addend (a row of n or the output's shape)
         addend = np.asarray(add[0]).reshape(codes.shape if np.size(add[0]) == codes.size else (n,))
-        codes = binary_codes("Add", codes, addend, [y_scale, y_zero, *add[1:]], y_zero.dtype)
+        codes = binary_codes("Add", codes, addend, [y_scale, y_zero, *add[1:5]], y_zero.dtype)
+    if add[5] is not None:  # a QLookup after the codes: the first 256 entries, by the codes' byte
+        codes = np.asarray(add[5]).reshape(-1)[:256][codes.view(np.uint8)]
     return finish(xp, QGEMM, [codes], outputs)
 
 

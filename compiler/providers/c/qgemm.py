@@ -52,7 +52,7 @@ QISA_TILES: dict[str, tuple[int, int]] = {
 MAX_TILE_ROWS = 32  # scratch holds A padded to this many rows more, whatever the target's tile (AMX: 32)
 AMX_ROWS, AMX_PANELS = 32, 2  # the AMX-INT8 tile step (templates/c/qamx.c.j2): 2 x 2 tiles of 16 x 16
 _NAMES = ("a", "bpack", "bsum", "a_scale", "a_zero", "b_scale", "b_zero", "y_scale", "y_zero", "bias",
-          "addend", "addend_scale", "addend_zero", "out_scale", "out_zero")
+          "addend", "addend_scale", "addend_zero", "out_scale", "out_zero", "lut")
 _INPUTS = len(_NAMES)
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.int8): "int8_t", np.dtype(np.uint8): "uint8_t",
            np.dtype(np.int32): "int32_t"}
@@ -104,6 +104,7 @@ class QGemmContext(KernelContext):
     add_ra: str = ""  # addend_scale / out_scale
     add_za: int = 0  # the addend's zero point, the output's
     add_zc: int = 0
+    lut: bool = False  # each code then through lut[its byte] (260 bytes: the AVX-512 gather reads 4)
 
 
 def _size(v: Value | None) -> int:
@@ -158,7 +159,10 @@ def _params_ok(node: Node) -> bool:
     scaled = (ins[3] is not None or dynamic) and ins[5] is not None
     if out == "float":
         return scaled and y.dtype == np.float32 and ins[7] is None and _size(ins[9]) in (0, n)
-    if ins[10] is None and any(v is not None for v in ins[10:]):
+    if ins[10] is None and any(v is not None for v in ins[10:15]):
+        return False
+    lut = ins[15]
+    if lut is not None and (lut.const is None or lut.dtype != y.dtype or lut.const.size != 260):
         return False
     return (out == "quantized" and scaled and ins[7] is not None and ins[8] is not None
             and ins[9] is None and y.dtype == ins[8].dtype and y.dtype in (np.int8, np.uint8)
@@ -238,7 +242,7 @@ class QGemmKernel(CKernel):
             b_scale_n=_size(ins[5]), bias=ins[9] is not None, output=str(node.attrs["output"]),
             y_ctype=_CTYPES[np.dtype(y.dtype)], qmin=int(info.min), qmax=int(info.max), act=activation(node),
             when="1" if 2 * m * n * k >= PARALLEL_MIN_WORK else "0", dispatch=target.int8_dot == "avx512bw",
-            **_add_fields(node),  # type: ignore[arg-type]
+            lut=ins[15] is not None, **_add_fields(node),  # type: ignore[arg-type]
         )
         return StepCode("c/qgemm.c.j2", _with_amx(ctx, target, panels), tuple(args))
 
