@@ -19,7 +19,8 @@ the column sums of that int8 B. One layout for every target. The op's inputs and
   addend_zero its quantization, out_scale / out_zero the result's): the QLinearMatMul -> QBinary
   chain of a QDQ bias or residual Add in one step (compiler/passes/fuse_qgemm_add.py); ``lut``
   (256 entries of the output's dtype, then 4 bytes of padding) then maps each code by its byte, as
-  a QLookup after the step would.
+  a QLookup after the step would; ``addend2`` .. ``out2_zero`` a second Add after the first (before
+  the lut), its input the first's output (out_scale, out_zero).
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ def _column(param: Any | None, n: int) -> Any:
 @register(QGEMM)
 def qgemm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
     """The integer GEMM: A, Bp, Bsum, a_scale?, a_zero?, b_scale?, b_zero?, y_scale?, y_zero?, bias?,
-    addend?, addend_scale?, addend_zero?, out_scale?, out_zero?, lut?"""
+    addend?, addend_scale?, addend_zero?, out_scale?, out_zero?, lut?, addend2? .. out2_zero?"""
     a, bp, _bsum, a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, bias, *add = fill_optional(
-        QGEMM, inputs, 16)
+        QGEMM, inputs, 21)
     k, n, mode = int(attrs["k"]), int(attrs["n"]), str(attrs["output"])
     if int(attrs["dynamic"]):
         a, a_scale, a_zero = dynamic_quantize_kernel(xp, [a], {}, _dq_specs(a))
@@ -106,9 +107,11 @@ def qgemm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: lis
     info = np.iinfo(y_zero.dtype)
     y = np.rint(acc * factor.astype(np.float64)) + float(np.asarray(y_zero).reshape(()))
     codes = np.clip(y, info.min, info.max).astype(y_zero.dtype)
-    if add[0] is not None:  # QBinary's Add of the codes and the addend (a row of n or the output's shape)
-        addend = np.asarray(add[0]).reshape(codes.shape if np.size(add[0]) == codes.size else (n,))
-        codes = binary_codes("Add", codes, addend, [y_scale, y_zero, *add[1:5]], y_zero.dtype)
+    for first, scale, zero in ((0, y_scale, y_zero), (6, add[3], add[4])):  # each addend: QBinary's Add
+        if add[first] is not None:  # of the codes and it (a row of n or the output's shape)
+            full = np.size(add[first]) == codes.size
+            addend = np.asarray(add[first]).reshape(codes.shape if full else (n,))
+            codes = binary_codes("Add", codes, addend, [scale, zero, *add[first + 1:first + 5]], y_zero.dtype)
     if add[5] is not None:  # a QLookup after the codes: the first 256 entries, by the codes' byte
         codes = np.asarray(add[5]).reshape(-1)[:256][codes.view(np.uint8)]
     return finish(xp, QGEMM, [codes], outputs)

@@ -52,7 +52,8 @@ QISA_TILES: dict[str, tuple[int, int]] = {
 MAX_TILE_ROWS = 32  # scratch holds A padded to this many rows more, whatever the target's tile (AMX: 32)
 AMX_ROWS, AMX_PANELS = 32, 2  # the AMX-INT8 tile step (templates/c/qamx.c.j2): 2 x 2 tiles of 16 x 16
 _NAMES = ("a", "bpack", "bsum", "a_scale", "a_zero", "b_scale", "b_zero", "y_scale", "y_zero", "bias",
-          "addend", "addend_scale", "addend_zero", "out_scale", "out_zero", "lut")
+          "addend", "addend_scale", "addend_zero", "out_scale", "out_zero", "lut",
+          "addend2", "addend2_scale", "addend2_zero", "out2_scale", "out2_zero")
 _INPUTS = len(_NAMES)
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.int8): "int8_t", np.dtype(np.uint8): "uint8_t",
            np.dtype(np.int32): "int32_t"}
@@ -104,6 +105,11 @@ class QGemmContext(KernelContext):
     add_ra: str = ""  # addend_scale / out_scale
     add_za: int = 0  # the addend's zero point, the output's
     add_zc: int = 0
+    add2: str = ""  # a second Add after the first (its input the first's output): the same fields
+    add2_ry: str = ""
+    add2_ra: str = ""
+    add2_za: int = 0
+    add2_zc: int = 0
     lut: bool = False  # each code then through lut[its byte] (260 bytes: the AVX-512 gather reads 4)
 
 
@@ -159,25 +165,29 @@ def _params_ok(node: Node) -> bool:
     scaled = (ins[3] is not None or dynamic) and ins[5] is not None
     if out == "float":
         return scaled and y.dtype == np.float32 and ins[7] is None and _size(ins[9]) in (0, n)
-    if ins[10] is None and any(v is not None for v in ins[10:15]):
+    if any(ins[base] is None and any(v is not None for v in ins[base:base + 5]) for base in (10, 16)):
+        return False
+    if ins[16] is not None and (ins[10] is None or not _addend_ok(ins, n, y, 16)):
         return False
     lut = ins[15]
     if lut is not None and (lut.const is None or lut.dtype != y.dtype or lut.const.size != 260):
         return False
     return (out == "quantized" and scaled and ins[7] is not None and ins[8] is not None
             and ins[9] is None and y.dtype == ins[8].dtype and y.dtype in (np.int8, np.uint8)
-            and (ins[10] is None or _addend_ok(ins, n, y)))
+            and (ins[10] is None or _addend_ok(ins, n, y, 10)))
 
 
-def _addend_ok(ins: list[Value | None], n: int, y: Value) -> bool:
-    """The addend: codes of y's type, a constant of n or a value of y's shape; the ratios' scales
-    (y's, the addend's, the output's) constant float32 scalars, the zero points constants of y's type."""
-    addend = ins[10]
+def _addend_ok(ins: list[Value | None], n: int, y: Value, base: int) -> bool:
+    """The addend at input ``base``: codes of y's type, a constant of n or a value of y's shape;
+    the ratios' scales (its input's, its own, its output's) constant float32 scalars, the zero
+    points constants of y's type."""
+    addend = ins[base]
     assert addend is not None
     row = addend.const is not None and _size(addend) == n
     if addend.dtype != y.dtype or not (row or addend.shape == y.shape):
         return False
-    scales, zeros = (ins[7], ins[11], ins[13]), (ins[8], ins[12], ins[14])
+    scales = (ins[base - 3], ins[base + 1], ins[base + 3])
+    zeros = (ins[base - 2], ins[base + 2], ins[base + 4])
     return (all(v is not None and v.const is not None and v.const.dtype == np.float32 for v in scales)
             and all(v is not None and v.const is not None and v.dtype == y.dtype for v in zeros))
 
@@ -187,16 +197,17 @@ def _hex(value: float) -> str:
     return f"({float(value).hex()})"
 
 
-def _add_fields(node: Node) -> dict[str, object]:
-    """The context's addend fields (none without an addend)."""
-    addend = node.input(10)
+def _add_fields(node: Node, base: int, prefix: str) -> dict[str, object]:
+    """The context's fields (``prefix``: "add", "add2") of the addend at input ``base`` (none
+    without it)."""
+    addend = node.input(base)
     if addend is None:
         return {}
-    const = [np.asarray(node.input(k).const) for k in (7, 11, 12, 13, 14)]  # type: ignore[union-attr]
+    const = [np.asarray(node.input(base + k).const) for k in (-3, 1, 2, 3, 4)]  # type: ignore[union-attr]
     ry, ra = binary_ratios("Add", const[0], const[1], const[3])
     full = addend.const is None or addend.shape == node.outputs[0].shape
-    return {"add": "full" if full else "row", "add_ry": _hex(ry), "add_ra": _hex(ra),
-            "add_za": int(const[2].reshape(-1)[0]), "add_zc": int(const[4].reshape(-1)[0])}
+    return {prefix: "full" if full else "row", f"{prefix}_ry": _hex(ry), f"{prefix}_ra": _hex(ra),
+            f"{prefix}_za": int(const[2].reshape(-1)[0]), f"{prefix}_zc": int(const[4].reshape(-1)[0])}
 
 
 class QGemmKernel(CKernel):
@@ -242,7 +253,8 @@ class QGemmKernel(CKernel):
             b_scale_n=_size(ins[5]), bias=ins[9] is not None, output=str(node.attrs["output"]),
             y_ctype=_CTYPES[np.dtype(y.dtype)], qmin=int(info.min), qmax=int(info.max), act=activation(node),
             when="1" if 2 * m * n * k >= PARALLEL_MIN_WORK else "0", dispatch=target.int8_dot == "avx512bw",
-            lut=ins[15] is not None, **_add_fields(node),  # type: ignore[arg-type]
+            lut=ins[15] is not None, **_add_fields(node, 10, "add"),  # type: ignore[arg-type]
+            **_add_fields(node, 16, "add2"),  # type: ignore[arg-type]
         )
         return StepCode("c/qgemm.c.j2", _with_amx(ctx, target, panels), tuple(args))
 
