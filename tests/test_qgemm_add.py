@@ -101,8 +101,9 @@ IDS = ["s8", "s8_bias_second", "u8", "s8_residual", "u8_residual"]
 
 @pytest.mark.parametrize("cpu", ["x86-64-v2", "x86-64-v4"])
 @pytest.mark.parametrize(("dtype", "bias_first", "both"), CASES, ids=IDS)
-def test_bias_add_in_the_epilogue_gives_the_unfused_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu: str,
-                                                         dtype: type, bias_first: bool, both: bool) -> None:
+def test_bias_add_in_the_epilogue_gives_the_unfused_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         cpu: str, dtype: type, bias_first: bool,
+                                                         both: bool) -> None:
     """The bias Add, and the residual Add after it where the bias's sum has no other use."""
     if not host_runs(cpu):
         pytest.skip(f"this host does not run {cpu} code")
