@@ -132,7 +132,12 @@ _TABLE = (
     _op("FusedGemm", "A B C?", **_GEMM, **NO_ACTIVATION),
     _op("PackedGemm", "A Bp C?", alpha=1.0, beta=1.0, transA=0, n=REQUIRED, **NO_ACTIVATION),
     # the integer GEMM (runtime/kernels/qgemm.py): B packed, output "int32" | "float" | "quantized"
-    _op("QGemm", "A Bp Bsum a_scale? a_zero? b_scale? b_zero? y_scale? y_zero? bias?", k=REQUIRED, n=REQUIRED,
+    # ("quantized" with addend: QBinary's Add of the codes and an addend, per column or full, after it;
+    # addend2: a second such Add after it (a residual after a bias); with lut: each code at last
+    # through a 256-entry table, stored with 4 bytes of padding)
+    _op("QGemm", "A Bp Bsum a_scale? a_zero? b_scale? b_zero? y_scale? y_zero? bias? "
+        "addend? addend_scale? addend_zero? out_scale? out_zero? lut? "
+        "addend2? addend2_scale? addend2_zero? out2_scale? out2_zero?", k=REQUIRED, n=REQUIRED,
         b_type=REQUIRED, output=REQUIRED, dynamic=0, **NO_ACTIVATION),
     _op("MultiHeadAttention", "Q K V mask?", scale=REQUIRED),
     # QLinearConv / ConvInteger on weights packed ahead of time (runtime/kernels/qconv.py)

@@ -16,6 +16,7 @@ from compiler.ir.graph import Graph
 from compiler.ir.graph import Node
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
+from compiler.passes.compose_qbinary import ComposeQBinary
 from compiler.passes.eliminate_common_subexpressions import EliminateCommonSubexpressions
 from compiler.passes.eliminate_dead_code import EliminateDeadCode
 from compiler.passes.eliminate_identity import EliminateIdentity
@@ -30,6 +31,7 @@ from compiler.passes.fuse_dynamic_qgemm import FuseDynamicQGemm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
 from compiler.passes.fuse_qconv_lookup import FuseQConvLookup
+from compiler.passes.fuse_qgemm_add import FuseQGemmAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
 from compiler.passes.pack_conv_bf16 import PackConvBf16
 from compiler.passes.pack_gemm_weights import PackGemmWeights
@@ -170,9 +172,10 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     """
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
-    passes += [FuseQConvLookup()] if cpu2 else []  # after the convs are packed
+    passes += [FuseQConvLookup(), ComposeQBinary()] if cpu2 else []  # after the convs are packed
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
+        passes += [FuseQGemmAdd()]  # a QDQ bias / residual Add (QBinary) into its requantizing epilogue
         passes += [PackQLSTMWeights()]  # DynamicQuantizeLSTM's weights in the int8 tile's panels
     if level >= 2 and target == "cpu" and winograd and precision != "bf16":  # (bf16: AMX tiles instead)
         passes.append(UseWinograd())

@@ -13,7 +13,14 @@ the column sums of that int8 B. One layout for every target. The op's inputs and
   (``act(float(acc) * (a_scale * b_scale[n]) + bias[n])``: the
   MatMulInteger -> Cast -> Mul [-> Add] chain onnxruntime's quantize_dynamic writes) or "quantized"
   (QLinearMatMul: ``saturate(rint(acc * (a_scale * b_scale[n] / y_scale)) + y_zero)``, the factor
-  formed in float32 and applied in float64, as runtime/kernels/quantize.py does).
+  formed in float32 and applied in float64, as runtime/kernels/quantize.py does);
+- "quantized" with ``addend`` (int8 / uint8 of the output's dtype: one row of n, or the output's
+  shape) then adds it to those codes exactly as QBinary's Add does (``binary_codes``: addend_scale /
+  addend_zero its quantization, out_scale / out_zero the result's): the QLinearMatMul -> QBinary
+  chain of a QDQ bias or residual Add in one step (compiler/passes/fuse_qgemm_add.py); ``lut``
+  (256 entries of the output's dtype, then 4 bytes of padding) then maps each code by its byte, as
+  a QLookup after the step would; ``addend2`` .. ``out2_zero`` a second Add after the first (before
+  the lut), its input the first's output (out_scale, out_zero).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from runtime.errors import RuntimeKernelError
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
 from runtime.kernels.fused import apply_activation
+from runtime.kernels.qoperator import binary_codes
 from runtime.kernels.quantize import dynamic_quantize_kernel
 from runtime.kernels.registry import OutputSpec
 from runtime.kernels.registry import register
@@ -71,8 +79,10 @@ def _column(param: Any | None, n: int) -> Any:
 
 @register(QGEMM)
 def qgemm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: list[OutputSpec]) -> list[Any]:
-    """The integer GEMM: A, Bp, Bsum, a_scale?, a_zero?, b_scale?, b_zero?, y_scale?, y_zero?, bias?"""
-    a, bp, _bsum, a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, bias = fill_optional(QGEMM, inputs, 10)
+    """The integer GEMM: A, Bp, Bsum, a_scale?, a_zero?, b_scale?, b_zero?, y_scale?, y_zero?, bias?,
+    addend?, addend_scale?, addend_zero?, out_scale?, out_zero?, lut?, addend2? .. out2_zero?"""
+    a, bp, _bsum, a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, bias, *add = fill_optional(
+        QGEMM, inputs, 21)
     k, n, mode = int(attrs["k"]), int(attrs["n"]), str(attrs["output"])
     if int(attrs["dynamic"]):
         a, a_scale, a_zero = dynamic_quantize_kernel(xp, [a], {}, _dq_specs(a))
@@ -96,7 +106,15 @@ def qgemm_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: lis
     factor = (scale / np.asarray(y_scale, np.float32).reshape(())).astype(np.float32)
     info = np.iinfo(y_zero.dtype)
     y = np.rint(acc * factor.astype(np.float64)) + float(np.asarray(y_zero).reshape(()))
-    return finish(xp, QGEMM, [np.clip(y, info.min, info.max).astype(y_zero.dtype)], outputs)
+    codes = np.clip(y, info.min, info.max).astype(y_zero.dtype)
+    for first, scale, zero in ((0, y_scale, y_zero), (6, add[3], add[4])):  # each addend: QBinary's Add
+        if add[first] is not None:  # of the codes and it (a row of n or the output's shape)
+            full = np.size(add[first]) == codes.size
+            addend = np.asarray(add[first]).reshape(codes.shape if full else (n,))
+            codes = binary_codes("Add", codes, addend, [scale, zero, *add[first + 1:first + 5]], y_zero.dtype)
+    if add[5] is not None:  # a QLookup after the codes: the first 256 entries, by the codes' byte
+        codes = np.asarray(add[5]).reshape(-1)[:256][codes.view(np.uint8)]
+    return finish(xp, QGEMM, [codes], outputs)
 
 
 def _dq_specs(a: Any) -> list[OutputSpec]:

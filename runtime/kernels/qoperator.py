@@ -28,7 +28,8 @@ from runtime.kernels.common import finish
 from runtime.kernels.registry import OutputSpec
 from runtime.kernels.registry import register
 
-__all__ = ["binary_ratios", "dequantize_table", "lookup_table", "softmax_exp_table", "softmax_factor"]
+__all__ = ["binary_codes", "binary_ratios", "dequantize_table", "lookup_table", "softmax_exp_table",
+           "softmax_factor"]
 
 _F32 = np.float32
 
@@ -77,7 +78,9 @@ def binary_ratios(op: str, a_scale: Any, b_scale: Any, c_scale: Any) -> tuple[fl
     return float((sa * sb) / sc), 0.0
 
 
-def _binary(op: str, a: Any, b: Any, params: list[Any], dtype: Any) -> Any:
+def binary_codes(op: str, a: Any, b: Any, params: list[Any], dtype: Any) -> Any:
+    """QBinary's codes of ``a`` and ``b`` (broadcasting), ``params`` [a_scale, a_zero, b_scale, b_zero,
+    c_scale, c_zero] (zero points None or of ``dtype``)."""
     za, zb, zc = (int(_scalar(z, np.int32)) for z in params[1::2])
     ra, rb = binary_ratios(op, params[0], params[2], params[4])
     da, db = a.astype(np.int32) - za, b.astype(np.int32) - zb
@@ -93,7 +96,7 @@ def qbinary_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any], outputs: l
     """QBinary (op "Add" / "Mul"): A and B (broadcasting) requantized to C's scale and zero point."""
     a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero = fill_optional(Q_BINARY, inputs, 8)
     params = [a_scale, a_zero, b_scale, b_zero, c_scale, c_zero]
-    return finish(xp, Q_BINARY, [_binary(str(attrs["op"]), a, b, params, outputs[0][1])], outputs)
+    return finish(xp, Q_BINARY, [binary_codes(str(attrs["op"]), a, b, params, outputs[0][1])], outputs)
 
 
 @register(Q_LOOKUP)

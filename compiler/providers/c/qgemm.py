@@ -40,6 +40,7 @@ from runtime.contract import round_up
 from runtime.errors import CompileError
 from runtime.kernels.qgemm import QGROUP
 from runtime.kernels.qgemm import QPANEL
+from runtime.kernels.qoperator import binary_ratios
 
 __all__ = ["QISA_TILES", "QGemmContext", "qtile_shape"]
 
@@ -50,7 +51,10 @@ QISA_TILES: dict[str, tuple[int, int]] = {
 }
 MAX_TILE_ROWS = 32  # scratch holds A padded to this many rows more, whatever the target's tile (AMX: 32)
 AMX_ROWS, AMX_PANELS = 32, 2  # the AMX-INT8 tile step (templates/c/qamx.c.j2): 2 x 2 tiles of 16 x 16
-_NAMES = ("a", "bpack", "bsum", "a_scale", "a_zero", "b_scale", "b_zero", "y_scale", "y_zero", "bias")
+_NAMES = ("a", "bpack", "bsum", "a_scale", "a_zero", "b_scale", "b_zero", "y_scale", "y_zero", "bias",
+          "addend", "addend_scale", "addend_zero", "out_scale", "out_zero", "lut",
+          "addend2", "addend2_scale", "addend2_zero", "out2_scale", "out2_zero")
+_INPUTS = len(_NAMES)
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.int8): "int8_t", np.dtype(np.uint8): "uint8_t",
            np.dtype(np.int32): "int32_t"}
 
@@ -96,6 +100,17 @@ class QGemmContext(KernelContext):
     amx_ngroups: int = 0  # AMX column groups of 2 panels (the last of one where amx_odd)
     amx_odd: bool = False
     pack_rows: int = 0  # rows of A copied into scratch (padded with zero rows to every tile's)
+    add: str = ""  # "row" (an addend of n) / "full" (of the output's shape): QBinary's Add after the codes
+    add_ry: str = ""  # double literals: QBinary's float32 ratios y_scale / out_scale and
+    add_ra: str = ""  # addend_scale / out_scale
+    add_za: int = 0  # the addend's zero point, the output's
+    add_zc: int = 0
+    add2: str = ""  # a second Add after the first (its input the first's output): the same fields
+    add2_ry: str = ""
+    add2_ra: str = ""
+    add2_za: int = 0
+    add2_zc: int = 0
+    lut: bool = False  # each code then through lut[its byte] (260 bytes: the AVX-512 gather reads 4)
 
 
 def _size(v: Value | None) -> int:
@@ -129,7 +144,7 @@ def _shapes_ok(node: Node) -> bool:
 def _params_ok(node: Node) -> bool:
     """Scalars where the kernel reads one, per-column (n) parameters where it reads n."""
     n, out = int(node.attrs["n"]), str(node.attrs["output"])
-    ins = [node.input(i) for i in range(10)]
+    ins = [node.input(i) for i in range(_INPUTS)]
     dynamic = bool(int(node.attrs["dynamic"]))
     a, y = ins[0], node.outputs[0]
     assert a is not None
@@ -150,8 +165,49 @@ def _params_ok(node: Node) -> bool:
     scaled = (ins[3] is not None or dynamic) and ins[5] is not None
     if out == "float":
         return scaled and y.dtype == np.float32 and ins[7] is None and _size(ins[9]) in (0, n)
+    if any(ins[base] is None and any(v is not None for v in ins[base:base + 5]) for base in (10, 16)):
+        return False
+    if ins[16] is not None and (ins[10] is None or not _addend_ok(ins, n, y, 16)):
+        return False
+    lut = ins[15]
+    if lut is not None and (lut.const is None or lut.dtype != y.dtype or lut.const.size != 260):
+        return False
     return (out == "quantized" and scaled and ins[7] is not None and ins[8] is not None
-            and ins[9] is None and y.dtype == ins[8].dtype and y.dtype in (np.int8, np.uint8))
+            and ins[9] is None and y.dtype == ins[8].dtype and y.dtype in (np.int8, np.uint8)
+            and (ins[10] is None or _addend_ok(ins, n, y, 10)))
+
+
+def _addend_ok(ins: list[Value | None], n: int, y: Value, base: int) -> bool:
+    """The addend at input ``base``: codes of y's type, a constant of n or a value of y's shape;
+    the ratios' scales (its input's, its own, its output's) constant float32 scalars, the zero
+    points constants of y's type."""
+    addend = ins[base]
+    assert addend is not None
+    row = addend.const is not None and _size(addend) == n
+    if addend.dtype != y.dtype or not (row or addend.shape == y.shape):
+        return False
+    scales = (ins[base - 3], ins[base + 1], ins[base + 3])
+    zeros = (ins[base - 2], ins[base + 2], ins[base + 4])
+    return (all(v is not None and v.const is not None and v.const.dtype == np.float32 for v in scales)
+            and all(v is not None and v.const is not None and v.dtype == y.dtype for v in zeros))
+
+
+def _hex(value: float) -> str:
+    """A C double literal equal to ``value`` (hexadecimal, parenthesized: exact)."""
+    return f"({float(value).hex()})"
+
+
+def _add_fields(node: Node, base: int, prefix: str) -> dict[str, object]:
+    """The context's fields (``prefix``: "add", "add2") of the addend at input ``base`` (none
+    without it)."""
+    addend = node.input(base)
+    if addend is None:
+        return {}
+    const = [np.asarray(node.input(base + k).const) for k in (-3, 1, 2, 3, 4)]  # type: ignore[union-attr]
+    ry, ra = binary_ratios("Add", const[0], const[1], const[3])
+    full = addend.const is None or addend.shape == node.outputs[0].shape
+    return {prefix: "full" if full else "row", f"{prefix}_ry": _hex(ry), f"{prefix}_ra": _hex(ra),
+            f"{prefix}_za": int(const[2].reshape(-1)[0]), f"{prefix}_zc": int(const[4].reshape(-1)[0])}
 
 
 class QGemmKernel(CKernel):
@@ -168,7 +224,7 @@ class QGemmKernel(CKernel):
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         k, n, m = int(node.attrs["k"]), int(node.attrs["n"]), _rows(node)
-        ins = [node.input(i) for i in range(10)]
+        ins = [node.input(i) for i in range(_INPUTS)]
         args: list[Arg] = []
         names: list[str] = []
         for i, value in enumerate(ins):
@@ -197,6 +253,8 @@ class QGemmKernel(CKernel):
             b_scale_n=_size(ins[5]), bias=ins[9] is not None, output=str(node.attrs["output"]),
             y_ctype=_CTYPES[np.dtype(y.dtype)], qmin=int(info.min), qmax=int(info.max), act=activation(node),
             when="1" if 2 * m * n * k >= PARALLEL_MIN_WORK else "0", dispatch=target.int8_dot == "avx512bw",
+            lut=ins[15] is not None, **_add_fields(node, 10, "add"),  # type: ignore[arg-type]
+            **_add_fields(node, 16, "add2"),  # type: ignore[arg-type]
         )
         return StepCode("c/qgemm.c.j2", _with_amx(ctx, target, panels), tuple(args))
 

@@ -40,6 +40,7 @@ from compiler.providers.c.common import params
 from compiler.providers.c.elementwise_typed import MapContext
 from compiler.providers.c.elementwise_typed import value_ctype
 from compiler.providers.c.qchannel import add_code
+from compiler.providers.c.qlookup import lookup_code
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import KernelContext
@@ -250,7 +251,7 @@ class QLookupKernel(CKernel):
                 and {x.dtype, table.dtype} <= _EIGHT_BIT and shape_of(x) == shape_of(node.outputs[0]))  # type: ignore[union-attr]
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
-        return _map(step, (0,), ((1, "table"),), "table[(uint8_t)a0]")
+        return lookup_code(step)
 
 
 @dataclass(frozen=True)
