@@ -52,6 +52,14 @@ CASES = {
     "int_pw_s8": QConvCase(c=11, m=9, hw=(7, 7), kernel=(1, 1), pads=(0, 0, 0, 0), x="int8",
                            integer=True),
     "int_dw": QConvCase(c=5, m=5, group=5, integer=True, strides=(2, 2)),
+    # the depthwise loop's bands and column phases (qconv_depthwise.c.j2): dilation, uneven strides
+    # and pads with a multiplier, a plane over several bands, a kernel too long for float sums
+    "dw_dil": QConvCase(c=5, m=5, group=5, hw=(12, 11), dilations=(2, 2), pads=(2, 2, 2, 2), w="uint8"),
+    "dw_s23": QConvCase(c=3, m=6, group=3, hw=(13, 17), kernel=(3, 4), strides=(2, 3), pads=(1, 0, 2, 1),
+                        x="int8"),
+    "dw_bands": QConvCase(c=2, m=2, group=2, hw=(60, 100), batch=1, x="int8", y="int8"),
+    "dw_long": QConvCase(c=2, m=2, group=2, hw=(300,), kernel=(260,), strides=(1,), pads=(3, 2),
+                         dilations=(1,), w="uint8"),
 }
 
 

@@ -98,11 +98,41 @@ class QConvContext(KernelContext):
 @dataclass(frozen=True)
 class QDepthwiseContext(KernelContext):
     g: ConvGeometry
-    wp: int  # the zero-padded row's length
+    wq: int  # a band row's values per column phase: OW + the widest tap's offset in the phase
+    phases: tuple[tuple[int, int, int], ...]  # (p, first j, end j) of the columns j*sw+p in the image
+    taps: tuple[tuple[int, int], ...]  # per tap (kh, kw order): (phase index, offset in the band)
+    bh: int  # output rows per band
+    rb: int  # band rows: bh * sh + (kh - 1) * dh + 1
+    acc_t: str  # "float" where every sum is exact in float, else "int32_t"
     x_ctype: str
     xz: int
     q: Requant
     pool: str
+
+
+DW_BAND_BYTES = 32 * 1024  # a depthwise band's buffers (rows, sums, outputs): about an L1 data cache
+FLOAT_EXACT = 1 << 24  # integers below this add and multiply exactly in float32
+
+
+def _depthwise_context(g: ConvGeometry, step_params: tuple[Param, ...], x_ctype: str, xz: int,
+                       quant: Requant, work: int) -> QDepthwiseContext:
+    """The band layout of the "depthwise" loop (templates/c/qconv_depthwise.c.j2)."""
+    offsets = [(kw * g.dw % g.sw, kw * g.dw // g.sw) for kw in range(g.kw)]
+    used = sorted({p for p, _ in offsets})
+    wq = g.ow + max(d for _, d in offsets)
+    phases = []
+    for p in used:
+        jlo = max(0, -(-(g.pl - p) // g.sw))
+        jhi = max(jlo, min(wq, -(-(g.w + g.pl - p) // g.sw)))
+        phases.append((p, jlo, jhi))
+    taps = tuple((used.index(p), kh * g.dh * wq + d) for kh in range(g.kh) for p, d in offsets)
+    extra = (g.kh - 1) * g.dh + 1
+    row = 4 * wq
+    per_out = len(used) * g.sh * row + g.sh * row + 4 * g.ow
+    bh = max(1, min(g.oh, (DW_BAND_BYTES - len(used) * extra * row) // per_out))
+    exact = g.kh * g.kw * 255 * 255 < FLOAT_EXACT
+    return QDepthwiseContext(step_params, g, wq, tuple(phases), taps, bh, bh * g.sh + extra,
+                             "float" if exact else "int32_t", x_ctype, xz, quant, pool_condition(work))
 
 
 def _geometry(node: Node) -> ConvGeometry | None:
@@ -206,8 +236,7 @@ class QConvKernel(CKernel):
                         _CTYPES[y.dtype], node.input(5) is not None)
         work = 2 * g.batch * g.m * g.oh * g.ow * g.k
         if a["method"] == "depthwise":
-            ctx = QDepthwiseContext(step_params, g, max(g.pl + g.w, g.cols.reach), _CTYPES[x.dtype],
-                                    int(a["x_zero"]), quant, pool_condition(work))
+            ctx = _depthwise_context(g, step_params, _CTYPES[x.dtype], int(a["x_zero"]), quant, work)
             return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
         gemm = _gemm_context(node, g, step_params, quant, work)
         if amx_target(target):
