@@ -61,6 +61,18 @@ class Requant:
     qmax: int
     out_ctype: str
     lut: bool = False  # the code then mapped through the channel's row of Lut (M x 256, + 4 bytes)
+    small: bool = False  # every |scale| < SMALL_SCALE (the vector store's int32 rounding then holds)
+
+
+SMALL_SCALE = 0.999  # |acc * scale| < 2^31 - 2^21 for any int32 acc: rint(product) + y_zero fits int32
+
+
+def small_scales(scale: Value | None) -> bool:
+    """The requantizing scales are constants, finite, all of magnitude under SMALL_SCALE."""
+    if scale is None or scale.const is None:
+        return False
+    s = np.asarray(scale.const, dtype=np.float64)
+    return bool(np.all(np.isfinite(s)) and np.all(np.abs(s) < SMALL_SCALE))
 
 
 @dataclass(frozen=True)
@@ -233,7 +245,7 @@ class QConvKernel(CKernel):
         assert x is not None and x.dtype is not None and y.dtype is not None
         a = node.attrs
         quant = Requant(node.input(4) is not None, int(a["y_zero"]), int(a["qmin"]), int(a["qmax"]),
-                        _CTYPES[y.dtype], node.input(5) is not None)
+                        _CTYPES[y.dtype], node.input(5) is not None, small_scales(node.input(4)))
         work = 2 * g.batch * g.m * g.oh * g.ow * g.k
         if a["method"] == "depthwise":
             ctx = _depthwise_context(g, step_params, _CTYPES[x.dtype], int(a["x_zero"]), quant, work)
