@@ -9,6 +9,12 @@ use, and replaces the float op (and ``q``) by integer steps when that is exact:
 - **data movement** (``MOVEMENT``: Reshape, Transpose, Slice, Gather, MaxPool, nearest Resize,
   Concat, ...) between DequantizeLinear(s) and ``q`` of one per-tensor quantization: the op moves
   the codes instead of the reals (MaxPool: dequantization is increasing, so the max commutes);
+- **QuantizeLinear sunk through data movement**: ``q`` of one per-tensor quantization after a
+  one-input movement (``SINKABLE``) of a float value used only there becomes the movement of
+  ``q``'s codes of that value (quantization is elementwise, and increasing for MaxPool), and the new
+  QuantizeLinear is folded in turn -- ShuffleNet's DequantizeLinear -> BatchNormalization -> Relu ->
+  Reshape -> Transpose -> Reshape (the channel shuffle) -> QuantizeLinear of a QOperator file becomes
+  the per-channel lookup and the shuffle on 8-bit codes;
 - **Conv** of DequantizeLinear(x) by a weight folded from DequantizeLinear (per tensor or per
   output channel) with a bias exactly representable at ``x_scale * w_scale`` -> QLinearConv;
 - **MatMul** of DequantizeLinear(a) by a quantized weight (per tensor or per column) or by another
@@ -72,6 +78,10 @@ MOVEMENT = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
                       "MaxPool", "Resize", "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth",
                       "Identity"})
 
+# Movement with one float data input (input 0; any other input is an index, shape or parameter):
+# QuantizeLinear moves before it exactly.
+SINKABLE = MOVEMENT - {"Concat", "Identity"}
+
 
 class FoldQdq(Pass):
     name = "fold_qdq"
@@ -100,6 +110,12 @@ class FoldQdq(Pass):
             rewrite = candidate(graph, q, qp)
             if rewrite is not None and self._apply(graph, *rewrite):
                 return True
+        sunk = _sink(graph, src, q, qp)
+        if sunk is not None and self._apply(graph, *sunk):
+            moved = q.outputs[0].producer
+            assert moved is not None and moved.inputs[0] is not None and moved.inputs[0].producer is not None
+            self._fold(graph, moved.inputs[0].producer)
+            return True
         return False
 
     def _apply(self, graph: Graph, old: Sequence[Node], build: Build) -> bool:
@@ -159,6 +175,26 @@ def _movement(move: Node, q: Node, qp: QParams) -> Rewrite | None:
     def build(make: Maker) -> list[Node]:
         return [Node(move.op_type, inputs, list(q.outputs), move.attrs, name=move.name, domain=move.domain,
                      origin=merged_origin([move, q]))]
+    return [move, q], build
+
+
+def _sink(graph: Graph, move: Node, q: Node, qp: QParams) -> Rewrite | None:
+    """``q`` after a SINKABLE movement of a float value used only there: the movement of the codes."""
+    x = move.input(0)
+    if move.kind not in SINKABLE or not qp.per_tensor or len(move.outputs) != 1 or x is None:
+        return None
+    if x.dtype != np.float32 or x.producer is None or sole_consumer(graph, x) is not move:
+        return None
+    if move.kind == "Resize" and move.attrs.get("mode") != "nearest":
+        return None
+    origin = merged_origin([move, q])
+
+    def build(make: Maker) -> list[Node]:
+        codes = make.value(f"{x.name}_quantized", q.outputs[0].dtype, x.shape)
+        return [Node(q.op_type, [x, *q.inputs[1:]], [codes], q.attrs, name=f"{q.name}_{move.name}",
+                     domain=q.domain, origin=origin),
+                Node(move.op_type, [codes, *move.inputs[1:]], list(q.outputs), move.attrs, name=move.name,
+                     domain=move.domain, origin=origin)]
     return [move, q], build
 
 

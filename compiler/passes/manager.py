@@ -138,6 +138,7 @@ C_FOLDABLE = frozenset({
     "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Identity",
     "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "Cast", "Mul", "Add",
     Q_LOOKUP, Q_BINARY, Q_CHANNEL_LOOKUP,
+    "QuantizeLinear",  # sunk through data movement (fold_qdq._sink)
 })
 
 
