@@ -27,7 +27,8 @@ use, and replaces the float op (and ``q``) by integer steps when that is exact:
 - **elementwise ops** between DequantizeLinear and ``q`` (a Relu, Sigmoid, GELU, Add, Mul, pools,
   Softmax, a Concat of other quantizations): the integer ops of ``fold_qdq_integer.py``; with
   per-channel constants (a BatchNormalization, Mul / Add by a [C, 1, 1] constant) a
-  QChannelLookup (``fold_qdq_channel.py``).
+  QChannelLookup (``fold_qdq_channel.py``); an Add of two such chains (a residual Add after a
+  float BatchNormalization) a QTableAdd (``fold_qdq_residual.py``).
 
 A rewrite happens only where ``claims`` (the target provider's ``supports``) takes every new node:
 on the C target that keeps the float form until the integer kernels exist, so folding never makes
@@ -53,6 +54,7 @@ from compiler.passes.base import merged_origin
 from compiler.passes.base import replace_nodes
 from compiler.passes.base import sole_consumer
 from compiler.passes.fold_qdq_channel import channel_lookup
+from compiler.passes.fold_qdq_residual import table_add
 from compiler.passes.fuse_matmul_add import per_column
 from compiler.passes.qdq_forms import QParams
 from compiler.passes.qdq_forms import dq_params
@@ -81,6 +83,7 @@ MOVEMENT = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
 # Movement with one float data input (input 0; any other input is an index, shape or parameter):
 # QuantizeLinear moves before it exactly.
 SINKABLE = MOVEMENT - {"Concat", "Identity"}
+MAX_SWEEPS = 64
 
 
 class FoldQdq(Pass):
@@ -90,10 +93,17 @@ class FoldQdq(Pass):
         self.claims = claims
 
     def run(self, graph: Graph) -> PassResult:
+        # sweeps until one changes nothing: a fold may free the next (a QOperator residual stream's
+        # QTableAdd of block k+1 leaves block k's Relu output to its QuantizeLinear alone)
         modified = False
-        for node in graph:
-            if node.graph is graph and node.kind == "QuantizeLinear" and self._fold(graph, node):
-                modified = True
+        for _ in range(MAX_SWEEPS):
+            swept = False
+            for node in graph:
+                if node.graph is graph and node.kind == "QuantizeLinear" and self._fold(graph, node):
+                    swept = True
+            modified = modified or swept
+            if not swept:
+                break
         if modified:
             graph.prune_constants()
         return PassResult(graph, modified)
@@ -141,7 +151,7 @@ def _candidates(src: Node) -> list[Candidate]:
         return [lambda g, q, qp: integer.pool(src, q, qp)]
     if src.kind == "Softmax":
         return [lambda g, q, qp: integer.softmax(src, q, qp)]
-    return [_linear, integer.lookup, channel_lookup, integer.binary]
+    return [_linear, integer.lookup, channel_lookup, integer.binary, table_add]
 
 
 def _cancel(graph: Graph, q: Node, qp: QParams) -> bool:

@@ -41,6 +41,7 @@ from compiler.passes.use_winograd import UseWinograd
 from runtime.contract import Q_BINARY
 from runtime.contract import Q_CHANNEL_LOOKUP
 from runtime.contract import Q_LOOKUP
+from runtime.contract import Q_TABLE_ADD
 from runtime.errors import CompileError
 from runtime.errors import InternalError
 
@@ -139,6 +140,7 @@ C_FOLDABLE = frozenset({
     "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "Cast", "Mul", "Add",
     Q_LOOKUP, Q_BINARY, Q_CHANNEL_LOOKUP,
     "QuantizeLinear",  # sunk through data movement (fold_qdq._sink)
+    Q_TABLE_ADD,  # the residual Add of two per-channel float chains (fold_qdq_residual)
 })
 
 
