@@ -198,9 +198,11 @@ def _sink(graph: Graph, move: Node, q: Node, qp: QParams) -> Rewrite | None:
     if move.kind == "Resize" and move.attrs.get("mode") != "nearest":
         return None
     origin = merged_origin([move, q])
+    dtype = q.outputs[0].dtype
+    assert dtype is not None
 
     def build(make: Maker) -> list[Node]:
-        codes = make.value(f"{x.name}_quantized", q.outputs[0].dtype, x.shape)
+        codes = make.value(f"{x.name}_quantized", dtype, x.shape)
         return [Node(q.op_type, [x, *q.inputs[1:]], [codes], q.attrs, name=f"{q.name}_{move.name}",
                      domain=q.domain, origin=origin),
                 Node(move.op_type, [codes, *move.inputs[1:]], list(q.outputs), move.attrs, name=move.name,

@@ -88,7 +88,10 @@ def table_add(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
     if found is None:
         return None
     old, add, (lo, hi) = found
-    if add.kind not in ("Add", "Sum") or len(add.inputs) != 2 or add.outputs[0].shape != add.inputs[0].shape:
+    first = add.input(0)
+    if add.kind not in ("Add", "Sum") or len(add.inputs) != 2 or first is None:
+        return None
+    if add.outputs[0].shape != first.shape:
         return None
     a, b = _operand(graph, add.input(0), add), _operand(graph, add.input(1), add)
     if a is None or b is None or a[0].shape != b[0].shape or a[1].shape != b[1].shape:
