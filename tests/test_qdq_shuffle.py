@@ -165,6 +165,10 @@ def test_residual_adds_of_bn_chains_become_table_adds(tmp_path: Path,
     if host_runs("x86-64-v3"):  # the AVX2 build: the portable loops of QTableAdd, depthwise, store
         (avx2,) = Session(compile_model(str(path), tmp_path / "v3", cpu="x86-64-v3")).run(None, feeds)
         assert avx2.tobytes() == want.tobytes()
+    # the x86-64-v4 text: a BN chain's row gathered, a shortcut's dequantization computed
+    v4 = compile_model(str(path), tmp_path / "v4", cpu="x86-64-v4")
+    source = (v4 / "kernels" / "cpu" / "model.c").read_text()
+    assert "_mm512_i32gather_ps" in source and "_mm512_mul_round_ps" in source
     theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     fp32 = ort.InferenceSession(str(tmp_path / "r.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert stray([ours], fp32) <= 1.25 * stray([theirs], fp32) + 0.005  # issue 32's bound

@@ -115,6 +115,8 @@ def add_code(step: GenStep, factors: tuple[str, str], zeros: tuple[int, int, int
 class QTableAddContext(KernelContext):
     a_ctype: str
     b_ctype: str
+    a_affine: tuple[str, int] | None  # the table is a dequantization: (scale literal, zero point)
+    b_affine: tuple[str, int] | None
     out_ctype: str
     c: int
     size: int  # elements per plane
@@ -123,6 +125,26 @@ class QTableAddContext(KernelContext):
     qmin: int
     qmax: int
     parallel: bool
+
+
+def _affine(table: np.ndarray, dtype: np.dtype) -> tuple[str, int] | None:
+    """(scale as a float literal, zero point) where every row of ``table`` is the dequantization
+    table of ``dtype`` by one scale and zero point (a DequantizeLinear operand), else None."""
+    from runtime.kernels.qoperator import dequantize_table
+
+    row = table[0]
+    codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int64)
+    zeros = codes[row == 0]
+    if zeros.size != 1 or not (table == row).all():
+        return None
+    zero = int(zeros[0])
+    up = np.flatnonzero(codes == zero + 1)
+    if up.size != 1:
+        return None
+    scale = np.float32(row[up[0]])
+    if not np.isfinite(scale) or not np.array_equal(dequantize_table(dtype, scale, zero), row):
+        return None
+    return f"{float(scale)!r}f", zero
 
 
 def _static_8bit(value: Value | None, shape: tuple[int, ...] | None) -> bool:
@@ -158,9 +180,12 @@ class QTableAddKernel(CKernel):
                 *output_args(step, out_ctype))
         size, planes = int(np.prod(shape[2:])), int(shape[0]) * int(shape[1])
         z = 0 if zero is None or zero.const is None else int(np.asarray(zero.const).reshape(-1)[0])
+        ta, tb = node.input(1), node.input(3)
+        assert ta is not None and ta.const is not None and tb is not None and tb.const is not None
         ctx = QTableAddContext(params=params([*names, "y"], args, [True] * 6), a_ctype=ctypes[0],
-                               b_ctype=ctypes[2], out_ctype=out_ctype, c=int(shape[1]), size=size,
-                               planes=planes,
+                               b_ctype=ctypes[2], a_affine=_affine(ta.const, a.dtype),
+                               b_affine=_affine(tb.const, b.dtype), out_ctype=out_ctype, c=int(shape[1]),
+                               size=size, planes=planes,
                                zero=z, qmin=int(node.attrs["qmin"]), qmax=int(node.attrs["qmax"]),
                                parallel=planes * size >= PARALLEL_MIN_WORK)
         return StepCode("c/qtable_add.c.j2", ctx, args)
