@@ -147,8 +147,10 @@ _TABLE = (
     _op("QLookup", "X table"),  # y = table[the byte of x], a 256-entry table of the output's dtype
     _op("QChannelLookup", "X table"),  # y[n, c, ...] = table[c, the byte of x]: a (C, 256) table
     # y = clip(saturate(rint((TA[c, byte of a] + TB[c, byte of b]) / Y_scale) + Y_zero), qmin, qmax):
-    # (C, 256) float32 tables, float32 sum and division (docs/ops.md, "QDQ folding")
-    _op("QTableAdd", "A TA B TB Y_scale Y_zero?", qmin=REQUIRED, qmax=REQUIRED),
+    # (C, 256) float32 tables, float32 sum and division (docs/ops.md, "QDQ folding"); a form (C, 5):
+    # [x_scale, x_zero, mean, factor, bias] that computes its table as ((code - x_zero) * x_scale -
+    # mean) * factor + bias in float32 (a BatchNormalization's, checked when built)
+    _op("QTableAdd", "A TA B TB Y_scale Y_zero? A_form? B_form?", qmin=REQUIRED, qmax=REQUIRED),
     _op("QAveragePool", "X X_scale X_zero? Y_scale Y_zero?", **_POOL, count_include_pad=0),
     _op("QGlobalAveragePool", "X X_scale X_zero? Y_scale Y_zero?", channels_last=0),
     _op("QSoftmax", "X X_scale Y_scale Y_zero?"),  # over the last axis

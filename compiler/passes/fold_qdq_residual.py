@@ -19,7 +19,7 @@ float graph by the shortcut's rounding (at most half its scale per block), withi
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,8 +47,39 @@ __all__ = ["table_add"]
 _LIMIT = float(2**31 - 2**24)  # |sum / scale| below this: rint of it converts to int32 exactly
 
 
-def _operand(graph: Graph, x: Value | None, add: Node) -> tuple[Value, np.ndarray, list[Node]] | None:
-    """(codes, the (C, 256) float32 table, the float nodes it replaces) of one Add input."""
+@dataclass(frozen=True)
+class _Operand:
+    codes: Value
+    table: np.ndarray  # (C, 256) float32
+    region: list[Node]  # the float nodes it replaces
+    form: np.ndarray | None = None  # (C, 5) float32: the table as BatchNormalization arithmetic
+
+
+def _bn_form(region: list[Node], root: Value, p: QParams, table: np.ndarray) -> np.ndarray | None:
+    """Where the region is one inference BatchNormalization of the root: per channel [x_scale,
+    x_zero, mean, factor, bias] such that every entry of ``table`` is, in float32 operations,
+    ((code - x_zero) * x_scale - mean) * factor + bias (the reference kernel's order; checked
+    here entry by entry), which the C kernel computes instead of reading the table; else None."""
+    if len(region) != 1 or region[0].kind != "BatchNormalization" or region[0].inputs[0] is not root:
+        return None
+    bn = region[0]
+    consts = [v.const if v is not None else None for v in bn.inputs[1:5]]
+    if any(c is None for c in consts) or not p.per_tensor:
+        return None
+    scale, bias, mean, var = (np.asarray(c, np.float32).reshape(-1) for c in consts)  # type: ignore[arg-type]
+    factor = (scale / np.sqrt(var + np.float32(bn.attrs.get("epsilon", 1e-5)))).astype(np.float32)
+    dq = dequantize_table(p.dtype, p.scale, p.zero)[None, :]
+    with np.errstate(all="ignore"):
+        formed = ((dq - mean[:, None]) * factor[:, None] + bias[:, None]).astype(np.float32)
+    if formed.shape != table.shape or not np.array_equal(formed, table):
+        return None
+    channels = table.shape[0]
+    head = np.broadcast_to(np.array([float(p.scale), float(p.zero)], np.float32), (channels, 2))
+    return np.ascontiguousarray(np.column_stack([head, mean, factor, bias]), np.float32)
+
+
+def _operand(graph: Graph, x: Value | None, add: Node) -> _Operand | None:
+    """One Add input as codes and their (C, 256) float32 table."""
     if x is None or x.shape is None or x.is_symbolic or len(x.shape) < 3:
         return None
     channels = int(x.shape[1])
@@ -56,7 +87,7 @@ def _operand(graph: Graph, x: Value | None, add: Node) -> tuple[Value, np.ndarra
     if found is not None:
         codes, _, p = found
         row = dequantize_table(p.dtype, p.scale, p.zero)
-        return codes, np.ascontiguousarray(np.broadcast_to(row, (channels, 256)), np.float32), []
+        return _Operand(codes, np.ascontiguousarray(np.broadcast_to(row, (channels, 256)), np.float32), [])
     if sole_consumer(graph, x) is not add:
         return None
     got = _nodes(graph, x)
@@ -66,8 +97,8 @@ def _operand(graph: Graph, x: Value | None, add: Node) -> tuple[Value, np.ndarra
     order = {id(node): i for i, node in enumerate(graph.nodes)}
     region = sorted(nodes.values(), key=lambda n: order[id(n)])
     fn = _evaluate(region, root, x, channels, len(x.shape))
-    table: Any = fn(dequantize_table(p.dtype, p.scale, p.zero))
-    return codes, np.ascontiguousarray(table, np.float32), region
+    table = np.ascontiguousarray(fn(dequantize_table(p.dtype, p.scale, p.zero)), np.float32)
+    return _Operand(codes, table, region, _bn_form(region, root, p, table))
 
 
 def _quantized(x: Value) -> tuple[Value, Node, QParams] | None:
@@ -94,19 +125,23 @@ def table_add(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
     if add.outputs[0].shape != first.shape:
         return None
     a, b = _operand(graph, add.input(0), add), _operand(graph, add.input(1), add)
-    if a is None or b is None or a[0].shape != b[0].shape or a[1].shape != b[1].shape:
+    if a is None or b is None or a.codes.shape != b.codes.shape or a.table.shape != b.table.shape:
         return None
-    if not (a[2] or activation_input(add.input(0))) and not (b[2] or activation_input(add.input(1))):
+    if not (a.region or activation_input(add.input(0))) and not (b.region or activation_input(add.input(1))):
         return None  # both operands read through another QuantizeLinear: at most one rounding
-    (ca, ta, ra), (cb, tb, rb) = a, b
+    ca, ta, cb, tb = a.codes, a.table, b.codes, b.table
     bound = float(np.max(np.abs(ta))) + float(np.max(np.abs(tb)))
     if not (np.isfinite(ta).all() and np.isfinite(tb).all()) or not bound / float(qp.scale) < _LIMIT:
         return None
-    replaced = [*ra, *rb, *old]
+    replaced = [*a.region, *b.region, *old]
 
     def build(make: Maker) -> list[Node]:
-        inputs = [ca, make.const(f"{add.name}_table_a", ta), cb, make.const(f"{add.name}_table_b", tb),
-                  *dq_scale_zero(make, q, qp, q.outputs[0].name)]
+        tables = [make.const(f"{add.name}_table_a", ta), make.const(f"{add.name}_table_b", tb)]
+        inputs: list[Value | None] = [ca, tables[0], cb, tables[1]]
+        inputs += dq_scale_zero(make, q, qp, q.outputs[0].name)
+        if a.form is not None or b.form is not None:
+            inputs += [None if o.form is None else make.const(f"{add.name}_form_{k}", o.form)
+                       for k, o in (("a", a), ("b", b))]
         return [Node(op_name(Q_TABLE_ADD), inputs, list(q.outputs), {"qmin": lo, "qmax": hi}, name=add.name,
                      domain=AOT_DOMAIN, origin=merged_origin(replaced))]
     return replaced, build

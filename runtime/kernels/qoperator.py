@@ -119,8 +119,9 @@ def qtable_add_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                       outputs: list[OutputSpec]) -> list[Any]:
     """QTableAdd: the float32 sum of A's and B's channel rows (``TA[c, byte of a] + TB[c, byte of
     b]``, the float chains of a residual Add), quantized as QuantizeLinear does (the float32
-    quotient rounded half to even, the zero point added, saturated), then clipped to [qmin, qmax]."""
-    a, ta, b, tb, scale, zero = fill_optional(Q_TABLE_ADD, inputs, 6)
+    quotient rounded half to even, the zero point added, saturated), then clipped to [qmin, qmax].
+    The optional forms state the tables as arithmetic (for the C kernel); the tables decide."""
+    a, ta, b, tb, scale, zero = fill_optional(Q_TABLE_ADD, inputs, 8)[:6]  # the forms: the tables again
     channel = np.arange(a.shape[1]).reshape((1, -1) + (1,) * (a.ndim - 2))
     c = ta.shape[0]
     v = ta.reshape(c, 256)[channel, a.astype(np.uint8)] + tb.reshape(c, 256)[channel, b.astype(np.uint8)]

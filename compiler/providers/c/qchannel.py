@@ -117,6 +117,8 @@ class QTableAddContext(KernelContext):
     b_ctype: str
     a_affine: tuple[str, int] | None  # the table is a dequantization: (scale literal, zero point)
     b_affine: tuple[str, int] | None
+    a_form: bool  # A_form given: the table computed as BatchNormalization arithmetic
+    b_form: bool
     out_ctype: str
     c: int
     size: int  # elements per plane
@@ -157,7 +159,11 @@ class QTableAddKernel(CKernel):
     def supports(self, node: Node) -> bool:
         a, ta, b, tb, scale, zero = (node.input(i) for i in range(6))
         y = node.outputs[0]
-        if len(node.inputs) > 6 or a is None or a.shape is None or len(a.shape) < 3:
+        if len(node.inputs) > 8 or a is None or a.shape is None or len(a.shape) < 3:
+            return False
+        forms = [node.input(6), node.input(7)]
+        if any(f is not None and (f.const is None or f.const.shape != (int(a.shape[1]), 5)
+                                  or f.dtype != np.float32) for f in forms):
             return False
         if not (_static_8bit(a, a.shape) and _static_8bit(b, a.shape) and _static_8bit(y, a.shape)):
             return False
@@ -176,15 +182,22 @@ class QTableAddKernel(CKernel):
         out_ctype = value_ctype(y.dtype)
         names = ["a", "ta", "b", "tb", "scale"]
         ctypes = [value_ctype(a.dtype), "float", value_ctype(b.dtype), "float", "float"]
-        args = (*(arg(step.inputs[i], ct, True, step, f"input {i}") for i, ct in enumerate(ctypes)),
-                *output_args(step, out_ctype))
+        slots = [0, 1, 2, 3, 4]
+        for i, name in ((6, "fa"), (7, "fb")):
+            if node.input(i) is not None:
+                names.append(name)
+                ctypes.append("float")
+                slots.append(i)
+        ins = (arg(step.inputs[i], ct, True, step, f"input {i}") for i, ct in zip(slots, ctypes, strict=True))
+        args = (*ins, *output_args(step, out_ctype))
         size, planes = int(np.prod(shape[2:])), int(shape[0]) * int(shape[1])
         z = 0 if zero is None or zero.const is None else int(np.asarray(zero.const).reshape(-1)[0])
         ta, tb = node.input(1), node.input(3)
         assert ta is not None and ta.const is not None and tb is not None and tb.const is not None
-        ctx = QTableAddContext(params=params([*names, "y"], args, [True] * 6), a_ctype=ctypes[0],
+        ctx = QTableAddContext(params=params([*names, "y"], args, [True] * len(args)), a_ctype=ctypes[0],
                                b_ctype=ctypes[2], a_affine=_affine(ta.const, a.dtype),
-                               b_affine=_affine(tb.const, b.dtype), out_ctype=out_ctype, c=int(shape[1]),
+                               b_affine=_affine(tb.const, b.dtype), a_form=node.input(6) is not None,
+                               b_form=node.input(7) is not None, out_ctype=out_ctype, c=int(shape[1]),
                                size=size, planes=planes,
                                zero=z, qmin=int(node.attrs["qmin"]), qmax=int(node.attrs["qmax"]),
                                parallel=planes * size >= PARALLEL_MIN_WORK)
