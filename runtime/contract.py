@@ -41,7 +41,7 @@ __all__ = [
     "GLOBAL_AVERAGE_POOL_NHWC", "LRN_NHWC", "MULTI_HEAD_ATTENTION", "FUSED_ELEMENTWISE", "IF", "LOOP",
     "PACKED_QCONV",
     "SCAN", "CONTROL_KINDS", "QGEMM", "BODIES", "NO_ACTIVATION", "Q_BINARY", "Q_LOOKUP", "Q_AVERAGE_POOL",
-    "Q_CHANNEL_LOOKUP", "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX", "Q_LSTM",
+    "Q_CHANNEL_LOOKUP", "Q_TABLE_ADD", "Q_GLOBAL_AVERAGE_POOL", "Q_SOFTMAX", "Q_LSTM",
     "HOST", "CUDA", "SPACES", "LOCATION_KINDS",
     "PLACEHOLDER_PREFIX", "placeholder", "placeholder_index", "DYN_EXT", "ALIGNMENT", "WEIGHT_ALIGNMENT",
     "round_up",
@@ -153,6 +153,11 @@ _TABLE = (
     _op("QBinary", "A A_scale A_zero? B B_scale B_zero? C_scale C_zero?", op=REQUIRED),  # "Add" / "Mul"
     _op("QLookup", "X table"),  # y = table[the byte of x], a 256-entry table of the output's dtype
     _op("QChannelLookup", "X table"),  # y[n, c, ...] = table[c, the byte of x]: a (C, 256) table
+    # y = clip(saturate(rint((TA[c, byte of a] + TB[c, byte of b]) / Y_scale) + Y_zero), qmin, qmax):
+    # (C, 256) float32 tables, float32 sum and division (docs/ops.md, "QDQ folding"); a form (C, 5):
+    # [x_scale, x_zero, mean, factor, bias] that computes its table as ((code - x_zero) * x_scale -
+    # mean) * factor + bias in float32 (a BatchNormalization's, checked when built)
+    _op("QTableAdd", "A TA B TB Y_scale Y_zero? A_form? B_form?", qmin=REQUIRED, qmax=REQUIRED),
     _op("QAveragePool", "X X_scale X_zero? Y_scale Y_zero?", **_POOL, count_include_pad=0),
     _op("QGlobalAveragePool", "X X_scale X_zero? Y_scale Y_zero?", channels_last=0),
     _op("QSoftmax", "X X_scale Y_scale Y_zero?"),  # over the last axis
@@ -191,6 +196,7 @@ CONTROL_KINDS: Final = (IF, LOOP, SCAN)
 Q_BINARY: Final = aot_kind("QBinary")
 Q_LOOKUP: Final = aot_kind("QLookup")
 Q_CHANNEL_LOOKUP: Final = aot_kind("QChannelLookup")
+Q_TABLE_ADD: Final = aot_kind("QTableAdd")
 Q_AVERAGE_POOL: Final = aot_kind("QAveragePool")
 Q_GLOBAL_AVERAGE_POOL: Final = aot_kind("QGlobalAveragePool")
 Q_SOFTMAX: Final = aot_kind("QSoftmax")

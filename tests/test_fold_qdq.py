@@ -195,9 +195,17 @@ def test_movement_moves_the_codes(op: str, attrs: dict[str, object], kind: str) 
     np.testing.assert_array_equal(ours, theirs)
 
 
-def test_movement_to_another_scale_is_left_alone() -> None:
+def test_movement_to_another_scale_moves_the_quantize_first() -> None:
+    """The Transpose keeps its place between the two quantizations' codes only after the
+    QuantizeLinear moved before it (fold_qdq._sink): the requantization DQ -> Q is then a QLookup,
+    the Transpose moves its codes, the same bits."""
     before, after = _fold(_movement_model("Transpose", same=False, perm=[0, 2, 3, 1]))
-    assert _kinds(after) == _kinds(before)
+    assert _kinds(after) == collections.Counter({"QuantizeLinear": 1, "onnx_aot.QLookup": 1, "Transpose": 1,
+                                                 "DequantizeLinear": 1})
+    transpose = next(node for node in after if node.kind == "Transpose")
+    assert transpose.inputs[0].dtype == np.int8 and transpose.inputs[0].producer.kind == "onnx_aot.QLookup"
+    feeds = _feeds(before)
+    assert evaluate(after, feeds)[0].tobytes() == evaluate(before, feeds)[0].tobytes()
 
 
 @pytest.fixture(scope="module")

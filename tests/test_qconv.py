@@ -52,6 +52,17 @@ CASES = {
     "int_pw_s8": QConvCase(c=11, m=9, hw=(7, 7), kernel=(1, 1), pads=(0, 0, 0, 0), x="int8",
                            integer=True),
     "int_dw": QConvCase(c=5, m=5, group=5, integer=True, strides=(2, 2)),
+    # the depthwise loop's bands and column phases (qconv_depthwise.c.j2): dilation, uneven strides
+    # and pads with a multiplier, a plane over several bands, a kernel too long for float sums
+    "dw_dil": QConvCase(c=5, m=5, group=5, hw=(12, 11), dilations=(2, 2), pads=(2, 2, 2, 2), w="uint8"),
+    "dw_s23": QConvCase(c=3, m=6, group=3, hw=(13, 17), kernel=(3, 4), strides=(2, 3), pads=(1, 0, 2, 1),
+                        x="int8"),
+    "dw_bands": QConvCase(c=2, m=2, group=2, hw=(60, 100), batch=1, x="int8", y="int8"),
+    # requantizing scales over 1 (the vector store's float64 rounding path, not its int32 one)
+    "big_scale": QConvCase(c=3, m=4, hw=(5, 6), y_scale=2e-5, per_channel=False, bias=False),
+    "dw_big_scale": QConvCase(c=3, m=3, group=3, hw=(5, 6), y_scale=2e-5),
+    "dw_long": QConvCase(c=2, m=2, group=2, hw=(300,), kernel=(260,), strides=(1,), pads=(3, 2),
+                         dilations=(1,), w="uint8"),
 }
 
 
@@ -175,10 +186,12 @@ def test_generated_code(cpu: str, tmp_path: Path) -> None:
     """The text of the x86-64-v4 build: each conv's work is one pool job (the packing runs inside the
     GEMM's items, or its AMX-INT8 alternative) plus the padded copy where it pads; the four
     dot-product paths (AMX tiles, VNNI, pmaddwd, portable) and the vector
-    requantizing store are there; the depthwise kernel has its own loop and no scratch."""
+    requantizing store are there (its int32 rounding where the scales are small, its float64 one for
+    "big"); the depthwise kernel has its own loop (float FMAs) and no scratch."""
     cases = {"pw": QConvCase(c=64, m=32, hw=(28, 28), kernel=(1, 1), pads=(0, 0, 0, 0), batch=1),
              "k3": QConvCase(c=16, m=32, hw=(28, 28), batch=1),
-             "dw": QConvCase(c=32, m=32, group=32, hw=(28, 28), batch=1)}
+             "dw": QConvCase(c=32, m=32, group=32, hw=(28, 28), batch=1),
+             "big": QConvCase(c=16, m=32, hw=(28, 28), batch=1, y_scale=2e-5)}
     model, _ = _merged(cases)
     art = compile_model(model, tmp_path / "art", cpu=cpu)
     source = (art / "kernels" / "cpu" / "model.c").read_text()
@@ -193,8 +206,9 @@ def test_generated_code(cpu: str, tmp_path: Path) -> None:
         # the AMX-INT8 loop is the GEMM job's alternative, taken where the CPU has the tiles
         amx = re.search(r"if \(onnx_aot_amx_usable\(ONNX_AOT_AMX_INT8\)\) \{.*?return;\n  \}", body, re.S)
         jobs[step["name"]] = (body.count("onnx_aot_parallel("), amx is not None)
-    assert jobs == {"pw_conv": (2, True), "k3_conv": (3, True), "dw_conv": (1, False)}
-    assert {s["name"] for s in plan["steps"] if s.get("scratch")} == {"pw_conv", "k3_conv"}
-    for text in ("vpdpbusd", "_mm512_madd_epi16", "_mm512_roundscale_pd", "_store16(", "rint(", "tdpbsud"):
+    assert jobs == {"pw_conv": (2, True), "k3_conv": (3, True), "dw_conv": (1, False), "big_conv": (3, True)}
+    assert {s["name"] for s in plan["steps"] if s.get("scratch")} == {"pw_conv", "k3_conv", "big_conv"}
+    for text in ("vpdpbusd", "_mm512_madd_epi16", "_mm512_roundscale_pd", "_store16(", "rint(", "tdpbsud",
+                 "_mm512_add_round_pd", "_mm512_fmadd_ps"):
         assert text in source, text
     assert "_mm512_maddubs" not in source  # pmaddubsw's 16-bit sums saturate

@@ -9,6 +9,12 @@ use, and replaces the float op (and ``q``) by integer steps when that is exact:
 - **data movement** (``MOVEMENT``: Reshape, Transpose, Slice, Gather, MaxPool, nearest Resize,
   Concat, ...) between DequantizeLinear(s) and ``q`` of one per-tensor quantization: the op moves
   the codes instead of the reals (MaxPool: dequantization is increasing, so the max commutes);
+- **QuantizeLinear sunk through data movement**: ``q`` of one per-tensor quantization after a
+  one-input movement (``SINKABLE``) of a float value used only there becomes the movement of
+  ``q``'s codes of that value (quantization is elementwise, and increasing for MaxPool), and the new
+  QuantizeLinear is folded in turn -- ShuffleNet's DequantizeLinear -> BatchNormalization -> Relu ->
+  Reshape -> Transpose -> Reshape (the channel shuffle) -> QuantizeLinear of a QOperator file becomes
+  the per-channel lookup and the shuffle on 8-bit codes;
 - **Conv** of DequantizeLinear(x) by a weight folded from DequantizeLinear (per tensor or per
   output channel) with a bias exactly representable at ``x_scale * w_scale`` -> QLinearConv;
 - **MatMul** of DequantizeLinear(a) by a quantized weight (per tensor or per column) or by another
@@ -21,7 +27,8 @@ use, and replaces the float op (and ``q``) by integer steps when that is exact:
 - **elementwise ops** between DequantizeLinear and ``q`` (a Relu, Sigmoid, GELU, Add, Mul, pools,
   Softmax, a Concat of other quantizations): the integer ops of ``fold_qdq_integer.py``; with
   per-channel constants (a BatchNormalization, Mul / Add by a [C, 1, 1] constant) a
-  QChannelLookup (``fold_qdq_channel.py``).
+  QChannelLookup (``fold_qdq_channel.py``); an Add of two such chains (a residual Add after a
+  float BatchNormalization) a QTableAdd (``fold_qdq_residual.py``).
 
 A rewrite happens only where ``claims`` (the target provider's ``supports``) takes every new node:
 on the C target that keeps the float form until the integer kernels exist, so folding never makes
@@ -47,6 +54,7 @@ from compiler.passes.base import merged_origin
 from compiler.passes.base import replace_nodes
 from compiler.passes.base import sole_consumer
 from compiler.passes.fold_qdq_channel import channel_lookup
+from compiler.passes.fold_qdq_residual import table_add
 from compiler.passes.fuse_matmul_add import per_column
 from compiler.passes.qdq_forms import QParams
 from compiler.passes.qdq_forms import dq_params
@@ -72,6 +80,11 @@ MOVEMENT = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
                       "MaxPool", "Resize", "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth",
                       "Identity"})
 
+# Movement with one float data input (input 0; any other input is an index, shape or parameter):
+# QuantizeLinear moves before it exactly.
+SINKABLE = MOVEMENT - {"Concat", "Identity"}
+MAX_SWEEPS = 64
+
 
 class FoldQdq(Pass):
     name = "fold_qdq"
@@ -80,10 +93,17 @@ class FoldQdq(Pass):
         self.claims = claims
 
     def run(self, graph: Graph) -> PassResult:
+        # sweeps until one changes nothing: a fold may free the next (a QOperator residual stream's
+        # QTableAdd of block k+1 leaves block k's Relu output to its QuantizeLinear alone)
         modified = False
-        for node in graph:
-            if node.graph is graph and node.kind == "QuantizeLinear" and self._fold(graph, node):
-                modified = True
+        for _ in range(MAX_SWEEPS):
+            swept = False
+            for node in graph:
+                if node.graph is graph and node.kind == "QuantizeLinear" and self._fold(graph, node):
+                    swept = True
+            modified = modified or swept
+            if not swept:
+                break
         if modified:
             graph.prune_constants()
         return PassResult(graph, modified)
@@ -100,6 +120,12 @@ class FoldQdq(Pass):
             rewrite = candidate(graph, q, qp)
             if rewrite is not None and self._apply(graph, *rewrite):
                 return True
+        sunk = _sink(graph, src, q, qp)
+        if sunk is not None and self._apply(graph, *sunk):
+            moved = q.outputs[0].producer
+            assert moved is not None and moved.inputs[0] is not None and moved.inputs[0].producer is not None
+            self._fold(graph, moved.inputs[0].producer)
+            return True
         return False
 
     def _apply(self, graph: Graph, old: Sequence[Node], build: Build) -> bool:
@@ -125,7 +151,7 @@ def _candidates(src: Node) -> list[Candidate]:
         return [lambda g, q, qp: integer.pool(src, q, qp)]
     if src.kind == "Softmax":
         return [lambda g, q, qp: integer.softmax(src, q, qp)]
-    return [_linear, integer.lookup, channel_lookup, integer.binary]
+    return [_linear, integer.lookup, channel_lookup, integer.binary, table_add]
 
 
 def _cancel(graph: Graph, q: Node, qp: QParams) -> bool:
@@ -159,6 +185,28 @@ def _movement(move: Node, q: Node, qp: QParams) -> Rewrite | None:
     def build(make: Maker) -> list[Node]:
         return [Node(move.op_type, inputs, list(q.outputs), move.attrs, name=move.name, domain=move.domain,
                      origin=merged_origin([move, q]))]
+    return [move, q], build
+
+
+def _sink(graph: Graph, move: Node, q: Node, qp: QParams) -> Rewrite | None:
+    """``q`` after a SINKABLE movement of a float value used only there: the movement of the codes."""
+    x = move.input(0)
+    if move.kind not in SINKABLE or not qp.per_tensor or len(move.outputs) != 1 or x is None:
+        return None
+    if x.dtype != np.float32 or x.producer is None or sole_consumer(graph, x) is not move:
+        return None
+    if move.kind == "Resize" and move.attrs.get("mode") != "nearest":
+        return None
+    origin = merged_origin([move, q])
+    dtype = q.outputs[0].dtype
+    assert dtype is not None
+
+    def build(make: Maker) -> list[Node]:
+        codes = make.value(f"{x.name}_quantized", dtype, x.shape)
+        return [Node(q.op_type, [x, *q.inputs[1:]], [codes], q.attrs, name=f"{q.name}_{move.name}",
+                     domain=q.domain, origin=origin),
+                Node(move.op_type, [codes, *move.inputs[1:]], list(q.outputs), move.attrs, name=move.name,
+                     domain=move.domain, origin=origin)]
     return [move, q], build
 
 

@@ -44,6 +44,7 @@ from compiler.passes.use_winograd import UseWinograd
 from runtime.contract import Q_BINARY
 from runtime.contract import Q_CHANNEL_LOOKUP
 from runtime.contract import Q_LOOKUP
+from runtime.contract import Q_TABLE_ADD
 from runtime.errors import CompileError
 from runtime.errors import InternalError
 
@@ -141,6 +142,8 @@ C_FOLDABLE = frozenset({
     "Concat", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Identity",
     "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "Cast", "Mul", "Add",
     Q_LOOKUP, Q_BINARY, Q_CHANNEL_LOOKUP,
+    "QuantizeLinear",  # sunk through data movement (fold_qdq._sink)
+    Q_TABLE_ADD,  # the residual Add of two per-channel float chains (fold_qdq_residual)
 })
 
 

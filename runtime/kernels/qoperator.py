@@ -23,6 +23,7 @@ from runtime.contract import Q_CHANNEL_LOOKUP
 from runtime.contract import Q_GLOBAL_AVERAGE_POOL
 from runtime.contract import Q_LOOKUP
 from runtime.contract import Q_SOFTMAX
+from runtime.contract import Q_TABLE_ADD
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
 from runtime.kernels.registry import OutputSpec
@@ -114,6 +115,23 @@ def qchannel_lookup_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
     channel = np.arange(x.shape[1]).reshape((1, -1) + (1,) * (x.ndim - 2))
     y = table.reshape(x.shape[1], 256)[channel, x.astype(np.uint8)]
     return finish(xp, Q_CHANNEL_LOOKUP, [y], outputs)
+
+
+@register(Q_TABLE_ADD)
+def qtable_add_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
+                      outputs: list[OutputSpec]) -> list[Any]:
+    """QTableAdd: the float32 sum of A's and B's channel rows (``TA[c, byte of a] + TB[c, byte of
+    b]``, the float chains of a residual Add), quantized as QuantizeLinear does (the float32
+    quotient rounded half to even, the zero point added, saturated), then clipped to [qmin, qmax].
+    The optional forms state the tables as arithmetic (for the C kernel); the tables decide."""
+    a, ta, b, tb, scale, zero = fill_optional(Q_TABLE_ADD, inputs, 8)[:6]  # the forms: the tables again
+    channel = np.arange(a.shape[1]).reshape((1, -1) + (1,) * (a.ndim - 2))
+    c = ta.shape[0]
+    v = ta.reshape(c, 256)[channel, a.astype(np.uint8)] + tb.reshape(c, 256)[channel, b.astype(np.uint8)]
+    q = np.rint(v.astype(_F32) / _scalar(scale)).astype(np.float64)
+    q = q + (0.0 if zero is None else float(_scalar(zero, np.int32)))
+    q = np.clip(np.where(np.isnan(q), 0.0, q), int(attrs["qmin"]), int(attrs["qmax"]))
+    return finish(xp, Q_TABLE_ADD, [q.astype(outputs[0][1])], outputs)
 
 
 def _pool_sum(xf: Any, kernel: list[int], strides: list[int], begins: list[int], out: tuple[int, ...]) -> Any:

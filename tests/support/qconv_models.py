@@ -35,6 +35,7 @@ class QConvCase:
     bias: bool = True
     integer: bool = False  # ConvInteger (int32 output) rather than QLinearConv
     w_zero: bool = True  # nonzero weight zero points
+    y_scale: float | None = None  # Y's scale (default 0.3-0.4: requantizing scales ~1e-4)
 
     def out_hw(self) -> tuple[int, ...]:
         rank = len(self.hw)
@@ -69,7 +70,8 @@ def qconv_model(case: QConvCase, seed: int = 0) -> onnx.ModelProto:
         node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], **attrs)
     else:
         ws = (rng.random(wz_shape) * 0.004 + 0.001).astype(np.float32)
-        scales = [np.array(0.02, np.float32), ws, np.array(0.3 + 0.1 * rng.random(), np.float32)]
+        ys = 0.3 + 0.1 * rng.random() if case.y_scale is None else case.y_scale
+        scales = [np.array(0.02, np.float32), ws, np.array(ys, np.float32)]
         yz = _zero(rng, case.y, (), 30)
         inits += [numpy_helper.from_array(a, n) for a, n in
                   zip([scales[0], xz, scales[1], wz, scales[2], yz], ["xs", "xz", "ws", "wz", "ys", "yz"],

@@ -61,6 +61,18 @@ class Requant:
     qmax: int
     out_ctype: str
     lut: bool = False  # the code then mapped through the channel's row of Lut (M x 256, + 4 bytes)
+    small: bool = False  # every |scale| < SMALL_SCALE (the vector store's int32 rounding then holds)
+
+
+SMALL_SCALE = 0.999  # |acc * scale| < 2^31 - 2^21 for any int32 acc: rint(product) + y_zero fits int32
+
+
+def small_scales(scale: Value | None) -> bool:
+    """The requantizing scales are constants, finite, all of magnitude under SMALL_SCALE."""
+    if scale is None or scale.const is None:
+        return False
+    s = np.asarray(scale.const, dtype=np.float64)
+    return bool(np.all(np.isfinite(s)) and np.all(np.abs(s) < SMALL_SCALE))
 
 
 @dataclass(frozen=True)
@@ -98,11 +110,41 @@ class QConvContext(KernelContext):
 @dataclass(frozen=True)
 class QDepthwiseContext(KernelContext):
     g: ConvGeometry
-    wp: int  # the zero-padded row's length
+    wq: int  # a band row's values per column phase: OW + the widest tap's offset in the phase
+    phases: tuple[tuple[int, int, int], ...]  # (p, first j, end j) of the columns j*sw+p in the image
+    taps: tuple[tuple[int, int], ...]  # per tap (kh, kw order): (phase index, offset in the band)
+    bh: int  # output rows per band
+    rb: int  # band rows: bh * sh + (kh - 1) * dh + 1
+    acc_t: str  # "float" where every sum is exact in float, else "int32_t"
     x_ctype: str
     xz: int
     q: Requant
     pool: str
+
+
+DW_BAND_BYTES = 32 * 1024  # a depthwise band's buffers (rows, sums, outputs): about an L1 data cache
+FLOAT_EXACT = 1 << 24  # integers below this add and multiply exactly in float32
+
+
+def _depthwise_context(g: ConvGeometry, step_params: tuple[Param, ...], x_ctype: str, xz: int,
+                       quant: Requant, work: int) -> QDepthwiseContext:
+    """The band layout of the "depthwise" loop (templates/c/qconv_depthwise.c.j2)."""
+    offsets = [(kw * g.dw % g.sw, kw * g.dw // g.sw) for kw in range(g.kw)]
+    used = sorted({p for p, _ in offsets})
+    wq = g.ow + max(d for _, d in offsets)
+    phases = []
+    for p in used:
+        jlo = max(0, -(-(g.pl - p) // g.sw))
+        jhi = max(jlo, min(wq, -(-(g.w + g.pl - p) // g.sw)))
+        phases.append((p, jlo, jhi))
+    taps = tuple((used.index(p), kh * g.dh * wq + d) for kh in range(g.kh) for p, d in offsets)
+    extra = (g.kh - 1) * g.dh + 1
+    row = 4 * wq
+    per_out = len(used) * g.sh * row + g.sh * row + 4 * g.ow
+    bh = max(1, min(g.oh, (DW_BAND_BYTES - len(used) * extra * row) // per_out))
+    exact = g.kh * g.kw * 255 * 255 < FLOAT_EXACT
+    return QDepthwiseContext(step_params, g, wq, tuple(phases), taps, bh, bh * g.sh + extra,
+                             "float" if exact else "int32_t", x_ctype, xz, quant, pool_condition(work))
 
 
 def _geometry(node: Node) -> ConvGeometry | None:
@@ -203,11 +245,10 @@ class QConvKernel(CKernel):
         assert x is not None and x.dtype is not None and y.dtype is not None
         a = node.attrs
         quant = Requant(node.input(4) is not None, int(a["y_zero"]), int(a["qmin"]), int(a["qmax"]),
-                        _CTYPES[y.dtype], node.input(5) is not None)
+                        _CTYPES[y.dtype], node.input(5) is not None, small_scales(node.input(4)))
         work = 2 * g.batch * g.m * g.oh * g.ow * g.k
         if a["method"] == "depthwise":
-            ctx = QDepthwiseContext(step_params, g, max(g.pl + g.w, g.cols.reach), _CTYPES[x.dtype],
-                                    int(a["x_zero"]), quant, pool_condition(work))
+            ctx = _depthwise_context(g, step_params, _CTYPES[x.dtype], int(a["x_zero"]), quant, work)
             return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
         gemm = _gemm_context(node, g, step_params, quant, work)
         if amx_target(target):
