@@ -9,6 +9,7 @@ reference kernels compute for the float graph (as ``fold_qdq_integer.lookup`` fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from runtime.kernels.elementwise import ELEMENTWISE_OPS
 from runtime.kernels.qoperator import lookup_table
 from runtime.kernels.registry import get_kernel
 
-__all__ = ["channel_lookup", "per_channel"]
+__all__ = ["channel_lookup", "channel_region", "per_channel"]
 
 _KINDS = (ELEMENTWISE_OPS - {"Where"}) | {"BatchNormalization"}
 
@@ -80,19 +81,32 @@ def _evaluate(region: list[Node], root: Value, y: Value, channels: int, rank: in
     return fn
 
 
+Region = tuple[Value, Value, QParams, list[Node], Callable[[Any], Any]]  # see channel_region
+
+
+def channel_region(graph: Graph, y: Value) -> Region | None:
+    """The per-channel float chain computing ``y`` from one DequantizeLinear: its root, the codes
+    and their parameters, the chain's nodes in graph order, and the chain as a function of the
+    dequantized values (per channel, axis 1)."""
+    got = _nodes(graph, y)
+    if got is None or y.shape is None:
+        return None
+    root, (codes, _, p), nodes = got
+    order = {id(node): i for i, node in enumerate(graph.nodes)}
+    region = sorted(nodes.values(), key=lambda n: order[id(n)])
+    return root, codes, p, region, _evaluate(region, root, y, int(y.shape[1]), len(y.shape))
+
+
 def channel_lookup(graph: Graph, q: Node, qp: QParams) -> Rewrite | None:
     """A per-channel computation of one DequantizeLinear's output, quantized by ``q``: a QChannelLookup."""
     y = q.inputs[0]
     if y is None or y.shape is None or len(y.shape) < 3 or y.is_symbolic or not qp.per_tensor:
         return None
-    got = _nodes(graph, y)
+    got = channel_region(graph, y)
     if got is None:
         return None
-    root, (codes, _, p), nodes = got
-    order = {id(node): i for i, node in enumerate(graph.nodes)}
-    region = sorted(nodes.values(), key=lambda n: order[id(n)])
+    _, codes, p, region, fn = got
     channels = int(y.shape[1])
-    fn = _evaluate(region, root, y, channels, len(y.shape))
     origin = merged_origin([*region, q])
 
     def build(make: Maker) -> list[Node]:

@@ -29,8 +29,7 @@ from compiler.ir.graph import Node
 from compiler.ir.graph import Value
 from compiler.passes.base import merged_origin
 from compiler.passes.base import sole_consumer
-from compiler.passes.fold_qdq_channel import _evaluate
-from compiler.passes.fold_qdq_channel import _nodes
+from compiler.passes.fold_qdq_channel import channel_region
 from compiler.passes.qdq_forms import QParams
 from compiler.passes.qdq_forms import q_params
 from compiler.passes.qdq_rewrite import Maker
@@ -90,13 +89,10 @@ def _operand(graph: Graph, x: Value | None, add: Node) -> _Operand | None:
         return _Operand(codes, np.ascontiguousarray(np.broadcast_to(row, (channels, 256)), np.float32), [])
     if sole_consumer(graph, x) is not add:
         return None
-    got = _nodes(graph, x)
+    got = channel_region(graph, x)
     if got is None:
         return None
-    root, (codes, _, p), nodes = got
-    order = {id(node): i for i, node in enumerate(graph.nodes)}
-    region = sorted(nodes.values(), key=lambda n: order[id(n)])
-    fn = _evaluate(region, root, x, channels, len(x.shape))
+    root, codes, p, region, fn = got
     table = np.ascontiguousarray(fn(dequantize_table(p.dtype, p.scale, p.zero)), np.float32)
     return _Operand(codes, table, region, _bn_form(region, root, p, table))
 
