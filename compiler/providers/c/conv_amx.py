@@ -7,6 +7,11 @@ bfloat16 for the AMX path (``templates/c/gemm_amx.c.j2``, shared with PackedGemm
 the fallback (the register tile of ``gemm_tile.c.j2`` on the pack widened to fp32 panels), then
 bias (per channel), residual and activation as the output is stored (NHWC: the output is the
 GEMM's P x M result as it is).
+
+A tensor in the arena that such a conv writes and only such convs read, each as its X and without a
+pre-scale (``bf16_link``), is stored as bfloat16 codes: the writer rounds its epilogue's result
+(nearest even, as the readers rounded it before), the readers take the codes as they are (the
+fallback widens them), so the AMX path computes the same bits with half the bytes moved.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import numpy as np
 
 from compiler.codegen.toolchain import TargetInfo
 from compiler.ir.graph import Node
+from compiler.ir.graph import Value
 from compiler.providers.base import GenStep
 from compiler.providers.c.common import PARALLEL_MIN_WORK
+from compiler.providers.c.common import Arg
 from compiler.providers.c.common import CKernel
 from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import params
@@ -41,7 +48,7 @@ from runtime.contract import CONV_NHWC
 from runtime.kernels.amx_pack import amx_pack_shape
 from runtime.kernels.linalg import B_PANEL
 
-__all__ = ["ConvAmxContext", "AMX_CONV", "amx_conv"]
+__all__ = ["ConvAmxContext", "AMX_CONV", "amx_conv", "bf16_link"]
 
 
 TAPS_MIN_WIDTH = 7  # output rows at least this wide read their taps in place (16-pixel tiles; 3x3 512
@@ -97,6 +104,8 @@ class ConvAmxContext(KernelContext):
     taps: AmxTaps | None = None
     fused: bool = False
     pre_relu: int | None = None  # X * S + T (then Relu where 1) in the input pass (fuse_conv_prescale)
+    a_bf16: bool = False  # X is bfloat16 codes (bf16_link)
+    y_bf16: bool = False  # the output is stored as bfloat16 codes
 
 
 def _geometry(node: Node) -> ConvGeometry | None:
@@ -134,6 +143,34 @@ def amx_conv(node: Node) -> bool:
     return node.kind == CONV_NHWC and w is not None and w.dtype == np.uint16
 
 
+BF16_LINKS = True  # (False: every tensor fp32, as before bf16_link; the tests compare the two)
+
+
+def _amx_step(node: Node) -> bool:
+    return amx_conv(node) and AMX_CONV.supports(node)
+
+
+def bf16_link(value: Value) -> bool:
+    """``value`` is stored as bfloat16 where it lives in the arena: the output of a bf16 ConvNhwc
+    whose every reader is one, reading it as X (which it rounds to bfloat16 anyway) without a
+    pre-scale (``fuse_conv_prescale``: the affine is applied to the fp32 value)."""
+    p = value.producer
+    if not BF16_LINKS or p is None or p.outputs[0] is not value or not value.uses or not _amx_step(p):
+        return False
+    return all(u.index == 0 and _amx_step(u.node) and u.node.input(4) is None for u in value.uses)
+
+
+def _narrowed(node: Node, args: list[Arg], y: int) -> tuple[bool, bool]:
+    """Whether X (``args[0]``) and the output (``args[y]``) are bfloat16 codes (``bf16_link``, in
+    the arena), their args made uint16_t pointers where they are."""
+    x = node.input(0)
+    a_bf16 = x is not None and args[0].kind == "arena" and bf16_link(x)
+    y_bf16 = args[y].kind == "arena" and bf16_link(node.outputs[0])
+    for i, narrow in ((0, a_bf16), (y, y_bf16)):
+        args[i] = dataclasses.replace(args[i], ctype="uint16_t") if narrow else args[i]
+    return a_bf16, y_bf16
+
+
 class ConvAmxKernel(CKernel):
     kinds: tuple[str, ...] = ()  # (not registered: ConvNhwcKernel's part for AMX packs)
 
@@ -150,7 +187,8 @@ class ConvAmxKernel(CKernel):
         taps = amx_taps(g)
         gathered = bf16_scratch_nbytes(_pixels(g), int(g.m), int(g.k), 4 * _pixels(g) * int(g.k))
         image = 2 * int(g.batch * g.h * g.w * g.c)  # the fused path's bf16 copy of the input
-        return max(gathered, 2 * taps.elems if taps is not None else 0, image)
+        wide = 4 * _pixels(g) * (int(g.k) + int(g.m)) if bf16_link(node.outputs[0]) else 0  # (fallback)
+        return max(gathered, 2 * taps.elems if taps is not None else 0, image, wide)
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
@@ -160,6 +198,7 @@ class ConvAmxKernel(CKernel):
         scratch = scratch_arg(step, self.scratch_nbytes(node))
         args = [*step_args(step), *scratch]
         args[1] = dataclasses.replace(args[1], ctype="uint16_t")
+        a_bf16, y_bf16 = _narrowed(node, args, len(args) - 1 - len(scratch))
         names = (["a", "b"] + (["biasp"] if has_bias else []) + (["zp"] if has_res else [])
                  + (["pres", "pret"] if pre else []) + ["y", "scratch"])
         restrict = [True, True] + [True] * has_bias + [False] * has_res + [True, True] * pre + [False, True]
@@ -169,7 +208,8 @@ class ConvAmxKernel(CKernel):
                              e=e, amx=amx, conv=g,
                              parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g),
                              fused=amx_fused(g, amx),
-                             pre_relu=int(node.attrs.get("pre_relu", 0)) if pre else None)
+                             pre_relu=int(node.attrs.get("pre_relu", 0)) if pre else None,
+                             a_bf16=a_bf16, y_bf16=y_bf16)
         return StepCode("c/conv_amx.c.j2", ctx, tuple(args))
 
 
