@@ -4,7 +4,8 @@ conv_amx.py: ``bf16_link``).
 Chains of three convs (1x1 + Relu, then k x k + Relu, then 1x1 + residual Add + Relu; NCHW in and
 out, the NHWC region between) whose middle conv takes each AMX path: taps read in place (C 64,
 rows 14 wide), windows gathered block by block from the bf16 image (C 48), windows gathered
-through scratch (rows 5 wide, K 576). The two tensors between the convs are stored as bf16 codes:
+through scratch (rows 5 wide, K 576), and taps in place after a 3x3 stride-2 MaxPool (which then
+runs on the codes, pool_bf16.py). The two tensors between the convs are stored as bf16 codes:
 on the AMX and vdpbf16ps paths the artifact is bit for bit the one that keeps them fp32 (each
 reader rounded the same fp32 value to nearest even); the fallback ($ONNX_AOT_NO_AMX=1, fp32
 products) reads the rounded values, so it stays within bf16's rounding of the fp32-tensor
@@ -33,7 +34,13 @@ from tests.test_amx_bf16 import _use_path
 CPU = "x86-64-v3"
 # input channels, first conv's outputs, size, middle kernel, outputs
 CHAINS = {"taps": (64, 64, 14, 3, 96), "fused": (256, 48, 12, 3, 64), "gathered": (64, 64, 5, 3, 64),
-          "fan_out": (64, 64, 14, 3, 96)}
+          "fan_out": (64, 64, 14, 3, 96), "pool": (64, 64, 14, 3, 96)}
+
+
+def _size(case: str) -> int:
+    """The second conv's spatial size (the pool case: after a 3x3 stride-2 MaxPool)."""
+    s = CHAINS[case][2]
+    return (s - 1) // 2 + 1 if case == "pool" else s
 
 
 def _conv(name: str, x: str, y: str, cin: int, cout: int, k: int, rng: np.random.Generator) -> tuple:
@@ -45,16 +52,18 @@ def _conv(name: str, x: str, y: str, cin: int, cout: int, k: int, rng: np.random
 
 
 def _chain(case: str) -> onnx.ModelProto:
-    c, m1, s, k, m3 = CHAINS[case]
-    rng = np.random.default_rng(c + m1 + s)
-    parts = [_conv("c1", "x", "c1", c, m1, 1, rng), _conv("c2", "r1", "c2", m1, m1, k, rng),
+    c, m1, s0, k, m3 = CHAINS[case]
+    rng, s, pool = np.random.default_rng(c + m1 + s0), _size(case), case == "pool"
+    parts = [_conv("c1", "x", "c1", c, m1, 1, rng), _conv("c2", "p1" if pool else "r1", "c2", m1, m1, k, rng),
              _conv("c3", "r2", "c3", m1, m3, 1, rng)]
-    nodes = [parts[0][0], helper.make_node("Relu", ["c1"], ["r1"], name="relu1"), parts[1][0],
+    between = [helper.make_node("MaxPool", ["r1"], ["p1"], name="pool", kernel_shape=[3, 3], strides=[2, 2],
+                                pads=[1] * 4)] if pool else []
+    nodes = [parts[0][0], helper.make_node("Relu", ["c1"], ["r1"], name="relu1"), *between, parts[1][0],
              helper.make_node("Relu", ["c2"], ["r2"], name="relu2"), parts[2][0],
              helper.make_node("Add", ["c3", "z"], ["s"], name="residual"),
              helper.make_node("Relu", ["s"], ["y"], name="relu3")]
     io = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-          for name, shape in (("x", [1, c, s, s]), ("z", [1, m3, s, s]), ("y", [1, m3, s, s]))]
+          for name, shape in (("x", [1, c, s0, s0]), ("z", [1, m3, s, s]), ("y", [1, m3, s, s]))]
     outs = io[2:] + ([helper.make_tensor_value_info("r2", TensorProto.FLOAT, [1, m1, s, s])]
                      if case == "fan_out" else [])
     graph = helper.make_graph(nodes, case, io[:2], outs, [t for _, ts in parts for t in ts])
@@ -75,15 +84,16 @@ def chains(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
 
 
 def _feeds(case: str) -> dict[str, np.ndarray]:
-    c, _, s, _, m3 = CHAINS[case]
-    rng = np.random.default_rng(3)
-    return {"x": rng.standard_normal((1, c, s, s)).astype(np.float32),
+    c, _, s0, _, m3 = CHAINS[case]
+    rng, s = np.random.default_rng(3), _size(case)
+    return {"x": rng.standard_normal((1, c, s0, s0)).astype(np.float32),
             "z": rng.standard_normal((1, m3, s, s)).astype(np.float32)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("case", list(CHAINS))
-def test_bf16_tensors_between_convs(chains: dict, case: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bf16_tensors_between_convs(chains: dict, case: str, path: str,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     _use_path(path, monkeypatch)
     art, wide = chains[case]
     feeds = _feeds(case)
@@ -98,7 +108,7 @@ def test_bf16_tensors_between_convs(chains: dict, case: str, path: str, monkeypa
     assert Session(art).verify().ok
 
 
-NARROWED = {"taps": 2, "fused": 1, "gathered": 2, "fan_out": 1}  # c1 and c2; c2 alone read by c3
+NARROWED = {"taps": 2, "fused": 1, "gathered": 2, "fan_out": 1, "pool": 2}  # c1 and c2; c2 alone read by c3
 
 
 @pytest.mark.parametrize("case", list(CHAINS))
@@ -111,3 +121,5 @@ def test_which_tensors_are_bf16(chains: dict, case: str) -> None:
     written = re.compile(r"^void k_\w+\(const (float|uint16_t)\* restrict a, .*uint16_t\* y, ", re.M)
     assert len(written.findall(before)) == 0
     assert len(written.findall(text)) == NARROWED[case]
+    pool = re.compile(r"^void k_\w+\(const uint16_t\* restrict x, uint16_t\* restrict y\)", re.M)
+    assert len(pool.findall(text)) == (case == "pool") and not pool.findall(before)

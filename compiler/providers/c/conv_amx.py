@@ -9,9 +9,10 @@ bias (per channel), residual and activation as the output is stored (NHWC: the o
 GEMM's P x M result as it is).
 
 A tensor in the arena that such a conv writes and only such convs read, each as its X and without a
-pre-scale (``bf16_link``), is stored as bfloat16 codes: the writer rounds its epilogue's result
-(nearest even, as the readers rounded it before), the readers take the codes as they are (the
-fallback widens them), so the AMX path computes the same bits with half the bytes moved.
+pre-scale, or a MaxPool between them (``bf16_link``, ``pool_bf16.py``), is stored as bfloat16
+codes: the writer rounds its epilogue's result (nearest even, as the readers rounded it before),
+the readers take the codes as they are (the fallback widens them), so the AMX path computes the
+same bits with half the bytes moved.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ from compiler.providers.c.gemm_bf16 import AmxBf16
 from compiler.providers.c.gemm_bf16 import amx_bf16
 from compiler.providers.c.gemm_bf16 import bf16_scratch_nbytes
 from compiler.providers.geometry import ConvGeometry
+from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import _conv
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import KernelContext
 from runtime.contract import CONV_NHWC
+from runtime.contract import MAX_POOL_NHWC
 from runtime.kernels.amx_pack import amx_pack_shape
 from runtime.kernels.linalg import B_PANEL
 
@@ -150,14 +153,35 @@ def _amx_step(node: Node) -> bool:
     return amx_conv(node) and AMX_CONV.supports(node)
 
 
-def bf16_link(value: Value) -> bool:
-    """``value`` is stored as bfloat16 where it lives in the arena: the output of a bf16 ConvNhwc
-    whose every reader is one, reading it as X (which it rounds to bfloat16 anyway) without a
-    pre-scale (``fuse_conv_prescale``: the affine is applied to the fp32 value)."""
-    p = value.producer
-    if not BF16_LINKS or p is None or p.outputs[0] is not value or not value.uses or not _amx_step(p):
+def _reads_bf16(node: Node, index: int) -> bool:
+    """``node`` takes input ``index`` as bfloat16 codes where it is stored so: a bf16 ConvNhwc's X
+    without a pre-scale (``fuse_conv_prescale``: the affine is applied to the fp32 value), or a
+    static MaxPoolNhwc's input whose output only such steps read (``pool_bf16.py``)."""
+    if index != 0:
         return False
-    return all(u.index == 0 and _amx_step(u.node) and u.node.input(4) is None for u in value.uses)
+    if _amx_step(node):
+        return node.input(4) is None
+    y = node.outputs[0]
+    return (node.kind == MAX_POOL_NHWC and len(node.outputs) == 1 and y.dtype == np.float32
+            and y.shape is not None and not y.is_symbolic and PoolGeometry.from_node(node, "NHWC") is not None
+            and _read_bf16(y))
+
+
+def _read_bf16(value: Value) -> bool:
+    """Every reader of ``value`` takes it as bfloat16, in its graph, which does not return it."""
+    graph = value.producer.graph if value.producer is not None else None
+    return (graph is not None and bool(value.uses) and all(value is not v for v in graph.outputs)
+            and all(u.node.graph is graph and _reads_bf16(u.node, u.index) for u in value.uses))
+
+
+def bf16_link(value: Value) -> bool:
+    """``value`` is stored as bfloat16 codes: the output of a bf16 ConvNhwc (or of a MaxPoolNhwc
+    whose input is so stored) that only steps rounding it to bfloat16 anyway read (``_reads_bf16``)."""
+    p = value.producer
+    if not BF16_LINKS or p is None or p.outputs[0] is not value or not _read_bf16(value):
+        return False
+    x = p.input(0)
+    return _amx_step(p) or (p.kind == MAX_POOL_NHWC and x is not None and bf16_link(x))
 
 
 def _narrowed(node: Node, args: list[Arg], y: int) -> tuple[bool, bool]:

@@ -44,6 +44,8 @@ from compiler.providers.c.conv import Decls
 from compiler.providers.c.conv import dynamic_geometry
 from compiler.providers.c.conv import is_dynamic
 from compiler.providers.c.conv_nhwc import inside_decls
+from compiler.providers.c.pool_bf16 import bf16_pool
+from compiler.providers.c.pool_bf16 import build_bf16_pool
 from compiler.providers.geometry import PoolGeometry
 from compiler.providers.geometry import claimed
 from compiler.providers.kit import KernelContext
@@ -143,6 +145,8 @@ class PoolNhwcKernel(CKernel):
         node = step.node
         if is_dynamic(node):
             return _build_dynamic_pool(step, target)
+        if bf16_pool(node):  # (--precision bf16: between bf16 steps, in bfloat16)
+            return build_bf16_pool(step, target)
         g = claimed(PoolGeometry.from_node(node, "NHWC"), node)
         avg = node.kind == AVERAGE_POOL_NHWC
         include = avg and bool(int(node.attrs["count_include_pad"]))
