@@ -16,18 +16,22 @@ The deployments are measured alternating (``--rounds`` rounds, each deployment `
 each round); throughput (answers per second) and p50 / p99 latency over all rounds, and the ratios
 onnx-aot / onnxruntime. Before serving, ``kernel_batching`` times a direct ``Session.run`` per
 sample at batch 1 and at the top of the range (alternating): batching on / off cannot gain more
-than that ratio plus the per-request cost it spreads (each request still crosses Ray's HTTP proxy
-alone). ``--overhead`` measures the serving layer's own cost: a one-element model served over
-HTTP without batching, one client, p50 latency minus a direct ``Session.run``'s p50, and minus a
-bare Ray Serve deployment's p50 (a fixed answer: Ray's own HTTP path); and the Python handle's
-p50 (no HTTP proxy), alternating.
+than that ratio plus the per-request cost it spreads. ``--ingress direct`` (the default, as
+``onnx-aot serve``'s): client k sends to replica k mod R's own port (direct ingress, no proxy hop,
+as a balancer in front of the replicas would); ``--ingress proxy``: all to Ray Serve's proxy.
+``--overhead`` (``--only-overhead``: nothing else) measures the serving layer's own cost: a
+one-element model served over HTTP without batching, one client, p50 latency minus a direct
+``Session.run``'s p50, and minus a bare Ray Serve deployment's p50 (a fixed answer: Ray's own HTTP
+path), through the proxy and (direct) straight to the replica; and the Python handle's p50,
+alternating.
 
 Models: ``minilm`` (tests/support/encoder_model.py's MiniLM-size encoder, ``--dim batch=1..16``,
 seq ``--seq``), ``resnet50`` (the random-weight zoo ResNet-50, ``N=1..8``). Slow and heavy (run it
 under the CPU lock); ``--smoke`` runs a two-layer encoder for 2 s per deployment. Not part of CI.
 
 Usage: python -m scripts.bench_serve [--models minilm,resnet50] [--clients 16] [--seconds 10]
-                                     [--rounds 3] [--replicas 2] [--threads 1] [--overhead] [--smoke]
+                                     [--rounds 3] [--replicas 2] [--threads 1] [--ingress direct|proxy]
+                                     [--overhead | --only-overhead] [--smoke]
 """
 
 from __future__ import annotations
