@@ -16,18 +16,22 @@ The deployments are measured alternating (``--rounds`` rounds, each deployment `
 each round); throughput (answers per second) and p50 / p99 latency over all rounds, and the ratios
 onnx-aot / onnxruntime. Before serving, ``kernel_batching`` times a direct ``Session.run`` per
 sample at batch 1 and at the top of the range (alternating): batching on / off cannot gain more
-than that ratio plus the per-request cost it spreads (each request still crosses Ray's HTTP proxy
-alone). ``--overhead`` measures the serving layer's own cost: a one-element model served over
-HTTP without batching, one client, p50 latency minus a direct ``Session.run``'s p50, and minus a
-bare Ray Serve deployment's p50 (a fixed answer: Ray's own HTTP path); and the Python handle's
-p50 (no HTTP proxy), alternating.
+than that ratio plus the per-request cost it spreads. ``--ingress direct`` (the default, as
+``onnx-aot serve``'s): client k sends to replica k mod R's own port (direct ingress, no proxy hop,
+as a balancer in front of the replicas would); ``--ingress proxy``: all to Ray Serve's proxy.
+``--overhead`` (``--only-overhead``: nothing else) measures the serving layer's own cost: a
+one-element model served over HTTP without batching, one client, p50 latency minus a direct
+``Session.run``'s p50, and minus a bare Ray Serve deployment's p50 (a fixed answer: Ray's own HTTP
+path), through the proxy and (direct) straight to the replica; and the Python handle's p50,
+alternating.
 
 Models: ``minilm`` (tests/support/encoder_model.py's MiniLM-size encoder, ``--dim batch=1..16``,
 seq ``--seq``), ``resnet50`` (the random-weight zoo ResNet-50, ``N=1..8``). Slow and heavy (run it
 under the CPU lock); ``--smoke`` runs a two-layer encoder for 2 s per deployment. Not part of CI.
 
 Usage: python -m scripts.bench_serve [--models minilm,resnet50] [--clients 16] [--seconds 10]
-                                     [--rounds 3] [--replicas 2] [--threads 1] [--overhead] [--smoke]
+                                     [--rounds 3] [--replicas 2] [--threads 1] [--ingress direct|proxy]
+                                     [--overhead | --only-overhead] [--smoke]
 """
 
 from __future__ import annotations
@@ -140,14 +144,15 @@ def npz_body(sample: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def load(port: int, route: str, body: bytes, clients: int, seconds: float) -> list[float]:
-    """Closed loop: ``clients`` threads for ``seconds``; every answered request's latency (s)."""
+def load(ports: list[int], route: str, body: bytes, clients: int, seconds: float) -> list[float]:
+    """Closed loop: ``clients`` threads for ``seconds``, client k on ``ports[k % len(ports)]``
+    (the proxy's port, or the replicas' own: direct ingress); every answered request's latency (s)."""
     latencies: list[float] = []
     lock = threading.Lock()
     deadline = time.perf_counter() + seconds
     failures: list[str] = []
 
-    def client() -> None:
+    def client(port: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         mine = []
         while time.perf_counter() < deadline:
@@ -163,7 +168,7 @@ def load(port: int, route: str, body: bytes, clients: int, seconds: float) -> li
         with lock:
             latencies.extend(mine)
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(ports[k % len(ports)],)) for k in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -211,6 +216,25 @@ def kernel_batching(folder: Path, sample: dict[str, np.ndarray], top: int, threa
     return {"batch1_ms_per_sample": one, f"batch{top}_ms_per_sample": full, "gain": one / full}
 
 
+def entry_ports(served: Any, replicas: int, port: int) -> list[int]:
+    """Where the clients send: each replica's own port with direct ingress (asked until all
+    ``replicas`` have one), else the proxy's ``port``."""
+    if served.settings.ingress != "direct":
+        return [port]
+    for _ in range(60):
+        ports = replica_ports(served.settings.name, served.settings.route)
+        if len(ports) >= replicas:
+            return ports
+        time.sleep(0.5)
+    raise RuntimeError(f"{served.settings.name}: {len(ports)} of {replicas} replicas answer directly")
+
+
+def replica_ports(app_name: str, route: str) -> list[int]:
+    from runtime.serving.ingress import replica_urls
+
+    return [int(url.split(":")[2].split("/")[0]) for url in replica_urls(app_name, route)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -225,6 +249,7 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path, port: int) -> di
     # the deployments run one at a time: each reserves its share of Ray's CPUs, so all fit at once
     share = args.threads / (2 if name == "resnet50" else 3)
     common = {"port": port, "replicas": args.replicas, "threads": args.threads, "num_cpus": share,
+              "ingress": args.ingress,
               "batch_wait_ms": args.batch_wait_ms, "max_batch": min(args.max_batch, MAX_BATCH[name])}
     variants = {"aot": ServeSettings(str(folder), route=f"/{name}-aot", name=f"{name}-aot", **common),
                 "ort": ServeSettings(str(folder), route=f"/{name}-ort", name=f"{name}-ort",
@@ -238,12 +263,13 @@ def bench_model(name: str, args: argparse.Namespace, tmp: Path, port: int) -> di
     kernels = kernel_batching(folder, sample, common["max_batch"], args.threads)
     served = {key: start(s, ray_init={"num_cpus": os.cpu_count()}) for key, s in variants.items()}
     try:
+        ports = {key: entry_ports(s, args.replicas, port) for key, s in served.items()}
         for key, s in served.items():  # warm: every replica's first runs (bindings, thread choice)
-            load(port, s.settings.route, bodies[key], args.clients, 2.0)
+            load(ports[key], s.settings.route, bodies[key], args.clients, 2.0)
         runs: dict[str, list[float]] = {key: [] for key in served}
         for _ in range(args.rounds):
             for key, s in served.items():
-                runs[key] += load(port, s.settings.route, bodies[key], args.clients, args.seconds)
+                runs[key] += load(ports[key], s.settings.route, bodies[key], args.clients, args.seconds)
         batch_means = {key: mean_batch(s, args.replicas) for key, s in served.items()}
     finally:
         for s in reversed(list(served.values())):
@@ -293,9 +319,10 @@ def _sequential_handle(handle: Any, feeds: dict[str, np.ndarray], seconds: float
     return latencies[10:]
 
 
-def bench_overhead(tmp: Path, port: int, seconds: float) -> dict[str, float]:
+def bench_overhead(tmp: Path, port: int, seconds: float, ingress: str) -> dict[str, float]:
     """The serving layer's p50 over a direct ``Session.run`` (one-element model, HTTP, no batching),
-    and over a bare Ray Serve deployment answering a fixed body (alternating, 1 s turns)."""
+    and over a bare Ray Serve deployment answering a fixed body, through the proxy and (direct
+    ingress) straight to the replica; and the Python handle's (alternating, 1 s turns)."""
     from ray import serve
 
     folder = compile_model(one_element_model(), tmp / "one")
@@ -306,25 +333,33 @@ def bench_overhead(tmp: Path, port: int, seconds: float) -> dict[str, float]:
         t0 = time.perf_counter()
         session.run(None, feeds)
         direct.append(time.perf_counter() - t0)
-    settings = ServeSettings(str(folder), port=port, route="/one", name="one", threads=1)
+    settings = ServeSettings(str(folder), port=port, route="/one", name="one", threads=1, ingress=ingress)
     served = start(settings, ray_init={"num_cpus": os.cpu_count()})
     body = json.dumps({"inputs": {"x": [1.0]}}).encode()
-    ours: list[float] = []
-    bare: list[float] = []
-    handle: list[float] = []
+    paths: dict[str, Any] = {"http": partial(_sequential, port, "/one", body),
+                             "bare_ray": partial(_sequential, port, "/bare", body),
+                             "handle": partial(_sequential_handle, served.handle, feeds)}
     try:
         serve.run(serve.deployment(BareModel).bind(), name="bare", route_prefix="/bare")
+        if ingress == "direct":
+            (one_port,), (bare_port,) = entry_ports(served, 1, port), replica_ports("bare", "/bare")
+            paths["direct_http"] = partial(_sequential, one_port, "/one", body)
+            paths["direct_bare_ray"] = partial(_sequential, bare_port, "/bare", body)
+        times: dict[str, list[float]] = {key: [] for key in paths}
         for _ in range(max(1, int(seconds))):
-            ours += _sequential(port, "/one", body, 1.0)
-            bare += _sequential(port, "/bare", body, 1.0)
-            handle += _sequential_handle(served.handle, feeds, 1.0)
+            for key, path in paths.items():
+                times[key] += path(1.0)
         serve.delete("bare")
     finally:
         stop(served)
-    http_p50, bare_p50, run_p50, handle_p50 = (statistics.median(x) for x in (ours, bare, direct, handle))
-    return {"http_p50_ms": 1000 * http_p50, "run_p50_ms": 1000 * run_p50, "handle_p50_ms": 1000 * handle_p50,
-            "overhead_p50_ms": 1000 * (http_p50 - run_p50), "bare_ray_p50_ms": 1000 * bare_p50,
-            "over_bare_ray_p50_ms": 1000 * (http_p50 - bare_p50), "n": len(ours)}
+    p50 = {key: 1000 * statistics.median(values) for key, values in times.items()}
+    run_p50 = 1000 * statistics.median(direct)
+    result = {f"{key}_p50_ms": value for key, value in p50.items()} | {"run_p50_ms": run_p50}
+    result |= {"overhead_p50_ms": p50["http"] - run_p50,
+               "over_bare_ray_p50_ms": p50["http"] - p50["bare_ray"]}
+    if "direct_http" in p50:
+        result["direct_overhead_p50_ms"] = p50["direct_http"] - run_p50
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,14 +374,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--seq", type=int, default=128, help="the encoder's sequence length")
     parser.add_argument("--overhead", action="store_true", help="also the serving layer's own p50 cost")
+    parser.add_argument("--only-overhead", action="store_true", help="only the overhead (no models)")
+    parser.add_argument("--ingress", choices=("direct", "proxy"), default="direct",
+                        help="direct (default): clients send to the replicas' own ports; proxy: to "
+                             "Ray Serve's proxy")
     parser.add_argument("--smoke", action="store_true", help="a two-layer encoder, 2 s per deployment")
     args = parser.parse_args(argv)
     models = args.models.split(",")
     if args.smoke:
         models, args.seconds, args.rounds, args.seq = ["smoke"], 2.0, 1, 16
+    if args.only_overhead:
+        models = []
     print(f"# {json.dumps(machine_facts())}")
-    print(f"# {args.clients} clients, {args.replicas} replicas x {args.threads} threads, {args.rounds} "
-          f"rounds x {args.seconds:g} s per deployment, alternating; a shared machine: read the ratios")
+    print(f"# {args.clients} clients ({args.ingress} ingress), {args.replicas} replicas x {args.threads} "
+          f"threads, {args.rounds} rounds x {args.seconds:g} s per deployment, alternating; "
+          f"a shared machine: read the ratios")
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
@@ -357,8 +399,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"({row['n']} answers)")
             print(f"{name:9s} kernels        per sample {json.dumps(result['kernel_batching'])}")
             print(json.dumps(result), flush=True)
-        if args.overhead:
-            print(json.dumps({"overhead": bench_overhead(Path(tmp), port, 5.0 if args.smoke else 20.0)}))
+        if args.overhead or args.only_overhead:
+            overhead = bench_overhead(Path(tmp), port, 5.0 if args.smoke else 20.0, args.ingress)
+            print(json.dumps({"overhead": overhead}))
     return 0
 
 

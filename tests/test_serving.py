@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import types
@@ -225,3 +226,25 @@ def test_default_threads_share_the_cores_among_the_replicas(batched: Session) ->
     assert default_threads(ServeSettings(folder, autoscale=(1, 3)), cpus=8) == 2
     assert default_threads(ServeSettings(folder, replicas=4), cpus=2) == 1
     assert default_threads(ServeSettings(folder, replicas=4, threads=3), cpus=2) == 3
+
+
+def test_the_ingress_modes_set_ray_serves_variables_and_leave_the_callers(
+        batched: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.serving.app import ServeSettings
+    from runtime.serving.app import check_settings
+    from runtime.serving.ingress import ingress_environment
+    from runtime.serving.ingress import ray_environment
+
+    monkeypatch.delenv("RAY_SERVE_ENABLE_DIRECT_INGRESS", raising=False)
+    monkeypatch.setenv("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "7")
+    assert ingress_environment("direct") == {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+                                             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "7"}
+    assert ingress_environment("proxy") == {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+    with ray_environment(ingress_environment("direct")):
+        assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ
+    assert os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "7"
+    with pytest.raises(ServingError, match="--ingress sideways: give one of direct, proxy"):
+        check_settings(ServeSettings(str(batched.path), ingress="sideways"))
+    with pytest.raises(SystemExit):
+        runtime_main(["serve", str(batched.path), "--ingress", "sideways"])

@@ -98,6 +98,7 @@ def test_the_serve_command_answers_and_stops_on_sigterm(tmp_path_factory: pytest
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and f"stopped serving {folder}" in err, err[-3000:]
+    assert "replicas answering directly (no proxy hop): http://127.0.0.1:" in err, err[-3000:]
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/cli", timeout=5)
     assert _raylets() <= before, "the Ray instance serve started is still running"
@@ -171,6 +172,20 @@ def test_answers_equal_a_direct_session_run(apps: Apps) -> None:
     assert status == 200 and np.array_equal(np.load(io.BytesIO(body))["y"], expected)
     result = apps.tiny.handle.predict.remote(one).result()
     assert set(result) == {"y"} and np.array_equal(result["y"], expected)
+
+
+def test_each_replica_answers_on_its_own_port_too(apps: Apps) -> None:
+    """Direct ingress (the default): both replicas' own URLs answer as the proxy's does."""
+    urls = apps.tiny.replica_urls()
+    assert len(urls) == 2 and all(url.endswith("/tiny") for url in urls), urls
+    assert apps.tiny.url not in urls
+    one = sample(np.random.default_rng(7))
+    for url in urls:
+        status, answer = post_json(url, one)
+        assert status == 200 and np.array_equal(np.asarray(answer["outputs"]["y"], np.float32),
+                                                alone(apps.tiny_session, one))
+        status, answer = post(url, b"not json")
+        assert status == 400 and "not JSON" in json.loads(answer)["error"]
 
 
 def test_an_artifact_without_a_batch_dim_runs_whole_tensors(apps: Apps) -> None:
@@ -347,3 +362,9 @@ def test_a_killed_replica_is_replaced_and_a_retrying_client_loses_nothing(apps: 
     assert len(answered) > 20
     for one, answer in answered:
         assert np.array_equal(np.asarray(answer["outputs"]["y"], np.float32), alone(apps.tiny_session, one))
+    deadline = time.monotonic() + 30  # the new replica's own port, once allocated
+    while len(apps.tiny.replica_urls()) < 2:
+        assert time.monotonic() < deadline, f"{apps.tiny.replica_urls()}: the new replica has no port"
+        time.sleep(0.5)
+    for url in apps.tiny.replica_urls():
+        assert post_json(url, one)[0] == 200

@@ -5,6 +5,9 @@ before Ray starts (the folder, ``--max-batch`` against its batch range, replica 
 counts); ``build_app`` turns the settings into a bound ``ArtifactModel`` with Ray's options;
 ``start`` starts Ray locally (or joins ``address``), runs the application and waits until the
 route answers; ``stop`` deletes the application and shuts down the Ray instance ``start`` began.
+``ingress`` (``direct`` by default, or ``proxy``) is the Ray instance's way in for HTTP
+(runtime/serving/ingress.py): with ``direct`` each replica also answers on its own port
+(``Served.replica_urls``), without the proxy's hop.
 
 Defaults that do not oversubscribe the machine: one replica; each replica's kernels get
 ``cpus // replicas`` threads (``cpus // max_replicas`` when autoscaling; at least one) and
@@ -26,6 +29,10 @@ from runtime.errors import OnnxAotError
 from runtime.serving import ServingError
 from runtime.serving import require_ray
 from runtime.serving.batching import batching_of
+from runtime.serving.ingress import INGRESS_MODES
+from runtime.serving.ingress import ingress_environment
+from runtime.serving.ingress import ray_environment
+from runtime.serving.ingress import replica_urls
 from runtime.threads import available_cpus
 
 __all__ = ["ServeSettings", "Served", "check_settings", "build_app", "start", "stop", "default_threads"]
@@ -51,6 +58,7 @@ class ServeSettings:
     threads: int | None = None
     verify: bool = False
     name: str = "onnx-aot"
+    ingress: str = "direct"
     num_cpus: float | None = None
     session_factory: Any = None
 
@@ -75,6 +83,8 @@ def check_settings(settings: ServeSettings) -> int:
             raise ServingError(f"--autoscale {lo}..{hi}: give MIN..MAX with 0 <= MIN <= MAX and MAX >= 1")
     if settings.batch_wait_ms < 0:
         raise ServingError(f"--batch-wait-ms {settings.batch_wait_ms}: give 0 or more")
+    if settings.ingress not in INGRESS_MODES:
+        raise ServingError(f"--ingress {settings.ingress}: give one of {', '.join(INGRESS_MODES)}")
     if not settings.route.startswith("/"):
         raise ServingError(f"--route {settings.route}: a route starts with '/' (e.g. /model)")
     plan = load_plan(settings.folder)  # ArtifactError when the folder is no artifact
@@ -117,6 +127,11 @@ class Served:
     settings: ServeSettings
     started_ray: bool
 
+    def replica_urls(self) -> list[str]:
+        """The replicas' own URLs (direct ingress, runtime/serving/ingress.py), asked now: a
+        replaced replica may answer on another port; none with ``ingress="proxy"``."""
+        return replica_urls(self.settings.name, self.settings.route)
+
 
 def _runtime_root() -> str:
     """The folder that holds this ``runtime`` package: the replicas import the same code."""
@@ -134,12 +149,7 @@ def start(settings: ServeSettings, *, ray_init: dict[str, Any] | None = None) ->
 
     started = not ray.is_initialized()
     if started:
-        env = {"PYTHONPATH": os.pathsep.join(p for p in (_runtime_root(), os.environ.get("PYTHONPATH")) if p)}
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                  "runtime_env": {"env_vars": env} if settings.address is None else None}
-        kwargs.update(ray_init or {})
-        # no --address: a new local instance, never a cluster that happens to run on this machine
-        ray.init(address=settings.address or "local", **kwargs)
+        _init_ray(settings, ray_init or {})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": settings.port})
         try:
@@ -157,6 +167,22 @@ def start(settings: ServeSettings, *, ray_init: dict[str, Any] | None = None) ->
             ray.shutdown()
         raise
     return Served(url, handle, settings, started)
+
+
+def _init_ray(settings: ServeSettings, ray_init: dict[str, Any]) -> None:
+    """``ray.init``: a new local instance (never a cluster that happens to run on this machine)
+    whose processes get the ingress mode's variables, or the cluster at ``settings.address``."""
+    import ray
+
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, **ray_init}
+    if settings.address is not None:
+        ray.init(address=settings.address, **kwargs)
+        return
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (_runtime_root(), os.environ.get("PYTHONPATH")) if p),
+           **ingress_environment(settings.ingress)}
+    kwargs.setdefault("runtime_env", {"env_vars": env})
+    with ray_environment(env):  # the controller and the proxy are Ray's processes too
+        ray.init(address="local", **kwargs)
 
 
 def _deployment_messages(serve: Any, name: str) -> str:

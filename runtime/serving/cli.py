@@ -73,6 +73,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=_count, default=None, metavar="N",
                    help="kernel threads per replica, as many Ray CPUs reserved (default: the cores "
                         "divided by the replicas, or by MAX when autoscaling; at least 1)")
+    p.add_argument("--ingress", choices=("direct", "proxy"), default="direct",
+                   help="direct (default): each replica also answers HTTP on its own port (listed on "
+                        "stderr), without the proxy's hop; proxy: only Ray Serve's proxy on --port")
     p.add_argument("--verify", action="store_true",
                    help="each replica reruns the artifact's golden self-test before it serves")
 
@@ -116,7 +119,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = ServeSettings(args.artifact, port=args.port, route=args.route, address=args.address,
                              replicas=args.replicas, autoscale=args.autoscale, max_batch=args.max_batch,
-                             batch_wait_ms=args.batch_wait_ms, threads=args.threads, verify=args.verify)
+                             batch_wait_ms=args.batch_wait_ms, threads=args.threads, verify=args.verify,
+                             ingress=args.ingress)
     check_settings(settings)  # before Ray starts
     stopping = threading.Event()
 
@@ -129,6 +133,10 @@ def _serve(args: argparse.Namespace) -> int:
         # after ray.init, which installs a SIGTERM handler of its own that ends the process
         previous = signal.signal(signal.SIGTERM, on_signal)
         print(f"serving {args.artifact} at {served.url}", flush=True)
+        direct = served.replica_urls()
+        if direct:
+            print(f"replicas answering directly (no proxy hop): {' '.join(direct)}", file=sys.stderr,
+                  flush=True)
         while not stopping.wait(0.5):
             pass
     except KeyboardInterrupt:
