@@ -40,6 +40,10 @@ def _quiet(_message: str) -> None:
     return None
 
 
+def _no_input(_node: object) -> None:
+    return None
+
+
 def plan_graph(graph: Graph, providers: list[Provider], policy: MemoryPolicy, budget_ms: float | None,
                *, compiled_control: bool = True, say: Progress = _quiet) -> PlannedGraph:
     """Take ``graph`` (changed in place) through the back half with ``providers`` (in priority
@@ -59,8 +63,12 @@ def plan_graph(graph: Graph, providers: list[Provider], policy: MemoryPolicy, bu
     step_space = [by_name[name].memory_space for name in schedule.provider_of_step]
     scratch = [by_name[name].scratch_nbytes(node)
                for name, node in zip(schedule.provider_of_step, schedule.steps, strict=True)]
+    # the input a provider's kernel may write a step's output over (``overwritable_input``, optional)
+    overwrites = [getattr(by_name[name], "overwritable_input", _no_input)(node)
+                  for name, node in zip(schedule.provider_of_step, schedule.steps, strict=True)]
     say("planning memory")
-    storage = policy.storage(assign_storage(graph, schedule.steps, step_space, scratch))
+    storage = policy.storage(assign_storage(graph, schedule.steps, step_space, scratch,
+                                            overwrites=overwrites))
     alignment = policy.alignment(providers)
     mem_plans = {space: policy.plan(storage.buffers.get(space, []), alignment[space], budget_ms)
                  for space in sorted(set(step_space))}

@@ -77,6 +77,7 @@ def assign_storage(
     *,
     inplace: bool = True,
     concat_inplace: bool = True,
+    overwrites: list[int | None] | None = None,
 ) -> Storage:
     """Resolve aliasing and build the buffers of each memory space.
 
@@ -84,7 +85,9 @@ def assign_storage(
     ``scratch[t]`` the scratch bytes step t needs. Aliases are decided in this order: views, then
     Concat in place (an input produced straight into its slice of the Concat output, when the
     dims before the axis are all 1 so every input is one contiguous run of the output), then
-    elementwise in place (which needs the lifetimes the first two produce).
+    elementwise in place (which needs the lifetimes the first two produce). ``overwrites[t]``, where
+    given and not None, is the one input step t's kernel may write its output over although its
+    kind is not elementwise (a conv's residual: each output element read before it is stored).
     """
     places = _places(graph, steps, step_space)
     storage = Storage(root={}, kind={}, space={})
@@ -95,7 +98,7 @@ def assign_storage(
                 _concat_in_place(node, places, storage)
     first_def, last_use = _lifetimes(steps, places)
     if inplace:
-        _alias_in_place(steps, places, first_def, last_use, storage)
+        _alias_in_place(steps, places, first_def, last_use, storage, overwrites or [None] * len(steps))
     for value in graph.values():
         storage.root[value.name], storage.offset[value.name] = places.find(value.name)
     for name, k in places.kind.items():
@@ -150,23 +153,27 @@ def _lifetimes(steps: list, places: _Places) -> tuple[dict[str, int], dict[str, 
 
 
 def _alias_in_place(steps: list, places: _Places, first_def: dict[str, int], last_use: dict[str, int],
-                    storage: Storage) -> None:
-    """An elementwise step writes over an input of its output's layout that dies at that step."""
+                    storage: Storage, overwrites: list[int | None]) -> None:
+    """An elementwise step (or a step whose kernel says which input it may overwrite) writes over
+    an input of its output's layout that dies at that step."""
     for t, node in enumerate(steps):
-        if node.kind not in INPLACE_KINDS or len(node.outputs) != 1:
+        index = overwrites[t]
+        if (node.kind not in INPLACE_KINDS and index is None) or len(node.outputs) != 1:
             continue
         out = node.outputs[0]
         if not places.is_arena(out.name) or places.root(out.name) != out.name:
             continue
-        for value in node.inputs:
+        for value in node.inputs if index is None else [node.input(index)]:
             if value is None or not _same_layout(value, out):
                 continue
             r = places.root(value.name)
             if not places.is_arena(r) or last_use[r] != t or places.space[r] != places.space[out.name]:
                 continue
-            others = [v for v in node.inputs if v is not None and v is not value]
+            # (a non-elementwise kernel's other inputs: the same value there too)
+            others = [v for i, v in enumerate(node.inputs)
+                      if v is not None and (v is not value if index is None else i != index)]
             if any(places.root(v.name) == r for v in others):
-                continue  # another operand reads the same memory through a view
+                continue  # another operand reads the same memory (through a view)
             places.parent[out.name] = (value.name, 0)
             last_use[r] = max(last_use[r], last_use.get(out.name, t))
             first_def[r] = min(first_def[r], first_def.get(out.name, t))

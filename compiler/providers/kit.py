@@ -43,6 +43,12 @@ class Kernel:
         """Bytes of scratch one step of ``node`` needs (none unless a kernel says otherwise)."""
         return 0
 
+    def overwritable_input(self, node: Node) -> int | None:
+        """The input whose memory a step of ``node`` may write its output over (same shape and
+        dtype, dying at the step; compiler/memory/lifetimes.py decides), though its kind is not
+        elementwise: None unless a kernel reads every element of it before storing that element."""
+        return None
+
 
 K = TypeVar("K", bound=Kernel)
 
@@ -95,6 +101,9 @@ class KernelTable(Generic[K]):
     def scratch_nbytes(self, node: Node) -> int:
         n = self.kernel(node).scratch_nbytes(node)
         return n if isinstance(n, Expr) else int(n)  # type: ignore[return-value]  # a dynamic node's: an Expr
+
+    def overwritable_input(self, node: Node) -> int | None:
+        return self.kernel(node).overwritable_input(node)
 
 
 @dataclass(frozen=True)

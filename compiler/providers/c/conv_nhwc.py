@@ -250,6 +250,14 @@ class ConvNhwcKernel(CKernel):
         xh, xw = _addressed(g, mode)
         return 4 * g.batch * xh * xw * g.c
 
+    def overwritable_input(self, node: Node) -> int | None:
+        """The residual (input 3) of the fp32 GEMM path: a tile reads its pixels' residual rows
+        into its accumulators before it stores the same rows of the output, and no other tile
+        reads them, so the output may take the residual's memory where it dies here (a write
+        stream fewer: no line of the output fetched for ownership)."""
+        g = None if amx_conv(node) or node.input(3) is None else _geometry(node)
+        return None if g is None or g.depthwise else 3
+
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
         if amx_conv(node):

@@ -183,6 +183,10 @@ class CProvider:
     def scratch_nbytes(self, node: Node) -> int:
         return KERNELS.scratch_nbytes(node)
 
+    def overwritable_input(self, node: Node) -> int | None:
+        """The input a step may write its output over (compiler/back_half.py asks)."""
+        return KERNELS.overwritable_input(node)
+
     def render_source(self, partitions: list[GenPartition], target: TargetInfo) -> CSource:
         """The model's C source, whole and split into translation units for the build.
 
