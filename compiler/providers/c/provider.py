@@ -92,7 +92,7 @@ KERNEL_MODULES = (attention, conv, conv_nhwc, einsum, elementwise, elementwise_t
                   movement, norm, pad, pool, pool_nhwc, qchannel, qconv, qgemm, qgemm_dynamic, qlstm,
                   qoperator, recurrent, reduce, spatial, winograd, winograd_nhwc)
 SUPPORT_MODULES = ("provider", "common", "dtypes", "elementwise_vector", "rundims", "resize_runtime",
-                   "pad_runtime", "gemm_bf16", "conv_amx", "qlookup")
+                   "pad_runtime", "gemm_bf16", "conv_amx", "pool_bf16", "qlookup")
 KERNELS: KernelTable[CKernel] = KernelTable("C", KERNEL_MODULES)
 
 ABI_VERSION = 1
