@@ -123,8 +123,13 @@ def _feeds(seed: int) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(seed).normal(0, 1, (1, 3, 28, 28)).astype(np.float32)}
 
 
+@pytest.mark.parametrize("channels", [24, 21])
 @pytest.mark.parametrize("form", ["qdq", "qoperator"])
-def test_shuffle_and_pool_move_codes(tmp_path: Path, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shuffle_and_pool_move_codes(tmp_path: Path, form: str, channels: int,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """24 channels, and 21 (7 a group: odd rows, odd depthwise planes count); 14 x 14 planes (196
+    codes: the table stores' 64-code runs end on a tail of 4)."""
+    monkeypatch.setitem(globals(), "C", channels)
     path = quantize_file(_shuffle_cnn(tmp_path / "s.onnx"), tmp_path / f"s.{form}.onnx", form, _feeds)
     artifact = compile_model(str(path), tmp_path / "art")
     plan = json.loads((artifact / "plan.json").read_text())

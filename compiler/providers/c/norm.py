@@ -25,6 +25,7 @@ from compiler.providers.c.common import all_float32
 from compiler.providers.c.common import float32_unary
 from compiler.providers.c.common import params
 from compiler.providers.c.common import step_args
+from compiler.providers.c.pool_nhwc import LRN_POWERS
 from compiler.providers.c.rundims import is_dynamic
 from compiler.providers.c.rundims import parallel_if
 from compiler.providers.c.rundims import run_dims
@@ -52,6 +53,7 @@ class ChannelContext(KernelContext):
     parallel: bool
     parallel_if: str = ""  # run-time dims (n, s: CDim; c static): the C condition for the worker pool
     simd: bool = False  # the global average's sum split into vector lanes (omp simd; dynamic nodes)
+    lrn_power: str = "pow"  # as ChannelNhwcContext's: "sqrt3/4" | "sqrt" | "one" | "pow"
 
 
 class ChannelKernel(CKernel):
@@ -113,6 +115,7 @@ class ChannelKernel(CKernel):
             lrn_alpha=literal(float(a["alpha"]) / size) if op == "lrn" else "0.0f",
             lrn_beta=literal(float(a["beta"])) if op == "lrn" else "0.0f",
             lrn_bias=literal(float(a["bias"])) if op == "lrn" else "0.0f",
+            lrn_power=LRN_POWERS.get(float(a["beta"]), "pow") if op == "lrn" else "pow",
             parallel=rd.dynamic or work >= PARALLEL_MIN_WORK,
             parallel_if=f"{work} >= {PARALLEL_MIN_WORK}" if rd.dynamic else "",
             simd=rd.dynamic,

@@ -222,7 +222,7 @@ class ChannelNhwcContext(KernelContext):
     when: str = ""  # a dynamic node's C condition for the pool (n and s are then C text over ``dyn``)
 
 
-_POWERS = {0.75: "sqrt3/4", 0.5: "sqrt", 1.0: "one"}
+LRN_POWERS = {0.75: "sqrt3/4", 0.5: "sqrt", 1.0: "one"}
 
 
 class ChannelNhwcKernel(CKernel):
@@ -276,7 +276,7 @@ class ChannelNhwcKernel(CKernel):
             lrn_alpha=literal(float(a["alpha"]) / size) if lrn else "0.0f",
             lrn_beta=literal(beta),
             lrn_bias=literal(float(a["bias"])) if lrn else "0.0f",
-            lrn_power=_POWERS.get(beta, "pow"),
+            lrn_power=LRN_POWERS.get(beta, "pow"),
             parallel=bool(when) or (n * s * c * size >= PARALLEL_MIN_WORK and jobs > 1),
             when=when,
         )
