@@ -24,7 +24,7 @@ and a two-layer encoder, each in its forms, 2 runs).
 
 Usage: python -m scripts.bench_int8 [--models resnet50,squeezenet,...,minilm,bert_base]
                                     [--forms qdq,qoperator,dynamic] [--preprocess] [--profile]
-                                    [--runs N] [--threads N] [--smoke] [--json FILE]
+                                    [--runs N] [--threads N] [--cpu TARGET] [--smoke] [--json FILE]
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def bench_form(fp: Float, form: str, ours_fp32: Session, ort: Any, tmp: Path, ar
         stage = "onnxruntime"
         theirs = ort_session(ort, str(path), args.threads)
         stage = "compile"
-        artifact = compile_model(str(path), tmp / f"{fp.name}.{form}")
+        artifact = compile_model(str(path), tmp / f"{fp.name}.{form}", cpu=args.cpu)
         stage = "run"
         ours = Session(artifact, threads=args.threads)
         names = [s.name for s in ours.outputs]
@@ -164,7 +164,8 @@ def bench_model(name: str, ort: Any, tmp: Path, args: argparse.Namespace) -> lis
     fp = float_model(name, tmp)
     forms = [f for f in fp.forms if f in args.forms]
     try:
-        ours_fp32 = Session(compile_model(str(fp.path), tmp / f"{name}.fp32"), threads=args.threads)
+        fp32_folder = compile_model(str(fp.path), tmp / f"{name}.fp32", cpu=args.cpu)
+        ours_fp32 = Session(fp32_folder, threads=args.threads)
         fp32_ref = ort_session(ort, str(fp.path), args.threads)
         names = [s.name for s in ours_fp32.outputs]
         reference = [fp32_ref.run(names, fp.feeds(seed)) for seed in SEEDS]
@@ -221,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="after each int8 row, our per-step profile by op type and the slowest steps")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cpu", default=None, metavar="TARGET",
+                        help="compile both artifacts for this --cpu target (x86-64-v3: the AVX2 kernels "
+                             "an AVX2-only host runs, no VNNI); default: the host")
     parser.add_argument("--smoke", action="store_true", help="SqueezeNet and a tiny encoder, 2 runs")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also save every row")
     args = parser.parse_args(argv)
