@@ -4,8 +4,9 @@ pass (compiler/passes/fuse_conv_prescale.py, templates/c/gemm_amx.c.j2's ``*_row
 DenseNet's form: x -> BatchNormalization -> Mul / Add by per-channel constants -> Relu -> Conv 1x1
 (+ bias), compiled for ``--cpu x86-64-v3`` (tests/cpu_targets.py). The FusedElementwise goes (the
 conv's S / T inputs hold the folded affine); on AMX-BF16 the result is bf16(relu(x * S + T)) .
-bf16(w) in fp32 sums, within bf16's rounding bound of the fp32 model; the fallback
-(``$ONNX_AOT_NO_AMX=1``) is the fp32 conv of relu(x * S + T) on the bf16 weights; both bit for
+bf16(w) in fp32 sums, within bf16's rounding bound of the fp32 model; so on the vdpbf16ps path
+(``$ONNX_AOT_NO_AMX=1``, ``$ONNX_AOT_BF16_DOT=1``); the fallback (``$ONNX_AOT_NO_AMX=1``,
+``$ONNX_AOT_BF16_DOT=0``) is the fp32 conv of relu(x * S + T) on the bf16 weights; both bit for
 bit the same at 1 and 2 threads, and the golden self-test passes. A padded 3x3 conv keeps its
 FusedElementwise (a padded pixel is 0, not T).
 """
@@ -92,17 +93,22 @@ def _bf16(a: np.ndarray) -> np.ndarray:
     return a.astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-@pytest.mark.parametrize("amx", [True, False], ids=["amx", "fallback"])
+@pytest.mark.parametrize("path", ["amx", "dpbf16", "fallback"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_prescaled_conv_on_both_paths(arts: dict, case: str, amx: bool,
+def test_prescaled_conv_on_both_paths(arts: dict, case: str, path: str,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     flags = host_cpu_flags()
-    if amx and (flags is None or not {"amx_tile", "amx_bf16"} <= flags):
+    if path == "amx" and (flags is None or not {"amx_tile", "amx_bf16"} <= flags):
         pytest.skip("this CPU has no AMX-BF16 (the tile path is not taken here)")
-    if amx:
+    if path == "dpbf16" and (flags is None or "avx512_bf16" not in flags):
+        pytest.skip("this CPU has no AVX512_BF16 (the vdpbf16ps path is not taken here)")
+    # the paths bf16 products take (amx, dpbf16: bf16 A in fp32 sums) and the fp32 fallback
+    amx = path != "fallback"
+    if path == "amx":
         monkeypatch.delenv("ONNX_AOT_NO_AMX", raising=False)
     else:
         monkeypatch.setenv("ONNX_AOT_NO_AMX", "1")
+    monkeypatch.setenv("ONNX_AOT_BF16_DOT", "1" if path == "dpbf16" else "0")
     art = arts[case]
     n, c, h, w, m = CASES[case]
     p = _model(CASES[case])[1]
