@@ -102,6 +102,7 @@ class QConvContext(KernelContext):
     has_wz: bool
     pool_pad: str
     pool: str
+    dispatch: bool = False  # AVX-512BW without VNNI: the VNNI loop too, taken where the CPU has AVX512-VNNI
     amx: bool = False  # the AMX-INT8 loop too (x86-64 AVX-512), taken where onnx_aot_amx_usable says so
     amx_cc: int = 0  # its items' channels (a multiple of 32)
     amx_nchunks: int = 0  # its items per panel (<= nchunks: scratch has a slot for each)
@@ -250,7 +251,8 @@ class QConvKernel(CKernel):
         if a["method"] == "depthwise":
             ctx = _depthwise_context(g, step_params, _CTYPES[x.dtype], int(a["x_zero"]), quant, work)
             return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
-        gemm = _gemm_context(node, g, step_params, quant, work)
+        gemm = dataclasses.replace(_gemm_context(node, g, step_params, quant, work),
+                                   dispatch=target.int8_dot == "avx512bw")
         if amx_target(target):
             cc, nchunks = _amx_chunks(g, gemm.npanels, gemm.nchunks)
             gemm = dataclasses.replace(gemm, amx=True, amx_cc=cc, amx_nchunks=nchunks)
