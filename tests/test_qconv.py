@@ -58,6 +58,9 @@ CASES = {
     "dw_s23": QConvCase(c=3, m=6, group=3, hw=(13, 17), kernel=(3, 4), strides=(2, 3), pads=(1, 0, 2, 1),
                         x="int8"),
     "dw_bands": QConvCase(c=2, m=2, group=2, hw=(60, 100), batch=1, x="int8", y="int8"),
+    # stride 2 unpadded: the packing's even bytes 16 at a time, X's last byte the run's last read
+    "pw_s2": QConvCase(c=21, m=10, hw=(13, 41), kernel=(1, 1), strides=(2, 2), pads=(0, 0, 0, 0), x="int8",
+                       batch=1),
     # one panel, its channel blocks over several items: packed once first by "prepack", in ranges of
     # k (the last range shorter), or in one item where the pixel sums over k follow (weight zero points)
     "split": QConvCase(c=40, m=50, hw=(13, 13), strides=(2, 2), batch=1, x="int8", y="int8", w_zero=False),
@@ -196,7 +199,9 @@ def test_generated_code(cpu: str, tmp_path: Path) -> None:
              "k3": QConvCase(c=16, m=32, hw=(28, 28), batch=1),
              "dw": QConvCase(c=32, m=32, group=32, hw=(28, 28), batch=1),
              "big": QConvCase(c=16, m=32, hw=(28, 28), batch=1, y_scale=2e-5),
-             "deep": QConvCase(c=64, m=64, hw=(7, 7), batch=1, w_zero=False)}
+             "deep": QConvCase(c=64, m=64, hw=(7, 7), batch=1, w_zero=False),
+             "s2": QConvCase(c=64, m=32, hw=(56, 56), kernel=(1, 1), strides=(2, 2), pads=(0, 0, 0, 0),
+                             batch=1)}
     model, _ = _merged(cases)
     art = compile_model(model, tmp_path / "art", cpu=cpu)
     source = (art / "kernels" / "cpu" / "model.c").read_text()
@@ -217,13 +222,14 @@ def test_generated_code(cpu: str, tmp_path: Path) -> None:
     # "deep" (one panel of 49 pixels, 11 channel blocks): its panel packed once ("prepack"), not per
     # item (its padded copy too small for the pool: a direct call)
     assert jobs == {"pw_conv": (3, True), "k3_conv": (4, True), "dw_conv": (1, False), "big_conv": (4, True),
-                    "deep_conv": (4, True)}
-    assert source.count('__builtin_cpu_supports("avx512vnni")') == 4
-    assert len(re.findall(r"void k_[0-9a-f]{16}_gemm_vnni\(", source)) == 4
+                    "deep_conv": (4, True), "s2_conv": (3, True)}
+    assert source.count('__builtin_cpu_supports("avx512vnni")') == 5
+    assert len(re.findall(r"void k_[0-9a-f]{16}_gemm_vnni\(", source)) == 5
     assert [name for name, yes in prepacks.items() if yes] == ["deep_conv"]
     scratch = {s["name"] for s in plan["steps"] if s.get("scratch")}
-    assert scratch == {"pw_conv", "k3_conv", "big_conv", "deep_conv"}
-    for text in ("vpdpbusd", "_mm512_madd_epi16", "_mm512_roundscale_pd", "_store16(", "rint(", "tdpbsud",
-                 "_mm512_add_round_pd", "_mm512_fmadd_ps"):
+    assert scratch == {"pw_conv", "k3_conv", "big_conv", "deep_conv", "s2_conv"}
+    # (_mm256_maskz_loadu_epi8: the stride-2 packing's 16 bytes at a time)
+    for text in ("vpdpbusd", "_mm256_maskz_loadu_epi8", "_mm512_madd_epi16", "_mm512_roundscale_pd",
+                 "_store16(", "rint(", "tdpbsud", "_mm512_add_round_pd", "_mm512_fmadd_ps"):
         assert text in source, text
     assert "_mm512_maddubs" not in source  # pmaddubsw's 16-bit sums saturate
