@@ -58,6 +58,13 @@ CASES = {
     "dw_s23": QConvCase(c=3, m=6, group=3, hw=(13, 17), kernel=(3, 4), strides=(2, 3), pads=(1, 0, 2, 1),
                         x="int8"),
     "dw_bands": QConvCase(c=2, m=2, group=2, hw=(60, 100), batch=1, x="int8", y="int8"),
+    # stride 2 unpadded: the packing's even bytes 16 at a time, X's last byte the run's last read
+    "pw_s2": QConvCase(c=21, m=10, hw=(13, 41), kernel=(1, 1), strides=(2, 2), pads=(0, 0, 0, 0), x="int8",
+                       batch=1),
+    # one panel, its channel blocks over several items: packed once first by "prepack", in ranges of
+    # k (the last range shorter), or in one item where the pixel sums over k follow (weight zero points)
+    "split": QConvCase(c=40, m=50, hw=(13, 13), strides=(2, 2), batch=1, x="int8", y="int8", w_zero=False),
+    "split_wz": QConvCase(c=13, m=20, hw=(5, 6), batch=1),
     # requantizing scales over 1 (the vector store's float64 rounding path, not its int32 one)
     "big_scale": QConvCase(c=3, m=4, hw=(5, 6), y_scale=2e-5, per_channel=False, bias=False),
     "dw_big_scale": QConvCase(c=3, m=3, group=3, hw=(5, 6), y_scale=2e-5),
@@ -191,14 +198,17 @@ def test_generated_code(cpu: str, tmp_path: Path) -> None:
     cases = {"pw": QConvCase(c=64, m=32, hw=(28, 28), kernel=(1, 1), pads=(0, 0, 0, 0), batch=1),
              "k3": QConvCase(c=16, m=32, hw=(28, 28), batch=1),
              "dw": QConvCase(c=32, m=32, group=32, hw=(28, 28), batch=1),
-             "big": QConvCase(c=16, m=32, hw=(28, 28), batch=1, y_scale=2e-5)}
+             "big": QConvCase(c=16, m=32, hw=(28, 28), batch=1, y_scale=2e-5),
+             "deep": QConvCase(c=64, m=64, hw=(7, 7), batch=1, w_zero=False),
+             "s2": QConvCase(c=64, m=32, hw=(56, 56), kernel=(1, 1), strides=(2, 2), pads=(0, 0, 0, 0),
+                             batch=1)}
     model, _ = _merged(cases)
     art = compile_model(model, tmp_path / "art", cpu=cpu)
     source = (art / "kernels" / "cpu" / "model.c").read_text()
     plan = json.loads((art / "plan.json").read_text())
     calls = re.findall(r"/\* step (\d+): .*?\*/\s*(k_[0-9a-f]{16})\(", source, re.S)
     kernels = {int(i): name for i, name in calls}
-    jobs = {}
+    jobs, prepacks = {}, {}
     for step in plan["steps"]:
         name = kernels[step["index"]]
         body = source[source.index(f"void {name}(") :]
@@ -206,9 +216,20 @@ def test_generated_code(cpu: str, tmp_path: Path) -> None:
         # the AMX-INT8 loop is the GEMM job's alternative, taken where the CPU has the tiles
         amx = re.search(r"if \(onnx_aot_amx_usable\(ONNX_AOT_AMX_INT8\)\) \{.*?return;\n  \}", body, re.S)
         jobs[step["name"]] = (body.count("onnx_aot_parallel("), amx is not None)
-    assert jobs == {"pw_conv": (2, True), "k3_conv": (3, True), "dw_conv": (1, False), "big_conv": (3, True)}
-    assert {s["name"] for s in plan["steps"] if s.get("scratch")} == {"pw_conv", "k3_conv", "big_conv"}
-    for text in ("vpdpbusd", "_mm512_madd_epi16", "_mm512_roundscale_pd", "_store16(", "rint(", "tdpbsud",
-                 "_mm512_add_round_pd", "_mm512_fmadd_ps"):
+        prepacks[step["name"]] = "_prepack_task" in body
+    # x86-64-v4 has no AVX512-VNNI: the GEMM job has its vpdpbusd twin, taken where the CPU has it
+    # (an AMD Zen 4 or an Intel without AMX ran the pmaddwd tiles at 0.45x the speed before)
+    # "deep" (one panel of 49 pixels, 11 channel blocks): its panel packed once ("prepack"), not per
+    # item (its padded copy too small for the pool: a direct call)
+    assert jobs == {"pw_conv": (3, True), "k3_conv": (4, True), "dw_conv": (1, False), "big_conv": (4, True),
+                    "deep_conv": (4, True), "s2_conv": (3, True)}
+    assert source.count('__builtin_cpu_supports("avx512vnni")') == 5
+    assert len(re.findall(r"void k_[0-9a-f]{16}_gemm_vnni\(", source)) == 5
+    assert [name for name, yes in prepacks.items() if yes] == ["deep_conv"]
+    scratch = {s["name"] for s in plan["steps"] if s.get("scratch")}
+    assert scratch == {"pw_conv", "k3_conv", "big_conv", "deep_conv", "s2_conv"}
+    # (_mm256_maskz_loadu_epi8: the stride-2 packing's 16 bytes at a time)
+    for text in ("vpdpbusd", "_mm256_maskz_loadu_epi8", "_mm512_madd_epi16", "_mm512_roundscale_pd",
+                 "_store16(", "rint(", "tdpbsud", "_mm512_add_round_pd", "_mm512_fmadd_ps"):
         assert text in source, text
     assert "_mm512_maddubs" not in source  # pmaddubsw's 16-bit sums saturate

@@ -46,6 +46,7 @@ __all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "Requant", "MR"]
 
 MR = 6  # output channels per register tile (x 4 vectors of 16 pixels: 24 accumulators)
 MIN_ITEMS = 8  # work items a conv aims for, so that threads get balanced shares
+PREPACK_ITEMS = 4  # "prepack"'s items, at least: each packs a range of k of a panel
 AMX_MIN_ITEMS = 4  # the AMX loop's: its items cost mostly their packing, done once per item
 _CTYPES = {np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.int32): "int32_t"}
 
@@ -102,6 +103,8 @@ class QConvContext(KernelContext):
     has_wz: bool
     pool_pad: str
     pool: str
+    ksplit: int = 0  # panels split over several items: "prepack" packs each once first, in ksplit items of k
+    dispatch: bool = False  # AVX-512BW without VNNI: the VNNI loop too, taken where the CPU has AVX512-VNNI
     amx: bool = False  # the AMX-INT8 loop too (x86-64 AVX-512), taken where onnx_aot_amx_usable says so
     amx_cc: int = 0  # its items' channels (a multiple of 32)
     amx_nchunks: int = 0  # its items per panel (<= nchunks: scratch has a slot for each)
@@ -250,7 +253,8 @@ class QConvKernel(CKernel):
         if a["method"] == "depthwise":
             ctx = _depthwise_context(g, step_params, _CTYPES[x.dtype], int(a["x_zero"]), quant, work)
             return StepCode("c/qconv_depthwise.c.j2", ctx, tuple(args))
-        gemm = _gemm_context(node, g, step_params, quant, work)
+        gemm = dataclasses.replace(_gemm_context(node, g, step_params, quant, work),
+                                   dispatch=target.int8_dot == "avx512bw")
         if amx_target(target):
             cc, nchunks = _amx_chunks(g, gemm.npanels, gemm.nchunks)
             gemm = dataclasses.replace(gemm, amx=True, amx_cc=cc, amx_nchunks=nchunks)
@@ -267,11 +271,14 @@ def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], q
     flip = 128 if x.dtype == np.int8 else 0
     mblocks = -(-g.mg // MR)
     cb, nchunks = _chunks(g, npanels)
+    panels = g.batch * g.groups * npanels
+    # rows of 4 k per "prepack" item: a few items a panel, one where the pixel sums over k follow
+    ksplit = 0 if nchunks == 1 else 1 if has_wz else min(k4 // 4, -(-PREPACK_ITEMS // panels))
     return QConvContext(
         params=step_params, g=g, k=g.k, k4=k4, kq=k4 // 4, kq16=_kq16(g), nv=nv, np=16 * nv, npanels=npanels,
         panel_bytes=panel, panels_at=image, padded=image > 0, flat=_flat(g), hs=hs, ws=ws, flip=flip,
         xz=int(node.attrs["x_zero"]) + flip, q=quant, mr=MR, mblocks=mblocks, cb=cb, nchunks=nchunks,
-        rem=g.mg % MR, has_wz=has_wz,
+        rem=g.mg % MR, has_wz=has_wz, ksplit=ksplit,
         pool_pad=pool_condition(4 * image), pool=pool_condition(work),
     )
 
