@@ -30,6 +30,7 @@ from compiler import compile_model
 from runtime import Session
 from runtime.isa import MARCH_FEATURES
 from runtime.isa import TEST_FLAGS_ENV
+from tests.cpu_targets import host_runs
 from tests.support.qconv_models import QConvCase
 from tests.support.qconv_models import qconv_feed
 from tests.support.qconv_models import qconv_model
@@ -133,6 +134,23 @@ def test_every_conv_runs_packed_in_c(built: dict[str, object]) -> None:
 @pytest.mark.parametrize("build", ["default", "native"])
 def test_bit_exact_with_the_reference(built: dict[str, object], build: str, threads: int) -> None:
     _same(_run(built["arts"][build], built["feeds"], threads), built["expected"])  # type: ignore[arg-type,index]
+
+
+def test_16_bit_tiles_of_an_avx512bw_build_are_bit_exact(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AVX-512BW build (x86-64-v4, the default level of an AVX-512 host) takes vpdpbusd where the
+    CPU has VNNI and AMX-INT8 where it has the tiles: ONNX_AOT_INT8_NO_VNNI and ONNX_AOT_NO_AMX (read
+    at a library's first run, hence a build of its own) keep the pmaddwd tiles, which VNNI and AMX
+    hosts would otherwise never run."""
+    if not host_runs("x86-64-v4"):
+        pytest.skip("this host does not run x86-64-v4 code")
+    model, feeds = _merged(CASES)
+    art = compile_model(model, tmp_path / "v4", cpu="x86-64-v4", golden_cases=0)
+    assert '__builtin_cpu_supports("avx512vnni")' in (art / "kernels" / "cpu" / "model.c").read_text()
+    monkeypatch.setenv("ONNX_AOT_INT8_NO_VNNI", "1")
+    monkeypatch.setenv("ONNX_AOT_NO_AMX", "1")
+    reference = compile_model(model, tmp_path / "reference", opt_level=0, golden_cases=0)
+    _same(_run(art, feeds, 2), _run(reference, feeds, 1))
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 CPU builds")
