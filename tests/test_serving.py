@@ -248,3 +248,17 @@ def test_the_ingress_modes_set_ray_serves_variables_and_leave_the_callers(
         check_settings(ServeSettings(str(batched.path), ingress="sideways"))
     with pytest.raises(SystemExit):
         runtime_main(["serve", str(batched.path), "--ingress", "sideways"])
+
+
+def test_replica_urls_warns_naming_the_app_where_the_controller_cannot_be_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ray = pytest.importorskip("ray", reason="ray[serve] is the serving extra; not installed here")
+    from runtime.serving.ingress import replica_urls
+
+    def no_controller(name: str, namespace: str | None = None) -> None:
+        raise ValueError(f"Failed to look up actor with name '{name}'")
+
+    monkeypatch.setattr(ray, "get_actor", no_controller)
+    with pytest.warns(RuntimeWarning, match=r"tiny: could not list the replicas' own URLs .*"
+                                            r"ValueError: Failed to look up actor"):
+        assert replica_urls("tiny", "/") == []

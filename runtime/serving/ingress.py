@@ -20,6 +20,7 @@ Ray; a cluster joined with ``--address`` has the mode its ``ray start`` environm
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -57,14 +58,17 @@ def replica_urls(app_name: str, route: str) -> list[str]:
     """``http://127.0.0.1:PORT/ROUTE`` of each running replica of ``app_name`` that answers HTTP
     itself (direct ingress; the servers listen where the proxy does, on 127.0.0.1); none where the
     proxy is the only way in. Asks Serve's controller (``get_target_groups``: what an external load
-    balancer reads), whose targets are the replicas in direct mode and the proxy otherwise."""
+    balancer reads), whose targets are the replicas in direct mode and the proxy otherwise; where
+    it cannot be asked, a ``RuntimeWarning`` names the application and the reason."""
     import ray
     from ray.serve._private.common import RequestProtocol
 
     try:
         controller: Any = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
         groups = ray.get(controller.get_target_groups.remote(app_name), timeout=30)
-    except Exception:  # no controller, or a Ray without direct ingress: no direct way in
+    except Exception as exc:  # no controller, or a Ray without direct ingress: no direct way in
+        warnings.warn(f"{app_name}: could not list the replicas' own URLs (direct ingress), only the "
+                      f"proxy serves: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
         return []
     return sorted(f"http://127.0.0.1:{target.port}{route}" for group in groups
                   if group.protocol == RequestProtocol.HTTP for target in group.targets
