@@ -15,6 +15,7 @@ Usage: python -m scripts.bench_bf16_steps [--runs N] [--threads N] [--cpu TARGET
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -113,7 +114,7 @@ def measure(name: str, tmp: Path, threads: int, runs: int, cpu: str | None) -> l
         dirs.append(compile_model(model, tmp / f"{name}-bf16", precision="bf16", **common))
     sessions = [Session(d, threads=threads, profile=True) for d in dirs]
     feeds = dummy_input(model)
-    round_robin([lambda s=s: s.run(None, feeds) for s in sessions], runs, warmup=3)
+    round_robin([functools.partial(s.run, None, feeds) for s in sessions], runs, warmup=3)
     steps = [step_medians(Path(s.end_profiling(tmp / f"{name}-{form}.json")))
              for s, form in zip(sessions, FORMS, strict=True)]
     convs = conv_geometry(model)

@@ -52,8 +52,9 @@ So under ``"dpbf16"``: the 3x3 stride-1 convs whose Winograd takes 4x4 tiles sta
 (bf16 / Winograd 1.08-2.07 on all 4x4-tile convs measured but one), those of 2x2 tiles go bf16
 where bf16 takes them; stems stay fp32; a conv of under 64 output pixels goes bf16 only from 2^20 products
 per pixel; the other thresholds as for AMX (their crossovers, M 16 and K x M 12288, held here too).
-One outlier: Inception v1's 3x3 64 -> 192 at 55x55, bf16 0.56x its Winograd in that run (Inception
-v2's same conv at 56x56: 1.25x).
+One outlier: Inception v1's 3x3 64 -> 192 at 55x55, bf16 0.56x its Winograd in one run (fp32 twice
+its usual time); a rerun: 1.58x, and Inception v1's other 3x3s 1.04-1.27x (13x13: 4x4 tiles; 6x6:
+2x2 tiles under 2^20 products, fp32 Winograd by the small-image rule).
 """
 
 from __future__ import annotations
