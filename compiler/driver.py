@@ -86,6 +86,7 @@ from compiler.passes import optimize
 from compiler.passes.materialize_outputs import materialize_outputs
 from compiler.plan import build_plan
 from compiler.precision import DEFAULT_PRECISION
+from compiler.precision import bf16_engine
 from compiler.precision import resolve_precision
 from compiler.providers.base import Provider
 from compiler.providers.reference import ReferenceProvider
@@ -146,6 +147,7 @@ def compile_model(
     out = _checked_start(out_dir, opt_level)
     build = _cpu_build_options(build, cpu)
     resolved = resolve_precision(precision, build, say)
+    engine = _bf16_engine(resolved, build, say)
     providers = default_providers(target) if providers is None else providers
     source = _source_identity(model)
     import_args = {"shapes": shapes, "binds": binds, "dims": dims, "values": values}
@@ -154,7 +156,7 @@ def compile_model(
     front_of = functools.partial(_front_half, shapes=shapes, binds=binds, dims=dims, values=values,
                                  opt_level=opt_level, target=target, winograd=winograd,
                                  compiled_control=compiled_control, narrow_weights=narrow_weights,
-                                 precision=resolved, say=say)
+                                 precision=resolved, bf16_engine=engine, say=say)
     graph, policy = front_of(model)
     options = _recorded_options(opt_level=opt_level, target=target, shapes=shapes, dims=dims, values=values,
                                 binds=binds, plan_budget_ms=plan_budget_ms, max_arena_bytes=max_arena_bytes,
@@ -220,7 +222,8 @@ def _front_half(model: str | os.PathLike[str] | onnx.ModelProto,
                 shapes: Mapping[str, Sequence[DimSpec]] | None, binds: Mapping[str, Any] | None,
                 dims: Mapping[str, DimSpec] | None, values: Mapping[str, Any] | None,
                 *, opt_level: int, target: str, winograd: bool, compiled_control: bool,
-                narrow_weights: bool, precision: str, say: Progress) -> tuple[Graph, MemoryPolicy]:
+                narrow_weights: bool, precision: str, bf16_engine: str,
+                say: Progress) -> tuple[Graph, MemoryPolicy]:
     """The model imported and optimized (the bodies of its control steps too, where the target
     compiles them), and its memory policy (chosen once, here)."""
     say("loading model")
@@ -228,11 +231,21 @@ def _front_half(model: str | os.PathLike[str] | onnx.ModelProto,
     graph.narrowing.enabled = narrow_weights
     policy = memory_policy(graph)
     say(f"optimizing (-O{opt_level}): {len(graph) + len(graph.eliminated)} ONNX nodes{policy.summary}")
-    graph = optimize(graph, opt_level, target=target, winograd=winograd, precision=precision)
+    lowered: dict[str, Any] = {"target": target, "winograd": winograd, "precision": precision,
+                               "bf16_engine": bf16_engine}
+    graph = optimize(graph, opt_level, **lowered)
     if compiled_control and target == "cpu":  # elsewhere the bodies are not compiled
-        optimize_bodies(graph, lambda body: optimize(body, opt_level, target=target, winograd=winograd,
-                                                     precision=precision))
+        optimize_bodies(graph, lambda body: optimize(body, opt_level, **lowered))
     return graph, policy
+
+
+def _bf16_engine(precision: str, build: BuildOptions, say: Progress) -> str:
+    """The bf16 engine whose rules pick a bf16 compile's bf16 convs (``bf16_engine``), said."""
+    if precision != "bf16":
+        return "amx"  # (unused)
+    engine, why = bf16_engine(build)
+    say(f"bf16 steps chosen for {'AMX-BF16' if engine == 'amx' else 'vdpbf16ps'} ({why})")
+    return engine
 
 
 def _recorded_options(*, opt_level: int, target: str, shapes: Mapping[str, Sequence[DimSpec]] | None,

@@ -19,6 +19,10 @@ the bf16 steps (the reference kernels round the weights, and the input of each A
 artifact does) as their added tolerance (``compiler/artifact/golden_precision.py``): bfloat16's
 8-bit significand rounds each operand by at most 2**-9 of itself (tests/test_bf16.py and
 tests/test_amx_bf16.py bound and measure it).
+
+Which convs go bf16, and which 3x3 convs keep fp32's Winograd form instead, follows the bf16 engine
+the ``--cpu`` target will run (``bf16_engine``; the rules and their measurements:
+``compiler/passes/bf16_cost.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import numpy as np
 from compiler.codegen.options import BuildOptions
 from runtime.errors import CompileError
 
-__all__ = ["PRECISIONS", "DEFAULT_PRECISION", "resolve_precision", "to_bf16"]
+__all__ = ["PRECISIONS", "DEFAULT_PRECISION", "bf16_engine", "resolve_precision", "to_bf16"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
 DEFAULT_PRECISION = "fp32"
@@ -53,6 +57,31 @@ def resolve_precision(precision: str, build: BuildOptions, say: Callable[[str], 
         return "bf16"
     say(f"--precision auto: fp32 (the --cpu target {build.isa} has no native bf16 dot product, AVX512_BF16)")
     return "fp32"
+
+
+def bf16_engine(build: BuildOptions) -> tuple[str, str]:
+    """The bf16 engine whose rules a bf16 compile for ``build``'s target follows, and why:
+    ``"amx"`` where the target has AMX-BF16, ``"dpbf16"`` where it has AVX512_BF16 without AMX;
+    a target that names neither (x86-64-v4, whose artifact takes AMX or vdpbf16ps at run time) the
+    build machine's where it is the build machine's own level (the default ``--cpu``), else
+    ``"amx"`` (the rules measured first; also on targets without AVX-512, whose bf16 steps run in
+    fp32, as before)."""
+    from compiler.codegen.toolchain import target_info
+    from runtime.isa import host_cpu_flags
+    from runtime.isa import host_x86_level
+
+    info = target_info(build)
+    if info.amx_bf16:
+        return "amx", f"the --cpu target {build.isa} has AMX-BF16"
+    if info.bf16_dot:
+        return "dpbf16", f"the --cpu target {build.isa} has AVX512_BF16 without AMX"
+    flags = host_cpu_flags() or frozenset()
+    if info.vector_bytes == 64 and build.isa == host_x86_level(flags):
+        if "amx_bf16" in flags:
+            return "amx", f"the --cpu target {build.isa} is this machine's level: AMX-BF16"
+        if "avx512_bf16" in flags:
+            return "dpbf16", f"the --cpu target {build.isa} is this machine's level: AVX512_BF16, no AMX"
+    return "amx", f"the --cpu target {build.isa} names no bf16 unit"
 
 
 def to_bf16(array: np.ndarray) -> np.ndarray:

@@ -170,8 +170,8 @@ def test_the_gate_times_sixteen_chains(arts: dict) -> None:
 
 
 # conv cases: (N, C, H, W, M, kernel, stride, pad); "taps" ones have C % 32 == 0 and outputs >= 7 wide
-# (each with K x M >= pack_conv_bf16.MIN_PIXEL_PRODUCTS, or K >= MIN_DEEP_K into M >= MIN_DEEP_M:
-# "gather_deep", 144 x 48, "small_1x1", 64 x 64, "stem_7x7" (3 channels: STEM_MIN_TAPS); smaller
+# (each with K x M >= min_pixel_products, or K >= min_deep_k into M >= min_deep_m, bf16_cost.RULES["amx"]:
+# "gather_deep", 144 x 48, "small_1x1", 64 x 64, "stem_7x7" (3 channels: stem_min_taps); smaller
 # convs stay fp32). FUSED:
 # the windows gathered block by block (conv_amx_fused.c.j2: not read in place, B in cache)
 FUSED = {"gather_pad", "gather_1x1", "gather_s2", "gather_deep", "stem_7x7", "small_1x1"}

@@ -37,7 +37,7 @@ from runtime.isa import host_cpu_flags
 
 CPU = "x86-64-v3"  # (tests/cpu_targets.py) runs on every x86-64 host the suite supports
 U = 2.0 ** -9
-# (N, C, H, W, M): K x M >= pack_conv_bf16.MIN_PIXEL_PRODUCTS; C not a multiple of 32 in one
+# (N, C, H, W, M): K x M >= bf16_cost.RULES["amx"].min_pixel_products; C not a multiple of 32 in one
 # "big_b": B over gemm_bf16.ROWS_OUTER_MAX_B, so rounded in its own pass (gemm_amx.c.j2's "amxa"), the
 # others gathered block by block (conv_amx_fused.c.j2)
 CASES = {"one_image": (1, 96, 9, 11, 160), "two_images": (2, 72, 7, 5, 200), "big_b": (1, 512, 3, 5, 600)}

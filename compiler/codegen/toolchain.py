@@ -73,6 +73,7 @@ class TargetInfo:
     # "avxvnni", "avx512bw", "avx2" or "portable"
     int8_dot: str = "portable"
     bf16_dot: bool = False  # AVX512_BF16's vdpbf16ps (bf16 pairs, fp32 sums): --precision auto's bf16
+    amx_bf16: bool = False  # AMX-BF16's tiles (compiler/precision.py: bf16_engine)
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -126,7 +127,7 @@ def target_info(options: BuildOptions) -> TargetInfo:
     else:
         vector_bytes, registers = 16, 16 if "__x86_64__" in macros else 32
     return TargetInfo(_resolved_march(options.cc, options.isa), vector_bytes, registers, _int8_dot(macros),
-                      "__AVX512BF16__" in macros)
+                      "__AVX512BF16__" in macros, "__AMX_BF16__" in macros)
 
 
 def _int8_dot(macros: frozenset[str]) -> str:

@@ -159,7 +159,8 @@ def _c_claims(node: Node) -> bool:
     return KERNELS.supports(node) or qconv_lowers(node) or qgemm_lowers(node)
 
 
-def lowerings_for(level: int, target: str, winograd: bool = True, precision: str = "fp32") -> list[Pass]:
+def lowerings_for(level: int, target: str, winograd: bool = True, precision: str = "fp32",
+                  bf16_engine: str = "amx") -> list[Pass]:
     """Target-specific lowerings, run once after ``level``'s passes reach their fixed point.
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
@@ -170,8 +171,10 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
     (``layout_nhwc``), and elementwise fusion runs once more over what it produced. A graph of
     symbolic dims gets the same lowerings: their C kernels all take run-time dims. ``precision``
-    "bf16" packs the GEMM and NHWC convolution weights rounded to bfloat16 for AMX-BF16
-    (compiler/precision.py; ``pack_conv_bf16``, then ``fuse_conv_prescale``) and leaves out Winograd.
+    "bf16" packs the GEMM and NHWC convolution weights rounded to bfloat16 (compiler/precision.py;
+    ``pack_conv_bf16``, then ``fuse_conv_prescale``) under the rules of ``bf16_engine``
+    (``bf16_cost.RULES``): for "amx" without Winograd, for "dpbf16" with it on the 3x3 convs where
+    it beats the bf16 direct conv (``bf16_cost.keeps_winograd``), which then stay fp32.
     """
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
@@ -180,24 +183,24 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
         passes += [FuseQGemmAdd()]  # a QDQ bias / residual Add (QBinary) into its requantizing epilogue
         passes += [PackQLSTMWeights()]  # DynamicQuantizeLSTM's weights in the int8 tile's panels
-    if level >= 2 and target == "cpu" and winograd and precision != "bf16":  # (bf16: AMX tiles instead)
-        passes.append(UseWinograd())
+    if level >= 2 and target == "cpu" and winograd:
+        passes.append(UseWinograd(bf16_engine if precision == "bf16" else None))
     if level >= 3 and target == "cpu":
         passes += [LayoutNhwc(), FuseElementwise()]
-        passes += [PackConvBf16(), FuseConvPrescale()] if precision == "bf16" else []
+        passes += [PackConvBf16(bf16_engine), FuseConvPrescale()] if precision == "bf16" else []
     return passes
 
 
 def optimize(
     graph: Graph, level: int, verify: bool = True, target: str | None = None, winograd: bool = True,
-    precision: str = "fp32",
+    precision: str = "fp32", bf16_engine: str = "amx",
 ) -> Graph:
     """Run the passes of ``level`` over ``graph`` (changed in place) and return it.
 
     ``target`` ("cpu", "cuda") adds that target's lowerings (``lowerings_for``); None adds none.
     """
     graph = PassManager(passes_for_level(level, target), verify=verify).run(graph).graph
-    lowerings = lowerings_for(level, target, winograd, precision) if target is not None else []
+    lowerings = lowerings_for(level, target, winograd, precision, bf16_engine) if target is not None else []
     if lowerings:
         graph = PassManager(lowerings, verify=verify, max_iterations=1).run(graph).graph
     return graph

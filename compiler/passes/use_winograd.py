@@ -35,6 +35,8 @@ from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
 from compiler.passes.base import add_constant
 from compiler.passes.base import replace_nodes
+from compiler.passes.bf16_cost import RULES
+from compiler.passes.bf16_cost import keeps_winograd
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import WinogradGeometry
 from runtime.contract import FUSED_CONV
@@ -94,17 +96,34 @@ def _eligible(node: Node) -> bool:
 
 
 class UseWinograd(Pass):
+    """The lowering; in a ``--precision bf16`` compile (``bf16_engine`` "amx" / "dpbf16") only for
+    the convs that keep Winograd against bf16 direct under that engine's rules (``bf16_cost``)."""
+
     name = "use_winograd"
+
+    def __init__(self, bf16_engine: str | None = None) -> None:
+        self.bf16_engine = bf16_engine
 
     def run(self, graph: Graph) -> PassResult:
         modified = False
         for node in list(graph):
-            if node.graph is graph and _eligible(node):
+            if node.graph is graph and _eligible(node) and self._keeps(graph, node):
                 self._lower(graph, node)
                 modified = True
         if modified:
             graph.prune_constants()
         return PassResult(graph, modified)
+
+    def _keeps(self, graph: Graph, conv: Node) -> bool:
+        if self.bf16_engine is None:
+            return True
+        x, w, y = conv.input(0), conv.input(1), conv.outputs[0]
+        assert x is not None and w is not None and w.const is not None and y.shape is not None
+        static = not (x.is_symbolic or y.is_symbolic)
+        tile = tile_for(_smallest(y.shape[2], graph.symbols), _smallest(y.shape[3], graph.symbols))
+        m, c = (int(d) for d in w.const.shape[:2])
+        pixels = int(np.prod(y.shape)) // m if static else 0
+        return keeps_winograd(RULES[self.bf16_engine], c, m, pixels, tile, static)
 
     @staticmethod
     def _lower(graph: Graph, conv: Node) -> Node:
