@@ -103,8 +103,9 @@ class DpbfImage:
     output pixel's taps from a bfloat16 image of ``hp`` x ``wp`` pixels per image, zeros in the
     padding ("dpbfimg" rounds or copies the input into scratch so), or the input itself
     (``in_place``: bfloat16 codes already, no padding). Taken where C is even (a pair of k never
-    straddles two taps) and the image costs no more than the gathered windows (not a strided 1x1
-    of an fp32 input, which reads a fraction of its pixels). ``toff``: each tap's offset in codes
+    straddles two taps) and the image costs no more than the gathered windows (not a 1x1 of an
+    fp32 input that is strided, reading a fraction of its pixels, or gathered block by block,
+    rounding its rows on the stack). ``toff``: each tap's offset in codes
     from its window's first, (kh, kw) in the pack's order."""
 
     hp: int
@@ -113,10 +114,10 @@ class DpbfImage:
     toff: tuple[int, ...]
 
 
-def dpbf_image(g: ConvGeometry, a_bf16: bool) -> DpbfImage | None:
+def dpbf_image(g: ConvGeometry, a_bf16: bool, fused: bool) -> DpbfImage | None:
     c = int(g.c)
-    if c % 2 or (g.kh * g.kw == 1 and (g.sh > 1 or g.sw > 1) and not a_bf16):
-        return None
+    if c % 2 or (g.kh * g.kw == 1 and (fused or g.sh > 1 or g.sw > 1) and not a_bf16):
+        return None  # (a fused 1x1 of fp32 X rounds each block's rows on the stack: no image)
     flat = not g.rows.padded and not g.cols.padded
     hp = int(g.h) if flat else max(int(g.pt + g.h), int(g.rows.reach))
     wp = int(g.w) if flat else max(int(g.pl + g.w), int(g.cols.reach))
@@ -125,7 +126,7 @@ def dpbf_image(g: ConvGeometry, a_bf16: bool) -> DpbfImage | None:
 
 
 def _dpbf_image_nbytes(g: ConvGeometry) -> int:
-    d = dpbf_image(g, False)
+    d = dpbf_image(g, False, False)
     return 2 * int(g.batch) * d.hp * d.wp * int(g.c) if d is not None else 0
 
 
@@ -261,12 +262,13 @@ class ConvAmxKernel(CKernel):
         restrict = [True, True] + [True] * has_bias + [False] * has_res + [True, True] * pre + [False, True]
         p, m, k = _pixels(g), int(g.m), int(g.k)
         amx = amx_bf16(p, m, k)
+        fused = amx_fused(g, amx)
         ctx = ConvAmxContext(params=params(names, args, restrict), t=choose_tiling(p, m, k, target, B_PANEL),
                              e=e, amx=amx, conv=g,
                              parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g),
-                             fused=amx_fused(g, amx),
+                             fused=fused,
                              pre_relu=int(node.attrs.get("pre_relu", 0)) if pre else None,
-                             a_bf16=a_bf16, y_bf16=y_bf16, dimg=dpbf_image(g, a_bf16))
+                             a_bf16=a_bf16, y_bf16=y_bf16, dimg=dpbf_image(g, a_bf16, fused))
         return StepCode("c/conv_amx.c.j2", ctx, tuple(args))
 
 
