@@ -101,11 +101,11 @@ def amx_fused(g: ConvGeometry, amx: AmxBf16) -> bool:
 class DpbfImage:
     """The vdpbf16ps path's windows read in place (``templates/c/gemm_dpbf16.c.j2``, "dpbfc"): each
     output pixel's taps from a bfloat16 image of ``hp`` x ``wp`` pixels per image, zeros in the
-    padding ("dpbfimg" rounds or copies the input into scratch so), or the input itself
-    (``in_place``: bfloat16 codes already, no padding). Taken where C is even (a pair of k never
-    straddles two taps) and the image costs no more than the gathered windows (not a 1x1 of an
-    fp32 input that is strided, reading a fraction of its pixels, or gathered block by block,
-    rounding its rows on the stack). ``toff``: each tap's offset in codes
+    padding ("dpbfimg" rounds the input into scratch so), or from the input itself (``in_place``:
+    bfloat16 codes already; a tap in the padding reads a row of zeros). Taken where C is even (a
+    pair of k never straddles two taps) and the image costs no more than the gathered windows (not
+    a 1x1 of an fp32 input that is strided, reading a fraction of its pixels, or gathered block by
+    block, rounding its rows on the stack). ``toff``: each tap's offset in codes
     from its window's first, (kh, kw) in the pack's order."""
 
     hp: int
@@ -122,7 +122,7 @@ def dpbf_image(g: ConvGeometry, a_bf16: bool, fused: bool) -> DpbfImage | None:
     hp = int(g.h) if flat else max(int(g.pt + g.h), int(g.rows.reach))
     wp = int(g.w) if flat else max(int(g.pl + g.w), int(g.cols.reach))
     toff = tuple((kh * g.dh * wp + kw * g.dw) * c for kh in range(int(g.kh)) for kw in range(int(g.kw)))
-    return DpbfImage(hp=hp, wp=wp, in_place=flat and a_bf16, toff=tuple(int(t) for t in toff))
+    return DpbfImage(hp=hp, wp=wp, in_place=a_bf16, toff=tuple(int(t) for t in toff))
 
 
 def _dpbf_image_nbytes(g: ConvGeometry) -> int:
