@@ -17,7 +17,10 @@ build carries the AMX loop as inline asm and takes it where the CPU has AMX-BF16
   1x1 of two images) and taps read in place (C = 32 / 64: 3x3 and 5x5 with padding, odd sizes,
   stride 2), and windows gathered block by block (several taps: a 7x7 stride-2 stem of 3 channels,
   3x3 of 16 and 48), against onnxruntime on the bf16-rounded weights (and, on AMX, inputs) with the same
-  checks.
+  checks; on the vdpbf16ps path the windows read in place from a bf16 image wherever C is even
+  (a dilated 3x3 of 34 channels too, odd pixel counts: the last block's rows past them), gathered
+  block by block for the 3-channel stem and the 1x1s of a small B, through scratch for a strided
+  1x1.
 AMX runs skip with the reason where the CPU lacks AMX-BF16.
 """
 
@@ -179,14 +182,25 @@ CONVS = {"gather_pad": (1, 16, 9, 9, 96, 3, 1, 1), "gather_1x1": (2, 40, 7, 7, 3
          "gather_deep": (1, 16, 15, 13, 48, 3, 1, 1), "stem_7x7": (1, 3, 29, 31, 64, 7, 2, 3),
          "small_1x1": (1, 64, 12, 10, 64, 1, 1, 0),
          "gather_s2": (1, 48, 14, 14, 40, 3, 2, 1), "taps_3x3": (2, 32, 13, 17, 48, 3, 1, 1),
-         "taps_5x5": (1, 64, 20, 14, 48, 5, 1, 2), "taps_s2": (1, 32, 30, 27, 50, 3, 2, 1)}
+         "taps_5x5": (1, 64, 20, 14, 48, 5, 1, 2), "taps_s2": (1, 32, 30, 27, 50, 3, 2, 1),
+         "gather_dilated": (1, 34, 11, 13, 40, 3, 1, 2, 2), "taps_1x1_s2": (1, 64, 15, 13, 64, 1, 2, 0)}
+# (a ninth field: the dilation.) The vdpbf16ps path reads the windows in place from a bf16 image
+# ("dpbfc": C even, not a 1x1 of fp32 input that is strided or gathered block by block), else
+# gathers them block by block ("dpbfg", where the AMX path does) or through scratch ("amxa" + "dpbf")
+
+
+def _in_place(name: str) -> bool:
+    """The vdpbf16ps path of case ``name`` reads its windows in place (see above)."""
+    c, k, s = CONVS[name][1], CONVS[name][5], CONVS[name][6]
+    return c % 2 == 0 and not (k == 1 and (s > 1 or name in FUSED))
 
 
 def _conv_model(case: tuple[int, ...], w: np.ndarray) -> onnx.ModelProto:
-    n, c, h, wd, m, k, s, p = case
-    oh, ow = (h + 2 * p - k) // s + 1, (wd + 2 * p - k) // s + 1
+    n, c, h, wd, m, k, s, p = case[:8]
+    d = case[8] if len(case) > 8 else 1
+    oh, ow = (h + 2 * p - d * (k - 1) - 1) // s + 1, (wd + 2 * p - d * (k - 1) - 1) // s + 1
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", kernel_shape=[k, k],
-                              strides=[s, s], pads=[p] * 4),
+                              strides=[s, s], pads=[p] * 4, dilations=[d, d]),
              helper.make_node("Add", ["c", "z"], ["s"], name="residual"),
              helper.make_node("Relu", ["s"], ["y"], name="relu")]
     bias = np.linspace(-1, 1, m, dtype=np.float32)
@@ -238,3 +252,6 @@ def test_conv_on_each_path(conv_arts: dict, case: str, path: str, monkeypatch: p
     text = (art / "kernels" / "cpu" / "model.c").read_text()
     assert ("_amxtap_task" in text) == case.startswith("taps") and "zp" in text  # the residual fused
     assert ("_amxg_task" in text) == (case in FUSED)
+    in_place = _in_place(case)
+    assert ("_dpbfc_task" in text) == in_place
+    assert ("_dpbfg_task" in text) == (case in FUSED and not in_place)

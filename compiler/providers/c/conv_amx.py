@@ -98,6 +98,39 @@ def amx_fused(g: ConvGeometry, amx: AmxBf16) -> bool:
 
 
 @dataclass(frozen=True)
+class DpbfImage:
+    """The vdpbf16ps path's windows read in place (``templates/c/gemm_dpbf16.c.j2``, "dpbfc"): each
+    output pixel's taps from a bfloat16 image of ``hp`` x ``wp`` pixels per image, zeros in the
+    padding ("dpbfimg" rounds the input into scratch so), or from the input itself (``in_place``:
+    bfloat16 codes already; a tap in the padding reads a row of zeros). Taken where C is even (a
+    pair of k never straddles two taps) and the image costs no more than the gathered windows (not
+    a 1x1 of an fp32 input that is strided, reading a fraction of its pixels, or gathered block by
+    block, rounding its rows on the stack). ``toff``: each tap's offset in codes
+    from its window's first, (kh, kw) in the pack's order."""
+
+    hp: int
+    wp: int
+    in_place: bool
+    toff: tuple[int, ...]
+
+
+def dpbf_image(g: ConvGeometry, a_bf16: bool, fused: bool) -> DpbfImage | None:
+    c = int(g.c)
+    if c % 2 or (g.kh * g.kw == 1 and (fused or g.sh > 1 or g.sw > 1) and not a_bf16):
+        return None  # (a fused 1x1 of fp32 X rounds each block's rows on the stack: no image)
+    flat = not g.rows.padded and not g.cols.padded
+    hp = int(g.h) if flat else max(int(g.pt + g.h), int(g.rows.reach))
+    wp = int(g.w) if flat else max(int(g.pl + g.w), int(g.cols.reach))
+    toff = tuple((kh * g.dh * wp + kw * g.dw) * c for kh in range(int(g.kh)) for kw in range(int(g.kw)))
+    return DpbfImage(hp=hp, wp=wp, in_place=a_bf16, toff=tuple(int(t) for t in toff))
+
+
+def _dpbf_image_nbytes(g: ConvGeometry) -> int:
+    d = dpbf_image(g, False, False)
+    return 2 * int(g.batch) * d.hp * d.wp * int(g.c) if d is not None else 0
+
+
+@dataclass(frozen=True)
 class ConvAmxContext(KernelContext):
     t: Tiling  # the fallback's tile over P x M x K (also the AMX path's sizes: t.m, t.n, t.k)
     e: Epilogue
@@ -109,6 +142,7 @@ class ConvAmxContext(KernelContext):
     pre_relu: int | None = None  # X * S + T (then Relu where 1) in the input pass (fuse_conv_prescale)
     a_bf16: bool = False  # X is bfloat16 codes (bf16_link)
     y_bf16: bool = False  # the output is stored as bfloat16 codes
+    dimg: DpbfImage | None = None  # the vdpbf16ps path reads its windows in place
 
 
 def _geometry(node: Node) -> ConvGeometry | None:
@@ -212,7 +246,7 @@ class ConvAmxKernel(CKernel):
         gathered = bf16_scratch_nbytes(_pixels(g), int(g.m), int(g.k), 4 * _pixels(g) * int(g.k))
         image = 2 * int(g.batch * g.h * g.w * g.c)  # the fused path's bf16 copy of the input
         wide = 4 * _pixels(g) * (int(g.k) + int(g.m)) if bf16_link(node.outputs[0]) else 0  # (fallback)
-        return max(gathered, 2 * taps.elems if taps is not None else 0, image, wide)
+        return max(gathered, 2 * taps.elems if taps is not None else 0, image, wide, _dpbf_image_nbytes(g))
 
     def build(self, step: GenStep, target: TargetInfo) -> StepCode:
         node = step.node
@@ -228,12 +262,13 @@ class ConvAmxKernel(CKernel):
         restrict = [True, True] + [True] * has_bias + [False] * has_res + [True, True] * pre + [False, True]
         p, m, k = _pixels(g), int(g.m), int(g.k)
         amx = amx_bf16(p, m, k)
+        fused = amx_fused(g, amx)
         ctx = ConvAmxContext(params=params(names, args, restrict), t=choose_tiling(p, m, k, target, B_PANEL),
                              e=e, amx=amx, conv=g,
                              parallel=2 * p * m * k >= PARALLEL_MIN_WORK, taps=amx_taps(g),
-                             fused=amx_fused(g, amx),
+                             fused=fused,
                              pre_relu=int(node.attrs.get("pre_relu", 0)) if pre else None,
-                             a_bf16=a_bf16, y_bf16=y_bf16)
+                             a_bf16=a_bf16, y_bf16=y_bf16, dimg=dpbf_image(g, a_bf16, fused))
         return StepCode("c/conv_amx.c.j2", ctx, tuple(args))
 
 
