@@ -30,6 +30,7 @@ from compiler.passes.fuse_conv_prescale import FuseConvPrescale
 from compiler.passes.fuse_dynamic_qgemm import FuseDynamicQGemm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
+from compiler.passes.fuse_qconv_add import FuseQConvAdd
 from compiler.passes.fuse_qconv_lookup import FuseQConvLookup
 from compiler.passes.fuse_qgemm_add import FuseQGemmAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
@@ -176,6 +177,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
     passes += [FuseQConvLookup(), ComposeQBinary()] if cpu2 else []  # after the convs are packed
+    passes += [FuseQConvAdd()] if cpu2 else []  # a QDQ residual Add (QBinary) into the conv's store
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
         passes += [FuseQGemmAdd()]  # a QDQ bias / residual Add (QBinary) into its requantizing epilogue

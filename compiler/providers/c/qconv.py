@@ -34,6 +34,7 @@ from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import arg
 from compiler.providers.c.common import params
 from compiler.providers.c.conv import pool_condition
+from compiler.providers.c.qgemm import add_literals
 from compiler.providers.c.qgemm import amx_target
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import _conv
@@ -42,13 +43,27 @@ from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import PACKED_QCONV
 
-__all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "Requant", "MR"]
+__all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "QAdd", "Requant", "MR"]
 
 MR = 6  # output channels per register tile (x 4 vectors of 16 pixels: 24 accumulators)
 MIN_ITEMS = 8  # work items a conv aims for, so that threads get balanced shares
 PREPACK_ITEMS = 4  # "prepack"'s items, at least: each packs a range of k of a panel
 AMX_MIN_ITEMS = 4  # the AMX loop's: its items cost mostly their packing, done once per item
 _CTYPES = {np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.int32): "int32_t"}
+
+
+@dataclass(frozen=True)
+class QAdd:
+    """QBinary's Add after the store (qconv_common.c.j2, ``add_row``): each code q becomes
+    saturate(rint(ry (q - az) + ra (addend - za) + zc)) in float64, in [lo, hi]."""
+
+    ry: str  # C double literals: the float32 ratios A_scale / Out_scale, Addend_scale / Out_scale
+    ra: str
+    az: int  # the zero points: the codes' (as the Add reads them), the addend's, the output's
+    za: int
+    zc: int
+    lo: int  # the output type's range
+    hi: int
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,7 @@ class Requant:
     out_ctype: str
     lut: bool = False  # the code then mapped through the channel's row of Lut (M x 256, + 4 bytes)
     small: bool = False  # every |scale| < SMALL_SCALE (the vector store's int32 rounding then holds)
+    add: QAdd | None = None  # the codes then through QBinary's Add with `addend` (the output's shape)
 
 
 SMALL_SCALE = 0.999  # |acc * scale| < 2^31 - 2^21 for any int32 acc: rint(product) + y_zero fits int32
@@ -221,7 +237,9 @@ class QConvKernel(CKernel):
         x, y = node.input(0), node.outputs[0]
         if g is None or x is None or x.dtype not in _CTYPES or y.dtype not in _CTYPES:
             return False
-        if x.dtype == np.int32 or len(node.inputs) > 6 or not _weights_ok(node, g):
+        if x.dtype == np.int32 or len(node.inputs) > 13 or not _weights_ok(node, g):
+            return False
+        if node.input(6) is not None and (node.input(4) is None or not _addend_ok(node)):
             return False
         corr, wz, scale = node.input(2), node.input(3), node.input(4)
         if _shape(corr) != (g.m,) or (wz is not None and _shape(wz) != (g.m,)):
@@ -248,7 +266,7 @@ class QConvKernel(CKernel):
         assert x is not None and x.dtype is not None and y.dtype is not None
         a = node.attrs
         quant = Requant(node.input(4) is not None, int(a["y_zero"]), int(a["qmin"]), int(a["qmax"]),
-                        _CTYPES[y.dtype], node.input(5) is not None, small_scales(node.input(4)))
+                        _CTYPES[y.dtype], node.input(5) is not None, small_scales(node.input(4)), _add(node))
         work = 2 * g.batch * g.m * g.oh * g.ow * g.k
         if a["method"] == "depthwise":
             ctx = _depthwise_context(g, step_params, _CTYPES[x.dtype], int(a["x_zero"]), quant, work)
@@ -283,14 +301,40 @@ def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], q
     )
 
 
+def _addend_ok(node: Node) -> bool:
+    """Addend: codes of the output's type and shape; A_scale, Addend_scale, Out_scale constant
+    float32 scalars, the zero points absent or constant scalars of the output's type."""
+    y, addend = node.outputs[0], node.input(6)
+    if addend is None or addend.dtype != y.dtype or addend.shape != y.shape or y.dtype not in _CTYPES:
+        return False
+    scales = [node.input(k) for k in (7, 9, 11)]
+    zeros = [node.input(k) for k in (8, 10, 12)]
+    return (all(v is not None and v.const is not None and v.const.size == 1 and v.dtype == np.float32
+                for v in scales)
+            and all(v is None or (v.const is not None and v.const.size == 1 and v.dtype == y.dtype)
+                    for v in zeros))
+
+
+def _add(node: Node) -> QAdd | None:
+    """The store's Add (``Requant.add``), None without an Addend."""
+    if node.input(6) is None:
+        return None
+    ry, ra, za, zc = add_literals(*(node.input(k) for k in (7, 9, 10, 11, 12)))
+    az = node.input(8)
+    info = np.iinfo(node.outputs[0].dtype)
+    return QAdd(ry, ra, 0 if az is None else int(np.asarray(az.const).reshape(-1)[0]), za, zc,
+                int(info.min), int(info.max))
+
+
 def _operands(step: GenStep) -> tuple[list[Arg], tuple[Param, ...]]:
-    """x, wp, corr, wz?, scale?, lut?, y, scratch? as the step function's parameters."""
+    """x, wp, corr, wz?, scale?, lut?, addend?, y, scratch? as the step function's parameters (the
+    Add's scales and zero points are literals in the code)."""
     node = step.node
     x, y = node.input(0), node.outputs[0]
     assert x is not None and x.dtype is not None and y.dtype is not None
     wtype = "int16_t" if node.attrs["method"] == "depthwise" else "int8_t"
     roles = [("x", _CTYPES[x.dtype]), ("wp", wtype), ("corr", "int32_t"), ("wz", "int32_t"),
-             ("scale", "float"), ("lut", _CTYPES[y.dtype])]
+             ("scale", "float"), ("lut", _CTYPES[y.dtype]), ("addend", _CTYPES[y.dtype])]
     names: list[str] = []
     args: list[Arg] = []
     for i, (name, ctype) in enumerate(roles):
