@@ -165,7 +165,8 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
     column panels (``pack_gemm_weights``), integer convolutions' weights packed
-    (``pack_qconv_weights``), multi-head attention as one step (``fuse_attention``),
+    (``pack_qconv_weights``; a QDQ residual Add into the conv's store: ``fuse_qconv_add``),
+    multi-head attention as one step (``fuse_attention``),
     and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
