@@ -148,6 +148,15 @@ C_FOLDABLE = frozenset({
 })
 
 
+# fuse_qconv_add (a QDQ residual Add into PackedQConv's store: bit-exact, one step fewer) is off:
+# measured 2026-12-08 on the AMD EPYC Zen 4 (2 cores, AVX512-VNNI), alternating profiled runs, the
+# fused convs' store costs more than the QBinary steps it removes (its float64 Add is what costs:
+# with a trivial Add the fused convs take +3-5% and the graph -1 ms): ResNet-50 QDQ steps 17.2 vs
+# 16.6-16.8 ms (bench_int8: int8 / our fp32 0.553 vs 0.536), `--quantize int8` 22.5 vs 21.9 ms.
+# On where a cheaper exact Add lands (tests/test_qconv_add.py turns it on).
+FUSE_QCONV_ADD = False
+
+
 def _c_claims(node: Node) -> bool:
     """Whether fold_qdq may make ``node`` for the C target: a kind of ``C_FOLDABLE`` the C provider
     runs, as it is or once the C lowerings below take it (integer convs and GEMMs with constant
@@ -165,8 +174,8 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
     column panels (``pack_gemm_weights``), integer convolutions' weights packed
-    (``pack_qconv_weights``; a QDQ residual Add into the conv's store: ``fuse_qconv_add``),
-    multi-head attention as one step (``fuse_attention``),
+    (``pack_qconv_weights``; a QDQ residual Add into the conv's store: ``fuse_qconv_add``, where
+    ``FUSE_QCONV_ADD``), multi-head attention as one step (``fuse_attention``),
     and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
@@ -178,7 +187,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
     passes += [FuseQConvLookup(), ComposeQBinary()] if cpu2 else []  # after the convs are packed
-    passes += [FuseQConvAdd()] if cpu2 else []  # a QDQ residual Add (QBinary) into the conv's store
+    passes += [FuseQConvAdd()] if cpu2 and FUSE_QCONV_ADD else []  # a QDQ residual Add into the conv
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
         passes += [FuseQGemmAdd()]  # a QDQ bias / residual Add (QBinary) into its requantizing epilogue

@@ -54,7 +54,7 @@ _CTYPES = {np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(
 
 @dataclass(frozen=True)
 class QAdd:
-    """QBinary's Add after the store (qconv_common.c.j2, ``add_row``): each code q becomes
+    """QBinary's Add in the store (qconv_common.c.j2: ``add16``, ``store_scalar``): each code q becomes
     saturate(rint(ry (q - az) + ra (addend - za) + zc)) in float64, in [lo, hi]."""
 
     ry: str  # C double literals: the float32 ratios A_scale / Out_scale, Addend_scale / Out_scale
