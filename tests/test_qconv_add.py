@@ -8,7 +8,8 @@ shortcut (an input, or a projection conv), quantized with a zero point at the bo
 (the Relu). ``fold_qdq`` makes a QLinearConv and a QBinary Add; fused, the conv computes the Add:
 one step fewer, the unfused C steps' bits and those of the reference kernels on the fused graph, on
 odd channel counts and strided convs, "gemm" and "depthwise", the VNNI tile (run-time, the default)
-and the pmaddwd tile (ONNX_AOT_INT8_NO_VNNI), the portable build, 1 and 2 threads.
+and the pmaddwd tile (ONNX_AOT_INT8_NO_VNNI), the Add's int32 and float64 AVX-512 lanes, the
+portable build, 1 and 2 threads.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from compiler.ir.evaluate import evaluate
 from compiler.passes import optimize
 from compiler.passes.base import Pass
 from compiler.passes.base import PassResult
+from compiler.providers.c.qconv import qconv_add
 from runtime import Session
 from tests.cpu_targets import host_runs
 from tests.support.qdq_models import QdqBuilder
@@ -66,7 +68,7 @@ def _block(kind: str, dtype: type) -> tuple[onnx.ModelProto, dict[str, tuple[int
         shortcut = b.qdq(_conv(b, x, m, C, 1, stride), 0.0388, z - 2)
     else:
         inputs["r"] = (1, m, oh, ow)
-        shortcut = b.qdq("r", 0.0302, z + 11)
+        shortcut = b.qdq("r", 3e-8 if kind == "float64" else 0.0302, z + 11)
     operands = [shortcut, y] if kind == "strided" else [y, shortcut]
     out = b.qdq(b.node("Add", operands), 0.0519, lo)
     return b.model(inputs, [out]), inputs
@@ -96,7 +98,7 @@ def _steps(art: Path) -> collections.Counter[str]:
     return collections.Counter(s["op_type"] for s in plan["steps"])
 
 
-KINDS = ["plain", "strided", "lut", "depthwise", "projection"]
+KINDS = ["plain", "strided", "lut", "depthwise", "projection", "float64"]  # float64: a ratio of 6e-7
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8], ids=["s8", "u8"])
@@ -109,6 +111,9 @@ def test_residual_add_in_the_conv_gives_the_unfused_bits(tmp_path: Path, monkeyp
     graph = optimize(import_model(model), 3, target="cpu")
     kinds = collections.Counter(node.op_type for node in graph)
     assert kinds["QBinary"] == 0 and kinds["PackedQConv"] == (2 if kind == "projection" else 1), kinds
+    conv = next(node for node in graph if node.op_type == "PackedQConv" and node.input(6) is not None)
+    add = qconv_add(conv)  # the AVX-512 store's int32 lanes where exact, else its float64 lanes
+    assert add is not None and (add.fixed is None) == (kind == "float64"), add
     fused = compile_model(model, tmp_path / "fused", golden_cases=0)
     with monkeypatch.context() as patch:
         patch.setattr(manager, "FuseQConvAdd", _Off)

@@ -149,11 +149,12 @@ C_FOLDABLE = frozenset({
 
 
 # fuse_qconv_add (a QDQ residual Add into PackedQConv's store: bit-exact, one step fewer) is off:
-# measured 2026-12-08 on the AMD EPYC Zen 4 (2 cores, AVX512-VNNI), alternating profiled runs, the
-# fused convs' store costs more than the QBinary steps it removes (its float64 Add is what costs:
-# with a trivial Add the fused convs take +3-5% and the graph -1 ms): ResNet-50 QDQ steps 17.2 vs
-# 16.6-16.8 ms (bench_int8: int8 / our fp32 0.553 vs 0.536), `--quantize int8` 22.5 vs 21.9 ms.
-# On where a cheaper exact Add lands (tests/test_qconv_add.py turns it on).
+# measured 2026-12-08 on the AMD EPYC Zen 4 (2 cores, AVX512-VNNI), alternating profiled runs in one
+# process, it does not pay yet. With the Add in float64 lanes the fused convs cost more than the
+# QBinary steps they remove (ResNet-50 QDQ steps 17.2 vs 16.6-16.8 ms); in int32 lanes (fixed_add,
+# where exact) about as much: QDQ 16.75 vs 16.81 and 17.55 vs 17.64 ms, `--quantize int8` 20.95 vs
+# 20.91 ms (bench_int8 int8 / our fp32 0.537-0.557 on, 0.536-0.553 off: noise). A trivial Add costs
+# the fused convs +3-5% and saves 1 ms: the Add's arithmetic is what is left to cut (tests turn it on).
 FUSE_QCONV_ADD = False
 
 
