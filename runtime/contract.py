@@ -141,8 +141,11 @@ _TABLE = (
         b_type=REQUIRED, output=REQUIRED, dynamic=0, **NO_ACTIVATION),
     _op("MultiHeadAttention", "Q K V mask?", scale=REQUIRED),
     # QLinearConv / ConvInteger on weights packed ahead of time (runtime/kernels/qconv.py)
-    # Lut: codes of channel m mapped through row m of an (M, 256) table, stored flat + 4 bytes
-    _op("PackedQConv", "X Wp Corr Wz? Scale? Lut?", **_CONV, method=REQUIRED, x_zero=REQUIRED, y_zero=0,
+    # Lut: codes of channel m mapped through row m of an (M, 256) table, stored flat + 4 bytes;
+    # Addend (the output's shape and type): the codes then through QBinary's Add with it (A_scale,
+    # A_zero: the codes' quantization as the Add reads them; Out_*: the result's)
+    _op("PackedQConv", "X Wp Corr Wz? Scale? Lut? Addend? A_scale? A_zero? Addend_scale? Addend_zero? "
+        "Out_scale? Out_zero?", **_CONV, method=REQUIRED, x_zero=REQUIRED, y_zero=0,
         qmin=REQUIRED, qmax=REQUIRED),
     _op("FusedElementwise", "X...", program=REQUIRED),
     _op("If", "cond V...", then_branch=REQUIRED, else_branch=REQUIRED, **{BODIES: None}),

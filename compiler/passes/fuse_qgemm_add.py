@@ -39,7 +39,7 @@ from compiler.passes.use_qgemm import sized
 from runtime.contract import Q_BINARY
 from runtime.contract import QGEMM
 
-__all__ = ["FuseQGemmAdd"]
+__all__ = ["FuseQGemmAdd", "absorb", "add_operands"]
 
 _ADDEND = 10  # QGemm's input index of the addend (then its scale, zero, the output's scale, zero)
 _LUT = 15  # of the lookup table
@@ -63,11 +63,13 @@ def _same_const(a: Value | None, b: Value | None) -> bool:
     return same_type and float(va.reshape(-1)[0]) == float(vb.reshape(-1)[0])
 
 
-def _addend(gemm: Node, add: Node, codes: tuple[Value | None, Value | None]) -> tuple[int, Value] | None:
-    """(the QBinary's input index of the QGemm's codes: 0 or 3, the other operand) when ``add``
-    can go into ``gemm``'s epilogue; ``codes``: the scale and zero point of the QGemm's codes,
-    which the QBinary must read them with."""
-    y = gemm.outputs[0]
+def add_operands(y: Value, add: Node | None) -> tuple[int, Value] | None:
+    """(the QBinary's input index of y: 0 or 3, the other operand) where ``add`` is a QBinary Add of
+    y (once) and another value of y's type, its one result of y's type and shape, its scales
+    constant float32 scalars and its zero points absent or constant scalars of y's type: an Add an
+    integer step's requantizing epilogue can compute (here and compiler/passes/fuse_qconv_add.py)."""
+    if add is None or add.kind != Q_BINARY or y.dtype is None:
+        return None
     ins = list(add.inputs) + [None] * (8 - len(add.inputs))
     if add.attrs.get("op") != "Add" or len(add.outputs) != 1 or (ins[0] is y) == (ins[3] is y):
         return None
@@ -80,7 +82,19 @@ def _addend(gemm: Node, add: Node, codes: tuple[Value | None, Value | None]) -> 
         return None
     if not all(ins[k] is None or _scalar(ins[k], dtype) for k in (2, 5, 7)):
         return None
-    if not (_same_const(ins[mine + 1], codes[0]) and _same_const(ins[mine + 2], codes[1])):
+    return mine, other
+
+
+def _addend(gemm: Node, add: Node, codes: tuple[Value | None, Value | None]) -> tuple[int, Value] | None:
+    """(the QBinary's input index of the QGemm's codes: 0 or 3, the other operand) when ``add``
+    can go into ``gemm``'s epilogue; ``codes``: the scale and zero point of the QGemm's codes,
+    which the QBinary must read them with."""
+    y = gemm.outputs[0]
+    found = add_operands(y, add)
+    if found is None:
+        return None
+    mine, other = found
+    if not (_same_const(add.input(mine + 1), codes[0]) and _same_const(add.input(mine + 2), codes[1])):
         return None
     n = int(gemm.attrs["n"])
     row = other.const is not None and sized(other, n)
@@ -100,7 +114,7 @@ def _fuse_add(graph: Graph, gemm: Node, slot: int) -> Node | None:
         return None
     y = gemm.outputs[0]
     add = sole_consumer(graph, y)
-    if add is None or add.kind != Q_BINARY or y.dtype is None:
+    if add is None or y.dtype is None:
         return None
     codes = (ins_now[7], ins_now[8]) if slot == _ADDEND else (ins_now[13], ins_now[14])
     found = _addend(gemm, add, codes)
@@ -116,9 +130,7 @@ def _fuse_add(graph: Graph, gemm: Node, slot: int) -> Node | None:
     params[8] = _zero(graph, params[8], f"{base}_y_zero", y.dtype)
     inputs = [*params, other, ins[theirs + 1], _zero(graph, ins[theirs + 2], f"{base}_addend_zero", y.dtype),
               ins[6], _zero(graph, ins[7], f"{base}_out_zero", y.dtype)]
-    new = Node(gemm.op_type, inputs, list(add.outputs), dict(gemm.attrs), name=gemm.name, domain=gemm.domain,
-               origin=merged_origin([gemm, add]))
-    return replace_nodes(graph, [gemm, add], new)
+    return absorb(graph, gemm, add, inputs)
 
 
 def _fuse_lookup(graph: Graph, gemm: Node) -> bool:
@@ -131,12 +143,18 @@ def _fuse_lookup(graph: Graph, gemm: Node) -> bool:
         return False
     padded = np.concatenate([table, np.zeros(4, table.dtype)])
     inputs[_LUT] = add_constant(graph, f"{lookup.name}_lut", padded)
+    absorb(graph, gemm, lookup, inputs)
+    return True
+
+
+def absorb(graph: Graph, node: Node, after: Node, inputs: list[Value | None]) -> Node:
+    """``node`` with ``inputs`` (trailing Nones dropped) and ``after``'s outputs in place of both:
+    ``after`` (``node``'s output's one use) computed in ``node``'s epilogue."""
     while inputs[-1] is None:
         inputs.pop()
-    new = Node(gemm.op_type, inputs, list(lookup.outputs), dict(gemm.attrs), name=gemm.name,
-               domain=gemm.domain, origin=merged_origin([gemm, lookup]))
-    replace_nodes(graph, [gemm, lookup], new)
-    return True
+    new = Node(node.op_type, inputs, list(after.outputs), dict(node.attrs), name=node.name,
+               domain=node.domain, origin=merged_origin([node, after]))
+    return replace_nodes(graph, [node, after], new)
 
 
 def _fuse(graph: Graph, gemm: Node) -> bool:

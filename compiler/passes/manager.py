@@ -30,6 +30,7 @@ from compiler.passes.fuse_conv_prescale import FuseConvPrescale
 from compiler.passes.fuse_dynamic_qgemm import FuseDynamicQGemm
 from compiler.passes.fuse_elementwise import FuseElementwise
 from compiler.passes.fuse_matmul_add import FuseMatMulAdd
+from compiler.passes.fuse_qconv_add import FuseQConvAdd
 from compiler.passes.fuse_qconv_lookup import FuseQConvLookup
 from compiler.passes.fuse_qgemm_add import FuseQGemmAdd
 from compiler.passes.layout_nhwc import LayoutNhwc
@@ -147,6 +148,16 @@ C_FOLDABLE = frozenset({
 })
 
 
+# fuse_qconv_add (a QDQ residual Add into PackedQConv's store: bit-exact, one step fewer) is off:
+# measured 2026-12-08 on the AMD EPYC Zen 4 (2 cores, AVX512-VNNI), alternating profiled runs in one
+# process, it does not pay yet. With the Add in float64 lanes the fused convs cost more than the
+# QBinary steps they remove (ResNet-50 QDQ steps 17.2 vs 16.6-16.8 ms); in int32 lanes (fixed_add,
+# where exact) about as much: QDQ 16.75 vs 16.81 and 17.55 vs 17.64 ms, `--quantize int8` 20.95 vs
+# 20.91 ms (bench_int8 int8 / our fp32 0.537-0.557 on, 0.536-0.553 off: noise). A trivial Add costs
+# the fused convs +3-5% and saves 1 ms: the Add's arithmetic is what is left to cut (tests turn it on).
+FUSE_QCONV_ADD = False
+
+
 def _c_claims(node: Node) -> bool:
     """Whether fold_qdq may make ``node`` for the C target: a kind of ``C_FOLDABLE`` the C provider
     runs, as it is or once the C lowerings below take it (integer convs and GEMMs with constant
@@ -165,7 +176,8 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
 
     For the C target at level 2 and up: the constant B of a Gemm stored packed in the C tile's
     column panels (``pack_gemm_weights``), integer convolutions' weights packed
-    (``pack_qconv_weights``), multi-head attention as one step (``fuse_attention``),
+    (``pack_qconv_weights``; a QDQ residual Add into the conv's store: ``fuse_qconv_add``, where
+    ``FUSE_QCONV_ADD``), multi-head attention as one step (``fuse_attention``),
     and 3x3 stride-1 convolutions as Winograd F(4x4 / 2x2, 3x3)
     (``use_winograd``, unless ``winograd`` is False; it must see the convolutions with BatchNorm
     and epilogues already folded in). At level 3 the convolution regions then go NHWC
@@ -179,6 +191,7 @@ def lowerings_for(level: int, target: str, winograd: bool = True, precision: str
     cpu2 = level >= 2 and target == "cpu"
     passes: list[Pass] = [PackGemmWeights(precision), PackQConvWeights(), FuseAttention()] if cpu2 else []
     passes += [FuseQConvLookup(), ComposeQBinary()] if cpu2 else []  # after the convs are packed
+    passes += [FuseQConvAdd()] if cpu2 and FUSE_QCONV_ADD else []  # a QDQ residual Add into the conv
     if cpu2:
         passes += [UseQGemm()]  # the integer GEMM (quantize_dynamic's chains: fuse_dynamic_qgemm)
         passes += [FuseQGemmAdd()]  # a QDQ bias / residual Add (QBinary) into its requantizing epilogue

@@ -20,7 +20,9 @@ The accumulator is an int32 (sums wrap as int32 sums do). With Scale the output 
 ``clip(rint(acc * Scale[m]) + y_zero, qmin, qmax)`` in float64 (round half to even, exact for
 every int32 acc and float32 factor), Scale being ``x_scale * w_scale / y_scale`` in float32, as
 the ONNX reference forms it; ``qmin`` / ``qmax`` are the output type's range narrowed by a fused
-activation.
+activation. Lut? then maps each code through its channel's row of a table, and Addend? (codes of
+the output's shape and type, with A_scale? A_zero? Addend_scale? Addend_zero? Out_scale? Out_zero?)
+adds it to those codes as QBinary's Add does: the QDQ residual Add after a conv in one step.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from runtime.contract import PACKED_QCONV
 from runtime.kernels.common import fill_optional
 from runtime.kernels.common import finish
 from runtime.kernels.conv import conv
+from runtime.kernels.qoperator import binary_codes
 from runtime.kernels.registry import OutputSpec
 from runtime.kernels.registry import register
 
@@ -120,9 +123,11 @@ def _depthwise_acc(xp: Any, x: Any, wp: Any, attrs: dict[str, Any]) -> Any:
 @register(PACKED_QCONV)
 def packed_qconv_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
                         outputs: list[OutputSpec]) -> list[Any]:
-    """PackedQConv: X, Wp, Corr, Wz?, Scale?, Lut? -> the requantized (or int32) convolution; with
-    Lut (M rows of 256 then padding) each requantized code q of channel m becomes Lut[m, byte of q]."""
-    x, wp, corr, wz, scale, lut = fill_optional(PACKED_QCONV, inputs, 6)
+    """PackedQConv: X, Wp, Corr, Wz?, Scale?, Lut?, Addend?, A_scale? .. Out_zero? -> the requantized
+    (or int32) convolution; with Lut (M rows of 256 then padding) each requantized code q of channel
+    m becomes Lut[m, byte of q]; with Addend (the output's shape) those codes then go through
+    QBinary's Add with it (``binary_codes``, its scales and zero points the six inputs after it)."""
+    x, wp, corr, wz, scale, lut, addend, *add = fill_optional(PACKED_QCONV, inputs, 13)
     rank = x.ndim
     if attrs["method"] == "depthwise":
         acc = _depthwise_acc(xp, x, wp, attrs)
@@ -139,4 +144,7 @@ def packed_qconv_kernel(xp: Any, inputs: list[Any], attrs: dict[str, Any],
         m = int(corr.size)
         channel = np.arange(m).reshape((1, -1) + (1,) * (rank - 2))
         y = lut.reshape(-1)[: m * 256].reshape(m, 256)[channel, y.astype(np.int64).astype(np.uint8)]
-    return finish(xp, PACKED_QCONV, [y.astype(outputs[0][1])], outputs)
+    codes = y.astype(outputs[0][1])
+    if addend is not None:  # the residual Add after the conv (compiler/passes/fuse_qconv_add.py)
+        codes = binary_codes("Add", codes, np.asarray(addend).reshape(codes.shape), add, outputs[0][1])
+    return finish(xp, PACKED_QCONV, [codes], outputs)

@@ -20,6 +20,7 @@ runs on the reference kernels).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ from compiler.providers.c.common import StepCode
 from compiler.providers.c.common import arg
 from compiler.providers.c.common import params
 from compiler.providers.c.conv import pool_condition
+from compiler.providers.c.qgemm import add_literals
 from compiler.providers.c.qgemm import amx_target
 from compiler.providers.geometry import ConvGeometry
 from compiler.providers.geometry import _conv
@@ -41,14 +43,32 @@ from compiler.providers.geometry import claimed
 from compiler.providers.kit import KernelContext
 from compiler.providers.kit import Param
 from runtime.contract import PACKED_QCONV
+from runtime.kernels.qoperator import binary_codes
+from runtime.kernels.qoperator import binary_ratios
 
-__all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "Requant", "MR"]
+__all__ = ["QConvContext", "QDepthwiseContext", "QConvKernel", "QAdd", "Requant", "MR", "fixed_add",
+           "qconv_add"]
 
 MR = 6  # output channels per register tile (x 4 vectors of 16 pixels: 24 accumulators)
 MIN_ITEMS = 8  # work items a conv aims for, so that threads get balanced shares
 PREPACK_ITEMS = 4  # "prepack"'s items, at least: each packs a range of k of a panel
 AMX_MIN_ITEMS = 4  # the AMX loop's: its items cost mostly their packing, done once per item
 _CTYPES = {np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.int32): "int32_t"}
+
+
+@dataclass(frozen=True)
+class QAdd:
+    """QBinary's Add in the store (qconv_common.c.j2: ``add16``, ``store_scalar``): each code q becomes
+    saturate(rint(ry (q - az) + ra (addend - za) + zc)) in float64, in [lo, hi]."""
+
+    ry: str  # C double literals: the float32 ratios A_scale / Out_scale, Addend_scale / Out_scale
+    ra: str
+    az: int  # the zero points: the codes' (as the Add reads them), the addend's, the output's
+    za: int
+    zc: int
+    lo: int  # the output type's range
+    hi: int
+    fixed: tuple[int, int, int, int, int, int] | None = None  # the integer form's constants: ``fixed_add``
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,7 @@ class Requant:
     out_ctype: str
     lut: bool = False  # the code then mapped through the channel's row of Lut (M x 256, + 4 bytes)
     small: bool = False  # every |scale| < SMALL_SCALE (the vector store's int32 rounding then holds)
+    add: QAdd | None = None  # the codes then through QBinary's Add with `addend` (the output's shape)
 
 
 SMALL_SCALE = 0.999  # |acc * scale| < 2^31 - 2^21 for any int32 acc: rint(product) + y_zero fits int32
@@ -221,7 +242,9 @@ class QConvKernel(CKernel):
         x, y = node.input(0), node.outputs[0]
         if g is None or x is None or x.dtype not in _CTYPES or y.dtype not in _CTYPES:
             return False
-        if x.dtype == np.int32 or len(node.inputs) > 6 or not _weights_ok(node, g):
+        if x.dtype == np.int32 or len(node.inputs) > 13 or not _weights_ok(node, g):
+            return False
+        if node.input(6) is not None and (node.input(4) is None or not _addend_ok(node)):
             return False
         corr, wz, scale = node.input(2), node.input(3), node.input(4)
         if _shape(corr) != (g.m,) or (wz is not None and _shape(wz) != (g.m,)):
@@ -248,7 +271,8 @@ class QConvKernel(CKernel):
         assert x is not None and x.dtype is not None and y.dtype is not None
         a = node.attrs
         quant = Requant(node.input(4) is not None, int(a["y_zero"]), int(a["qmin"]), int(a["qmax"]),
-                        _CTYPES[y.dtype], node.input(5) is not None, small_scales(node.input(4)))
+                        _CTYPES[y.dtype], node.input(5) is not None, small_scales(node.input(4)),
+                        qconv_add(node))
         work = 2 * g.batch * g.m * g.oh * g.ow * g.k
         if a["method"] == "depthwise":
             ctx = _depthwise_context(g, step_params, _CTYPES[x.dtype], int(a["x_zero"]), quant, work)
@@ -283,14 +307,78 @@ def _gemm_context(node: Node, g: ConvGeometry, step_params: tuple[Param, ...], q
     )
 
 
+def _addend_ok(node: Node) -> bool:
+    """Addend: codes of the output's type and shape; A_scale, Addend_scale, Out_scale constant
+    float32 scalars, the zero points absent or constant scalars of the output's type."""
+    y, addend = node.outputs[0], node.input(6)
+    if addend is None or addend.dtype != y.dtype or addend.shape != y.shape or y.dtype not in _CTYPES:
+        return False
+    scales = [node.input(k) for k in (7, 9, 11)]
+    zeros = [node.input(k) for k in (8, 10, 12)]
+    return (all(v is not None and v.const is not None and v.const.size == 1 and v.dtype == np.float32
+                for v in scales)
+            and all(v is None or (v.const is not None and v.const.size == 1 and v.dtype == y.dtype)
+                    for v in zeros))
+
+
+def qconv_add(node: Node) -> QAdd | None:
+    """The store's Add (``Requant.add``), None without an Addend."""
+    if node.input(6) is None:
+        return None
+    ry, ra, za, zc = add_literals(*(node.input(k) for k in (7, 9, 10, 11, 12)))
+    az_value = node.input(8)
+    az = 0 if az_value is None else int(np.asarray(az_value.const).reshape(-1)[0])
+    dtype = np.dtype(node.outputs[0].dtype)
+    info = np.iinfo(dtype)
+    params = [None if v is None else v.const for v in (node.input(k) for k in range(7, 13))]
+    return QAdd(ry, ra, az, za, zc, int(info.min), int(info.max), fixed_add(params, dtype))
+
+
+def fixed_add(params: list[np.ndarray | None], dtype: np.dtype) -> tuple[int, int, int, int, int, int] | None:
+    """QBinary's Add of two 8-bit codes in int32 lanes (qconv_common.c.j2, add16): with ry = A / 2^E
+    and ra = B / 2^E (the float32 ratios, A and B integers), N = A (q - az) + B (b - za) + zc 2^E +
+    2^(E-1) is floor-divided by 2^E (ties, N a multiple of 2^E, back to even), A, B and N split at
+    bit 15 so that vpmaddwd forms the products: the constants (B_hi:A_hi, B_lo:A_lo as pairs of
+    int16, C_lo, C_hi, E - 15, 2^(E-15) - 1). Taken only where it gives ``binary_codes``' result for
+    every one of the 65536 pairs of codes (checked here: the same bits), else None (float64)."""
+    ratios = binary_ratios("Add", params[0], params[2], params[4])
+    exp = max(15, *(24 - math.frexp(r)[1] for r in ratios if r != 0.0))
+    big = [round(r * 2.0**exp) for r in ratios]
+    zeros = [0 if z is None else int(np.asarray(z).reshape(-1)[0]) for z in params[1::2]]
+    c = zeros[2] * 2**exp + 2 ** (exp - 1)
+    if any(v != r * 2.0**exp or abs(v) >= 2**29 for v, r in zip(big, ratios, strict=True)) or abs(c) >= 2**44:
+        return None
+    codes = np.arange(256).astype(np.uint8).view(dtype)
+    q, b = np.meshgrid(codes, codes, indexing="ij")
+    n = big[0] * (q.astype(np.int64) - zeros[0]) + big[1] * (b.astype(np.int64) - zeros[1]) + c
+    r = n >> exp
+    r -= ((n & (2**exp - 1)) == 0) & (r & 1 == 1)
+    info = np.iinfo(dtype)
+    want = binary_codes("Add", q, b, list(params), dtype)
+    if not np.array_equal(np.clip(r, info.min, info.max), want.astype(np.int64)):
+        return None
+    hi_pair = ((big[1] >> 15) << 16) | ((big[0] >> 15) & 0xFFFF)
+    lo_pair = ((big[1] & 0x7FFF) << 16) | (big[0] & 0x7FFF)
+    if (c >> 15) + 2**24 >= 2**31:
+        return None
+    return (_int32(hi_pair), _int32(lo_pair), c & 0x7FFF, c >> 15, exp - 15, 2 ** (exp - 15) - 1)
+
+
+def _int32(bits: int) -> int:
+    """The int32 of these 32 bits."""
+    bits &= 0xFFFFFFFF
+    return bits - 2**32 if bits >= 2**31 else bits
+
+
 def _operands(step: GenStep) -> tuple[list[Arg], tuple[Param, ...]]:
-    """x, wp, corr, wz?, scale?, lut?, y, scratch? as the step function's parameters."""
+    """x, wp, corr, wz?, scale?, lut?, addend?, y, scratch? as the step function's parameters (the
+    Add's scales and zero points are literals in the code)."""
     node = step.node
     x, y = node.input(0), node.outputs[0]
     assert x is not None and x.dtype is not None and y.dtype is not None
     wtype = "int16_t" if node.attrs["method"] == "depthwise" else "int8_t"
     roles = [("x", _CTYPES[x.dtype]), ("wp", wtype), ("corr", "int32_t"), ("wz", "int32_t"),
-             ("scale", "float"), ("lut", _CTYPES[y.dtype])]
+             ("scale", "float"), ("lut", _CTYPES[y.dtype]), ("addend", _CTYPES[y.dtype])]
     names: list[str] = []
     args: list[Arg] = []
     for i, (name, ctype) in enumerate(roles):

@@ -42,7 +42,7 @@ from runtime.kernels.qgemm import QGROUP
 from runtime.kernels.qgemm import QPANEL
 from runtime.kernels.qoperator import binary_ratios
 
-__all__ = ["QISA_TILES", "QGemmContext", "qtile_shape"]
+__all__ = ["QISA_TILES", "QGemmContext", "add_literals", "qtile_shape"]
 
 # (rows, panels of 16 columns) per tile, for each int8_dot: as many int32 accumulators as the
 # registers hold beside B's vectors and A's broadcasts
@@ -203,11 +203,21 @@ def _add_fields(node: Node, base: int, prefix: str) -> dict[str, object]:
     addend = node.input(base)
     if addend is None:
         return {}
-    const = [np.asarray(node.input(base + k).const) for k in (-3, 1, 2, 3, 4)]  # type: ignore[union-attr]
-    ry, ra = binary_ratios("Add", const[0], const[1], const[3])
+    ry, ra, za, zc = add_literals(*(node.input(base + k) for k in (-3, 1, 2, 3, 4)))
     full = addend.const is None or addend.shape == node.outputs[0].shape
-    return {prefix: "full" if full else "row", f"{prefix}_ry": _hex(ry), f"{prefix}_ra": _hex(ra),
-            f"{prefix}_za": int(const[2].reshape(-1)[0]), f"{prefix}_zc": int(const[4].reshape(-1)[0])}
+    return {prefix: "full" if full else "row", f"{prefix}_ry": ry, f"{prefix}_ra": ra,
+            f"{prefix}_za": za, f"{prefix}_zc": zc}
+
+
+def add_literals(y_scale: Value | None, addend_scale: Value | None, addend_zero: Value | None,
+                 out_scale: Value | None, out_zero: Value | None) -> tuple[str, str, int, int]:
+    """QBinary's Add in an epilogue (here and compiler/providers/c/qconv.py): its float32 ratios
+    y_scale / out_scale and addend_scale / out_scale as exact C double literals, the addend's and
+    the output's zero points (absent: 0); the scales constants."""
+    scales = [np.asarray(v.const) for v in (y_scale, addend_scale, out_scale)]  # type: ignore[union-attr]
+    ry, ra = binary_ratios("Add", *scales)
+    za, zc = (0 if v is None else int(np.asarray(v.const).reshape(-1)[0]) for v in (addend_zero, out_zero))
+    return _hex(ry), _hex(ra), za, zc
 
 
 class QGemmKernel(CKernel):
