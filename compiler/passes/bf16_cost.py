@@ -81,23 +81,27 @@ class Bf16Rules:
     small_min_products: int = 0
     # bf16 direct's time against fp32 direct on a 3x3 stride-1 conv; None: Winograd never kept
     dpbf16_vs_direct: float | None = None
+    # but a conv of 4x4 Winograd tiles and fewer output pixels than tile4_small_pixels (where
+    # Winograd's edge tiles cost it most) goes bf16 where K x M >= tile4_small_min_products
+    tile4_small_pixels: int = 0
+    tile4_small_min_products: int = 0
 
 
 RULES: dict[str, Bf16Rules] = {
     "amx": Bf16Rules(min_channels=16, stem_min_taps=9, min_pixel_products=12288, min_deep_k=64, min_deep_m=32,
                      min_small_products=4096),
-    # stems stay fp32 (a 7x7 of 3 channels took 1.07-1.20x fp32 direct); bf16 direct on ResNet-50's
-    # 13 3x3 stride-1 convs took 0.59-0.81x fp32 direct (median 0.66; the other models' 0.43-1.05)
-    "dpbf16": Bf16Rules(min_channels=16, stem_min_taps=50, min_pixel_products=12288, min_deep_k=64,
-                        min_deep_m=32, min_small_products=4096, small_pixels=64, small_min_products=1 << 20,
-                        dpbf16_vs_direct=0.66),
+    # 7x7 stems go bf16 (0.67-0.71x fp32 direct); bf16 direct on ResNet-50's 13 3x3 stride-1 convs
+    # took 0.53-0.68x fp32 direct (median 0.58); at 14x14 from K x M 2^18 it beats 4x4 Winograd
+    "dpbf16": Bf16Rules(min_channels=16, stem_min_taps=9, min_pixel_products=12288, min_deep_k=64,
+                        min_deep_m=32, min_small_products=4096, small_pixels=64, small_min_products=1 << 16,
+                        dpbf16_vs_direct=0.58, tile4_small_pixels=784, tile4_small_min_products=1 << 18),
 }
 
 # fp32 Winograd's time against fp32 direct by output tile (use_winograd.tile_for), Zen 4, the
-# table above: 4x4 tiles on ResNet-50 0.41-0.45 at 56x56 and 28x28, 0.56-0.61 at 14x14 (the worst
-# taken; SqueezeNet's at 13x13 0.61-0.65, DenseNet-121's 128 -> 32 at 14x14 0.85-0.95, still under
-# its bf16's there); 2x2 tiles on ResNet-50 0.86-0.89.
-WINOGRAD_VS_DIRECT = {4: 0.61, 2: 0.88}
+# table above: 4x4 tiles on ResNet-50 0.37-0.43 at 56x56 and 28x28 (at 14x14 0.60-0.62, Inception
+# v2's 0.61-0.67, DenseNet-121's 128 -> 32 0.76-0.81: Bf16Rules.tile4_small_pixels decides there);
+# 2x2 tiles on ResNet-50 0.91-0.93.
+WINOGRAD_VS_DIRECT = {4: 0.43, 2: 0.92}
 
 
 def takes_bf16(rules: Bf16Rules, c: int, m: int, kh: int, kw: int, pixels: int) -> bool:
@@ -120,4 +124,6 @@ def keeps_winograd(rules: Bf16Rules | None, c: int, m: int, pixels: int, tile: i
         return False
     if not static or not takes_bf16(rules, c, m, 3, 3, pixels):
         return True
+    if tile == 4 and pixels < rules.tile4_small_pixels:
+        return 9 * c * m < rules.tile4_small_min_products
     return WINOGRAD_VS_DIRECT[tile] < rules.dpbf16_vs_direct
