@@ -14,9 +14,11 @@ alternating runs) and changing the numbers here.
 A conv of one group with static shapes, K = KH x KW x C products into M channels per output pixel,
 goes bf16 where (C >= min_channels or KH x KW >= stem_min_taps) and (K x M >= min_pixel_products
 or (K >= min_deep_k and M >= min_deep_m and K x M >= min_small_products)) (``takes_bf16``). Under
-the ``"dpbf16"`` rules a 3x3 stride-1 conv keeps Winograd (and so fp32) where Winograd's time
-against fp32's direct conv (``WINOGRAD_VS_DIRECT``, by its output tile) is below bf16 direct's
-(``dpbf16_vs_direct``), or where the conv would not go bf16 at all (``keeps_winograd``).
+the ``"dpbf16"`` rules a 3x3 stride-1 conv keeps Winograd (and so fp32) where the conv would not go
+bf16 at all, or, for 4x4 output tiles and fewer output pixels than ``tile4_small_pixels`` (14x14
+and 13x13 images: edge tiles), where K x M is under ``tile4_small_min_products``, else where
+Winograd's time against fp32's direct conv (``WINOGRAD_VS_DIRECT``, by its output tile) is below
+bf16 direct's (``dpbf16_vs_direct``) (``keeps_winograd``).
 
 ``"amx"`` (Sapphire Rapids, 2 threads; medians of step times, alternating runs): SqueezeNet's 3x3
 16 -> 64 at 55x55 (K 144) 0.067 ms against fp32's 0.190, its 1x1 256 -> 32 at 27x27 0.061 against
@@ -27,34 +29,37 @@ stem of 3 channels 0.49 against 0.80. Still fp32: M 16 (Inception v1's 480 -> 16
 (K 27: 0.208 against 0.175); DenseNet-121's 1x1 64 -> 128 at 56x56 with its windows rounded through
 memory 0.263 against 0.157 (min_pixel_products). Winograd: none (the tiles beat it everywhere).
 
-``"dpbf16"`` (AMD EPYC Zen 4, 2 cores, no AMX; 2026-12-08, ``scripts.bench_bf16_steps --runs 15``
-over the six models, medians of the step times in us, fp32 Winograd / fp32 direct / bf16 direct;
-"dir.": bf16's time over fp32 direct's; the DenseNet 3x3 cells are fp32 Winograd / fp32 direct / bf16 at
-56x56 / 28x28 / 14x14, 6 / 12 / 24 convs each):
+``"dpbf16"`` (AMD EPYC Zen 4, 2 cores, no AMX; 2026-12-08 after the faster vdpbf16ps kernels of
+branch bf16kern, ``scripts.bench_bf16_steps --runs 15`` over the six models, medians of the step
+times in us, fp32 Winograd / fp32 direct / bf16 direct; "dir.": bf16's time over fp32 direct's):
 
 | convs (model) | fp32 Winograd | fp32 direct | bf16 | bf16 / Winograd |
 |---|---|---|---|---|
-| 3x3 64 -> 64 at 56x56, 4x4 tiles (ResNet-50, 3) | 520-577 | 1281-1311 | 806-880 | 1.40-1.67 |
-| 3x3 128 -> 128 at 28x28, 4x4 tiles (ResNet-50, 3) | 509-550 | 1221-1236 | 725-751 | 1.35-1.46 |
-| 3x3 256 -> 256 at 14x14, 4x4 tiles (ResNet-50, 5) | 706-762 | 1230-1277 | 812-866 | 1.11-1.22 |
-| 3x3 128 -> 32, 4x4 (DenseNet-121) | 503-546 / 196-227 / 132-157 | | | 1.52-1.88 / 1.19-1.77 / 0.98-1.19 |
-| 3x3 16..64 -> 64..256 at 55 / 27 / 13, 4x4 tiles (SqueezeNet, 8) | 147-194 | 231-355 | 171-282 | 1.15-1.54 |
-| 3x3 64..192 -> 64..256 at 56 / 28 / 14, 4x4 tiles (Inception v2, 20) | | | | 1.08-2.07 |
-| 3x3 512 -> 512 at 7x7, 2x2 tiles (ResNet-50, 2) | 1142-1218 | 1322-1362 | 1067-1089 | 0.89-0.93 |
-| 3x3 160..224 -> 224..320 at 7x7, 2x2 (Inception v2, 5) | 275-395 | 250-555 | 294-442 | 0.82-1.18 |
-| 7x7 / 2 stems 3 -> 64 (ResNet-50, Inception v1, v2, DenseNet)| - | 1366-1424 | 1457-1712 | (1.07-1.20 dir) |
-| 1x1 at 6x6 / 7x7, K x M 27k-663k (Inception v1 / v2, DenseNet; 20) | - | | | (0.87-1.36 dir., most > 1) |
-| 1x1 at 7x7, K x M >= 2^20 (ResNet-50, 5) | - | 660-695 | 566-584 | (0.81-0.87 dir.) |
-| 1x1 at 13x13..56x56, K x M >= 12288 (all) | - | | | (0.49-1.07 dir., most 0.7-0.9) |
-| M 16, or K < 64 at K x M < 12288 (SqueezeNet, Inception v1) | - | | | (1.12-1.62 dir.) |
+| 3x3 64 -> 64 at 56x56, 4x4 tiles (ResNet-50, 3) | 472-506 | 1266-1302 | 700-714 | 1.40-1.48 |
+| 3x3 128 -> 128 at 28x28, 4x4 tiles (ResNet-50, 3) | 486-511 | 1181-1197 | 632-646 | 1.26-1.31 |
+| 3x3 16..128 -> 64..192 at 56 .. 27, 4x4 (Inception v1 / v2, SqueezeNet; 15) | | | | 1.17-1.52 |
+| 3x3 128 -> 32 at 56 / 28 / 14 (DenseNet-121; 6 / 12 / 24) | | | | 1.27-1.41 / 1.15-1.32 / 1.00-1.19 |
+| 3x3 at 14x14 / 13x13, 4x4, K x M < 2^18 (Inception v1 / v2, SqueezeNet; 16) | | | | 1.00-1.21 |
+| 3x3 at 14x14 / 13x13, 4x4, K x M 2^18 .. 460800 (Inception v1 / v2; 6) | | | | 0.94-1.01 |
+| 3x3 256 -> 256 at 14x14, 4x4 tiles (ResNet-50, 5: K x M 2^19+) | 711-748 | 1174-1212 | 684-697 | 0.93-0.97 |
+| 3x3 512 -> 512 at 7x7, 2x2 tiles (ResNet-50, 2) | 1187-1200 | 1290-1299 | 872-875 | 0.73 |
+| 3x3 160..224 -> 224..320 at 7x7, 2x2 (Inception v2, 5) | 233-338 | 260-403 | 234-298 | 0.86-1.00 |
+| 7x7 / 2 stems 3 -> 64 (ResNet-50, Inception v1, v2, DenseNet) | - | 1303-1456 | 920-974 | (0.67-0.71 dir.) |
+| under 64 pixels, K x M 2^16 .. 2^20 (Inception v1, v2, DenseNet; 43) | | | | (0.71-0.97 dir., med. 0.89) |
+| under 64 pixels, K x M < 2^16 (Inception v1, DenseNet; 18) | | | | (0.94-1.08 dir., med. 1.03) |
+| 1x1 at 7x7, K x M >= 2^20 (ResNet-50, 6) | - | | | (0.67-0.71 dir.) |
+| 1x1 at 13x13..56x56, K x M >= 12288 (all; 131) | - | | | (0.55-1.10 dir., median 0.76) |
+| M 16, or K < 64 at K x M < 12288 (all; 11) | - | | | (0.92-1.39 dir., median 1.06) |
 
-So under ``"dpbf16"``: the 3x3 stride-1 convs whose Winograd takes 4x4 tiles stay fp32 Winograd
-(bf16 / Winograd 1.08-2.07 on all 4x4-tile convs measured but one), those of 2x2 tiles go bf16
-where bf16 takes them; stems stay fp32; a conv of under 64 output pixels goes bf16 only from 2^20 products
-per pixel; the other thresholds as for AMX (their crossovers, M 16 and K x M 12288, held here too).
-One outlier: Inception v1's 3x3 64 -> 192 at 55x55, bf16 0.56x its Winograd in one run (fp32 twice
-its usual time); a rerun: 1.58x, and Inception v1's other 3x3s 1.04-1.27x (13x13: 4x4 tiles; 6x6:
-2x2 tiles under 2^20 products, fp32 Winograd by the small-image rule).
+So under ``"dpbf16"``: the 3x3 stride-1 convs whose Winograd takes 4x4 tiles at 28x28 and over
+stay fp32 Winograd (bf16 / Winograd 1.15-1.52; Winograd 0.29-0.57x direct there, bf16 0.37-0.75x);
+at 14x14 / 13x13 (Winograd 0.56-0.81x direct, bf16 0.57-0.92x) they go bf16 from K x M 2^18, where
+the two cross (under it 1.00-1.21, from it 0.93-1.01); those of 2x2 tiles go bf16 where bf16 takes
+them; the 7x7 stems go bf16 (were 1.07-1.20x fp32 direct before bf16kern; SqueezeNet's and
+ShuffleNet's 3x3 stems, K 27, stay fp32 by min_pixel_products: 0.95 and 1.11 dir.); a conv of under
+64 output pixels goes bf16 from K x M 2^16 (was 2^20); the other thresholds as for AMX (their
+crossovers, M 16 and K x M 12288, held here too). Single runs of 15 (shared machine): two fp32
+artifacts' identical steps differ by up to 8%, so the crossovers are +-0.05.
 """
 
 from __future__ import annotations
@@ -81,23 +86,27 @@ class Bf16Rules:
     small_min_products: int = 0
     # bf16 direct's time against fp32 direct on a 3x3 stride-1 conv; None: Winograd never kept
     dpbf16_vs_direct: float | None = None
+    # but a conv of 4x4 Winograd tiles and fewer output pixels than tile4_small_pixels (where
+    # Winograd's edge tiles cost it most) goes bf16 where K x M >= tile4_small_min_products
+    tile4_small_pixels: int = 0
+    tile4_small_min_products: int = 0
 
 
 RULES: dict[str, Bf16Rules] = {
     "amx": Bf16Rules(min_channels=16, stem_min_taps=9, min_pixel_products=12288, min_deep_k=64, min_deep_m=32,
                      min_small_products=4096),
-    # stems stay fp32 (a 7x7 of 3 channels took 1.07-1.20x fp32 direct); bf16 direct on ResNet-50's
-    # 13 3x3 stride-1 convs took 0.59-0.81x fp32 direct (median 0.66; the other models' 0.43-1.05)
-    "dpbf16": Bf16Rules(min_channels=16, stem_min_taps=50, min_pixel_products=12288, min_deep_k=64,
-                        min_deep_m=32, min_small_products=4096, small_pixels=64, small_min_products=1 << 20,
-                        dpbf16_vs_direct=0.66),
+    # 7x7 stems go bf16 (0.67-0.71x fp32 direct); bf16 direct on ResNet-50's 13 3x3 stride-1 convs
+    # took 0.53-0.68x fp32 direct (median 0.58); at 14x14 from K x M 2^18 it beats 4x4 Winograd
+    "dpbf16": Bf16Rules(min_channels=16, stem_min_taps=9, min_pixel_products=12288, min_deep_k=64,
+                        min_deep_m=32, min_small_products=4096, small_pixels=64, small_min_products=1 << 16,
+                        dpbf16_vs_direct=0.58, tile4_small_pixels=784, tile4_small_min_products=1 << 18),
 }
 
 # fp32 Winograd's time against fp32 direct by output tile (use_winograd.tile_for), Zen 4, the
-# table above: 4x4 tiles on ResNet-50 0.41-0.45 at 56x56 and 28x28, 0.56-0.61 at 14x14 (the worst
-# taken; SqueezeNet's at 13x13 0.61-0.65, DenseNet-121's 128 -> 32 at 14x14 0.85-0.95, still under
-# its bf16's there); 2x2 tiles on ResNet-50 0.86-0.89.
-WINOGRAD_VS_DIRECT = {4: 0.61, 2: 0.88}
+# table above: 4x4 tiles on ResNet-50 0.37-0.43 at 56x56 and 28x28 (at 14x14 0.60-0.62, Inception
+# v2's 0.61-0.67, DenseNet-121's 128 -> 32 0.76-0.81: Bf16Rules.tile4_small_pixels decides there);
+# 2x2 tiles on ResNet-50 0.91-0.93.
+WINOGRAD_VS_DIRECT = {4: 0.43, 2: 0.92}
 
 
 def takes_bf16(rules: Bf16Rules, c: int, m: int, kh: int, kw: int, pixels: int) -> bool:
@@ -120,4 +129,6 @@ def keeps_winograd(rules: Bf16Rules | None, c: int, m: int, pixels: int, tile: i
         return False
     if not static or not takes_bf16(rules, c, m, 3, 3, pixels):
         return True
+    if tile == 4 and pixels < rules.tile4_small_pixels:
+        return 9 * c * m < rules.tile4_small_min_products
     return WINOGRAD_VS_DIRECT[tile] < rules.dpbf16_vs_direct
